@@ -1,0 +1,433 @@
+"""Typed configuration: one dataclass per stage, loaded from YAML with `key=value` overrides.
+
+A config file is a YAML mapping with top-level fields (run, seed, runs_root) and one section
+per stage (``mcts:``, ``prm:``, ...). Command-line overrides use dotted keys:
+``python -m stages.mcts --config configs/tiny.yaml run=demo mcts.k=8``. Unknown keys and
+values of the wrong type are errors naming the key and the file (or "command line").
+
+String fields may contain ``{run_dir}``, replaced by ``<runs_root>/<run>`` when resolved, so
+a stage finds the artifacts of the stages before it without hard-coded paths.
+Paper defaults are in configs/paper/*.yaml; the defaults here are the tiny world's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not match the typed schema."""
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    """Which models the stages load, and how (any hub id or local path)."""
+
+    policy: str = "{run_dir}/bootstrap/model"  # paper: meta-llama/Llama-3.2-3B-Instruct (or 3.1-8B)
+    policy_adapter: str | None = None  # optional peft adapter on top of `policy`
+    prm_backbone: str = "{run_dir}/bootstrap/model"  # paper: Qwen/Qwen2.5-Math-7B
+    prm: str = "{run_dir}/prm/model"  # the trained PRM the later stages score with
+    trust_remote_code: bool = False  # never on unless you trust the repository
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
+    attn_implementation: str | None = None  # None = transformers' default; "eager" is faster for tiny CPU models
+    torch_threads: int = 0  # 0 = leave torch's default
+
+
+@dataclass
+class GenerationConfig:
+    """The generation backend shared by every stage that samples."""
+
+    backend: str = "hf"  # hf | vllm
+    batch_size: int = 256  # HF backend: sequences decoded together (prompts x n)
+    max_new_tokens: int = 160  # a whole solution
+    max_step_tokens: int = 48  # one step (step-level search)
+    top_p: float = 1.0
+    vllm_tensor_parallel_size: int = 1
+    vllm_gpu_memory_utilization: float = 0.85
+    vllm_max_model_len: int | None = None
+    vllm_enable_prefix_caching: bool = True
+
+
+@dataclass
+class FormatConfig:
+    """The one step format and prompt builder."""
+
+    separator: str = "\n"  # paper E.1.1: "\n", empty lines dropped
+    prompt_template: str = "Question: {question}\nAnswer:\n"  # used when the tokenizer has no chat template
+    use_chat_template: bool = True  # use the tokenizer's chat template when it has one
+    num_few_shot: int = 0  # few-shot exemplars prepended to plain-text prompts
+
+
+@dataclass
+class DataConfig:
+    """Problems the training stages (mcts, gfn, ppo) draw from."""
+
+    train: str = "problems"  # a pipeline.problems benchmark name (paper: openmathinstruct2)
+    train_path: str | None = "{run_dir}/bootstrap/problems_train.jsonl"
+    train_limit: int | None = None  # paper: 10000
+    validation: str = "problems"
+    validation_path: str | None = "{run_dir}/bootstrap/problems_val.jsonl"
+    validation_limit: int | None = None
+    problem_sources: list[str] = field(default_factory=list)  # OpenMathInstruct-2 filter, e.g. [augmented_math]
+
+
+@dataclass
+class TinyWorldConfig:
+    """Synthetic multi-step arithmetic word problems (pipeline.tinyworld)."""
+
+    seed: int = 0
+    n_train: int = 6000
+    n_val: int = 200
+    n_test: int = 200
+    max_operand: int = 15
+    max_result: int = 75
+    min_ops: int = 2
+    max_ops: int = 4
+    swap_fraction: float = 0.5  # problems whose gold solution uses the other valid step order
+
+
+@dataclass
+class BootstrapConfig:
+    """The from-scratch base policy of the tiny world (stages.bootstrap)."""
+
+    architecture: str = "llama"  # a transformers config family: llama | qwen2
+    hidden_size: int = 192
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    train_seconds: float = 240.0  # wall-clock budget for training
+    max_train_steps: int = 100000
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    seed: int = 0
+    eval_problems: int = 200  # held-out problems for the greedy-accuracy report
+
+
+@dataclass
+class MCTSConfig:
+    """OmegaPRM-style rollout data generation (paper 3.1, appendix E.1)."""
+
+    k: int = 16  # rollouts per MC estimate (paper: 96)
+    temperature: float = 0.6
+    top_p: float = 1.0
+    alpha: float = 0.5  # Q = alpha^(1-MC) * beta^(len/L)
+    beta: float = 0.9
+    length_scale: float = 500.0  # L, in tokens
+    c_puct: float = 0.125
+    max_iterations: int = 4  # selections per problem
+    max_rollouts: int = 160  # rollout budget per problem
+    search_trivial: bool = False  # also search problems with MC(root) of 0 or 1
+    max_problems: int | None = 60
+    shard: str = "0/1"  # i/n: this process handles problems with index % n == i
+    problems_per_commit: int = 8
+
+
+@dataclass
+class AugmentConfig:
+    """Similarity-grouped augmentation (paper 3.2)."""
+
+    similarity_threshold: float = 0.85
+    include_mcts: bool = True
+    val_fraction: float = 0.1
+    seed: int = 0
+
+
+@dataclass
+class PRMConfig:
+    """PRM training (paper 3.3, appendix E.2-E.5)."""
+
+    lr: float = 1e-3  # paper: 8e-6
+    batch_size: int = 32  # examples per optimizer step (paper: 144)
+    micro_batch_size: int = 32  # per forward; batch_size / micro_batch_size = accumulation
+    weight_decay: float = 0.01
+    epochs: float = 2.0  # paper: 1
+    warmup_ratio: float = 0.05
+    scheduler: str = "cosine"  # cosine | linear | constant
+    max_length: int = 512
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    log_every: int = 10
+    save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
+    corrupt_examples: int = 200  # E.4 check: correct steps whose result is altered
+    prm800k_path: str | None = None  # PRM800K-format file for first-error accuracy
+    score_batch_size: int = 64
+
+
+@dataclass
+class GFNConfig:
+    """Step-level GFlowNet fine-tuning (paper 4, appendices F-H)."""
+
+    loss: str = "subtb"  # subtb | tb | tb_vargrad
+    lam: float = 1.0  # SubTB lambda
+    lr: float = 5e-4  # paper: 5e-6
+    scheduler: str = "cosine"
+    warmup_steps: int = 5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    num_train_steps: int = 40
+    questions_per_step: int = 8
+    samples_per_question: int = 4  # K
+    micro_batch_size: int = 32
+    temperature: float = 0.6  # sampling temperature (paper 0.6)
+    reward_temperature: float = 1.0  # log R is multiplied by 1/this
+    reference_prior_coef: float = 0.0  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
+    outcome_coef: float = 0.0  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
+    outcome_floor: float = 0.01
+    unfinished_log_reward: float = -10.0  # log R of a trajectory that ends without a final answer
+    min_steps: int = 1  # terminating before this many steps is not allowed (s_0 is not terminal)
+    kl_coef: float = 0.0  # TB-VarGrad: KL to the frozen reference
+    learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
+    log_z_lr: float = 1e-2
+    buffer_size: int = 1000
+    buffer_priority: str = "softmax"  # softmax | proportional
+    buffer_temperature: float = 1.0
+    recency_fraction: float = 0.5  # TBA's m
+    replay_fraction: float = 0.5  # share of each batch drawn from the replay buffer
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    save_every: int = 20
+    eval_every: int = 0
+    seed: int = 0
+
+
+@dataclass
+class PPOConfig:
+    """PPO baseline with step-level PRM rewards (paper 5, appendix D)."""
+
+    lr: float = 5e-4  # paper: 5e-6
+    scheduler: str = "cosine"
+    warmup_steps: int = 5
+    clip: float = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    kl_coef: float = 0.0
+    ppo_epochs: int = 2
+    num_train_steps: int = 40
+    questions_per_step: int = 8
+    samples_per_question: int = 4
+    micro_batch_size: int = 32
+    temperature: float = 0.6
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    save_every: int = 20
+    seed: int = 0
+
+
+@dataclass
+class EvalConfig:
+    """Accuracy and diversity evaluation (paper 5, Tables 2 and 4)."""
+
+    benchmarks: list[str] = field(default_factory=lambda: ["tiny_test"])  # names in pipeline.problems / tiny
+    benchmark_paths: dict[str, str] = field(default_factory=dict)  # name -> local file
+    max_problems: int | None = 100
+    models: dict[str, str] = field(
+        default_factory=lambda: {
+            "base": "{run_dir}/bootstrap/model",
+            "ppo": "{run_dir}/ppo/model",
+            "gfn": "{run_dir}/gfn/model",
+        }
+    )
+    k: int = 8  # samples per problem
+    temperature: float = 0.6
+    greedy: bool = True
+    embedder: str | None = None  # None = offline all-MiniLM-L6-v2; paper: sentence-transformers/paraphrase-MiniLM-L6-v2
+    bootstrap_resamples: int = 2000
+    seed: int = 0
+
+
+@dataclass
+class SearchConfig:
+    """PRM-guided search at inference (paper 3.4, Figure 2)."""
+
+    strategies: list[str] = field(default_factory=lambda: ["step_best_of_k", "beam", "best_of_n", "weighted_vote"])
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    temperature: float = 0.8
+    max_depth: int = 12
+    beam_width: int = 4
+    aggregation: str = "min"  # last | min | prod
+    benchmark: str = "tiny_test"
+    benchmark_path: str | None = None
+    max_problems: int | None = 100
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    """The whole pipeline's configuration."""
+
+    run: str = "demo"
+    runs_root: str = "runs"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    format: FormatConfig = field(default_factory=FormatConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tinyworld: TinyWorldConfig = field(default_factory=TinyWorldConfig)
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    mcts: MCTSConfig = field(default_factory=MCTSConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    prm: PRMConfig = field(default_factory=PRMConfig)
+    gfn: GFNConfig = field(default_factory=GFNConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_root) / self.run
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.run_dir / stage
+
+    def resolve(self, value: str | None) -> str | None:
+        """Substitute ``{run_dir}`` in a path-like string field."""
+        if value is None:
+            return None
+        return value.replace("{run_dir}", str(self.run_dir))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return it (ints widen to floats)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: {key} expects a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{key}[{i}]", where) for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key} expects a mapping, got {value!r}")
+        return {
+            _coerce(k, key_tp, f"{key}.<key>", where): _coerce(v, val_tp, f"{key}.{k}", where)
+            for k, v in value.items()
+        }
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is Any:
+        return value
+    raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for name, value in updates.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(names))})")
+        tp = hints[name]
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {value!r}")
+            _apply(current, value, f"{key}.", where)
+        else:
+            setattr(obj, name, _coerce(value, tp, key, where))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar/list)."""
+    if "=" not in text:
+        raise ConfigError(f"command line: override {text!r} is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"command line: override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the YAML file, then ``key=value`` overrides, all type-checked."""
+    config = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        _apply(config, data, "", str(path))
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        nested: Any = value
+        for name in reversed(keys):
+            nested = {name: nested}
+        _apply(config, nested, "", "command line")
+    return config
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config beside a stage's outputs."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")

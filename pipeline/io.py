@@ -1,0 +1,210 @@
+"""Resumable JSONL shards and safe JSONL reading.
+
+A stage writes its records through a ShardWriter. Records are buffered per *complete problem*
+and committed in shards: a shard is a folder ``<prefix>-<tag>-<seq>/`` holding one JSONL file
+per stream (e.g. ``records.jsonl`` and ``summaries.jsonl``). A commit writes the folder under a
+temporary name, fsyncs every file, then renames the folder: a rename is atomic, so a reader
+sees either the whole shard or none of it. A process killed mid-commit leaves only a
+``.tmp-*`` folder, which readers ignore and the next writer removes.
+
+Resuming: ``completed_problem_ids(directory)`` lists every problem in a committed shard; a
+restarted stage skips those, so no record is ever written twice. Several processes
+(``shard=i/n``) write into one directory with distinct tags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+SHARD_PREFIX = "part"
+TMP_PREFIX = ".tmp-"
+
+
+class RecordError(ValueError):
+    """A malformed input record; the message names the file, the line and the field."""
+
+
+def read_jsonl(path: str | Path, validate: Callable[[dict, str, int], None] | None = None) -> Iterator[dict]:
+    """Yield the JSON objects of a JSONL file, one per non-empty line.
+
+    A line that is not a JSON object raises RecordError naming the file and line; ``validate``
+    (obj, path, line) may raise for a missing or ill-typed field. Nothing is ever evaluated.
+    """
+    path = Path(path)
+    with path.open("r", encoding="utf-8", errors="strict") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(obj, dict):
+                raise RecordError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+            if validate is not None:
+                validate(obj, str(path), line_no)
+            yield obj
+
+
+def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
+    """Write a whole JSONL file atomically (temporary file, fsync, rename). Returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    count = 0
+    with tmp.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return count
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write one JSON document atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    with tmp.open("w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def committed_shards(directory: str | Path) -> list[Path]:
+    """Committed shard folders of a directory, in a stable order."""
+    directory = Path(directory)
+    if not directory.exists():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(SHARD_PREFIX + "-"))
+
+
+def read_stream(directory: str | Path, stream: str = "records") -> Iterator[dict]:
+    """Every record of one stream across the committed shards of a directory."""
+    for shard in committed_shards(directory):
+        path = shard / f"{stream}.jsonl"
+        if path.exists():
+            yield from read_jsonl(path)
+
+
+def completed_problem_ids(directory: str | Path) -> set[str]:
+    """Problems whose records are committed (each shard lists its problems in ``problems.json``)."""
+    done: set[str] = set()
+    for shard in committed_shards(directory):
+        manifest = shard / "problems.json"
+        if manifest.exists():
+            done.update(json.loads(manifest.read_text(encoding="utf-8")))
+    return done
+
+
+class ShardWriter:
+    """Buffers the records of complete problems and commits them atomically in shards.
+
+    ``add(problem_id, records=[...], summaries=[...])`` buffers one finished problem (keyword
+    names are stream names); ``commit()`` writes the buffer as one shard. ``tag`` distinguishes
+    concurrent writers (e.g. the ``shard=i/n`` of the stage).
+    """
+
+    def __init__(self, directory: str | Path, tag: str = "0of1", commit_every: int = 16):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.tag = tag
+        self.commit_every = max(1, commit_every)
+        self._buffer: dict[str, list[dict]] = {}
+        self._problems: list[str] = []
+        self._remove_stale_tmp()
+        self._seq = self._next_seq()
+
+    def _remove_stale_tmp(self) -> None:
+        for p in self.directory.iterdir():
+            if p.name.startswith(f"{TMP_PREFIX}{SHARD_PREFIX}-{self.tag}-"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def _next_seq(self) -> int:
+        seqs = [
+            int(p.name.rsplit("-", 1)[1])
+            for p in committed_shards(self.directory)
+            if p.name.startswith(f"{SHARD_PREFIX}-{self.tag}-")
+        ]
+        return max(seqs, default=-1) + 1
+
+    def add(self, problem_id: str, **streams: list[dict]) -> None:
+        if problem_id in self._problems:
+            raise ValueError(f"problem {problem_id!r} added twice to one shard")
+        for name, records in streams.items():
+            self._buffer.setdefault(name, []).extend(records)
+        self._problems.append(problem_id)
+        if len(self._problems) >= self.commit_every:
+            self.commit()
+
+    def commit(self) -> Path | None:
+        """Write the buffered problems as one shard (atomic rename). Returns its folder."""
+        if not self._problems:
+            return None
+        name = f"{SHARD_PREFIX}-{self.tag}-{self._seq:05d}"
+        tmp = self.directory / f"{TMP_PREFIX}{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for stream, records in self._buffer.items():
+            with (tmp / f"{stream}.jsonl").open("w", encoding="utf-8") as handle:
+                for record in records:
+                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        with (tmp / "problems.json").open("w", encoding="utf-8") as handle:
+            json.dump(self._problems, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _fsync_dir(tmp)
+        final = self.directory / name
+        os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        self._seq += 1
+        self._buffer = {}
+        self._problems = []
+        return final
+
+    def close(self) -> None:
+        self.commit()
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # On an exception the finished problems are still committed; the unfinished one never
+        # reached the buffer, so nothing partial is written.
+        self.commit()
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """``"i/n"`` -> (i, n) with 0 <= i < n."""
+    try:
+        i_text, n_text = spec.split("/")
+        i, n = int(i_text), int(n_text)
+    except ValueError as exc:
+        raise ValueError(f"shard must look like i/n (e.g. 0/4), got {spec!r}") from exc
+    if not 0 <= i < n:
+        raise ValueError(f"shard {spec!r}: need 0 <= i < n")
+    return i, n
