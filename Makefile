@@ -1,0 +1,66 @@
+# stepflow: every stage is `python -m stages.<name> --config $(CONFIG) run=$(RUN) $(ARGS)`.
+# `make demo` and `make test` create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CONFIG ?= configs/tiny.yaml
+RUN ?= demo
+ARGS ?=
+STAGE = $(PY) -m stages
+# torch first: `pip install torch==2.13.0` takes a locally provided CPU wheel where one exists.
+# GPU users: see README ("GPU and vLLM") for TORCH_INDEX.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+
+.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench clean-venv
+
+help:
+	@echo "make demo | make test | make bootstrap mcts augment prm gfn ppo eval search bench  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip >/dev/null
+	$(PY) -m pip install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),) "$(TORCH_SPEC)"
+	$(PY) -m pip install -e '.[dev]'
+	touch $@
+
+$(VENV): $(VENV)/.installed
+
+test: $(VENV)
+	$(PY) -m pytest -q
+
+test-fast: $(VENV)
+	$(PY) -m pytest -q -m "not slow"
+
+bootstrap: $(VENV)
+	$(STAGE).bootstrap --config $(CONFIG) run=$(RUN) $(ARGS)
+
+mcts: $(VENV)
+	$(STAGE).mcts --config $(CONFIG) run=$(RUN) $(ARGS)
+
+augment: $(VENV)
+	$(STAGE).augment --config $(CONFIG) run=$(RUN) $(ARGS)
+
+prm: $(VENV)
+	$(STAGE).train_prm --config $(CONFIG) run=$(RUN) $(ARGS)
+
+gfn: $(VENV)
+	$(STAGE).train_gfn --config $(CONFIG) run=$(RUN) $(ARGS)
+
+ppo: $(VENV)
+	$(STAGE).train_ppo --config $(CONFIG) run=$(RUN) $(ARGS)
+
+eval: $(VENV)
+	$(STAGE).evaluate --config $(CONFIG) run=$(RUN) $(ARGS)
+
+search: $(VENV)
+	$(STAGE).search --config $(CONFIG) run=$(RUN) $(ARGS)
+
+bench: $(VENV)
+	$(STAGE).bench --config $(CONFIG) run=bench $(ARGS)
+
+demo: $(VENV)
+	$(STAGE).demo --config $(CONFIG) run=$(RUN) $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,84 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.io import RecordError, ShardWriter, completed_problem_ids, parse_shard, read_jsonl, read_stream
+
+REPO = Path(__file__).resolve().parents[1]
+
+WRITER = """
+import sys, time
+from pipeline.io import ShardWriter, completed_problem_ids
+out, n = sys.argv[1], int(sys.argv[2])
+done = completed_problem_ids(out)
+with ShardWriter(out, tag="0of1", commit_every=3) as writer:
+    for i in range(n):
+        pid = f"p{i:04d}"
+        if pid in done:
+            continue
+        records = [{"problem_id": pid, "j": j, "pad": "x" * 2000} for j in range(4)]
+        writer.add(pid, records=records, summaries=[{"problem_id": pid}])
+print("finished")
+"""
+
+
+def test_sigkill_mid_run_then_restart_leaves_every_record_once(tmp_path):
+    out = tmp_path / "shards"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    n = 3000
+    proc = subprocess.Popen([sys.executable, str(script), str(out), str(n)], env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(out.glob("part-*"))) < 20:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = completed_problem_ids(out)
+    assert 0 < len(first) < n, "the writer must be killed mid-run"
+    subprocess.run([sys.executable, str(script), str(out), str(n)], env=env, check=True)
+    records = list(read_stream(out, "records"))
+    keys = [(r["problem_id"], r["j"]) for r in records]
+    assert len(keys) == len(set(keys)) == 4 * n
+    assert sorted(r["problem_id"] for r in read_stream(out, "summaries")) == [f"p{i:04d}" for i in range(n)]
+    assert not list(out.glob(".tmp-*")), "a restarted writer removes stale temporary shards"
+
+
+def test_uncommitted_buffer_is_not_visible(tmp_path):
+    writer = ShardWriter(tmp_path, commit_every=10)
+    writer.add("a", records=[{"problem_id": "a"}])
+    assert completed_problem_ids(tmp_path) == set()
+    writer.commit()
+    assert completed_problem_ids(tmp_path) == {"a"}
+    with pytest.raises(ValueError):
+        writer.add("b", records=[]) or writer.add("b", records=[])
+
+
+def test_two_writers_with_distinct_tags_share_a_directory(tmp_path):
+    for tag in ("0of2", "1of2"):
+        with ShardWriter(tmp_path, tag=tag) as writer:
+            writer.add(tag, records=[{"problem_id": tag}])
+    assert completed_problem_ids(tmp_path) == {"0of2", "1of2"}
+
+
+def test_read_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2\n')
+    with pytest.raises(RecordError, match=r"x.jsonl:3"):
+        list(read_jsonl(path))
+    path.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(RecordError, match=r"x.jsonl:2: expected a JSON object"):
+        list(read_jsonl(path))
+
+
+def test_parse_shard():
+    assert parse_shard("1/4") == (1, 4)
+    for bad in ("4/4", "a/b", "1"):
+        with pytest.raises(ValueError):
+            parse_shard(bad)
