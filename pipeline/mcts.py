@@ -1,0 +1,268 @@
+"""OmegaPRM-style MCTS with continuous Monte Carlo values (paper 3.1, appendix E.1, Alg. 1).
+
+Each problem's search is written as a coroutine that reads like the algorithm box: it
+*yields* a step prefix whose Monte Carlo value it needs and receives the k rollouts from that
+prefix. A driver (``run_mcts``) advances every active problem together and sends ALL pending
+prefixes of a round into ONE generator call (n = k per prefix, the prompt cache shared), so
+the search is batched across problems instead of one prefix at a time.
+
+Definitions (docs/mcts.md):
+- MC(s) = fraction of the k rollouts from the prefix s whose final answer grades correct.
+- Candidate pool: (state, rollout) pairs, one per *incorrect* rollout of a tree state (a
+  correct rollout holds no error to locate).
+- Selection: argmax over the pool of Q(s, r) + U(s), with
+  Q(s, r) = alpha^(1 - MC(s)) * beta^(len(r) / L)  (len in generated tokens) and
+  U(s) = c_puct * sqrt(sum_i N(s_i)) / (1 + N(s))  (sum over all tree states).
+- Binary search for the first wrong step of the selected rollout r_1..r_m (its whole
+  trajectory is known to be wrong): probe mid = (lo + hi) // 2 with k fresh rollouts;
+  MC == 0 moves left (hi = mid), otherwise right (lo = mid + 1). Every probed step is
+  recorded with its MC value and all its rollouts; a probe with 0 < MC < 1 becomes a tree
+  state whose incorrect rollouts join the pool. The step found (MC == 0) is the first error:
+  recorded with value 0 and not explored further.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Iterable, Sequence
+
+from pipeline.steps import join_steps, split_steps
+
+# A search coroutine yields a prefix (tuple of steps) and receives its rollouts.
+SearchCoroutine = Generator[tuple[str, ...], list["Rollout"], "ProblemResult"]
+
+
+@dataclass
+class Rollout:
+    """One completion from a prefix: its steps after the prefix, answer and correctness."""
+
+    steps: list[str]
+    answer: str | None
+    correct: bool
+    num_tokens: int
+
+    def to_record(self) -> dict:
+        return {"steps": self.steps, "answer": self.answer, "correct": self.correct}
+
+
+@dataclass
+class TreeState:
+    """A tree state: a step prefix with 0 < MC < 1 (or the root)."""
+
+    prefix: tuple[str, ...]
+    mc: float
+    visits: int = 0
+
+
+@dataclass
+class MCTSParams:
+    k: int = 16
+    alpha: float = 0.5
+    beta: float = 0.9
+    length_scale: float = 500.0
+    c_puct: float = 0.125
+    max_iterations: int = 4
+    max_rollouts: int = 160
+    search_trivial: bool = False
+
+
+@dataclass
+class ProblemResult:
+    """What one problem's search produced: its mcts records and its summary."""
+
+    records: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+
+def mc_value(rollouts: Sequence[Rollout]) -> float:
+    """Fraction of rollouts whose answer is correct (0 when there are none)."""
+    return sum(r.correct for r in rollouts) / len(rollouts) if rollouts else 0.0
+
+
+def selection_score(
+    state_mc: float, rollout_tokens: int, state_visits: int, total_visits: int, params: MCTSParams
+) -> float:
+    """Q(s, r) + U(s) of the pool entry (s, r)."""
+    q = params.alpha ** (1.0 - state_mc) * params.beta ** (rollout_tokens / params.length_scale)
+    u = params.c_puct * math.sqrt(total_visits) / (1 + state_visits)
+    return q + u
+
+
+def select_from_pool(pool: list[tuple[TreeState, Rollout]], states: Iterable[TreeState], params: MCTSParams) -> int:
+    """Index of the pool entry with the highest Q + U (first one on ties)."""
+    total_visits = sum(s.visits for s in states)
+    scores = [selection_score(s.mc, r.num_tokens, s.visits, total_visits, params) for s, r in pool]
+    return max(range(len(pool)), key=scores.__getitem__)
+
+
+def search_problem(problem_id: str, question: str, params: MCTSParams) -> SearchCoroutine:
+    """Algorithm 1 for one problem, as a coroutine (see the module docstring)."""
+    records: list[dict] = []
+    evaluated: dict[tuple[str, ...], float] = {}
+    spent = 0
+
+    def record_step(prefix: tuple[str, ...], rollouts: list[Rollout], mc: float) -> None:
+        records.append(
+            {
+                "problem_id": problem_id,
+                "question": question,
+                "prefix_steps": list(prefix[:-1]),
+                "step": prefix[-1],
+                "mc": mc,
+                "n_correct": sum(r.correct for r in rollouts),
+                "n_rollouts": len(rollouts),
+                "rollouts": [r.to_record() for r in rollouts],
+                "depth": len(prefix),
+            }
+        )
+        evaluated[prefix] = mc
+
+    root_rollouts: list[Rollout] = yield ()
+    spent += len(root_rollouts)
+    root = TreeState((), mc_value(root_rollouts))
+    states = [root]
+    pool = [(root, r) for r in root_rollouts if not r.correct and r.steps]
+    searched = params.search_trivial or 0.0 < root.mc < 1.0
+    iterations = 0
+    while searched and pool and iterations < params.max_iterations and spent + params.k <= params.max_rollouts:
+        state, rollout = pool.pop(select_from_pool(pool, states, params))
+        state.visits += 1
+        iterations += 1
+        path = state.prefix + tuple(rollout.steps)
+        lo, hi = len(state.prefix) + 1, len(path)  # the whole path is wrong: MC(path) == 0
+        while lo < hi and spent + params.k <= params.max_rollouts:
+            mid = (lo + hi) // 2
+            prefix = path[:mid]
+            if prefix in evaluated:
+                mc = evaluated[prefix]
+            else:
+                probe_rollouts = yield prefix
+                spent += len(probe_rollouts)
+                mc = mc_value(probe_rollouts)
+                record_step(prefix, probe_rollouts, mc)
+                if 0.0 < mc < 1.0:
+                    child = TreeState(prefix, mc)
+                    states.append(child)
+                    pool.extend((child, r) for r in probe_rollouts if not r.correct and r.steps)
+            if mc == 0.0:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == hi == len(path) and path not in evaluated:
+            # The first error is the rollout's last step: its value is its own (wrong) outcome.
+            record_step(path, [], 0.0)
+    summary = {
+        "problem_id": problem_id,
+        "root_mc": root.mc,
+        "root_n_correct": sum(r.correct for r in root_rollouts),
+        "root_rollouts": [r.to_record() for r in root_rollouts],
+        "searched": searched,
+        "iterations": iterations,
+        "steps_evaluated": len(records),
+        "rollouts_spent": spent,
+        "tree_states": len(states),
+    }
+    return ProblemResult(records, summary)
+
+
+# A rollout function takes (problem index, prefix) requests and returns their rollouts, all
+# in one generator call.
+RolloutFn = Callable[[list[tuple[int, tuple[str, ...]]]], list[list[Rollout]]]
+
+
+def run_mcts(
+    problems: Sequence[tuple[str, str]],
+    params: MCTSParams,
+    rollout_fn: RolloutFn,
+    on_done: Callable[[ProblemResult], None],
+    max_active: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Advance every problem's search together; one rollout_fn call per round.
+
+    problems: (problem_id, question) pairs; ``on_done`` receives each finished problem's
+    result as soon as it completes (so the caller can commit it); ``max_active`` bounds how
+    many problems are in flight (memory), new ones start as others finish; ``progress``
+    receives (rollouts generated, problems finished) after every round.
+    """
+    queue = list(range(len(problems)))[::-1]
+    active: dict[int, tuple[SearchCoroutine, tuple[str, ...]]] = {}
+    limit = max_active or len(problems)
+
+    def start(index: int) -> None:
+        problem_id, question = problems[index]
+        coroutine = search_problem(problem_id, question, params)
+        active[index] = (coroutine, next(coroutine))
+
+    while queue and len(active) < limit:
+        start(queue.pop())
+    while active:
+        indices = list(active)
+        results = rollout_fn([(i, active[i][1]) for i in indices])
+        finished = 0
+        for index, rollouts in zip(indices, results):
+            coroutine, _ = active[index]
+            try:
+                active[index] = (coroutine, coroutine.send(rollouts))
+            except StopIteration as stop:
+                del active[index]
+                on_done(stop.value)
+                finished += 1
+                if queue:
+                    start(queue.pop())
+        if progress is not None:
+            progress(sum(len(r) for r in results), finished)
+
+
+def make_rollout_fn(
+    generator,
+    prompts: Sequence[str],
+    golds: Sequence[str],
+    kind: str,
+    k: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    separator: str,
+    grade_many: Callable[[list[str], list[str], str], list[bool]],
+    extract_answer: Callable[[str, str], str | None],
+    seed: int = 0,
+) -> RolloutFn:
+    """Rollouts through the one generation interface: all requests of a round in one call.
+
+    The prompt of a request is the problem's prompt followed by its prefix in the step format;
+    each of the k completions is split into steps and graded against the problem's gold.
+    """
+    calls = {"n": 0}
+
+    def rollout_fn(requests: list[tuple[int, tuple[str, ...]]]) -> list[list[Rollout]]:
+        texts = [prompts[i] + join_steps(prefix, separator) for i, prefix in requests]
+        calls["n"] += 1
+        completions = generator.generate(
+            texts, n=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+            seed=seed + calls["n"],
+        )
+        flat_texts, flat_golds = [], []
+        for (i, prefix), outs in zip(requests, completions):
+            for out in outs:
+                flat_texts.append(join_steps(prefix, separator) + out.text)
+                flat_golds.append(golds[i])
+        verdicts = grade_many(flat_texts, flat_golds, kind)
+        results, pos = [], 0
+        for outs in completions:
+            rollouts = []
+            for out in outs:
+                rollouts.append(
+                    Rollout(
+                        steps=split_steps(out.text, separator),
+                        answer=extract_answer(out.text, kind),
+                        correct=bool(verdicts[pos]),
+                        num_tokens=len(out.token_ids),
+                    )
+                )
+                pos += 1
+            results.append(rollouts)
+        return results
+
+    return rollout_fn

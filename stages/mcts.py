@@ -1,0 +1,102 @@
+"""make mcts: OmegaPRM-style rollout data generation (paper 3.1, Algorithm 1).
+
+Reads:  the training problems (config.data), the policy (config.model.policy)
+Writes: runs/<run>/mcts/shards/part-*/{records,summaries}.jsonl  (resumable, shard=i/n)
+        runs/<run>/mcts/stats.json
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+from pipeline.generation import build_generator
+from pipeline.grading import extract_answer, grade_many
+from pipeline.io import ShardWriter, completed_problem_ids, parse_shard, read_stream, write_json_atomic
+from pipeline.mcts import MCTSParams, make_rollout_fn, run_mcts
+from pipeline.problems import answer_kind
+from pipeline.prompts import prompt_from_config
+from stages.common import log, parse_args, set_threads, stage_dir, timed, training_problems
+
+
+def mcts_params(config) -> MCTSParams:
+    m = config.mcts
+    return MCTSParams(
+        k=m.k, alpha=m.alpha, beta=m.beta, length_scale=m.length_scale, c_puct=m.c_puct,
+        max_iterations=m.max_iterations, max_rollouts=m.max_rollouts, search_trivial=m.search_trivial,
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_args("mcts", argv)
+    set_threads(config)
+    out = stage_dir(config, "mcts")
+    shards = out / "shards"
+    shard_index, shard_count = parse_shard(config.mcts.shard)
+    with timed("mcts"):
+        problems = training_problems(config)
+        if config.mcts.max_problems is not None:
+            problems = problems[: config.mcts.max_problems]
+        mine = [p for i, p in enumerate(problems) if i % shard_count == shard_index]
+        done = completed_problem_ids(shards)
+        todo = [p for p in mine if p.problem_id not in done]
+        log.info("mcts: %d problems in shard %s, %d already complete, %d to search", len(mine), config.mcts.shard, len(mine) - len(todo), len(todo))
+        if todo:
+            kinds = {answer_kind(p.source) for p in todo}
+            if len(kinds) != 1:
+                raise SystemExit(f"mcts: problems mix answer kinds {sorted(kinds)}; run one source at a time")
+            kind = kinds.pop()
+            generator = build_generator(config)
+            prompts = [prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options")) for p in todo]
+            rollout_fn = make_rollout_fn(
+                generator, prompts, [p.answer for p in todo], kind, k=config.mcts.k,
+                temperature=config.mcts.temperature, top_p=config.mcts.top_p,
+                max_new_tokens=config.generation.max_new_tokens, separator=config.format.separator,
+                grade_many=grade_many, extract_answer=extract_answer, seed=config.seed,
+            )
+            bar = tqdm(total=len(todo), desc="mcts problems", unit="problem", dynamic_ncols=True)
+            rollouts_total = [0]
+
+            def progress(rollouts: int, finished: int) -> None:
+                rollouts_total[0] += rollouts
+                bar.update(finished)
+                elapsed = bar.format_dict["elapsed"] or 1e-9
+                bar.set_postfix(rollouts_per_s=f"{rollouts_total[0] / elapsed:.0f}")
+
+            tag = f"{shard_index}of{shard_count}"
+            with ShardWriter(shards, tag=tag, commit_every=config.mcts.problems_per_commit) as writer:
+                run_mcts(
+                    [(p.problem_id, p.question) for p in todo], mcts_params(config), rollout_fn,
+                    on_done=lambda result: writer.add(result.summary["problem_id"], records=result.records, summaries=[result.summary]),
+                    progress=progress,
+                )
+            bar.close()
+        stats = mcts_stats(shards)
+        write_json_atomic(out / "stats.json", stats)
+        log.info("mcts: %s", {k: v for k, v in stats.items() if k != "mc_histogram"})
+    return stats
+
+
+def mcts_stats(shards) -> dict:
+    """Counts over every committed shard (all processes of a sharded run)."""
+    summaries = list(read_stream(shards, "summaries"))
+    mcs = [r["mc"] for r in read_stream(shards, "records")]
+    histogram = [0] * 10
+    for mc in mcs:
+        histogram[min(int(mc * 10), 9)] += 1
+    return {
+        "problems": len(summaries),
+        "problems_searched": sum(s["searched"] for s in summaries),
+        "mean_root_mc": sum(s["root_mc"] for s in summaries) / max(len(summaries), 1),
+        "steps_evaluated": len(mcs),
+        "rollouts_spent": sum(s["rollouts_spent"] for s in summaries),
+        "share_mc_zero": sum(mc == 0 for mc in mcs) / max(len(mcs), 1),
+        "share_mc_one": sum(mc == 1 for mc in mcs) / max(len(mcs), 1),
+        "share_mc_between": sum(0 < mc < 1 for mc in mcs) / max(len(mcs), 1),
+        "mc_histogram": histogram,
+    }
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

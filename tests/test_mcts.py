@@ -1,0 +1,165 @@
+"""MCTS against a deterministic fake world whose per-prefix success probabilities are known."""
+
+import math
+
+import pytest
+
+from pipeline.mcts import MCTSParams, Rollout, TreeState, make_rollout_fn, mc_value, run_mcts, search_problem, select_from_pool, selection_score
+
+GOLD = [f"g{i}" for i in range(1, 17)]  # the correct 16-step path
+
+
+class FakeWorld:
+    """Rollouts from a prefix succeed with a known probability, realised exactly (round(p k)).
+
+    A prefix on the gold path succeeds with probability `p_good`; a prefix holding a wrong step
+    never does. Incorrect rollouts follow the gold path up to the planted error position
+    `error_at` (1-based step index), write "bad" there, then filler until 16 steps.
+    """
+
+    def __init__(self, p_good=0.5, error_at=11, k=8):
+        self.p_good, self.error_at, self.k = p_good, error_at, k
+        self.calls = []
+
+    def success_probability(self, prefix):
+        return self.p_good if list(prefix) == GOLD[: len(prefix)] else 0.0
+
+    def rollouts(self, prefix):
+        n_correct = round(self.success_probability(prefix) * self.k)
+        out = []
+        for j in range(self.k):
+            if j < n_correct:
+                steps = GOLD[len(prefix):]
+                out.append(Rollout(steps, "42", True, num_tokens=10 * len(steps)))
+            else:
+                steps = []
+                for pos in range(len(prefix) + 1, 17):
+                    on_gold = list(prefix) == GOLD[: len(prefix)] and pos < self.error_at
+                    steps.append(GOLD[pos - 1] if on_gold else ("bad" if pos == self.error_at else f"x{pos}"))
+                out.append(Rollout(steps, "0", False, num_tokens=10 * len(steps) + j))
+        return out
+
+    def __call__(self, requests):
+        self.calls.append(requests)
+        return [self.rollouts(prefix) for _, prefix in requests]
+
+
+def run_one(world, params):
+    results = []
+    run_mcts([("p0", "q")], params, world, results.append)
+    return results[0]
+
+
+def test_mc_estimates_are_fractions_of_correct_rollouts():
+    world = FakeWorld(p_good=0.25, k=8)
+    result = run_one(world, MCTSParams(k=8, max_iterations=1, max_rollouts=10_000))
+    assert result.summary["root_mc"] == 0.25
+    for record in result.records:
+        prefix = record["prefix_steps"] + [record["step"]]
+        if record["n_rollouts"]:
+            assert record["mc"] == world.success_probability(prefix)
+            assert record["n_correct"] == sum(r["correct"] for r in record["rollouts"])
+            assert len(record["rollouts"]) == record["n_rollouts"] == 8
+        assert record["depth"] == len(prefix)
+
+
+@pytest.mark.parametrize("error_at", [1, 2, 7, 11, 15, 16])
+def test_binary_search_finds_planted_first_error_in_log_probes(error_at):
+    world = FakeWorld(p_good=0.5, error_at=error_at)
+    result = run_one(world, MCTSParams(k=8, max_iterations=1, max_rollouts=10_000))
+    probes = len(world.calls) - 1  # minus the root estimate
+    assert probes <= math.ceil(math.log2(16))
+    zeros = [r for r in result.records if r["mc"] == 0.0]
+    first = min(zeros, key=lambda r: r["depth"])
+    assert (first["step"], first["depth"]) == ("bad", error_at)
+    assert all(r["mc"] > 0 for r in result.records if r["depth"] < error_at)
+
+
+def test_probes_with_mc_between_become_tree_states_and_join_the_pool():
+    world = FakeWorld(p_good=0.5, error_at=11)
+    result = run_one(world, MCTSParams(k=8, max_iterations=3, max_rollouts=10_000))
+    assert result.summary["iterations"] == 3
+    assert result.summary["tree_states"] > 1
+    depths = [r["depth"] for r in result.records]
+    assert len(depths) == len(set(zip(depths, [r["step"] for r in result.records]))), "no step recorded twice"
+
+
+def test_trivial_problems_are_recorded_but_not_searched():
+    for p in (0.0, 1.0):
+        world = FakeWorld(p_good=p)
+        result = run_one(world, MCTSParams(k=8, max_iterations=5))
+        assert result.records == [] and result.summary["searched"] is False
+        assert result.summary["root_mc"] == p and len(world.calls) == 1
+    world = FakeWorld(p_good=0.0)
+    result = run_one(world, MCTSParams(k=8, max_iterations=1, search_trivial=True, max_rollouts=10_000))
+    assert result.summary["searched"] and result.records
+
+
+def test_rollout_budget_is_respected():
+    world = FakeWorld(p_good=0.5)
+    result = run_one(world, MCTSParams(k=8, max_iterations=100, max_rollouts=40))
+    assert result.summary["rollouts_spent"] <= 40
+
+
+def test_selection_follows_the_formula():
+    params = MCTSParams(alpha=0.5, beta=0.9, length_scale=100, c_puct=0.5)
+    a, b = TreeState(("s",), mc=0.9, visits=3), TreeState(("t",), mc=0.3, visits=0)
+    pool = [(a, Rollout(["x"], None, False, 50)), (b, Rollout(["y"], None, False, 50)), (a, Rollout(["z"], None, False, 10))]
+    total = 3
+    expected = [
+        0.5 ** (1 - 0.9) * 0.9 ** 0.5 + 0.5 * math.sqrt(total) / 4,
+        0.5 ** (1 - 0.3) * 0.9 ** 0.5 + 0.5 * math.sqrt(total) / 1,
+        0.5 ** (1 - 0.9) * 0.9 ** 0.1 + 0.5 * math.sqrt(total) / 4,
+    ]
+    got = [selection_score(s.mc, r.num_tokens, s.visits, total, params) for s, r in pool]
+    assert got == pytest.approx(expected)
+    assert select_from_pool(pool, [a, b], params) == max(range(3), key=expected.__getitem__)
+    params.c_puct = 0.0  # exploitation only: high MC and short rollout win
+    assert select_from_pool(pool, [a, b], params) == 2
+
+
+def test_problems_advance_together_in_one_call_per_round():
+    world = FakeWorld(p_good=0.5)
+    results = []
+    params = MCTSParams(k=8, max_iterations=2, max_rollouts=10_000)
+    run_mcts([(f"p{i}", "q") for i in range(5)], params, world, results.append)
+    single = FakeWorld(p_good=0.5)
+    run_one(single, params)
+    assert len(results) == 5
+    assert len(world.calls) == len(single.calls), "five problems take as many calls as one"
+    assert len(world.calls[0]) == 5
+
+
+def test_max_active_bounds_problems_in_flight():
+    world = FakeWorld(p_good=0.5)
+    results = []
+    run_mcts([(f"p{i}", "q") for i in range(5)], MCTSParams(k=8, max_iterations=1, max_rollouts=10_000), world, results.append, max_active=2)
+    assert len(results) == 5 and max(len(c) for c in world.calls) <= 2
+
+
+class FakeCompletion:
+    def __init__(self, text):
+        self.text, self.token_ids, self.finish_reason = text, [1] * len(text), "eos"
+
+
+class FakeGenerator:
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, stop=None, seed=None):
+        self.calls.append((list(prompts), n))
+        return [[FakeCompletion("1 + 1 = 2\nThe answer is 2\n" if j % 2 == 0 else "1 + 1 = 3\nThe answer is 3\n") for j in range(n)] for _ in prompts]
+
+
+def test_make_rollout_fn_grades_and_splits_in_one_generator_call():
+    gen = FakeGenerator()
+    grade_many = lambda texts, golds, kind: [t.strip().endswith(f"is {g}") for t, g in zip(texts, golds)]
+    extract = lambda text, kind: text.strip().rsplit(" ", 1)[-1]
+    fn = make_rollout_fn(gen, ["Q1\n", "Q2\n"], ["2", "3"], "tiny", k=4, temperature=0.6, top_p=1.0,
+                         max_new_tokens=16, separator="\n", grade_many=grade_many, extract_answer=extract)
+    out = fn([(0, ()), (1, ("a step",))])
+    assert len(gen.calls) == 1 and gen.calls[0] == (["Q1\n", "Q2\na step\n"], 4)
+    assert [r.correct for r in out[0]] == [True, False, True, False]
+    assert [r.correct for r in out[1]] == [False, True, False, True]
+    assert out[0][0].steps == ["1 + 1 = 2", "The answer is 2"] and out[0][0].answer == "2"
+    assert mc_value(out[0]) == 0.5
