@@ -1,0 +1,646 @@
+"""The Problem record and the benchmark loaders.
+
+Every benchmark becomes a list of ``Problem(problem_id, question, answer, source, meta)``, the
+JSONL problems contract of DESIGN.md. A loader reads a local file (JSONL, or a JSON array) when
+given a path, and otherwise the benchmark's Hugging Face hub copy through ``datasets`` (imported
+only then). Field layouts, hub ids and every mapping decision are in docs/data.md, "Benchmarks".
+
+A malformed record (bad JSON, a missing or ill-typed field, an answer that cannot be extracted)
+raises ``RecordError`` (a ValueError) naming the file, the line and the field. With
+``lenient=True`` such records are skipped instead, and one warning on the ``pipeline.problems``
+logger gives their count and the first error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from pipeline.grading import extract_answer
+from pipeline.io import RecordError, write_jsonl_atomic
+
+log = logging.getLogger(__name__)
+
+# Hub copies used when a loader is given no path (docs/data.md says why these ids).
+HUB_GSM8K = ("openai/gsm8k", "main")
+HUB_MATH = "EleutherAI/hendrycks_math"
+HUB_MATH_CONFIGS = (  # alphabetical: the subject order of the MATH test file we ship tests against
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
+HUB_MATH500 = "HuggingFaceH4/MATH-500"
+HUB_AGIEVAL_SAT_MATH = "hails/agieval-sat-math"
+HUB_OPENMATHINSTRUCT2 = "nvidia/OpenMathInstruct-2"
+
+# source -> grading kind (the grader and the prompt builder switch on the kind).
+ANSWER_KINDS = {
+    "gsm8k": "gsm8k",
+    "math": "math",
+    "math500": "math",
+    "openmathinstruct2": "math",
+    "sat_math": "sat",
+    "agieval_sat_math": "sat",
+    "tiny": "tiny",
+}
+
+
+def answer_kind(source: str) -> str:
+    """The grading kind ("math", "gsm8k", "sat" or "tiny") of a problem source."""
+    try:
+        return ANSWER_KINDS[source]
+    except KeyError:
+        raise ValueError(f"unknown problem source {source!r}; expected one of {sorted(ANSWER_KINDS)}") from None
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: the question shown to the model, the reference answer the grader compares
+    with, the source benchmark (which fixes the grading kind) and source-specific extras
+    (``meta``: level, subject, multiple-choice options, the reference solution, ...)."""
+
+    problem_id: str
+    question: str
+    answer: str
+    source: str
+    meta: dict = field(default_factory=dict, hash=False)
+
+    @property
+    def kind(self) -> str:
+        return answer_kind(self.source)
+
+    def to_dict(self) -> dict:
+        return {
+            "problem_id": self.problem_id,
+            "question": self.question,
+            "answer": self.answer,
+            "source": self.source,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str | Path | None = None, line: int | None = None) -> "Problem":
+        """A Problem from a problems-contract record; errors name the file, the line and the field.
+
+        ``meta`` may be absent (read as {}); the four other fields are required strings and
+        ``problem_id``, ``question`` and ``source`` must not be empty.
+        """
+        where = _location(path, line)
+        if not isinstance(d, dict):
+            raise RecordError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise RecordError(f"{where}: field 'meta': expected an object, got {type(meta).__name__}")
+        return cls(
+            problem_id=_string(d, "problem_id", where),
+            question=_string(d, "question", where),
+            answer=_string(d, "answer", where, allow_empty=True),
+            source=_string(d, "source", where),
+            meta=dict(meta),
+        )
+
+
+def _location(path: str | Path | None, line: int | None) -> str:
+    if path is not None and line is not None:
+        return f"{path}:{line}"
+    if path is not None:
+        return str(path)
+    if line is not None:
+        return f"line {line}"
+    return "record"
+
+
+def _string(obj: dict, name: str, where: str, *, allow_empty: bool = False) -> str:
+    if name not in obj:
+        raise RecordError(f"{where}: field '{name}': missing (expected a string)")
+    value = obj[name]
+    if not isinstance(value, str):
+        raise RecordError(f"{where}: field '{name}': expected a string, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise RecordError(f"{where}: field '{name}': expected a non-empty string")
+    return value
+
+
+def write_problems_jsonl(problems: Iterable[Problem], path: str | Path) -> int:
+    """Write problems as problems-contract JSONL, atomically. Returns the count."""
+    return write_jsonl_atomic(path, (p.to_dict() for p in problems))
+
+
+# ----------------------------------------------------------------------------- answer extraction
+
+
+def math_final_answer(solution: str) -> str | None:
+    """The final answer of a MATH reference solution: the content of its last \\boxed{...} (or
+    \\fbox{...}), nested braces matched, e.g. ``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}`` (the grader
+    also drops ``$...$`` around it and a trailing period).
+
+    The one grader extracts it (``pipeline.grading.extract_answer``), so a reference answer is
+    read exactly as a model's answer is; a solution without a box has no answer (None) rather
+    than the grader's "The answer is ..." fallback.
+    """
+    if "\\boxed" not in solution and "\\fbox" not in solution:
+        return None
+    return extract_answer(solution, "math")
+
+
+def gsm8k_final_answer(solution: str) -> str | None:
+    """The number after GSM8K's '####' marker, thousands commas removed ('2,125' -> '2125')."""
+    if "####" not in solution:
+        return None
+    answer = solution.rsplit("####", 1)[1].strip().replace(",", "")
+    return answer or None
+
+
+# ----------------------------------------------------------------------------- SAT options
+
+_ITEM_OPTION = re.compile(r"^\s*\(?([A-Z])\s*[).:]\s*(.*)$", re.DOTALL)
+_FIRST_MARKER = re.compile(r"^\s*(\()?A([).])")
+
+
+def parse_options_list(items: Sequence[Any], where: str = "record", field_name: str = "options") -> dict[str, str]:
+    """AGIEval's option list ["(A)2", "(B)4", ...] as {"A": "2", "B": "4", ...}."""
+    if not isinstance(items, (list, tuple)) or not items:
+        raise RecordError(f"{where}: field '{field_name}': expected a non-empty list of '(A)...' strings")
+    options: dict[str, str] = {}
+    for i, item in enumerate(items):
+        expected = chr(ord("A") + i)
+        match = _ITEM_OPTION.match(item) if isinstance(item, str) else None
+        if match is None or match.group(1) != expected:
+            raise RecordError(f"{where}: field '{field_name}': item {i} {item!r}: expected it to start with '({expected})'")
+        options[expected] = match.group(2).strip()
+    return options
+
+
+def parse_options_string(text: Any, where: str = "record", field_name: str = "options") -> dict[str, str]:
+    """One-string options "A) x B) y C) z D) w" (or "A. x B. y ...") as {"A": "x", ...}.
+
+    The marker style is taken from the leading "A)" / "A." / "(A)"; each next letter's marker must
+    follow whitespace, and the first such marker after the previous option is the split point,
+    so option text such as "data set $B$" (no marker punctuation) stays whole.
+    """
+    if not isinstance(text, str):
+        raise RecordError(f"{where}: field '{field_name}': expected a string, got {type(text).__name__}")
+    first = _FIRST_MARKER.match(text)
+    if first is None:
+        raise RecordError(f"{where}: field '{field_name}': expected it to start with 'A)' or 'A.', got {text[:30]!r}")
+    open_paren = r"\(" if first.group(1) else ""
+    close = re.escape(first.group(2))
+    # "A." style needs whitespace after the marker too ("U.S." or "B.C." must not split).
+    after = r"\s+" if first.group(2) == "." else r"\s*"
+    letters: list[str] = ["A"]
+    starts: list[int] = [first.end()]
+    ends: list[int] = []
+    position = first.end()
+    while True:
+        letter = chr(ord(letters[-1]) + 1)
+        marker = re.compile(rf"\s{open_paren}{letter}{close}{after}")
+        match = marker.search(text, position)
+        if match is None:
+            break
+        ends.append(match.start())
+        letters.append(letter)
+        starts.append(match.end())
+        position = match.end()
+    ends.append(len(text))
+    if len(letters) < 2:
+        raise RecordError(f"{where}: field '{field_name}': expected at least options A and B, found only A")
+    return {letter: text[s:e].strip() for letter, s, e in zip(letters, starts, ends)}
+
+
+# ----------------------------------------------------------------------------- reading records
+
+# (where, record or None, error or None): one entry per non-empty line / array item / hub row.
+Row = tuple[str, Any, "RecordError | None"]
+
+
+def _read_local(path: str | Path) -> Iterator[Row]:
+    """The records of a local JSONL file, or of a JSON file holding one array of records."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark file not found: {path}")
+    with path.open("r", encoding="utf-8") as handle:
+        head = handle.read(4096).lstrip()
+        handle.seek(0)
+        if head.startswith("["):
+            try:
+                records = json.load(handle)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+            for i, record in enumerate(records):
+                yield f"{path}: item {i}", record, None
+            return
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield where, None, RecordError(f"{where}: not valid JSON ({exc.msg})")
+                continue
+            yield where, record, None
+
+
+def _read_hub(hub_id: str, config: str | None, split: str, *, streaming: bool = False) -> Iterator[Row]:
+    """The rows of one hub dataset split (``datasets`` is imported only here)."""
+    import datasets
+
+    rows = datasets.load_dataset(hub_id, config, split=split, streaming=streaming)
+    label = f"hf://{hub_id}" + (f"[{config}]" if config else "") + f"/{split}"
+    for i, row in enumerate(rows):
+        yield f"{label}: row {i}", dict(row), None
+
+
+def _collect(
+    rows: Iterable[Row],
+    to_problem: Callable[[Any, str, int], Problem],
+    *,
+    loader: str,
+    lenient: bool,
+    keep: Callable[[Problem], bool] | None = None,
+    limit: int | None = None,
+) -> list[Problem]:
+    """Convert rows to problems (``to_problem(record, where, index)``), filter, stop at ``limit``.
+
+    ``index`` counts every row, malformed ones included, so ids do not shift when a record is
+    skipped or a filter is applied.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"{loader}: limit must be >= 0, got {limit}")
+    problems: list[Problem] = []
+    skipped, first_error = 0, None
+    if limit == 0:
+        return problems
+    for index, (where, record, error) in enumerate(rows):
+        try:
+            if error is not None:
+                raise error
+            if not isinstance(record, dict):
+                raise RecordError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            problem = to_problem(record, where, index)
+        except RecordError as exc:
+            if not lenient:
+                raise
+            skipped += 1
+            first_error = first_error or exc
+            continue
+        if keep is not None and not keep(problem):
+            continue
+        problems.append(problem)
+        if limit is not None and len(problems) >= limit:
+            break
+    if skipped:
+        log.warning("%s: skipped %d malformed record(s) (lenient=True); first: %s", loader, skipped, first_error)
+    return problems
+
+
+def _require(record: dict, name: str, where: str, types: type | tuple[type, ...], expected: str) -> Any:
+    if name not in record:
+        raise RecordError(f"{where}: field '{name}': missing (expected {expected})")
+    value = record[name]
+    if not isinstance(value, types) or isinstance(value, bool):
+        raise RecordError(f"{where}: field '{name}': expected {expected}, got {type(value).__name__}")
+    return value
+
+
+def _text(record: dict, name: str, where: str) -> str:
+    value = _require(record, name, where, str, "a string")
+    if not value.strip():
+        raise RecordError(f"{where}: field '{name}': expected a non-empty string")
+    return value
+
+
+# ----------------------------------------------------------------------------- GSM8K
+
+
+def _gsm8k_problem(split: str) -> Callable[[dict, str, int], Problem]:
+    def convert(record: dict, where: str, index: int) -> Problem:
+        question = _text(record, "question", where)
+        solution = _text(record, "answer", where)
+        answer = gsm8k_final_answer(solution)
+        if answer is None:
+            raise RecordError(f"{where}: field 'answer': expected a solution ending in '#### <number>'")
+        return Problem(f"gsm8k-{split}-{index}", question, answer, "gsm8k", {"solution": solution})
+
+    return convert
+
+
+def load_gsm8k(
+    path: str | Path | None = None, *, split: str = "test", limit: int | None = None, lenient: bool = False
+) -> list[Problem]:
+    """GSM8K: answer = the number after '####' without thousands commas; id "gsm8k-<split>-<index>".
+
+    ``split`` names the split in the ids (and picks it on the hub): pass split="train" with a
+    local train file.
+    """
+    rows = _read_local(path) if path is not None else _read_hub(HUB_GSM8K[0], HUB_GSM8K[1], split)
+    return _collect(rows, _gsm8k_problem(split), loader="load_gsm8k", lenient=lenient, limit=limit)
+
+
+# ----------------------------------------------------------------------------- MATH and MATH-500
+
+_LEVEL = re.compile(r"^\s*(?:Level\s*)?([1-5])\s*$")
+
+
+def _math_level(record: dict, where: str) -> int | None:
+    """'Level 5' or 5 -> 5; MATH has a few 'Level ?' (train split): None, kept unless filtered."""
+    value = _require(record, "level", where, (str, int), "'Level N' or an integer")
+    if isinstance(value, int):
+        return value
+    match = _LEVEL.match(value)
+    if match:
+        return int(match.group(1))
+    if value.strip() == "Level ?":
+        return None
+    raise RecordError(f"{where}: field 'level': expected 'Level 1'..'Level 5', got {value!r}")
+
+
+def _math_problem(split: str) -> Callable[[dict, str, int], Problem]:
+    def convert(record: dict, where: str, index: int) -> Problem:
+        question = _text(record, "problem", where)
+        solution = _text(record, "solution", where)
+        answer = math_final_answer(solution)
+        if not answer:
+            raise RecordError(f"{where}: field 'solution': expected a final \\boxed{{...}} answer")
+        subject = _text(record, "type", where)
+        meta: dict[str, Any] = {"level": _math_level(record, where), "subject": subject, "solution": solution}
+        ordinal = index
+        if "idx" in record:
+            ordinal = _require(record, "idx", where, int, "an integer")
+            meta["idx"] = ordinal
+        return Problem(f"math-{split}-{ordinal}", question, answer, "math", meta)
+
+    return convert
+
+
+def _math_hub_rows(split: str) -> Iterator[Row]:
+    for config in HUB_MATH_CONFIGS:
+        yield from _read_hub(HUB_MATH, config, split)
+
+
+def load_math(
+    path: str | Path | None = None,
+    *,
+    split: str = "test",
+    limit: int | None = None,
+    lenient: bool = False,
+    levels: Iterable[int] | None = None,
+) -> list[Problem]:
+    """MATH: answer = the last \\boxed{} of the solution; id "math-<split>-<idx>".
+
+    ``levels`` keeps only those difficulty levels (e.g. [5]). meta: level (int), subject (the
+    record's ``type``), solution, idx (when the file has it).
+    """
+    wanted = None if levels is None else {int(level) for level in levels}
+
+    def keep(problem: Problem) -> bool:
+        return wanted is None or problem.meta.get("level") in wanted
+
+    rows = _read_local(path) if path is not None else _math_hub_rows(split)
+    return _collect(rows, _math_problem(split), loader="load_math", lenient=lenient, keep=keep, limit=limit)
+
+
+def load_math_level5(
+    path: str | Path | None = None, *, split: str = "test", limit: int | None = None, lenient: bool = False
+) -> list[Problem]:
+    """MATH Level 5 ("MATH Hard"): the 1324 Level 5 problems of the MATH test set."""
+    return load_math(path, split=split, limit=limit, lenient=lenient, levels=[5])
+
+
+def _math500_problem(record: dict, where: str, index: int) -> Problem:
+    question = _text(record, "problem", where)
+    answer = _text(record, "answer", where)
+    meta: dict[str, Any] = {
+        "level": _require(record, "level", where, int, "an integer"),
+        "subject": _text(record, "subject", where),
+        "unique_id": _text(record, "unique_id", where),
+    }
+    if isinstance(record.get("solution"), str):
+        meta["solution"] = record["solution"]
+    return Problem(f"math500-{index}", question, answer, "math500", meta)
+
+
+def load_math500(
+    path: str | Path | None = None, *, split: str = "test", limit: int | None = None, lenient: bool = False
+) -> list[Problem]:
+    """MATH-500: answer = the file's ``answer`` field; id "math500-<index>", meta unique_id."""
+    rows = _read_local(path) if path is not None else _read_hub(HUB_MATH500, None, split)
+    return _collect(rows, _math500_problem, loader="load_math500", lenient=lenient, limit=limit)
+
+
+# ----------------------------------------------------------------------------- SAT math
+
+
+def _choice_answer(letter: Any, options: dict[str, str], where: str, field_name: str) -> str:
+    if not isinstance(letter, str):
+        raise RecordError(f"{where}: field '{field_name}': expected an option letter, got {type(letter).__name__}")
+    answer = letter.strip().strip("()").upper()
+    if answer not in options:
+        raise RecordError(f"{where}: field '{field_name}': expected one of {sorted(options)}, got {letter!r}")
+    return answer
+
+
+def _sat32_problem(record: dict, where: str, index: int) -> Problem:
+    question = _text(record, "question", where)
+    options = parse_options_string(_require(record, "options", where, str, "a string"), where)
+    answer = _choice_answer(_require(record, "Answer", where, str, "an option letter"), options, where, "Answer")
+    record_id = record.get("id", index)
+    return Problem(f"sat_math-{record_id}", question, answer, "sat_math", {"options": options, "id": record_id})
+
+
+_AGIEVAL_QUERY = re.compile(r"^(?P<passage>.*?)Q:\s*(?P<question>.*?)\s*Answer Choices:", re.DOTALL)
+
+
+def _agieval_problem(record: dict, where: str, index: int) -> Problem:
+    if "query" in record:  # the lm-eval-harness export on the hub: query, choices, gold
+        return _agieval_hub_problem(record, where, index)
+    question = _text(record, "question", where)
+    passage = record.get("passage") or ""
+    if not isinstance(passage, str):
+        raise RecordError(f"{where}: field 'passage': expected a string or null, got {type(passage).__name__}")
+    if passage.strip():
+        question = f"{passage.strip()}\n{question}"
+    options = parse_options_list(_require(record, "options", where, list, "a list"), where)
+    answer = _choice_answer(_require(record, "label", where, str, "an option letter"), options, where, "label")
+    meta: dict[str, Any] = {"options": options}
+    other = record.get("other")
+    if isinstance(other, dict) and isinstance(other.get("solution"), str):
+        meta["solution"] = other["solution"]
+    return Problem(f"agieval_sat_math-{index}", question, answer, "agieval_sat_math", meta)
+
+
+def _agieval_hub_problem(record: dict, where: str, index: int) -> Problem:
+    query = _text(record, "query", where)
+    match = _AGIEVAL_QUERY.match(query)
+    if match is None:
+        raise RecordError(f"{where}: field 'query': expected '[passage] Q: <question> Answer Choices: ...'")
+    question = match.group("question").strip()
+    if match.group("passage").strip():
+        question = f"{match.group('passage').strip()}\n{question}"
+    options = parse_options_list(_require(record, "choices", where, list, "a list"), where, "choices")
+    gold = _require(record, "gold", where, (list, int), "a list holding one option index")
+    gold_index = gold[0] if isinstance(gold, list) and len(gold) == 1 else gold
+    if not isinstance(gold_index, int) or isinstance(gold_index, bool) or not 0 <= gold_index < len(options):
+        raise RecordError(f"{where}: field 'gold': expected one index into the {len(options)} choices, got {gold!r}")
+    answer = chr(ord("A") + gold_index)
+    return Problem(f"agieval_sat_math-{index}", question, answer, "agieval_sat_math", {"options": options})
+
+
+def load_sat_math(
+    path: str | Path | None = None,
+    *,
+    variant: str = "32",
+    split: str = "test",
+    limit: int | None = None,
+    lenient: bool = False,
+) -> list[Problem]:
+    """SAT math, multiple choice: answer = the letter, meta["options"] = {"A": ..., "B": ..., ...}.
+
+    variant "32": the 32-question set of the paper's SAT MATH figures (id, question, options as
+    one string, Answer); it has no hub copy, so ``path`` is required. variant "agieval": AGIEval's
+    220 (passage prepended to the question, options list, label); hub: hails/agieval-sat-math.
+    """
+    if variant == "32":
+        if path is None:
+            raise ValueError(
+                "load_sat_math(variant='32') needs a path: the 32-question set has no hub copy "
+                "(it is data/sat_math/test.jsonl of ZubinGou/math-evaluation-harness)"
+            )
+        return _collect(_read_local(path), _sat32_problem, loader="load_sat_math", lenient=lenient, limit=limit)
+    if variant == "agieval":
+        rows = _read_local(path) if path is not None else _read_hub(HUB_AGIEVAL_SAT_MATH, None, split)
+        return _collect(rows, _agieval_problem, loader="load_sat_math", lenient=lenient, limit=limit)
+    raise ValueError(f"load_sat_math: variant must be '32' or 'agieval', got {variant!r}")
+
+
+# ----------------------------------------------------------------------------- OpenMathInstruct-2
+
+
+def _question_key(question: str, seed: int | None = None) -> bytes:
+    salt = b"" if seed is None else f"{seed}\x00".encode()
+    return hashlib.sha256(salt + question.encode("utf-8")).digest()
+
+
+def _omi2_problem(record: dict, where: str, index: int) -> Problem:
+    question = _text(record, "problem", where)
+    answer = _text(record, "expected_answer", where)
+    meta: dict[str, Any] = {"problem_source": _text(record, "problem_source", where)}
+    if isinstance(record.get("generated_solution"), str):
+        meta["solution"] = record["generated_solution"]
+    problem_id = f"openmathinstruct2-{_question_key(question).hex()[:16]}"
+    return Problem(problem_id, question, answer, "openmathinstruct2", meta)
+
+
+def load_openmathinstruct2(
+    path: str | Path | None = None,
+    *,
+    split: str = "train_1M",
+    limit: int | None = None,
+    lenient: bool = False,
+    problem_sources: Iterable[str] | None = None,
+    subset_size: int | None = None,
+    seed: int = 0,
+) -> list[Problem]:
+    """OpenMathInstruct-2 problems: answer = expected_answer; one Problem per distinct question.
+
+    The dataset repeats each question once per generated solution: the first row of a question
+    is kept. ``problem_sources`` keeps those origins (e.g. ["augmented_math"]). ``subset_size``
+    draws a deterministic random subset: the questions with the smallest sha256(seed, question),
+    so a subset does not depend on row order and a smaller one is contained in a larger one
+    (it reads the whole split). The id is a hash of the question ("openmathinstruct2-<16 hex>"),
+    stable across splits. Hub: streamed, so the 14M-row dataset is never downloaded whole.
+    """
+    if subset_size is not None and subset_size < 0:
+        raise ValueError(f"load_openmathinstruct2: subset_size must be >= 0, got {subset_size}")
+    wanted = set(problem_sources) if problem_sources else None
+    seen: set[bytes] = set()
+
+    def keep(problem: Problem) -> bool:
+        if wanted is not None and problem.meta["problem_source"] not in wanted:
+            return False
+        key = _question_key(problem.question)[:16]
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    rows = _read_local(path) if path is not None else _read_hub(HUB_OPENMATHINSTRUCT2, None, split, streaming=True)
+    if subset_size is None:
+        return _collect(rows, _omi2_problem, loader="load_openmathinstruct2", lenient=lenient, keep=keep, limit=limit)
+    problems = _collect(rows, _omi2_problem, loader="load_openmathinstruct2", lenient=lenient, keep=keep)
+    chosen = heapq.nsmallest(subset_size, range(len(problems)), key=lambda i: _question_key(problems[i].question, seed))
+    subset = [problems[i] for i in sorted(chosen)]  # back in file order
+    return subset if limit is None else subset[:limit]
+
+
+# ----------------------------------------------------------------------------- our own JSONL
+
+
+def load_problems_jsonl(path: str | Path, *, limit: int | None = None, lenient: bool = False) -> list[Problem]:
+    """Problems-contract records {problem_id, question, answer, source, meta} (JSONL or JSON array).
+
+    Sources must be known to ``answer_kind``; problem ids must be unique.
+    """
+    seen: set[str] = set()
+
+    def convert(record: dict, where: str, index: int) -> Problem:
+        problem = Problem.from_dict(record, path=where)
+        if problem.source not in ANSWER_KINDS:
+            raise RecordError(f"{where}: field 'source': expected one of {sorted(ANSWER_KINDS)}, got {problem.source!r}")
+        if problem.problem_id in seen:
+            raise RecordError(f"{where}: field 'problem_id': {problem.problem_id!r} appears twice")
+        seen.add(problem.problem_id)
+        return problem
+
+    return _collect(_read_local(path), convert, loader="load_problems_jsonl", lenient=lenient, limit=limit)
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def _load_sat_math_32(path=None, **kw) -> list[Problem]:
+    return load_sat_math(path, variant="32", **kw)
+
+
+def _load_agieval_sat_math(path=None, **kw) -> list[Problem]:
+    return load_sat_math(path, variant="agieval", **kw)
+
+
+def _load_problems(path=None, **kw) -> list[Problem]:
+    if path is None:
+        raise ValueError("load_benchmark('problems') needs a path to a problems JSONL file")
+    return load_problems_jsonl(path, **kw)
+
+
+BENCHMARK_LOADERS: dict[str, Callable[..., list[Problem]]] = {
+    "gsm8k": load_gsm8k,
+    "math": load_math,
+    "math_level5": load_math_level5,
+    "math500": load_math500,
+    "sat_math_32": _load_sat_math_32,
+    "agieval_sat_math": _load_agieval_sat_math,
+    "openmathinstruct2": load_openmathinstruct2,
+    "problems": _load_problems,
+}
+
+
+def load_benchmark(name: str, path: str | Path | None = None, **kw: Any) -> list[Problem]:
+    """Load a benchmark by name (see BENCHMARK_LOADERS); ``kw`` goes to its loader."""
+    try:
+        loader = BENCHMARK_LOADERS[name]
+    except KeyError:
+        raise ValueError(f"unknown benchmark {name!r}; expected one of {sorted(BENCHMARK_LOADERS)}") from None
+    return loader(path, **kw)

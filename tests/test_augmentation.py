@@ -1,0 +1,368 @@
+"""Similarity-grouped augmentation (paper 3.2): step similarity, grouping and labels, stats,
+the problem-level split and MCTS record validation."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from fractions import Fraction
+
+import Levenshtein
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeline.augmentation as augmentation
+from pipeline.augmentation import (
+    augment_records,
+    augmentation_stats,
+    greedy_similarity_groups,
+    is_validation_problem,
+    label_rollout_steps,
+    read_mcts_records,
+    rollout_reuse_candidates,
+    split_by_problem,
+    validate_mcts_record,
+)
+from pipeline.io import RecordError
+from pipeline.similarity import calculation_results, step_similarity
+
+F = Fraction
+
+# ---------------------------------------------------------------- calculation results
+
+
+@pytest.mark.parametrize(
+    "step, expected",
+    [
+        ("3 * 4 = 12", (F(12),)),
+        ("24 - 6 = 18", (F(18),)),  # the '-' is subtraction, not a sign
+        ("2 + 3 = 5 + 1 = 6", (F(6),)),  # a chain counts once, by its last value
+        ("3 * 4 = 12, so 12 + 5 = 17", (F(12), F(17))),  # two equations
+        ("So 3 x 4 = 12, the total cost in dollars.", (F(12),)),
+        ("Total: 3 × 4 = 12 pens", (F(12),)),
+        ("1/2 + 1/4 = 3/4", (F(3, 4),)),
+        ("12 / 4 = 3 apples each", (F(3),)),
+        ("x = 0.50", (F(1, 2),)),
+        ("x = .5", (F(1, 2),)),
+        ("The discount is 25%", (F(1, 4),)),  # no '=': the final number
+        ("The rate is 12.5 \\% per year", (F(1, 8),)),
+        ("He has 1,234 apples", (F(1234),)),
+        ("The bill = -1,500.25 dollars", (F(-6001, 4),)),
+        ("Each costs \\$1{,}200", (F(1200),)),
+        ("x = \\frac{3}{4}", (F(3, 4),)),
+        ("x = -\\frac{1}{2}", (F(-1, 2),)),
+        ("$y = \\dfrac{10}{4}$", (F(5, 2),)),
+        ("She used 2\\frac{1}{2} cups", (F(5, 2),)),
+        ("The answer is \\boxed{42}.", (F(42),)),
+        ("The temperature falls to −7 degrees.", (F(-7),)),
+        ("(-3) * 2 = -6", (F(-6),)),
+        ("Let x be the number of pens.", ()),
+        ("x = y + z", ()),
+        ("__import__('os').system('true') = 5", (F(5),)),  # parsed, never evaluated
+        ("= " + "1" * 5000, ()),  # a degenerate digit run is text (int() would refuse it)
+        ("x = 2\\frac{1}{0}", (F(2),)),  # no division by zero
+    ],
+)
+def test_calculation_results(step, expected):
+    assert calculation_results(step) == expected
+
+
+# ---------------------------------------------------------------- step similarity
+
+TABLE_1_A = "The total cost is 3 * 4 = 12 dollars."
+TABLE_1_B = "So 3 x 4 = 12, the total cost in dollars."
+TEXT = "Levenshtein.ratio of the two steps"
+
+
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        # Table 1 style: the same step phrased twice, same result -> text similarity decides.
+        (TABLE_1_A, TABLE_1_B, TEXT),
+        # different results -> 0 however close the text
+        ("24 - 6 = 18", "24 - 6 = 16", 0.0),
+        ("3 * 4 = 12, so 12 + 5 = 17", "3 * 4 = 12, so 12 + 5 = 18", 0.0),
+        ("3 * 4 = 12 and 12 * 1 = 12", "3 * 4 = 12 and 12 * 1", 0.0),  # {12, 12} != {12}
+        ("x = \\frac{1}{2}", "x = \\frac{1}{3}", 0.0),
+        # same results in another form or order -> text similarity
+        ("x = 0.5", "x = 1/2", TEXT),
+        ("x = 50%", "x = \\frac{1}{2}", TEXT),
+        ("3 * 4 = 12, then 12 + 5 = 17", "12 + 5 = 17 after 3 * 4 = 12", TEXT),
+        # no numbers, or numbers on one side only -> text similarity
+        ("Add the two amounts together.", "Add the two amounts.", TEXT),
+        ("Multiply the price by the quantity.", "3 * 4 = 12", TEXT),
+        # whitespace is normalised away
+        ("3 * 4 = 12", "  3  *  4 =\t12 ", 1.0),
+        ("", "", 1.0),
+    ],
+)
+def test_step_similarity_table(a, b, expected):
+    if expected == TEXT:
+        expected = Levenshtein.ratio(a, b)
+        assert expected > 0.0
+    assert step_similarity(a, b) == pytest.approx(expected)
+    assert step_similarity(b, a) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        (TABLE_1_A, "The total cost is 3 x 4 = 12 dollars"),
+        ("12 - 5 = 7 pens are left over.", "12 - 5 = 7 pens are left."),
+        ("The answer is \\boxed{7}.", "The answer is \\boxed{7}"),
+        ("Half of 10 is 10 / 2 = 5 apples.", "Half of 10 is 10/2 = 5 apples."),
+    ],
+)
+def test_close_paraphrases_with_the_same_result_reach_the_threshold(a, b):
+    assert step_similarity(a, b) >= 0.85
+
+
+def test_table_1_pair_is_similar_but_below_the_default_threshold():
+    similarity = step_similarity(TABLE_1_A, TABLE_1_B)
+    assert 0.0 < similarity < 0.85
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("0123456789 .,/=-+*x%$\\{}()abc")), max_size=40), st.text(max_size=40))
+def test_similarity_is_total_bounded_and_symmetric(a, b):
+    assert all(isinstance(value, Fraction) for value in calculation_results(a))
+    value = step_similarity(a, b)
+    assert 0.0 <= value <= 1.0
+    assert value == step_similarity(b, a)
+    assert step_similarity(a, a) == 1.0
+
+
+# ---------------------------------------------------------------- candidates, groups, labels
+
+
+def rollout(steps, correct):
+    return {"steps": steps, "answer": steps[-1].split()[-1].rstrip("."), "correct": correct}
+
+
+def pens_record(mc=0.5):
+    """k = 4 rollouts of 'Tom buys 3 boxes of 4 pens and gives away 5':
+
+    position 1: rollouts 0, 1, 2 compute 12 (2 correct, 1 incorrect -> mixed -> mc);
+                rollout 3 computes 7 (alone, incorrect -> 0, so its later steps are dropped)
+    position 2: rollouts 0, 1 compute 7 (both correct -> 1); rollout 2 computes 8 (-> 0)
+    position 3: rollouts 0, 1 answer 7 (-> 1); rollout 2's answer is dropped
+    """
+    return {
+        "problem_id": "p1",
+        "question": "Tom buys 3 boxes of 4 pens and gives away 5. How many pens are left?",
+        "prefix_steps": ["Tom has 3 boxes."],
+        "step": "Each box holds 4 pens.",
+        "mc": mc,
+        "n_correct": 2,
+        "n_rollouts": 4,
+        "depth": 2,
+        "rollouts": [
+            rollout(["3 * 4 = 12 pens in total.", "12 - 5 = 7 pens are left over.", "The answer is 7."], True),
+            rollout(["3 * 4 = 12 pens in total.", "12 - 5 = 7 pens are left.", "The answer is 7."], True),
+            rollout(["3 * 4 = 12 pens in total!", "12 - 5 = 8 pens are left.", "The answer is 8."], False),
+            rollout(["3 + 4 = 7 pens in total.", "7 - 5 = 2 pens are left.", "The answer is 2."], False),
+        ],
+    }
+
+
+def test_rollout_reuse_candidates_extend_the_evaluated_state():
+    record = pens_record()
+    candidates = rollout_reuse_candidates(record)
+    assert len(candidates) == 12
+    state = ("Tom has 3 boxes.", "Each box holds 4 pens.")
+    third = [c for c in candidates if c.rollout_index == 2]
+    assert [c.position for c in third] == [1, 2, 3]
+    assert third[0].prefix_steps == state
+    assert third[2].prefix_steps == state + ("3 * 4 = 12 pens in total!", "12 - 5 = 8 pens are left.")
+    assert third[2].step == "The answer is 8."
+    assert all(c.rollout_correct is False for c in third)
+
+
+def test_groups_and_labels_of_the_hand_built_rollouts():
+    groups = label_rollout_steps(pens_record(mc=0.5))
+    summary = [(g.position, g.index, [m.rollout_index for m in g.members], g.label) for g in groups]
+    assert summary == [
+        (1, 0, [0, 1, 2], 0.5),  # mixed -> the record's mc (not the group's own 2/3)
+        (1, 1, [3], 0.0),  # all incorrect -> 0
+        (2, 0, [0, 1], 1.0),  # all correct -> 1; rollout 3 dropped after its 0
+        (2, 1, [2], 0.0),
+        (3, 0, [0, 1], 1.0),  # rollout 2 dropped after its 0 at position 2
+    ]
+
+
+def test_threshold_is_configurable():
+    groups = label_rollout_steps(pens_record(), threshold=1.0)
+    position_1 = [([m.rollout_index for m in g.members], g.label) for g in groups if g.position == 1]
+    # "…total!" no longer matches "…total.": rollout 2 stands alone, is labelled 0, and is dropped.
+    assert position_1 == [([0, 1], 1.0), ([2], 0.0), ([3], 0.0)]
+    assert all(2 not in [m.rollout_index for m in g.members] for g in groups if g.position > 1)
+
+
+def test_a_step_joins_by_similarity_to_the_representative_only():
+    record = pens_record()
+    record["rollouts"] = [rollout([text], True) for text in ("aaaaaaaaaa", "aaaaaaaaab", "aaaaaaaabb")]
+    # sim(1st, 2nd) = sim(2nd, 3rd) = 0.9 but sim(1st, 3rd) = 0.8: no chaining through the 2nd.
+    groups = greedy_similarity_groups(rollout_reuse_candidates(record), threshold=0.85)
+    assert [[c.step for c in g] for g in groups] == [["aaaaaaaaaa", "aaaaaaaaab"], ["aaaaaaaabb"]]
+
+
+def test_similarity_is_only_computed_within_a_record_and_position(monkeypatch):
+    pairs = []
+    real = augmentation.signature_similarity
+
+    def counting(a, b):
+        pairs.append((a.text, b.text))
+        return real(a, b)
+
+    monkeypatch.setattr(augmentation, "signature_similarity", counting)
+    records = []
+    for r in range(2):
+        record = pens_record()
+        record["rollouts"] = [
+            rollout([f"record {r} step {j} rollout {i} adds {i * 7 + j}" for j in range(1, 4)], True) for i in range(6)
+        ]
+        records.append(record)
+    list(augment_records(records))
+    assert len(pairs) <= 2 * 3 * (6 * 5 // 2)  # records x positions x k(k-1)/2
+    for a, b in pairs:
+        assert a.split(" rollout ")[0] == b.split(" rollout ")[0]
+
+
+def test_augment_records_emits_mcts_and_augmented_examples():
+    examples = list(augment_records(iter([pens_record(mc=0.5)])))
+    emitted = [(e["origin"], e["step"], e["label"], len(e["prefix_steps"])) for e in examples]
+    assert emitted == [
+        ("mcts", "Each box holds 4 pens.", 0.5, 1),
+        ("augmented", "3 * 4 = 12 pens in total.", 0.5, 2),  # rollouts 0 and 1 deduped to one
+        ("augmented", "3 * 4 = 12 pens in total!", 0.5, 2),
+        ("augmented", "3 + 4 = 7 pens in total.", 0.0, 2),
+        ("augmented", "12 - 5 = 7 pens are left over.", 1.0, 3),
+        ("augmented", "12 - 5 = 7 pens are left.", 1.0, 3),
+        ("augmented", "12 - 5 = 8 pens are left.", 0.0, 3),
+        ("augmented", "The answer is 7.", 1.0, 4),  # prefixes differ: both kept
+        ("augmented", "The answer is 7.", 1.0, 4),
+    ]
+    assert "group_id" not in examples[0]
+    assert all(e["problem_id"] == "p1" and e["question"].startswith("Tom buys") for e in examples)
+    key = augmentation.record_key(pens_record())
+    assert [e["group_id"] for e in examples[1:]] == [
+        f"p1:{key}:1:0", f"p1:{key}:1:0", f"p1:{key}:1:1", f"p1:{key}:2:0", f"p1:{key}:2:0",
+        f"p1:{key}:2:1", f"p1:{key}:3:0", f"p1:{key}:3:0",
+    ]
+    assert json.loads(json.dumps(examples)) == examples  # JSON-ready
+    assert list(augment_records([pens_record(mc=0.5)])) == examples  # deterministic
+
+
+def test_augment_records_options_and_duplicate_records():
+    without_dedupe = list(augment_records([pens_record()], dedupe=False))
+    assert len(without_dedupe) == 10
+    no_mcts = list(augment_records([pens_record()], include_mcts=False))
+    assert {e["origin"] for e in no_mcts} == {"augmented"} and len(no_mcts) == 8
+    twice = list(augment_records([pens_record(), pens_record()], include_mcts=False))
+    first_ids = {e["group_id"] for e in twice[:8]}
+    second_ids = {e["group_id"] for e in twice[8:]}
+    assert first_ids.isdisjoint(second_ids)  # group ids stay unique even for a repeated record
+
+
+def test_augmentation_stats_counts_bins_and_expansion():
+    examples = list(augment_records([pens_record(mc=0.5)]))
+    stats = augmentation_stats(iter(examples), n_mcts_records=1)
+    assert stats["n_examples"] == 9
+    assert stats["expansion_factor"] == 9.0
+    assert stats["by_origin"] == {"mcts": 1, "augmented": 8}
+    assert stats["label_bins"] == {"zero": 2, "between": 3, "one": 4}
+    assert stats["label_fractions"]["one"] == pytest.approx(4 / 9)
+    assert stats["label_bins_by_origin"]["mcts"] == {"zero": 0, "between": 1, "one": 0}
+    assert stats["label_histogram"]["counts"] == [2, 0, 0, 0, 0, 3, 0, 0, 0, 4]
+    assert len(stats["label_histogram"]["edges"]) == 11
+    tenths = [{"label": n / 10, "origin": "mcts"} for n in range(11)]
+    assert augmentation_stats(tenths, 11)["label_histogram"]["counts"] == [1] * 9 + [2]
+    empty = augmentation_stats([], n_mcts_records=0)
+    assert empty["n_examples"] == 0 and empty["expansion_factor"] is None
+
+
+# ---------------------------------------------------------------- split by problem
+
+
+def test_split_by_problem_keeps_problems_whole_and_is_stable():
+    records = [{"problem_id": f"p{i:03d}", "step": f"s{j}"} for i in range(200) for j in range(3)]
+    train, val = split_by_problem(records, val_fraction=0.2, seed=0)
+    train_ids = {r["problem_id"] for r in train}
+    val_ids = {r["problem_id"] for r in val}
+    assert train_ids.isdisjoint(val_ids)
+    assert len(train) + len(val) == len(records)
+    assert 20 <= len(val_ids) <= 60
+    assert split_by_problem(list(reversed(records)), 0.2, 0)[1] == list(reversed(val))
+    # Pinned: the split of a problem must not change between runs or versions.
+    assert [f"p{i:03d}" for i in range(40) if is_validation_problem(f"p{i:03d}", 0.2, 0)] == [
+        "p001", "p004", "p007", "p009", "p019", "p033", "p037",
+    ]
+    assert {r["problem_id"] for r in split_by_problem(records, 0.2, seed=1)[1]} != val_ids
+    assert split_by_problem(records, 0.0, 0)[1] == [] and split_by_problem(records, 1.0, 0)[0] == []
+    with pytest.raises(ValueError):
+        split_by_problem(records, 1.5, 0)
+
+
+# ---------------------------------------------------------------- MCTS record validation
+
+
+def _break(record, path, value):
+    """Set (or with value=KeyError delete) the field at a path like ('rollouts', 1, 'correct')."""
+    target = record
+    for key in path[:-1]:
+        target = target[key]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return record
+
+
+@pytest.mark.parametrize(
+    "path, value, field, expected",
+    [
+        (("mc",), KeyError, "'mc'", "a number in [0, 1]"),
+        (("mc",), 1.5, "'mc'", "a number in [0, 1]"),
+        (("mc",), "0.5", "'mc'", "a number in [0, 1]"),
+        (("problem_id",), 7, "'problem_id'", "a non-empty string"),
+        (("prefix_steps",), ["ok", 3], "'prefix_steps'", "a list of strings"),
+        (("n_correct",), 9, "'n_correct'", "at most n_rollouts"),
+        (("depth",), True, "'depth'", "a non-negative integer"),
+        (("rollouts",), "none", "'rollouts'", "a list of {steps, answer, correct}"),
+        (("rollouts", 1), ["3 * 4 = 12"], "'rollouts[1]'", "an object {steps, answer, correct}"),
+        (("rollouts", 1, "correct"), KeyError, "'rollouts[1].correct'", "{steps, answer, correct}"),
+        (("rollouts", 2, "correct"), "yes", "'rollouts[2].correct'", "true or false"),
+        (("rollouts", 0, "steps"), "3 * 4 = 12", "'rollouts[0].steps'", "a list of strings"),
+        (("rollouts", 3, "answer"), ["2"], "'rollouts[3].answer'", "a string, a number or null"),
+    ],
+)
+def test_malformed_mcts_record_names_file_line_and_field(tmp_path, path, value, field, expected):
+    good = pens_record()
+    bad = _break(copy.deepcopy(good), path, value)
+    file = tmp_path / "mcts.jsonl"
+    file.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as info:
+        list(read_mcts_records(file))
+    message = str(info.value)
+    assert isinstance(info.value, RecordError)
+    assert message.startswith(f"{file}:3:")  # the blank line 2 is skipped but still counted
+    assert field in message and expected in message
+
+
+def test_non_json_line_names_file_and_line(tmp_path):
+    file = tmp_path / "mcts.jsonl"
+    file.write_text(json.dumps(pens_record()) + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="^" + re.escape(f"{file}:2: ")):
+        list(read_mcts_records(file))
+
+
+def test_valid_records_are_read_and_augmented(tmp_path):
+    file = tmp_path / "mcts.jsonl"
+    file.write_text("".join(json.dumps(pens_record(mc)) + "\n" for mc in (0.5, 0.25)), encoding="utf-8")
+    records = list(read_mcts_records(file))
+    assert [r["mc"] for r in records] == [0.5, 0.25]
+    validate_mcts_record({**records[0], "extra": 1}, str(file), 1)  # extra fields are allowed
+    labels = [e["label"] for e in augment_records(records) if e["step"].startswith("3 * 4")]
+    assert labels == [0.5, 0.5, 0.25, 0.25]

@@ -1,0 +1,424 @@
+"""The Problem record and the benchmark loaders, on the real benchmark files (never the hub)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from pipeline.io import RecordError
+from pipeline.problems import (
+    Problem,
+    answer_kind,
+    load_benchmark,
+    load_gsm8k,
+    load_math,
+    load_math500,
+    load_math_level5,
+    load_openmathinstruct2,
+    load_problems_jsonl,
+    load_sat_math,
+    math_final_answer,
+    parse_options_list,
+    parse_options_string,
+    write_problems_jsonl,
+)
+
+FILES = {
+    "gsm8k": "gsm8k_test.jsonl",
+    "math": "math_test.jsonl",
+    "math_level5": "math_test.jsonl",
+    "math500": "math500_test.jsonl",
+    "sat_math_32": "sat_math_32.jsonl",
+    "agieval_sat_math": "agieval_sat_math.jsonl",
+}
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def math_test(benchmarks_dir) -> list[Problem]:
+    return load_math(benchmarks_dir / "math_test.jsonl")
+
+
+# ----------------------------------------------------------------------------- counts and dispatch
+
+
+@pytest.mark.parametrize(
+    "name, count, source",
+    [
+        ("gsm8k", 1319, "gsm8k"),
+        ("math", 5000, "math"),
+        ("math_level5", 1324, "math"),
+        ("math500", 500, "math500"),
+        ("sat_math_32", 32, "sat_math"),
+        ("agieval_sat_math", 220, "agieval_sat_math"),
+    ],
+)
+def test_load_benchmark_counts_on_the_real_files(benchmarks_dir, name, count, source):
+    problems = load_benchmark(name, benchmarks_dir / FILES[name])
+    assert len(problems) == count
+    assert {p.source for p in problems} == {source}
+    assert len({p.problem_id for p in problems}) == count
+    assert all(p.question.strip() and p.answer.strip() for p in problems)
+
+
+def test_load_benchmark_limit_and_unknown_names(benchmarks_dir, tmp_path):
+    assert [p.problem_id for p in load_benchmark("gsm8k", benchmarks_dir / FILES["gsm8k"], limit=3)] == [
+        "gsm8k-test-0",
+        "gsm8k-test-1",
+        "gsm8k-test-2",
+    ]
+    with pytest.raises(ValueError, match="unknown benchmark 'gsm9k'"):
+        load_benchmark("gsm9k")
+    with pytest.raises(ValueError, match="needs a path"):
+        load_benchmark("problems")
+    with pytest.raises(ValueError, match="no hub copy"):
+        load_benchmark("sat_math_32")
+    path = tmp_path / "problems.jsonl"
+    write_problems_jsonl([Problem("p-0", "1+1?", "2", "tiny", {})], path)
+    assert load_benchmark("problems", path)[0].answer == "2"
+
+
+# ----------------------------------------------------------------------------- GSM8K
+
+
+def test_gsm8k_answers(benchmarks_dir):
+    problems = load_gsm8k(benchmarks_dir / "gsm8k_test.jsonl")
+    assert problems[0].answer == "18"
+    assert problems[0].question.startswith("Janet\u2019s ducks lay 16 eggs")
+    assert problems[0].meta["solution"].endswith("#### 18")
+    assert problems[146].answer == "2125"  # "#### 2,125" in the file
+    assert not any("," in p.answer for p in problems)
+    assert problems[146].problem_id == "gsm8k-test-146"
+    train = load_gsm8k(benchmarks_dir / "gsm8k_train.jsonl", split="train", limit=2)
+    assert [p.problem_id for p in train] == ["gsm8k-train-0", "gsm8k-train-1"]
+
+
+# ----------------------------------------------------------------------------- MATH
+
+
+def test_math_takes_the_last_box_with_nested_braces(math_test):
+    by_idx = {p.meta["idx"]: p for p in math_test}
+    assert by_idx[91].meta["solution"].count("\\boxed") == 2
+    assert by_idx[91].answer == "161"  # the first box holds \frac{2\sqrt{53}+53}{53}
+    assert by_idx[2].answer == "\\dfrac{9}{7}"
+    assert by_idx[0].answer == "2" and by_idx[0].meta["level"] == 3 and by_idx[0].meta["subject"] == "Algebra"
+    assert by_idx[0].problem_id == "math-test-0"
+
+
+def test_math_level5_filter(benchmarks_dir, math_test):
+    hard = load_math_level5(benchmarks_dir / "math_test.jsonl")
+    assert len(hard) == 1324 and {p.meta["level"] for p in hard} == {5}
+    assert [p.problem_id for p in hard] == [p.problem_id for p in math_test if p.meta["level"] == 5]
+    two_levels = load_math(benchmarks_dir / "math_test.jsonl", levels=[1, 2])
+    assert len(two_levels) == 437 + 894
+
+
+def test_math500_answer_field_and_meta(benchmarks_dir):
+    problems = load_math500(benchmarks_dir / "math500_test.jsonl")
+    assert problems[0].answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert problems[0].meta["unique_id"] == "test/precalculus/807.json"
+    assert problems[0].meta["level"] == 2 and problems[0].problem_id == "math500-0"
+    # The given answers are the last box of each solution: 500 real cases for the extraction.
+    assert all(math_final_answer(p.meta["solution"]) == p.answer for p in problems)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so $x=\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{2}", "2"),
+        ("\\fbox{7}", "7"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("no box here. The answer is 5", None),  # a reference solution needs its box
+    ],
+)
+def test_math_final_answer(text, expected):
+    assert math_final_answer(text) == expected
+
+
+def test_math_loader_on_nested_and_repeated_boxes(tmp_path):
+    records = [
+        {"problem": "p0", "level": "Level 2", "type": "Algebra", "solution": "So $\\boxed{\\frac{1}{2}}$."},
+        {"problem": "p1", "level": "Level 5", "type": "Geometry", "solution": "$\\boxed{3}$, so $\\boxed{\\sqrt{x^{2}}}$"},
+    ]
+    path = _write_lines(tmp_path / "math.jsonl", [json.dumps(r) for r in records])
+    problems = load_math(path)
+    assert [p.answer for p in problems] == ["\\frac{1}{2}", "\\sqrt{x^{2}}"]
+    assert [p.problem_id for p in problems] == ["math-test-0", "math-test-1"]
+    assert [p.problem_id for p in load_math(path, levels=[5])] == ["math-test-1"]
+
+
+# ----------------------------------------------------------------------------- SAT math
+
+
+def test_sat_options_parse_to_letters_for_every_record(benchmarks_dir):
+    for problems in (
+        load_sat_math(benchmarks_dir / "sat_math_32.jsonl", variant="32"),
+        load_sat_math(benchmarks_dir / "agieval_sat_math.jsonl", variant="agieval"),
+    ):
+        for p in problems:
+            assert list(p.meta["options"]) == ["A", "B", "C", "D"], p.problem_id
+            assert all(text.strip() for text in p.meta["options"].values()), p.problem_id
+            assert p.answer in "ABCD" and len(p.answer) == 1
+            assert answer_kind(p.source) == "sat"
+
+
+def test_sat32_known_records(benchmarks_dir):
+    problems = load_sat_math(benchmarks_dir / "sat_math_32.jsonl")
+    assert problems[0].problem_id == "sat_math-0" and problems[0].answer == "A"
+    assert problems[0].meta["options"]["A"] == "$f(-6)=0$"
+    # "data set $B$ B) ..." splits at the marker, not at the letter inside the text.
+    assert problems[15].meta["options"]["A"] == "The median of data set A is greater than the median of data set $B$"
+    # "A. ... B. ..." style with thousands commas inside the options.
+    assert problems[26].meta["options"] == {"A": "1,190", "B": "1,900", "C": "2,900", "D": "19,000"}
+
+
+def test_agieval_passage_is_prepended(benchmarks_dir):
+    raw = _records(benchmarks_dir / "agieval_sat_math.jsonl")
+    problems = load_sat_math(benchmarks_dir / "agieval_sat_math.jsonl", variant="agieval")
+    with_passage = [i for i, r in enumerate(raw) if r["passage"].strip()]
+    assert with_passage
+    for i in with_passage:
+        assert problems[i].question == f"{raw[i]['passage'].strip()}\n{raw[i]['question']}"
+    assert problems[0].question == raw[0]["question"] and problems[0].answer == "D"
+    assert problems[0].meta["options"] == {"A": "2", "B": "4", "C": "9", "D": "10"}
+
+
+def test_parse_options_forms_and_errors():
+    assert parse_options_string("A) 1 B) 2 C) 3 D) 4") == {"A": "1", "B": "2", "C": "3", "D": "4"}
+    assert parse_options_string("A. U.S. B. C.I.A.") == {"A": "U.S.", "B": "C.I.A."}
+    assert parse_options_string("(A) x (B) y (C) z") == {"A": "x", "B": "y", "C": "z"}
+    assert parse_options_string("A) 1\nB) 2\nC) 3\nD) 4\nE) 5")["E"] == "5"
+    assert parse_options_list(["(A)2", "(B) 4"]) == {"A": "2", "B": "4"}
+    with pytest.raises(RecordError, match="field 'options'"):
+        parse_options_string("1, 2, 3")
+    with pytest.raises(RecordError, match="item 1"):
+        parse_options_list(["(A)2", "(C)4"])
+
+
+# ----------------------------------------------------------------------------- malformed input
+
+
+def test_malformed_lines_name_file_line_and_field(tmp_path):
+    good = json.dumps({"question": "q?", "answer": "so #### 5"})
+    cases = [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"question": "q?"}), "field 'answer': missing"),
+        (json.dumps({"question": "q?", "answer": 5}), "field 'answer': expected a string, got int"),
+        (json.dumps({"question": "q?", "answer": "no marker"}), "field 'answer': expected a solution ending"),
+        (json.dumps(["a", "list"]), "expected a JSON object"),
+    ]
+    for n, (bad, message) in enumerate(cases):
+        path = _write_lines(tmp_path / f"bad{n}.jsonl", [good, "", bad, good])
+        with pytest.raises(ValueError, match=rf"bad{n}\.jsonl:3: .*{message}"):
+            load_gsm8k(path)
+    math_path = _write_lines(tmp_path / "math.jsonl", [json.dumps({"problem": "p", "solution": "none", "level": "Level 2", "type": "Algebra"})])
+    with pytest.raises(ValueError, match=r"math\.jsonl:1: field 'solution'"):
+        load_math(math_path)
+    sat_path = _write_lines(tmp_path / "sat.jsonl", [json.dumps({"question": "q", "options": "A) 1 B) 2", "Answer": "C"})])
+    with pytest.raises(ValueError, match=r"sat\.jsonl:1: field 'Answer': expected one of \['A', 'B'\]"):
+        load_sat_math(sat_path)
+
+
+def test_lenient_skips_and_counts(tmp_path, caplog):
+    path = _write_lines(
+        tmp_path / "mixed.jsonl",
+        [
+            json.dumps({"question": "a?", "answer": "#### 1"}),
+            "{oops",
+            json.dumps({"question": "b?", "answer": 2}),
+            json.dumps({"question": "c?", "answer": "#### 1,000"}),
+        ],
+    )
+    with caplog.at_level(logging.WARNING, logger="pipeline.problems"):
+        problems = load_gsm8k(path, lenient=True)
+    # Ids keep the record's position, so a skipped line never renames the ones after it.
+    assert [(p.problem_id, p.answer) for p in problems] == [("gsm8k-test-0", "1"), ("gsm8k-test-3", "1000")]
+    assert "skipped 2 malformed record(s)" in caplog.text
+    assert "mixed.jsonl:2" in caplog.text
+
+
+# ----------------------------------------------------------------------------- the record and our JSONL
+
+
+def test_problem_round_trip_and_answer_kind(tmp_path):
+    problem = Problem("math-test-7", "What is $1/2$?", "\\frac{1}{2}", "math", {"level": 1})
+    assert Problem.from_dict(problem.to_dict()) == problem
+    assert hash(problem) == hash(Problem.from_dict(problem.to_dict()))
+    assert problem.kind == "math"
+    path = tmp_path / "out" / "problems.jsonl"
+    assert write_problems_jsonl([problem, Problem("t-1", "2+2?", "4", "tiny", {})], path) == 2
+    assert set(json.loads(path.read_text().splitlines()[0])) == {"problem_id", "question", "answer", "source", "meta"}
+    assert load_problems_jsonl(path) == [problem, Problem("t-1", "2+2?", "4", "tiny", {})]
+    kinds = {s: answer_kind(s) for s in ["gsm8k", "math", "math500", "sat_math", "agieval_sat_math", "openmathinstruct2", "tiny"]}
+    assert kinds == {
+        "gsm8k": "gsm8k",
+        "math": "math",
+        "math500": "math",
+        "sat_math": "sat",
+        "agieval_sat_math": "sat",
+        "openmathinstruct2": "math",
+        "tiny": "tiny",
+    }
+    with pytest.raises(ValueError, match="unknown problem source 'aime'"):
+        answer_kind("aime")
+
+
+def test_problem_from_dict_errors(tmp_path):
+    record = {"problem_id": "p", "question": "q", "answer": "1", "source": "tiny", "meta": {}}
+    with pytest.raises(RecordError, match=r"^f\.jsonl:4: field 'meta': expected an object"):
+        Problem.from_dict({**record, "meta": []}, path="f.jsonl", line=4)
+    with pytest.raises(RecordError, match=r"^f\.jsonl:2: field 'question': missing"):
+        Problem.from_dict({k: v for k, v in record.items() if k != "question"}, path="f.jsonl", line=2)
+    path = _write_lines(
+        tmp_path / "ours.jsonl",
+        [json.dumps(record), json.dumps({**record, "source": "nope"}), json.dumps(record)],
+    )
+    with pytest.raises(RecordError, match=r"ours\.jsonl:2: field 'source'"):
+        load_problems_jsonl(path)
+    duplicated = _write_lines(tmp_path / "dup.jsonl", [json.dumps(record), json.dumps(record)])
+    with pytest.raises(RecordError, match=r"dup\.jsonl:2: field 'problem_id': 'p' appears twice"):
+        load_problems_jsonl(duplicated)
+
+
+def test_json_array_files_load_too(tmp_path, benchmarks_dir):
+    records = _records(benchmarks_dir / "math500_test.jsonl")[:3]
+    path = tmp_path / "math500.json"
+    path.write_text(json.dumps(records, indent=1), encoding="utf-8")
+    assert [p.answer for p in load_math500(path)] == [r["answer"] for r in records]
+
+
+# ----------------------------------------------------------------------------- OpenMathInstruct-2
+
+
+def _omi2_rows() -> list[dict]:
+    rows = []
+    for i in range(40):
+        source = ["augmented_math", "math", "augmented_gsm8k", "gsm8k"][i % 4]
+        for copy in range(2 if i % 3 == 0 else 1):  # the dataset repeats a question per solution
+            rows.append(
+                {"problem": f"Compute {i} + {i}.", "generated_solution": f"sol {copy}", "expected_answer": str(2 * i), "problem_source": source}
+            )
+    return rows
+
+
+def test_openmathinstruct2_dedupe_filter_and_subset(tmp_path):
+    rows = _omi2_rows()
+    path = _write_lines(tmp_path / "omi2.jsonl", [json.dumps(r) for r in rows])
+    problems = load_openmathinstruct2(path)
+    assert len(problems) == 40 and len({p.problem_id for p in problems}) == 40
+    assert problems[3].answer == "6" and problems[0].meta["solution"] == "sol 0"
+    augmented = load_openmathinstruct2(path, problem_sources=["augmented_math"])
+    assert len(augmented) == 10 and {p.meta["problem_source"] for p in augmented} == {"augmented_math"}
+
+    subset = load_openmathinstruct2(path, subset_size=10, seed=1)
+    assert len(subset) == 10
+    assert subset == load_openmathinstruct2(path, subset_size=10, seed=1)
+    assert {p.problem_id for p in subset} != {p.problem_id for p in load_openmathinstruct2(path, subset_size=10, seed=2)}
+    assert {p.problem_id for p in load_openmathinstruct2(path, subset_size=5, seed=1)} <= {p.problem_id for p in subset}
+    # The subset depends on the seed and the questions, not on the row order.
+    shuffled = rows[:]
+    random.Random(0).shuffle(shuffled)
+    other = _write_lines(tmp_path / "shuffled.jsonl", [json.dumps(r) for r in shuffled])
+    assert {p.problem_id for p in load_openmathinstruct2(other, subset_size=10, seed=1)} == {p.problem_id for p in subset}
+    assert [p.problem_id for p in subset] == [p.problem_id for p in problems if p in subset]  # file order
+
+
+# ----------------------------------------------------------------------------- the hub branch (faked)
+
+
+class FakeHub:
+    """Stands in for the `datasets` module: answers load_dataset from in-memory rows."""
+
+    def __init__(self, tables: dict[tuple, list[dict]]):
+        self.tables = tables
+        self.calls: list[tuple] = []
+
+    def load_dataset(self, hub_id, config=None, *, split, streaming=False):
+        self.calls.append((hub_id, config, split, streaming))
+        rows = self.tables[(hub_id, config, split)]
+        return iter(rows) if streaming else list(rows)
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    def install(tables):
+        hub = FakeHub(tables)
+        monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=hub.load_dataset))
+        return hub
+
+    return install
+
+
+def test_hub_branch_maps_fields_like_the_files(benchmarks_dir, fake_hub):
+    gsm8k = _records(benchmarks_dir / "gsm8k_test.jsonl")[:20]
+    math = _records(benchmarks_dir / "math_test.jsonl")
+    math500 = _records(benchmarks_dir / "math500_test.jsonl")[:20]
+    subjects = {
+        "algebra": "Algebra",
+        "counting_and_probability": "Counting & Probability",
+        "geometry": "Geometry",
+        "intermediate_algebra": "Intermediate Algebra",
+        "number_theory": "Number Theory",
+        "prealgebra": "Prealgebra",
+        "precalculus": "Precalculus",
+    }
+    # The hub's MATH has no idx: per-subject configs, read in alphabetical order.
+    tables = {("openai/gsm8k", "main", "test"): gsm8k, ("HuggingFaceH4/MATH-500", None, "test"): math500}
+    for config, subject in subjects.items():
+        tables[("EleutherAI/hendrycks_math", config, "test")] = [
+            {k: v for k, v in r.items() if k != "idx"} for r in math if r["type"] == subject
+        ]
+    hub = fake_hub(tables)
+
+    local_gsm8k = load_gsm8k(benchmarks_dir / "gsm8k_test.jsonl", limit=20)
+    assert load_gsm8k() == local_gsm8k
+    local_math = load_math(benchmarks_dir / "math_test.jsonl")
+    from_hub = load_math()
+    assert len(from_hub) == 5000
+    assert [(p.problem_id, p.question, p.answer, p.meta["level"]) for p in from_hub] == [
+        (p.problem_id, p.question, p.answer, p.meta["level"]) for p in local_math
+    ]
+    assert len(load_math_level5()) == 1324
+    assert load_math500() == load_math500(benchmarks_dir / "math500_test.jsonl", limit=20)
+    assert ("openai/gsm8k", "main", "test", False) in hub.calls
+
+
+def test_hub_agieval_export_maps_like_the_file(benchmarks_dir, fake_hub):
+    raw = _records(benchmarks_dir / "agieval_sat_math.jsonl")
+    # lm-eval-harness's export: query = [passage] "Q: " question " Answer Choices: " options.
+    exported = [
+        {
+            "query": f"{r['passage']}Q: {r['question']} Answer Choices: {' '.join(r['options'])}\nA: Among A through D, the answer is",
+            "choices": r["options"],
+            "gold": ["ABCD".index(r["label"])],
+        }
+        for r in raw
+    ]
+    fake_hub({("hails/agieval-sat-math", None, "test"): exported})
+    local = load_sat_math(benchmarks_dir / "agieval_sat_math.jsonl", variant="agieval")
+    from_hub = load_sat_math(variant="agieval")
+    assert [(p.problem_id, p.question.strip(), p.answer, p.meta["options"]) for p in from_hub] == [
+        (p.problem_id, p.question.strip(), p.answer, p.meta["options"]) for p in local
+    ]
+
+
+def test_hub_openmathinstruct2_streams(fake_hub):
+    hub = fake_hub({("nvidia/OpenMathInstruct-2", None, "train_1M"): _omi2_rows()})
+    problems = load_openmathinstruct2(problem_sources=["gsm8k"], limit=3)
+    assert len(problems) == 3 and {p.meta["problem_source"] for p in problems} == {"gsm8k"}
+    assert hub.calls == [("nvidia/OpenMathInstruct-2", None, "train_1M", True)]
