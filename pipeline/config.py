@@ -99,9 +99,10 @@ class TinyWorldConfig:
 
 @dataclass
 class BootstrapConfig:
-    """The from-scratch base policy of the tiny world (stages.bootstrap)."""
+    """The from-scratch base policy of the tiny world (stages.bootstrap, docs/tinyworld.md)."""
 
-    architecture: str = "llama"  # a transformers config family: llama | qwen2
+    architecture: str = "llama"  # a transformers config family (Llama-style keeps the tokenizer as trained)
+    vocab_size: int = 512  # BPE vocabulary cap (the tiny world's text needs about 420)
     hidden_size: int = 192
     num_layers: int = 4
     num_heads: int = 4
@@ -111,10 +112,17 @@ class BootstrapConfig:
     max_train_steps: int = 100000
     batch_size: int = 32
     lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
     warmup_steps: int = 50
     weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    torch_threads: int = 0  # threads while training (0 = model.torch_threads / torch's default)
     seed: int = 0
-    eval_problems: int = 200  # held-out problems for the greedy-accuracy report
+    eval_problems: int = 200  # held-out test problems for the greedy-accuracy report
+    eval_samples: int = 4  # samples per problem at sample_temperature (sampled accuracy, pass@k, maj@k)
+    sample_temperature: float = 0.6
+    mc_problems: int = 8  # problems whose sampled step prefixes get Monte Carlo values
+    mc_rollouts: int = 16  # continuations per prefix
 
 
 @dataclass
@@ -148,28 +156,34 @@ class AugmentConfig:
 
 @dataclass
 class PRMConfig:
-    """PRM training (paper 3.3, appendix E.2-E.5)."""
+    """PRM training and validation (paper 3.3, appendix E.2-E.5; docs/prm.md)."""
 
     lr: float = 1e-3  # paper: 8e-6
-    batch_size: int = 32  # examples per optimizer step (paper: 144)
-    micro_batch_size: int = 32  # per forward; batch_size / micro_batch_size = accumulation
-    weight_decay: float = 0.01
-    epochs: float = 2.0  # paper: 1
-    warmup_ratio: float = 0.05
-    scheduler: str = "cosine"  # cosine | linear | constant
-    max_length: int = 512
-    lora: bool = False
+    batch_size: int = 32  # sequences per optimizer step, all processes together (paper: 144 examples)
+    micro_batch_size: int = 32  # sequences per forward and process; accumulation = batch_size / (micro x processes)
+    weight_decay: float = 0.01  # AdamW; never on biases and norm weights
+    epochs: float = 2.0  # paper: 1; fractions allowed
+    warmup_ratio: float = 0.05  # share of optimizer steps with linear warmup
+    scheduler: str = "cosine"  # cosine | linear | constant (after warmup)
+    max_grad_norm: float = 1.0  # gradient clipping
+    max_length: int = 512  # tokens; labels of steps ending beyond it are dropped (and counted)
+    merge_prefixes: bool = True  # records whose path is a prefix of another share one sequence
+    kind: str | None = None  # prompt kind (tiny | math | gsm8k | sat); None = the training problems' kind
+    lora: bool = False  # LoRA on the backbone; the saved model has the adapters merged
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False
     seed: int = 0
-    log_every: int = 10
-    save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
+    log_every: int = 10  # optimizer steps between metrics lines
+    save_every: int = 0  # optimizer steps between resumable checkpoints (0: only the final model)
+    resume: bool = True  # continue from <output>/checkpoints/last when it exists
+    eval_only: bool = False  # stages.train_prm: validate the model at model.prm, train nothing
     corrupt_examples: int = 200  # E.4 check: correct steps whose result is altered
     prm800k_path: str | None = None  # PRM800K-format file for first-error accuracy
-    score_batch_size: int = 64
+    score_batch_size: int = 64  # sequences per scorer forward
+    calibration_bins: int = 10  # equal-width bins of the expected calibration error
 
 
 @dataclass
@@ -224,7 +238,8 @@ class PPOConfig:
     entropy_coef: float = 0.01
     gamma: float = 1.0
     gae_lambda: float = 0.95
-    kl_coef: float = 0.0
+    kl_coef: float = 0.0  # KL penalty to the frozen reference, folded into step rewards
+    unfinished_reward: float = -1.0  # added to the last step's reward when it states no final answer
     ppo_epochs: int = 2
     num_train_steps: int = 40
     questions_per_step: int = 8

@@ -1,0 +1,226 @@
+"""Prioritized replay buffer of complete trajectories for GFlowNet fine-tuning.
+
+The buffer stores what a trajectory IS (problem, prompt, steps, PRM step log-scores), never what
+a policy thought of it: no policy log-probs, no reward temperature. The trainer re-scores every
+replayed trajectory under the current policy in one teacher-forced pass and applies the reward
+temperature itself, so a checkpoint stays valid when either changes.
+
+Rules (docs/losses.md, "Replay buffer", has the reasons):
+- identity: (problem_id, tuple(steps)); adding a duplicate keeps the stored record and only marks
+  it as the most recent;
+- capacity: after every `add`, the buffer keeps the `capacity` items with the highest log_reward,
+  ties going to the more recent (so the item dropped is the lowest-priority, oldest one -- which may
+  be one just added);
+- `sample(n)`: with replacement; a fraction `recency_fraction` of the draws (stochastic rounding
+  of recency_fraction * n) is uniform over the `recency_window` most recently added or refreshed
+  items, the rest is drawn with probability
+      softmax:      p_i = exp(log_reward_i / temperature) / sum_j exp(log_reward_j / temperature)
+      proportional: p_i = exp(log_reward_i) / sum_j exp(log_reward_j)   (= R_i / sum R; temperature unused)
+- `state_dict()` is plain JSON data (records, recency order, the numpy generator's state).
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["Trajectory", "ReplayBuffer"]
+
+STATE_VERSION = 1
+
+
+@dataclass
+class Trajectory:
+    """One complete solution of one problem, as the replay buffer stores it.
+
+    problem_id:       the problem it solves
+    prompt:           the prompt the policy was given (s_0)
+    steps:            the solution's steps, s_1..s_n
+    step_log_rewards: log U(s_k | s_{k-1}) per step: log PRM scores, WITHOUT any reward temperature
+    log_reward:       the priority basis: sum of step_log_rewards (plus whatever terminal term the
+                      trainer chose to include; the buffer only ranks by it)
+    meta:             JSON-able extras (final answer, correctness, sampling step, ...)
+    """
+
+    problem_id: str
+    prompt: str
+    steps: list[str]
+    step_log_rewards: list[float]
+    log_reward: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...]]:
+        return (self.problem_id, tuple(self.steps))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "Trajectory":
+        return cls(
+            problem_id=record["problem_id"],
+            prompt=record["prompt"],
+            steps=list(record["steps"]),
+            step_log_rewards=[float(x) for x in record["step_log_rewards"]],
+            log_reward=float(record["log_reward"]),
+            meta=dict(record.get("meta", {})),
+        )
+
+
+def _validate(trajectory: Trajectory) -> None:
+    if not isinstance(trajectory, Trajectory):
+        raise TypeError(f"replay buffer: expected Trajectory records, got {type(trajectory).__name__}")
+    where = f"trajectory of problem {trajectory.problem_id!r}"
+    if not trajectory.steps:
+        raise ValueError(f"{where}: field steps: expected at least one step, got none")
+    if len(trajectory.step_log_rewards) != len(trajectory.steps):
+        raise ValueError(f"{where}: field step_log_rewards: expected one value per step "
+                         f"({len(trajectory.steps)}), got {len(trajectory.step_log_rewards)}")
+    if not math.isfinite(trajectory.log_reward):
+        raise ValueError(f"{where}: field log_reward: expected a finite float, got {trajectory.log_reward}")
+    try:
+        json.dumps(trajectory.meta)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: field meta: expected JSON-able data ({error})") from None
+
+
+class ReplayBuffer:
+    """Prioritized, deduplicated replay of complete trajectories (rules in the module docstring).
+
+    capacity:         most trajectories kept
+    priority:         "softmax" (p ~ exp(log_reward / temperature)) or "proportional" (p ~ reward)
+    temperature:      softmax temperature (> 0); not used by "proportional"
+    recency_fraction: m in [0, 1], the share of draws taken uniformly from the most recent items
+    seed:             seed of the buffer's own numpy Generator (sampling is deterministic)
+    recency_window:   how many of the most recently added/refreshed items count as recent;
+                      default max(1, capacity // 10)
+    """
+
+    def __init__(
+        self,
+        capacity: int = 1000,
+        priority: str = "softmax",
+        temperature: float = 1.0,
+        recency_fraction: float = 0.0,
+        seed: int = 0,
+        recency_window: int | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"replay buffer: capacity: expected >= 1, got {capacity}")
+        if priority not in ("softmax", "proportional"):
+            raise ValueError(f"replay buffer: priority: expected 'softmax' or 'proportional', got {priority!r}")
+        if not temperature > 0:
+            raise ValueError(f"replay buffer: temperature: expected > 0, got {temperature}")
+        if not 0.0 <= recency_fraction <= 1.0:
+            raise ValueError(f"replay buffer: recency_fraction: expected in [0, 1], got {recency_fraction}")
+        if recency_window is not None and recency_window < 1:
+            raise ValueError(f"replay buffer: recency_window: expected >= 1, got {recency_window}")
+        self.capacity = int(capacity)
+        self.priority = priority
+        self.temperature = float(temperature)
+        self.recency_fraction = float(recency_fraction)
+        self.recency_window = int(recency_window) if recency_window is not None else max(1, self.capacity // 10)
+        self.rng = np.random.default_rng(seed)
+        # key -> (stamp, trajectory); dict order is recency order (oldest first), because a
+        # refreshed item is moved to the end. stamp = insertion counter, the eviction tie-break.
+        self._items: dict[tuple[str, tuple[str, ...]], tuple[int, Trajectory]] = {}
+        self._counter = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, trajectories: Iterable[Trajectory]) -> None:
+        """Insert trajectories (duplicates refresh recency), then evict down to capacity."""
+        for trajectory in trajectories:
+            _validate(trajectory)
+            key = trajectory.key
+            stored = self._items.pop(key, None)
+            kept = stored[1] if stored is not None else copy.deepcopy(trajectory)
+            self._items[key] = (self._counter, kept)
+            self._counter += 1
+        self._evict()
+
+    def _evict(self) -> None:
+        excess = len(self._items) - self.capacity
+        if excess <= 0:
+            return
+        lowest = heapq.nsmallest(
+            excess, self._items.items(), key=lambda item: (item[1][1].log_reward, item[1][0])
+        )
+        for key, _ in lowest:
+            del self._items[key]
+
+    def probabilities(self) -> np.ndarray:
+        """Priority-draw probability of each stored item, in recency order (oldest first)."""
+        log_rewards = np.array([traj.log_reward for _, traj in self._items.values()], dtype=np.float64)
+        logits = log_rewards / self.temperature if self.priority == "softmax" else log_rewards
+        logits = logits - logits.max()
+        weights = np.exp(logits)
+        return weights / weights.sum()
+
+    def sample(self, n: int) -> list[Trajectory]:
+        """n trajectories drawn with replacement (copies: mutating them leaves the buffer alone)."""
+        if n < 0:
+            raise ValueError(f"replay buffer: sample: expected n >= 0, got {n}")
+        if n == 0:
+            return []
+        if not self._items:
+            raise ValueError("replay buffer: sample: the buffer is empty; add trajectories first")
+        records = [traj for _, traj in self._items.values()]
+        expected_recent = self.recency_fraction * n
+        n_recent = int(math.floor(expected_recent))
+        if self.rng.random() < expected_recent - n_recent:
+            n_recent += 1
+        window = min(self.recency_window, len(records))
+        recent = len(records) - window + self.rng.integers(0, window, size=n_recent)
+        prioritized = self.rng.choice(len(records), size=n - n_recent, p=self.probabilities())
+        order = self.rng.permutation(np.concatenate([recent, prioritized]))
+        return [copy.deepcopy(records[index]) for index in order]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-able state: records in recency order with their stamps, counter, generator state."""
+        return {
+            "version": STATE_VERSION,
+            "counter": self._counter,
+            "items": [{"stamp": stamp, **traj.to_dict()} for stamp, traj in self._items.values()],
+            "rng": _jsonable(self.rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore records, recency and the generator; the constructor's settings stay in force
+        (a smaller capacity evicts by the usual rule)."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"replay buffer state: field version: expected {STATE_VERSION}, got {state.get('version')!r}")
+        items: dict[tuple[str, tuple[str, ...]], tuple[int, Trajectory]] = {}
+        for position, record in enumerate(state["items"]):
+            try:
+                trajectory = Trajectory.from_dict(record)
+                stamp = int(record["stamp"])
+            except KeyError as error:
+                raise ValueError(f"replay buffer state: items[{position}]: missing field {error}") from None
+            _validate(trajectory)
+            items[trajectory.key] = (stamp, trajectory)
+        bit_generator = getattr(np.random, state["rng"]["bit_generator"])()
+        bit_generator.state = state["rng"]
+        self._items = items
+        self._counter = int(state["counter"])
+        self.rng = np.random.Generator(bit_generator)
+        self._evict()
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars/arrays inside a bit generator state -> plain Python (JSON keeps big ints)."""
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
