@@ -11,8 +11,8 @@ Conventions shared by every GFlowNet loss here (B trajectories, T = the longest 
 Entries beyond a trajectory's end (log_pf[k > n_b], log_pterm/log_r[k > n_b]) are padding: they
 never reach the result or its gradient, whatever their value. Half-precision inputs are computed
 in float32 (cumulative sums of log-probs lose too much in 8 mantissa bits) and the result is
-float32; float32/float64 inputs are computed and returned in their own dtype.
-Every formula is written out, with the decisions behind it, in docs/losses.md.
+float32; float32/float64 inputs are computed and returned in their own dtype (TB-VarGrad computes
+in float64 throughout: see `tb_vargrad_loss`). Every formula is written out, with the decisions behind it, in docs/losses.md.
 """
 
 from __future__ import annotations
@@ -252,7 +252,8 @@ def vargrad_log_z(
              (target(tau) - log pi(tau)), target = log R(s_n) [or log R(s_n)/beta + log pi_ref(tau)]
     """
     lengths = _check_trajectory_batch(log_pf, log_pterm, log_r, mask)
-    return _vargrad_log_z(log_pf, log_pterm, log_r, mask, lengths, group_ids, log_ref, kl_coef)
+    log_z = _vargrad_log_z(log_pf, log_pterm, log_r, mask, lengths, group_ids, log_ref, kl_coef)
+    return log_z.to(_working_dtype(log_pf, log_pterm, log_r))
 
 
 def _vargrad_log_z(
@@ -265,14 +266,15 @@ def _vargrad_log_z(
     log_ref: Tensor | None,
     kl_coef: float,
 ) -> Tensor:
+    """log Z_hat in float64 (see `tb_vargrad_loss` for why), without gradient."""
     with torch.no_grad():
-        dtype = _working_dtype(log_pf, log_pterm, log_r)
-        log_pf, log_pterm, log_r = log_pf.detach().to(dtype), log_pterm.detach().to(dtype), log_r.detach().to(dtype)
+        f64 = torch.float64
+        log_pf, log_pterm, log_r = log_pf.detach().to(f64), log_pterm.detach().to(f64), log_r.detach().to(f64)
         target = _vargrad_target(log_r, lengths, None if log_ref is None else log_ref.detach(), kl_coef)
         estimate = target - _trajectory_logprob(log_pf, log_pterm, mask, lengths)
         group = _group_index(group_ids, log_pf.shape[0], log_pf.device)
-        count = torch.bincount(group).to(dtype)
-        total = torch.zeros(count.shape[0], dtype=dtype, device=log_pf.device).index_add_(0, group, estimate)
+        count = torch.bincount(group).to(f64)
+        total = torch.zeros(count.shape[0], dtype=f64, device=log_pf.device).index_add_(0, group, estimate)
         return (total / count)[group]
 
 
@@ -291,14 +293,19 @@ def tb_vargrad_loss(
     group_ids: (B,) question of each trajectory (K samples per question; K = 1 gives zero loss)
     log_ref: (B,) log pi_ref(tau) of the reference policy, steps + termination (as `trajectory_logprob`)
     kl_coef: beta > 0 with log_ref (target pi_ref(tau) R(s_n)^(1/beta)); 0 without (target R(s_n))
-    returns: (B,) (log Z_hat + log pi(tau) - target(tau))^2, log Z_hat = `vargrad_log_z` (no gradient)
+    returns: (B,) (log Z_hat + log pi(tau) - target(tau))^2, log Z_hat = `vargrad_log_z` (no gradient);
+             computed in float64 whatever the input dtype, returned in the module's working dtype
     """
     lengths = _check_trajectory_batch(log_pf, log_pterm, log_r, mask)
+    # The residuals of a question sum to zero, so nothing that shifts log pi of all its
+    # trajectories equally gets a gradient (e.g. the stop probability at s_0). Computed in
+    # float32, the group mean is off by ~1e-7 in a systematic direction, which Adam would
+    # normalise into full-size steps along that direction; float64 keeps the sum at ~1e-16.
+    f64 = torch.float64
     log_z = _vargrad_log_z(log_pf, log_pterm, log_r, mask, lengths, group_ids, log_ref, kl_coef)
-    dtype = _working_dtype(log_pf, log_pterm, log_r)
-    target = _vargrad_target(log_r.to(dtype), lengths, log_ref, kl_coef)
-    residual = log_z + _trajectory_logprob(log_pf, log_pterm, mask, lengths) - target
-    return residual.square()
+    target = _vargrad_target(log_r.to(f64), lengths, log_ref, kl_coef)
+    residual = log_z + _trajectory_logprob(log_pf.to(f64), log_pterm.to(f64), mask, lengths) - target
+    return residual.square().to(_working_dtype(log_pf, log_pterm, log_r))
 
 
 # ----------------------------------------------------------------------------- PPO baseline

@@ -197,7 +197,8 @@ class ReplayBuffer:
         """Restore records, recency and the generator; the constructor's settings stay in force
         (a smaller capacity evicts by the usual rule)."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"replay buffer state: field version: expected {STATE_VERSION}, got {state.get('version')!r}")
+            raise ValueError(f"replay buffer state: field version: expected {STATE_VERSION}, "
+                             f"got {state.get('version')!r}")
         items: dict[tuple[str, tuple[str, ...]], tuple[int, Trajectory]] = {}
         for position, record in enumerate(state["items"]):
             try:

@@ -83,13 +83,19 @@ class TabularPolicy(torch.nn.Module):
                                num_steps=mask.sum(1), step_entropy=torch.stack(ent), boundary_hidden=hidden)
 
     def terminal_distribution(self):
-        """Exact probability of every terminal state (stopping at s_0 included)."""
+        """Exact distribution of the terminal states with at least one step.
+
+        Stopping at s_0 is not an action of the step-level policy (the trainer drops empty
+        samples), so the distribution compared with R/Z is conditioned on at least one step.
+        """
         probs = {}
         for d in range(DEPTH + 1):
             for state in itertools.product(ACTIONS, repeat=d):
                 logp = sum(float(self.dist(state[:k])[ACTIONS.index(state[k])].detach()) for k in range(d))
                 probs[state] = math.exp(logp + float(self.dist(state)[3].detach()))
-        return probs
+        probs.pop(())
+        total = sum(probs.values())
+        return {s: p / total for s, p in probs.items()}
 
 
 class KnownScorer:
@@ -100,7 +106,7 @@ class KnownScorer:
 def target_distribution():
     rewards = {s: math.prod(SCORES[a] for a in s) for d in range(1, DEPTH + 1) for s in itertools.product(ACTIONS, repeat=d)}
     z = sum(rewards.values())
-    return {s: r / z for s, r in rewards.items()} | {(): 0.0}
+    return {s: r / z for s, r in rewards.items()}
 
 
 def jsd(p, q):
@@ -128,9 +134,7 @@ def make_trainer(objective, cfg, policy, tmp_path):
 
 
 @pytest.mark.slow
-# TB-VarGrad runs on-policy here: with replayed trajectories inside its per-question log Z
-# estimate it plateaued at JSD 0.065-0.09 on this environment (docs/gflownet.md).
-@pytest.mark.parametrize("loss,replay_fraction", [("subtb", 0.5), ("tb_vargrad", 0.0)])
+@pytest.mark.parametrize("loss,replay_fraction", [("subtb", 0.5), ("tb_vargrad", 0.0), ("tb_vargrad", 0.5)])
 def test_gflownet_learns_the_reward_proportional_distribution(tmp_path, loss, replay_fraction):
     torch.manual_seed(0)
     policy = TabularPolicy()
@@ -141,7 +145,7 @@ def test_gflownet_learns_the_reward_proportional_distribution(tmp_path, loss, re
     before = jsd(policy.terminal_distribution(), target_distribution())
     history = trainer.train()
     after = jsd(policy.terminal_distribution(), target_distribution())
-    assert before > 0.1 and after < 0.05, (before, after)
+    assert after < 0.05 and after < before / 10, (before, after)
     assert np.mean([h["proportionality_gap"] for h in history[-20:]]) < np.mean([h["proportionality_gap"] for h in history[:20]])
 
 

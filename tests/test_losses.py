@@ -297,8 +297,8 @@ def test_gae_matches_brute_force(gamma, lam):
     advantages, returns = gae(rewards, values, mask, gamma=gamma, lam=lam, terminated=terminated)
     expected = brute_gae(rewards, values, lengths, terminated.tolist(), gamma, lam)
     torch.testing.assert_close(advantages, expected, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(returns, torch.where(mask, expected + values[:, :5], torch.tensor(0.0, dtype=torch.float64)),
-                               rtol=1e-12, atol=1e-12)
+    expected_returns = torch.where(mask, expected + values[:, :5], torch.tensor(0.0, dtype=torch.float64))
+    torch.testing.assert_close(returns, expected_returns, rtol=1e-12, atol=1e-12)
     if gamma == lam == 1.0:  # Monte Carlo returns: the sum of the rewards still to come
         for b, n in enumerate(lengths):
             tail = rewards[b, :n].flip(0).cumsum(0).flip(0) + (0.0 if terminated[b] else values[b, n])
@@ -352,3 +352,11 @@ def test_ppo_value_clipping_by_hand():
     value = 0.5 * (0.25 + 0.25 + 1.69) / 3
     assert stats["value_loss"].item() == pytest.approx(value, abs=1e-12)
     assert loss.item() == pytest.approx(-(2.4 - 0.8 + 3.3) / 3 + 0.5 * value - 0.01 * 2.0, abs=1e-12)
+
+
+def test_vargrad_float32_inputs_give_float32_losses_computed_in_float64():
+    batch32 = [x.float() if x.is_floating_point() else x for x in make_batch(seed=15)]
+    loss = tb_vargrad_loss(*batch32, torch.tensor(GROUPS))
+    assert loss.dtype == torch.float32 and vargrad_log_z(*batch32, torch.tensor(GROUPS)).dtype == torch.float32
+    _, expected = brute_vargrad(*(x.double() if x.is_floating_point() else x for x in batch32), GROUPS)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-6)

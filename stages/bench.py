@@ -1,0 +1,137 @@
+"""make bench: throughput of the batched designs vs their one-at-a-time references.
+
+Reads:  the tiny world (config.tinyworld/bootstrap); the policy at config.model.policy when it
+        exists (e.g. RUN=demo after `make bootstrap`), else the same architecture at random init
+Writes: runs/<run>/results.json ({name: {ours_s, reference_s, ratio, machine}}) and
+        docs/benchmarks.md (the table, with the machine each figure came from)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from pipeline.bench import bench_gfn_step, bench_mcts_batched, machine_description
+from pipeline.generation.bench import bench_shared_prompt
+from pipeline.generation.hf import HFGenerator
+from pipeline.grading import extract_answer, grade_many
+from pipeline.io import write_json_atomic
+from pipeline.losses import subtb_loss
+from pipeline.mcts import MCTSParams, make_rollout_fn
+from pipeline.modeling import load_causal_lm, load_tokenizer
+from pipeline.policy import LMPolicy
+from pipeline.prompts import prompt_from_config
+from pipeline.steps import join_steps
+from pipeline.tinyworld.model import build_model, save_policy
+from pipeline.tinyworld.problems import generate_splits
+from pipeline.tinyworld.tokenizer import train_tokenizer
+from stages.common import log, parse_args, set_threads, stage_dir, timed
+
+GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0}
+REFERENCES = {
+    "generation_shared_prompt": "one generate call per prompt (64 prompts x n=16 x 48 new tokens)",
+    "mcts_batched": "one generator call per pending prefix, same k and budget (completions/s ratio)",
+    "prm_one_pass": "one forward per step prefix of 8-step solutions",
+    "gfn_batched_step": "a batch-1 teacher-forced forward per trajectory (forward + backward)",
+    "search_batched": "step-level best-of-k one problem at a time",
+}
+
+
+def tiny_model(config, out: Path):
+    """The policy at config.model.policy if it exists, else the tiny architecture at random init."""
+    path = Path(config.resolve(config.model.policy))
+    splits = generate_splits(config.tinyworld)
+    if (path / "config.json").exists():
+        return load_tokenizer(str(path)), load_causal_lm(str(path), config.model), splits, f"trained ({path})"
+    texts = [p.question + "\n" + join_steps(p.meta["solutions"][0]) for p in splits["train"]]
+    tokenizer = train_tokenizer(texts)
+    model = build_model(config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
+    save_policy(model, tokenizer, out / "model")
+    return load_tokenizer(str(out / "model")), load_causal_lm(str(out / "model"), config.model), splits, "random init"
+
+
+def write_markdown(results: dict, path: Path, model_note: str) -> None:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (stages/bench.py); every figure below comes from that command on the",
+        "machine named in its row. ratio = reference_s / ours_s (> 1: ours is faster); goals from the issues.",
+        f"Model: the tiny-world architecture, {model_note}.",
+        "",
+        "| name | ours (s) | reference (s) | ratio | goal | reference | machine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        goal = GOALS.get(name)
+        lines.append(f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | "
+                     f"{'>= %.0fx' % goal if goal else '-'} | {REFERENCES[name]} | {r['machine']} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.exists() else ""
+    marker = "\n## Notes\n"
+    notes = old[old.index(marker):] if marker in old else ""
+    path.write_text("\n".join(lines) + "\n" + notes)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_args("bench", argv)
+    set_threads(config)
+    out = stage_dir(config, "bench").parent
+    machine = machine_description()
+    results = {}
+    with timed("bench"):
+        tokenizer, model, splits, note = tiny_model(config, out)
+        problems = splits["test"][:64]
+        prompts = [prompt_from_config(p.question, "tiny", tokenizer, config.format) for p in problems]
+        generator = HFGenerator(model, tokenizer, batch_size=config.generation.batch_size)
+
+        log.info("bench: generation_shared_prompt")
+        results["generation_shared_prompt"] = bench_shared_prompt(lambda: generator, prompts, n_prompts=64, n=16, max_new_tokens=48)
+
+        log.info("bench: mcts_batched")
+        k = 8
+        mcts_problems = problems[:16]
+        rollout_fn = make_rollout_fn(generator, prompts[:16], [p.answer for p in mcts_problems], "tiny", k=k, temperature=0.6, top_p=1.0,
+                                     max_new_tokens=config.generation.max_new_tokens, separator=config.format.separator,
+                                     grade_many=grade_many, extract_answer=extract_answer)
+        params = MCTSParams(k=k, max_iterations=2, max_rollouts=64, search_trivial=True)
+        results["mcts_batched"] = bench_mcts_batched([(p.problem_id, p.question) for p in mcts_problems], params, rollout_fn)
+
+        log.info("bench: prm_one_pass")
+        from prm.bench import bench_one_pass_scoring
+
+        results["prm_one_pass"] = bench_one_pass_scoring(config, tokenizer, model)
+
+        log.info("bench: gfn_batched_step")
+        model.train()
+        policy = LMPolicy(model, tokenizer, config.format.separator)
+        gold = [p.meta["solutions"][0] for p in problems[:32]]
+
+        def loss_fn(lp):
+            log_r = torch.zeros_like(lp.termination_logprobs)
+            return subtb_loss(lp.step_logprobs, lp.termination_logprobs, log_r, lp.mask)
+
+        results["gfn_batched_step"] = bench_gfn_step(policy, prompts[:32], gold, loss_fn)
+        model.eval()
+
+        log.info("bench: search_batched")
+        from prm.search import bench_batched_search
+        from prm.model import ProcessRewardModel
+        from prm.scorer import PRMScorer
+
+        prm = PRMScorer(ProcessRewardModel.from_backbone(model), tokenizer, config.format, "tiny")
+        results["search_batched"] = bench_batched_search([p.question for p in problems[:16]], generator, prm, "step_best_of_k", k=4,
+                                                         prompts=prompts[:16], kind="tiny", temperature=0.0, max_depth=6,
+                                                         max_step_tokens=config.generation.max_step_tokens, format_config=config.format)
+        for r in results.values():
+            r["machine"] = machine
+    write_json_atomic(config.run_dir / "results.json", results)
+    write_markdown(results, Path("docs") / "benchmarks.md", note)
+    log.info("bench: %s", json.dumps({k: round(v["ratio"], 2) for k, v in results.items()}))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
