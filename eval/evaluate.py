@@ -1,0 +1,446 @@
+"""The evaluation stage's library (paper 5, Tables 2 and 4): sample, grade and score each model.
+
+Per model and benchmark: ONE generate call with every problem of the benchmark and n = k at
+eval.temperature, plus ONE greedy call (temperature 0, n = 1); every completion is split into
+steps, graded, and written as a DESIGN.md "samples" record (sample_idx -1 = greedy). Accuracy
+(greedy pass@1, pass@1, maj@k, pass@k with bootstrap CIs) and diversity (mean pairwise cosine of
+solution embeddings, Vendi, distinct-n, distinct correct strategies) come from those records
+only, so a rerun that finds a pair's samples up to date re-scores them without generating.
+Decisions and formats: docs/evaluation.md; formulas: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, summarize_accuracy
+from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
+from pipeline.config import Config
+from pipeline.grading import extract_answer, grade_many, normalize_answer
+from pipeline.io import read_jsonl, write_json_atomic, write_jsonl_atomic
+from pipeline.problems import Problem, answer_kind, load_benchmark
+from pipeline.prompts import prompt_from_config
+from pipeline.steps import join_steps, split_steps
+
+log = logging.getLogger(__name__)
+
+GREEDY_SAMPLE_IDX = -1
+ADAPTER_SEPARATOR = "::"  # eval.models value "model::adapter" = a peft adapter on top of a model
+DISTINCT_NS = (1, 2, 3)
+
+# Evaluation names that are not pipeline.problems benchmark names: name -> (loader, default file).
+# The tiny world's held-out test set is the only one; eval.benchmark_paths[name] overrides the file.
+BENCHMARK_ALIASES: dict[str, tuple[str, str]] = {
+    "tiny_test": ("problems", "{run_dir}/bootstrap/problems_test.jsonl"),
+}
+
+KindOf = Callable[[Problem], str]
+GeneratorFactory = Callable[[str, "str | None"], object]  # (model path, adapter) -> Generator
+
+
+def problem_kind(problem: Problem) -> str:
+    """The default ``kind_of``: the grading kind of the problem's source."""
+    return answer_kind(problem.source)
+
+
+def reports_dir(config: Config) -> Path:
+    """reports/<run>/: where the evaluation writes results, report and samples."""
+    return Path("reports") / config.run
+
+
+# ----------------------------------------------------------------------------- benchmarks
+
+
+class BenchmarkSource(NamedTuple):
+    """How to load one evaluation benchmark: ``load_benchmark(loader, path)``."""
+
+    loader: str  # a pipeline.problems.BENCHMARK_LOADERS name
+    path: str | None  # local file; None = the loader's hub copy
+
+
+def resolve_benchmark(config: Config, name: str) -> BenchmarkSource:
+    """The loader and file of an eval.benchmarks name: an alias of BENCHMARK_ALIASES or a
+    pipeline.problems name, with eval.benchmark_paths[name] (``{run_dir}`` resolved) as the file
+    when given."""
+    loader, default_path = BENCHMARK_ALIASES.get(name, (name, None))
+    path = config.eval.benchmark_paths.get(name, default_path)
+    return BenchmarkSource(loader, config.resolve(path))
+
+
+def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
+    """The first eval.max_problems problems of a benchmark; errors name the missing file."""
+    source = resolve_benchmark(config, name)
+    if source.path is not None and not Path(source.path).exists():
+        raise FileNotFoundError(
+            f"benchmark {name!r}: file {source.path} not found "
+            f"(eval.benchmark_paths.{name}, or the stage that writes it has not run)"
+        )
+    problems = load_benchmark(source.loader, path=source.path, limit=config.eval.max_problems)
+    if not problems:
+        raise ValueError(f"benchmark {name!r} ({source.path or 'hub'}): no problems")
+    return problems
+
+
+# ----------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One entry of eval.models: a hub id or local path, optionally with a peft adapter."""
+
+    name: str
+    path: str
+    adapter: str | None = None
+    path_is_local: bool = True
+    adapter_is_local: bool = True
+
+
+def _is_local_path(raw: str, resolved: str) -> bool:
+    """A value names a local path (not a hub id) when it exists, uses {run_dir}, is absolute,
+    starts with "." or "~", or has more than one "/" (hub ids are "name" or "org/name")."""
+    return (
+        Path(resolved).expanduser().exists()
+        or "{run_dir}" in raw
+        or Path(resolved).is_absolute()
+        or resolved.startswith((".", "~"))
+        or resolved.count("/") > 1
+    )
+
+
+def parse_model_spec(config: Config, name: str, value: str) -> ModelSpec:
+    """"path" or "path::adapter_path" (either side a hub id or local path; {run_dir} resolved)."""
+    raw_path, _, raw_adapter = value.partition(ADAPTER_SEPARATOR)
+    raw_path, raw_adapter = raw_path.strip(), raw_adapter.strip()
+    if not raw_path:
+        raise ValueError(f"eval.models.{name}: {value!r} has no model path; expected 'path' or 'path::adapter'")
+    path = config.resolve(raw_path)
+    adapter = config.resolve(raw_adapter) if raw_adapter else None
+    return ModelSpec(
+        name=name,
+        path=str(Path(path).expanduser()) if _is_local_path(raw_path, path) else path,
+        adapter=adapter,
+        path_is_local=_is_local_path(raw_path, path),
+        adapter_is_local=adapter is not None and _is_local_path(raw_adapter, adapter),
+    )
+
+
+def missing_model_reason(spec: ModelSpec) -> str | None:
+    """Why a model cannot be evaluated (a local model or adapter path that does not exist), or None."""
+    if spec.path_is_local and not Path(spec.path).exists():
+        return f"model path {spec.path} does not exist"
+    if spec.adapter is not None and spec.adapter_is_local and not Path(spec.adapter).expanduser().exists():
+        return f"adapter path {spec.adapter} does not exist"
+    return None
+
+
+def _fingerprint(path: str | None, is_local: bool) -> str | None:
+    """Changes when a local model folder's files change (retrained); a hub id is itself."""
+    if path is None or not is_local:
+        return path
+    root = Path(path).expanduser()
+    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class Evaluation:
+    """One model on one benchmark: its samples-contract records and its metrics."""
+
+    samples: list[dict]
+    metrics: dict
+
+
+def _prompts(problems: Sequence[Problem], kind_of: KindOf, tokenizer, config: Config) -> list[str]:
+    return [
+        prompt_from_config(p.question, kind_of(p), tokenizer, config.format, p.meta.get("options"))
+        for p in problems
+    ]
+
+
+def _check_outputs(outputs, problems: Sequence[Problem], n: int, what: str) -> None:
+    if len(outputs) != len(problems):
+        raise ValueError(f"generate ({what}) returned {len(outputs)} lists for {len(problems)} prompts; expected one each")
+    for problem, completions in zip(problems, outputs):
+        if len(completions) != n:
+            raise ValueError(f"generate ({what}) returned {len(completions)} completions for {problem.problem_id}; expected {n}")
+
+
+def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, config: Config, model: str) -> list[dict]:
+    """Samples-contract records of one model on one benchmark, problem by problem: the greedy
+    sample (sample_idx -1, when eval.greedy) then samples 0..k-1.
+
+    Two generate calls in all: every problem with n = eval.k at eval.temperature, and every
+    problem with n = 1 at temperature 0. Grading is one grade_many call per answer kind.
+    """
+    prompts = _prompts(problems, kind_of, getattr(generator, "tokenizer", None), config)
+    common = {"top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens, "seed": config.eval.seed}
+    k = config.eval.k
+    sampled = generator.generate(prompts, n=k, temperature=config.eval.temperature, **common)
+    _check_outputs(sampled, problems, k, f"n={k}")
+    texts_per_problem = [[c.text for c in completions] for completions in sampled]
+    indices = [list(range(k)) for _ in problems]
+    if config.eval.greedy:
+        greedy = generator.generate(prompts, n=1, temperature=0.0, **{**common, "top_p": 1.0})
+        _check_outputs(greedy, problems, 1, "greedy")
+        texts_per_problem = [[g[0].text] + texts for g, texts in zip(greedy, texts_per_problem)]
+        indices = [[GREEDY_SAMPLE_IDX] + idx for idx in indices]
+
+    # one grade_many per kind keeps every Math-Verify comparison of the benchmark in one batch
+    flat = [(p, i, text) for p, texts in enumerate(texts_per_problem) for i, text in enumerate(texts)]
+    correct = [False] * len(flat)
+    by_kind: dict[str, list[int]] = {}
+    for position, (p, _, _) in enumerate(flat):
+        by_kind.setdefault(kind_of(problems[p]), []).append(position)
+    for kind, positions in by_kind.items():
+        verdicts = grade_many([flat[j][2] for j in positions], [problems[flat[j][0]].answer for j in positions], kind)
+        for j, verdict in zip(positions, verdicts):
+            correct[j] = bool(verdict)
+
+    records = []
+    for (p, i, text), is_correct in zip(flat, correct):
+        problem = problems[p]
+        records.append({
+            "problem_id": problem.problem_id,
+            "model": model,
+            "sample_idx": indices[p][i],
+            "steps": split_steps(text, config.format.separator),
+            "final_answer": extract_answer(text, kind_of(problem)),
+            "correct": is_correct,
+        })
+    return records
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def _group_records(records: Sequence[dict], problems: Sequence[Problem]) -> tuple[dict, dict]:
+    """problem_id -> sampled records in sample_idx order, and problem_id -> greedy record."""
+    sampled: dict[str, list[dict]] = {p.problem_id: [] for p in problems}
+    greedy: dict[str, dict] = {}
+    for record in records:
+        pid = record["problem_id"]
+        if pid not in sampled:
+            raise ValueError(f"samples: record for problem {pid!r}, which is not in the benchmark")
+        if record["sample_idx"] == GREEDY_SAMPLE_IDX:
+            greedy[pid] = record
+        else:
+            sampled[pid].append(record)
+    for pid, rows in sampled.items():
+        rows.sort(key=lambda r: r["sample_idx"])
+        if not rows:
+            raise ValueError(f"samples: no sampled solutions for problem {pid!r}")
+    return sampled, greedy
+
+
+def score_samples(
+    records: Sequence[dict],
+    problems: Sequence[Problem],
+    kind_of: KindOf,
+    config: Config,
+    embed: Embedder | None = None,
+) -> dict:
+    """Accuracy and diversity of one model on one benchmark from its samples records.
+
+    Returns {"n_problems", "k", "accuracy": {greedy_pass@1?, pass@1, maj@k, pass@k: {mean, lo, hi}},
+    "pass@k_curve": {j: unbiased pass@j}, "answered", "mean_steps", "diversity": {similarity:
+    {mean, lo, hi, n_scored}, vendi, distinct_1..3, correct_strategies, correct_strategies_solved}}.
+    Diversity is over the k sampled solutions only; similarity and Vendi are None without ``embed``.
+    """
+    sampled, greedy = _group_records(records, problems)
+    settings = config.eval
+    per_problem = []
+    for problem in problems:
+        rows = sampled[problem.problem_id]
+        kind = kind_of(problem)
+        answers = [r["final_answer"] for r in rows]
+        flags = [bool(r["correct"]) for r in rows]
+        winner = majority_vote_index(answers, key=lambda answer: normalize_answer(answer, kind))
+        per_problem.append(ProblemSamples(problem.problem_id, flags, answers, winner is not None and flags[winner]))
+    greedy_correct = None
+    if greedy:
+        missing = [p.problem_id for p in problems if p.problem_id not in greedy]
+        if missing:
+            raise ValueError(f"samples: greedy sample missing for problem {missing[0]!r}")
+        greedy_correct = {pid: bool(r["correct"]) for pid, r in greedy.items()}
+    accuracy = summarize_accuracy(
+        per_problem, greedy_correct, n_resamples=settings.bootstrap_resamples, seed=settings.seed
+    )
+    k = accuracy.pop("k")
+    n_problems = accuracy.pop("n_problems")
+    counts = [sum(s.correct) for s in per_problem]
+    budgets = sorted({j for j in (1, 2, 4, 8, 16, 32, 64) if j <= k} | {k})
+    curve = {str(j): float(np.mean([pass_at_k(k, c, j) for c in counts])) for j in budgets}
+
+    solutions = [[r["steps"] for r in sampled[p.problem_id]] for p in problems]
+    texts = [[join_steps(steps, config.format.separator) for steps in group] for group in solutions]
+    strategies = [distinct_correct_strategies(group, s.correct) for group, s in zip(solutions, per_problem)]
+    solved = [n for n, c in zip(strategies, counts) if c > 0]
+    diversity: dict = {"similarity": {"mean": None, "lo": None, "hi": None, "n_scored": 0}, "vendi": None}
+    if embed is not None:
+        similarity = semantic_similarity(solutions, embed, n_resamples=settings.bootstrap_resamples, seed=settings.seed)
+        diversity["similarity"] = {key: similarity[key] for key in ("mean", "lo", "hi", "n_scored")}
+        diversity["vendi"] = similarity["vendi_mean"]
+    for n in DISTINCT_NS:
+        diversity[f"distinct_{n}"] = distinct_n_per_problem(texts, n)["mean"]
+    diversity["correct_strategies"] = float(np.mean(strategies))
+    diversity["correct_strategies_solved"] = float(np.mean(solved)) if solved else None
+
+    all_rows = [r for rows in sampled.values() for r in rows]
+    return {
+        "n_problems": n_problems,
+        "k": k,
+        "accuracy": accuracy,
+        "pass@k_curve": curve,
+        "answered": float(np.mean([r["final_answer"] is not None for r in all_rows])),
+        "mean_steps": float(np.mean([len(r["steps"]) for r in all_rows])),
+        "diversity": diversity,
+    }
+
+
+def evaluate_model(
+    generator,
+    problems: Sequence[Problem],
+    kind_of: KindOf = problem_kind,
+    config: Config | None = None,
+    *,
+    model: str = "model",
+    embed: Embedder | None = None,
+) -> Evaluation:
+    """Sample (one batched call with n = eval.k, one greedy call), grade and score one model
+    on one benchmark. ``kind_of(problem)`` gives the grading and prompt kind."""
+    config = config or Config()
+    records = generate_samples(generator, problems, kind_of, config, model)
+    return Evaluation(records, score_samples(records, problems, kind_of, config, embed))
+
+
+# ----------------------------------------------------------------------------- a whole run
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name)
+
+
+def samples_path(out_dir: Path, model: str, benchmark: str) -> Path:
+    """reports/<run>/samples/<model>__<benchmark>.jsonl"""
+    return Path(out_dir) / "samples" / f"{_safe_name(model)}__{_safe_name(benchmark)}.jsonl"
+
+
+def sampling_settings(config: Config, spec: ModelSpec, source: BenchmarkSource, problems: Sequence[Problem]) -> dict:
+    """Everything the samples of a (model, benchmark) pair depend on; equal settings = reusable samples."""
+    ids = hashlib.sha256("\n".join(p.problem_id for p in problems).encode()).hexdigest()[:16]
+    return {
+        "model_path": spec.path, "model_fingerprint": _fingerprint(spec.path, spec.path_is_local),
+        "adapter": spec.adapter, "adapter_fingerprint": _fingerprint(spec.adapter, spec.adapter_is_local),
+        "benchmark": list(source), "problem_ids": ids, "k": config.eval.k, "temperature": config.eval.temperature,
+        "greedy": config.eval.greedy, "top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens,
+        "seed": config.eval.seed, "format": dataclasses.asdict(config.format), "backend": config.generation.backend,
+    }
+
+
+def _reusable_samples(path: Path, settings: dict) -> list[dict] | None:
+    settings_file = path.with_suffix(".settings.json")
+    if not (path.exists() and settings_file.exists()):
+        return None
+    if json.loads(settings_file.read_text(encoding="utf-8")) != settings:
+        return None
+    return list(read_jsonl(path))
+
+
+def _free_memory() -> None:
+    """Collect a dropped model before the next one loads (GPU memory)."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_evaluation(
+    config: Config,
+    make_generator: GeneratorFactory,
+    embed: Embedder | None = None,
+    out_dir: str | Path | None = None,
+    kind_of: KindOf = problem_kind,
+) -> dict:
+    """Every model of eval.models on every benchmark of eval.benchmarks; writes
+    <out_dir>/samples/*.jsonl and <out_dir>/results.json (out_dir: reports/<run>/).
+
+    ``make_generator(path, adapter)`` is called once per model, and only when some benchmark
+    needs new samples (samples whose settings file matches are re-scored, not regenerated).
+    A model whose local path or adapter path does not exist is skipped with a warning and listed
+    under "skipped". Returns the results.json object (docs/evaluation.md).
+    """
+    out = Path(out_dir) if out_dir is not None else reports_dir(config)
+    sources = {name: resolve_benchmark(config, name) for name in config.eval.benchmarks}
+    benchmarks = {name: load_eval_benchmark(config, name) for name in config.eval.benchmarks}
+    results: dict = {
+        "run": config.run,
+        "settings": {
+            "k": config.eval.k, "temperature": config.eval.temperature, "greedy": config.eval.greedy,
+            "top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens,
+            "max_problems": config.eval.max_problems, "embedder": config.eval.embedder or "all-MiniLM-L6-v2",
+            "bootstrap_resamples": config.eval.bootstrap_resamples, "confidence": 0.95, "seed": config.eval.seed,
+        },
+        "benchmarks": {
+            name: {"n_problems": len(problems), "kinds": sorted({kind_of(p) for p in problems}),
+                   "loader": sources[name].loader, "path": sources[name].path}
+            for name, problems in benchmarks.items()
+        },
+        "models": {},
+        "skipped": [],
+        "results": {},
+    }
+    for name, value in config.eval.models.items():
+        spec = parse_model_spec(config, name, value)
+        results["models"][name] = {"path": spec.path, "adapter": spec.adapter}
+        reason = missing_model_reason(spec)
+        if reason is not None:
+            log.warning("eval: skipping model %r: %s", name, reason)
+            results["skipped"].append({"model": name, "path": spec.path, "adapter": spec.adapter, "reason": reason})
+            continue
+        generator = None
+        for bench, problems in benchmarks.items():
+            path = samples_path(out, name, bench)
+            settings = sampling_settings(config, spec, sources[bench], problems)
+            records = _reusable_samples(path, settings)
+            if records is None:
+                if generator is None:
+                    log.info("eval: loading model %r from %s%s", name, spec.path, f" with adapter {spec.adapter}" if spec.adapter else "")
+                    generator = make_generator(spec.path, spec.adapter)
+                log.info("eval: %s on %s: %d problems x %d samples%s", name, bench, len(problems), config.eval.k,
+                         " + greedy" if config.eval.greedy else "")
+                records = generate_samples(generator, problems, kind_of, config, name)
+                write_jsonl_atomic(path, records)
+                write_json_atomic(path.with_suffix(".settings.json"), settings)
+            else:
+                log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
+            metrics = score_samples(records, problems, kind_of, config, embed)
+            metrics["samples"] = str(path)
+            results["results"].setdefault(name, {})[bench] = metrics
+            acc, similarity = metrics["accuracy"], metrics["diversity"]["similarity"]["mean"]
+            log.info("eval: %s on %s: pass@1 %.3f, maj@k %.3f, pass@k %.3f, similarity %s", name, bench,
+                     acc["pass@1"]["mean"], acc["maj@k"]["mean"], acc["pass@k"]["mean"],
+                     "n/a" if similarity is None else f"{similarity:.3f}")
+        if generator is not None:
+            generator = None
+            _free_memory()
+    write_json_atomic(out / "results.json", results)
+    return results

@@ -1,0 +1,216 @@
+"""The evaluation report: results.json -> report.md (paper Tables 2 and 4 with 95% CIs) and plots.
+
+``write_report(results, out_dir)`` writes report.md, accuracy.png (accuracy with CI error bars,
+per benchmark and model) and similarity.png (mean pairwise similarity per model and benchmark).
+It reads nothing but the results object of eval.evaluate.run_evaluation, so a report can be
+rebuilt from a saved results.json with ``write_report(load_results(path), folder)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ACCURACY_COLUMNS = (  # (results key, column title; "k" is replaced by the number of samples)
+    ("greedy_pass@1", "greedy pass@1"),
+    ("pass@1", "pass@1"),
+    ("maj@k", "maj@k"),
+    ("pass@k", "pass@k"),
+)
+
+
+def load_results(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _rows(results: dict) -> list[tuple[str, str, dict]]:
+    """(model, benchmark, metrics) in config order."""
+    return [(model, bench, metrics) for model, per_bench in results["results"].items() for bench, metrics in per_bench.items()]
+
+
+def _percent(interval: dict | None) -> str:
+    if not interval or interval.get("mean") is None:
+        return "n/a"
+    return f"{100 * interval['mean']:.1f} [{100 * interval['lo']:.1f}, {100 * interval['hi']:.1f}]"
+
+
+def _number(value, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _interval(interval: dict | None, digits: int = 3) -> str:
+    if not interval or interval.get("mean") is None:
+        return "n/a"
+    return f"{interval['mean']:.{digits}f} [{interval['lo']:.{digits}f}, {interval['hi']:.{digits}f}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _pivot(results: dict, cell) -> list[str]:
+    """Paper layout: one row per model, one column per benchmark."""
+    benchmarks = list(results["benchmarks"])
+    rows = []
+    for model, per_bench in results["results"].items():
+        rows.append([model] + [cell(per_bench[b]) if b in per_bench else "n/a" for b in benchmarks])
+    return _table(["model"] + benchmarks, rows)
+
+
+def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
+    """report.md text: settings, benchmarks, Table 2 (accuracy) and Table 4 (diversity), skipped models."""
+    settings = results["settings"]
+    k = settings["k"]
+    greedy = settings.get("greedy", True)
+    lines = [f"# Evaluation: run `{results['run']}`", ""]
+    lines += [
+        f"{k} samples per problem at temperature {settings['temperature']} (top-p {settings['top_p']})"
+        + (", plus one greedy (temperature 0) solution" if greedy else "")
+        + f"; at most {settings['max_new_tokens']} new tokens. Accuracies in %, with 95% percentile-bootstrap "
+        f"confidence intervals over problems ({settings['bootstrap_resamples']} resamples, seed {settings['seed']}) "
+        "in brackets. Similarity: mean pairwise cosine of solution embeddings "
+        f"({settings['embedder']}); lower = more diverse. Formulas: docs/metrics.md.",
+        "",
+        "## Benchmarks",
+        "",
+    ]
+    lines += _table(
+        ["benchmark", "problems", "grading kind", "source"],
+        [[name, str(b["n_problems"]), ", ".join(b["kinds"]), f"`{b['path']}`" if b["path"] else f"hub ({b['loader']})"]
+         for name, b in results["benchmarks"].items()],
+    )
+    rows = _rows(results)
+    if rows:
+        shown = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS if greedy or key != "greedy_pass@1"]
+        lines += ["", "## Accuracy (Table 2)", ""]
+        main_key = "greedy_pass@1" if greedy else "pass@1"
+        lines += [f"{dict(shown)[main_key]}, by model and benchmark:", ""]
+        lines += _pivot(results, lambda m: _percent(m["accuracy"].get(main_key)))
+        lines += ["", "Every metric:", ""]
+        lines += _table(
+            ["model", "benchmark", "problems"] + [title for _, title in shown] + ["answered"],
+            [[model, bench, str(m["n_problems"])] + [_percent(m["accuracy"].get(key)) for key, _ in shown]
+             + [f"{100 * m['answered']:.1f}"] for model, bench, m in rows],
+        )
+        lines += ["", "## Diversity of reasoning (Table 4)", ""]
+        lines += ["Mean pairwise similarity of the sampled solutions, by model and benchmark (lower = more diverse):", ""]
+        lines += _pivot(results, lambda m: _interval(m["diversity"]["similarity"]))
+        lines += ["", "Every measure (distinct-n over whitespace tokens; correct strategies = distinct step "
+                  "sequences among a problem's correct samples, mean over all problems / over solved ones):", ""]
+        lines += _table(
+            ["model", "benchmark", "similarity", "Vendi", "distinct-1", "distinct-2", "distinct-3",
+             "correct strategies", "per solved problem", "steps per solution"],
+            [[model, bench, _interval(m["diversity"]["similarity"]), _number(m["diversity"]["vendi"], 2),
+              _number(m["diversity"]["distinct_1"]), _number(m["diversity"]["distinct_2"]),
+              _number(m["diversity"]["distinct_3"]), _number(m["diversity"]["correct_strategies"], 2),
+              _number(m["diversity"]["correct_strategies_solved"], 2), _number(m["mean_steps"], 1)]
+             for model, bench, m in rows],
+        )
+    else:
+        lines += ["", "No model was evaluated."]
+    if results["skipped"]:
+        lines += ["", "## Skipped models", ""]
+        lines += [f"- **{s['model']}**: {s['reason']} (run the stage that trains it, or fix `eval.models.{s['model']}`)"
+                  for s in results["skipped"]]
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{name}]({file})" for name, file in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _grouped_bars(axis, results: dict, value_of, title: str, ylabel: str, scale: float = 1.0) -> None:
+    """One group of bars per benchmark, one bar per model, asymmetric CI error bars."""
+    import numpy as np
+
+    benchmarks = list(results["benchmarks"])
+    models = list(results["results"])
+    width = 0.8 / max(1, len(models))
+    x = np.arange(len(benchmarks))
+    for i, model in enumerate(models):
+        means, errors = [], [[], []]
+        for bench in benchmarks:
+            interval = value_of(results["results"][model].get(bench))
+            if interval is None or interval.get("mean") is None:
+                means.append(np.nan)
+                errors[0].append(0.0)
+                errors[1].append(0.0)
+                continue
+            means.append(scale * interval["mean"])
+            errors[0].append(scale * (interval["mean"] - interval["lo"]))
+            errors[1].append(scale * (interval["hi"] - interval["mean"]))
+        axis.bar(x - 0.4 + width * (i + 0.5), means, width, yerr=errors, capsize=3, label=model)
+    tilted = len(benchmarks) > 2  # long names like agieval_sat_math would overlap
+    axis.set_xticks(x, benchmarks, rotation=25 if tilted else 0, ha="right" if tilted else "center")
+    axis.set_title(title)
+    axis.set_ylabel(ylabel)
+    axis.grid(axis="y", alpha=0.3)
+
+
+def _empty_figure(path: Path, message: str) -> None:
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5, 2))
+    axis.axis("off")
+    axis.text(0.5, 0.5, message, ha="center", va="center")
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_accuracy(results: dict, path: str | Path) -> Path:
+    """accuracy.png: one panel per accuracy metric, bars per benchmark and model, 95% CI error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if not results["results"]:
+        _empty_figure(path, "no model was evaluated")
+        return path
+    k = results["settings"]["k"]
+    metrics = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS
+               if results["settings"].get("greedy", True) or key != "greedy_pass@1"]
+    figure, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 1, 3.6), sharey=True, squeeze=False)
+    for axis, (key, title) in zip(axes[0], metrics):
+        _grouped_bars(axis, results, lambda m, key=key: m and m["accuracy"].get(key), title, "accuracy (%)", scale=100)
+        axis.set_ylim(0, 100)
+    axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    figure.suptitle(f"Accuracy with 95% bootstrap CIs (run {results['run']})")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def plot_similarity(results: dict, path: str | Path) -> Path:
+    """similarity.png: mean pairwise similarity of solutions per model and benchmark, 95% CIs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if not results["results"]:
+        _empty_figure(path, "no model was evaluated")
+        return path
+    figure, axis = plt.subplots(figsize=(1.6 * len(results["benchmarks"]) + 3, 3.6))
+    _grouped_bars(axis, results, lambda m: m and m["diversity"]["similarity"], "Mean pairwise similarity (lower = more diverse)",
+                  "cosine similarity")
+    axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def write_report(results: dict, out_dir: str | Path) -> dict[str, Path]:
+    """report.md, accuracy.png and similarity.png in ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"accuracy": plot_accuracy(results, out / "accuracy.png"), "similarity": plot_similarity(results, out / "similarity.png")}
+    plots = {"Accuracy": "accuracy.png", "Mean pairwise similarity": "similarity.png"} if results["results"] else None
+    paths["report"] = out / "report.md"
+    paths["report"].write_text(render_markdown(results, plots), encoding="utf-8")
+    return paths

@@ -1,0 +1,47 @@
+"""make eval: accuracy and diversity of several models on several benchmarks (paper 5, Tables 2 and 4).
+
+Reads:  the models of config.eval.models ({name: path or hub id, "path::adapter" for a peft
+        adapter}; a local path that does not exist is skipped and noted), the benchmarks of
+        config.eval.benchmarks (eval.benchmark_paths[name] when given; "tiny_test" = the
+        bootstrap stage's problems_test.jsonl)
+Writes: reports/<run>/results.json, report.md, accuracy.png, similarity.png, config.yaml,
+        samples/<model>__<benchmark>.jsonl (+ .settings.json: a rerun with the same settings
+        and unchanged model files re-scores these instead of generating again)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from eval.diversity import load_embedder
+from eval.evaluate import reports_dir, run_evaluation
+from eval.report import write_report
+from pipeline.config import save_config
+from pipeline.generation import build_generator
+from pipeline.modeling import resolve_device
+from stages.common import log, parse_args, set_threads, timed
+
+__all__ = ["main", "reports_dir"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_args("evaluate", argv)
+    set_threads(config)
+    out = reports_dir(config)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out / "config.yaml")
+    with timed("eval"):
+        embed = load_embedder(config.eval.embedder, device=str(resolve_device(config.model.device)))
+        results = run_evaluation(
+            config,
+            lambda path, adapter: build_generator(config, model_path=path, adapter=adapter, progress=True),
+            embed=embed,
+            out_dir=out,
+        )
+        paths = write_report(results, out)
+    log.info("eval: report written to %s", paths["report"])
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

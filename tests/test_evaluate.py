@@ -1,0 +1,281 @@
+"""The evaluation stage on the real benchmark files with canned model outputs of known accuracy."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eval.evaluate import (
+    GREEDY_SAMPLE_IDX,
+    evaluate_model,
+    load_eval_benchmark,
+    missing_model_reason,
+    parse_model_spec,
+    problem_kind,
+    reports_dir,
+    resolve_benchmark,
+    run_evaluation,
+)
+from eval.report import write_report
+from pipeline.config import load_config
+from pipeline.generation.base import Completion
+from pipeline.problems import Problem
+from pipeline.prompts import prompt_from_config
+from pipeline.steps import split_steps
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARK_FILES = {
+    "gsm8k": "gsm8k_test.jsonl",
+    "math_level5": "math_test.jsonl",
+    "sat_math_32": "sat_math_32.jsonl",
+    "agieval_sat_math": "agieval_sat_math.jsonl",
+}
+
+# Canned outputs, by problem index % 4: C correct, W one wrong answer (the same in every W of a
+# problem, so wrong answers vote together), M malformed (cut off before the answer), E empty.
+SAMPLED = ["WWME", "WCWE", "CMCW", "CCCC"]
+GREEDY = ["M", "C", "C", "W"]
+# Over a multiple of 4 problems, k = 4:
+#   pass@1 = mean(0, 1/4, 2/4, 4/4) = 0.4375; pass@4 = 3/4 (one pattern has no C);
+#   maj@4 = 2/4 (pattern 1 loses 1 C against 2 W); greedy = 2/4; answered = 12/16 samples.
+EXPECTED = {"pass@1": 0.4375, "pass@k": 0.75, "maj@k": 0.5, "greedy_pass@1": 0.5}
+WRONG_NUMBER = "987654321"
+
+
+def canned_text(outcome: str, problem: Problem, kind: str) -> str:
+    if outcome == "E":
+        return ""
+    if outcome == "M":
+        return "Let us think about it.\nFirst we look at the numbers.\nThe answer is"
+    if kind == "sat":
+        letter = problem.answer if outcome == "C" else next(x for x in sorted(problem.meta["options"]) if x != problem.answer)
+        return f"We check each option in turn.\nThe answer is ({letter})"
+    answer = problem.answer if outcome == "C" else WRONG_NUMBER
+    if kind == "math":
+        return f"We simplify the expression.\nThe answer is \\boxed{{{answer}}}"
+    return f"We add the amounts.\nThe answer is {answer}"
+
+
+class CannedGenerator:
+    """A Generator whose completions follow SAMPLED / GREEDY by problem index; records its calls."""
+
+    tokenizer = None
+
+    def __init__(self, problems, config, sampled=SAMPLED, greedy=GREEDY, text=canned_text):
+        self.by_prompt = {}
+        for index, problem in enumerate(problems):
+            prompt = prompt_from_config(problem.question, problem.kind, None, config.format, problem.meta.get("options"))
+            self.by_prompt[prompt] = (index, problem)
+        assert len(self.by_prompt) == len(problems), "two problems share a prompt"
+        self.sampled, self.greedy, self.text = sampled, greedy, text
+        self.calls = []
+
+    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
+        self.calls.append({"prompts": len(prompts), "n": n, "temperature": temperature})
+        outputs = []
+        for prompt in prompts:
+            index, problem = self.by_prompt[prompt]
+            pattern = self.greedy[index % len(self.greedy)] if temperature == 0 else self.sampled[index % len(self.sampled)]
+            assert len(pattern) == n
+            texts = [self.text(outcome, problem, problem.kind) for outcome in pattern]
+            outputs.append([Completion(t, list(range(len(t))), "length" if "M" == o else "eos") for t, o in zip(texts, pattern)])
+        return outputs
+
+
+def fake_embed(texts):
+    """Deterministic 8-d vectors seeded by each text's checksum."""
+    rows = [np.random.default_rng(zlib.crc32(t.encode())).standard_normal(8) for t in texts]
+    return np.stack(rows) if rows else np.zeros((0, 8))
+
+
+def make_config(tmp_path, benchmarks_dir, *overrides):
+    paths = {name: str(benchmarks_dir / file) for name, file in BENCHMARK_FILES.items()}
+    return load_config(
+        REPO / "configs" / "tiny.yaml",
+        [f"runs_root={tmp_path / 'runs'}", "run=t", "eval.k=4", "eval.max_problems=20", "eval.bootstrap_resamples=200",
+         f"eval.benchmark_paths={json.dumps(paths)}", *overrides],
+    )
+
+
+@pytest.mark.parametrize("benchmark", list(BENCHMARK_FILES))
+def test_canned_outputs_give_exact_accuracy_on_real_benchmarks(tmp_path, benchmarks_dir, benchmark):
+    config = make_config(tmp_path, benchmarks_dir)
+    problems = load_eval_benchmark(config, benchmark)
+    assert len(problems) == 20
+    if benchmark == "math_level5":
+        assert all(p.meta["level"] == 5 for p in problems)
+    generator = CannedGenerator(problems, config)
+
+    evaluation = evaluate_model(generator, problems, problem_kind, config, model="base", embed=fake_embed)
+
+    # every problem in ONE sampled call with n=k, and ONE greedy call at temperature 0
+    assert generator.calls == [{"prompts": 20, "n": 4, "temperature": 0.6}, {"prompts": 20, "n": 1, "temperature": 0.0}]
+    accuracy = evaluation.metrics["accuracy"]
+    for metric, expected in EXPECTED.items():
+        assert accuracy[metric]["mean"] == pytest.approx(expected, abs=1e-12), metric
+        assert accuracy[metric]["lo"] <= expected <= accuracy[metric]["hi"]
+    assert evaluation.metrics["answered"] == pytest.approx(0.75)
+    assert evaluation.metrics["pass@k_curve"]["1"] == pytest.approx(0.4375)
+    assert evaluation.metrics["pass@k_curve"]["4"] == pytest.approx(0.75)
+
+    samples = evaluation.samples
+    assert len(samples) == 20 * 5
+    assert [r["sample_idx"] for r in samples[:5]] == [GREEDY_SAMPLE_IDX, 0, 1, 2, 3]
+    assert {r["model"] for r in samples} == {"base"}
+    first = samples[1]  # problem 0, sample 0: a wrong answer, graded and extracted
+    assert first["correct"] is False and first["final_answer"] is not None
+    assert first["steps"] == split_steps(canned_text("W", problems[0], problems[0].kind))
+    empty, malformed = samples[4], samples[3]  # problem 0: "WWME"
+    assert empty["steps"] == [] and empty["final_answer"] is None and empty["correct"] is False
+    assert malformed["final_answer"] is None and malformed["correct"] is False
+    assert samples[15]["problem_id"] == problems[3].problem_id  # "CCCC", greedy "W"
+    assert [r["correct"] for r in samples[15:20]] == [False, True, True, True, True]
+
+
+def test_diversity_metrics_on_hand_made_solutions():
+    problems = [Problem(f"tiny-{i}", f"Question {i}?", str(i + 1), "tiny") for i in range(2)]
+    texts = {0: ["x\nThe answer is 1", "x\nThe answer is 1"], 1: ["a\nThe answer is 2", "b\nThe answer is 3"]}
+    config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=100"])
+
+    class Fixed:
+        tokenizer = None
+
+        def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
+            return [[Completion(t, [], "eos") for t in texts[i]] for i in range(len(prompts))]
+
+    vocabulary: dict[str, int] = {}
+
+    def one_hot(batch):  # every distinct step its own axis
+        rows = np.zeros((len(batch), 16))
+        for row, text in enumerate(batch):
+            rows[row, vocabulary.setdefault(text, len(vocabulary))] = 1.0
+        return rows
+
+    metrics = evaluate_model(Fixed(), problems, problem_kind, config, embed=one_hot).metrics
+    diversity = metrics["diversity"]
+    assert "greedy_pass@1" not in metrics["accuracy"]
+    assert diversity["similarity"]["mean"] == pytest.approx(0.5)  # identical pair 1, orthogonal pair 0
+    assert diversity["similarity"]["n_scored"] == 2
+    assert diversity["vendi"] == pytest.approx(1.5)  # 1 and 2 effective solutions
+    assert diversity["distinct_1"] == pytest.approx((5 / 10 + 7 / 10) / 2)
+    assert diversity["correct_strategies"] == pytest.approx(1.0)
+    assert metrics["accuracy"]["pass@1"]["mean"] == pytest.approx(0.75)
+
+
+def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_models(tmp_path, benchmarks_dir):
+    model_dir = tmp_path / "models" / "base"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{}")
+    models = {"base": str(model_dir), "gfn": str(tmp_path / "models" / "gfn"), "ppo": f"{model_dir}::{tmp_path / 'no_adapter'}"}
+    config = make_config(tmp_path, benchmarks_dir, "eval.benchmarks=[gsm8k, sat_math_32]", "eval.max_problems=8",
+                         f"eval.models={json.dumps(models)}")
+    problems = {name: load_eval_benchmark(config, name) for name in ("gsm8k", "sat_math_32")}
+    built = []
+
+    def make_generator(path, adapter):
+        built.append((path, adapter))
+        return CannedGenerator(problems["gsm8k"] + problems["sat_math_32"], config)
+
+    out = tmp_path / "reports"
+    results = run_evaluation(config, make_generator, embed=fake_embed, out_dir=out)
+
+    assert built == [(str(model_dir), None)]  # one model load for both benchmarks
+    assert [s["model"] for s in results["skipped"]] == ["gfn", "ppo"]
+    assert "does not exist" in results["skipped"][0]["reason"] and "adapter" in results["skipped"][1]["reason"]
+    for bench in ("gsm8k", "sat_math_32"):
+        accuracy = results["results"]["base"][bench]["accuracy"]
+        assert {m: accuracy[m]["mean"] for m in EXPECTED} == pytest.approx(EXPECTED)
+        lines = (out / "samples" / f"base__{bench}.jsonl").read_text().splitlines()
+        assert len(lines) == 8 * 5
+        assert set(json.loads(lines[0])) == {"problem_id", "model", "sample_idx", "steps", "final_answer", "correct"}
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["results"]["base"]["gsm8k"]["accuracy"]["pass@1"]["mean"] == pytest.approx(0.4375)
+
+    paths = write_report(saved, out)
+    report = paths["report"].read_text()
+    assert "| base | gsm8k | 8 | 50.0 [" in report and "| base | sat_math_32 | 8 | 50.0 [" in report
+    assert "maj@4" in report and "Table 4" in report
+    assert "**gfn**" in report and "**ppo**" in report  # skipped models are noted
+    for png in ("accuracy.png", "similarity.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # a second run with the same settings re-scores the saved samples without loading the model
+    again = run_evaluation(config, make_generator, embed=fake_embed, out_dir=out)
+    assert len(built) == 1
+    assert again["results"] == results["results"]
+    # a changed setting (here the temperature) makes the samples stale
+    config.eval.temperature = 0.8
+    run_evaluation(config, lambda path, adapter: CannedGenerator(problems["gsm8k"] + problems["sat_math_32"], config),
+                   embed=fake_embed, out_dir=out)
+    settings = json.loads((out / "samples" / "base__gsm8k.settings.json").read_text())
+    assert settings["temperature"] == 0.8
+
+
+def test_report_renders_when_every_model_is_skipped(tmp_path, benchmarks_dir):
+    config = make_config(tmp_path, benchmarks_dir, "eval.benchmarks=[sat_math_32]", f"eval.models={{gfn: {tmp_path / 'nope'}}}")
+    results = run_evaluation(config, lambda *a: pytest.fail("no model exists"), embed=fake_embed, out_dir=tmp_path / "r")
+    paths = write_report(results, tmp_path / "r")
+    report = paths["report"].read_text()
+    assert "No model was evaluated" in report and "**gfn**" in report
+    assert paths["accuracy"].exists() and paths["similarity"].exists()
+
+
+def test_benchmark_names_resolve_through_a_table(tmp_path):
+    config = load_config(None, [f"runs_root={tmp_path}", "run=r", "eval.max_problems=2"])
+    test_file = tmp_path / "r" / "bootstrap" / "problems_test.jsonl"
+    assert resolve_benchmark(config, "tiny_test") == ("problems", str(test_file))
+    assert resolve_benchmark(config, "gsm8k") == ("gsm8k", None)  # the hub copy
+    with pytest.raises(FileNotFoundError, match="problems_test.jsonl"):
+        load_eval_benchmark(config, "tiny_test")
+    test_file.parent.mkdir(parents=True)
+    rows = [Problem(f"tiny-test-{i}", f"Ann has {i} pens. How many pens does Ann have?", str(i), "tiny").to_dict() for i in range(3)]
+    test_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [p.problem_id for p in load_eval_benchmark(config, "tiny_test")] == ["tiny-test-0", "tiny-test-1"]
+    config.eval.benchmark_paths["math500"] = "{run_dir}/m.jsonl"
+    assert resolve_benchmark(config, "math500") == ("math500", str(tmp_path / "r" / "m.jsonl"))
+
+
+def test_model_specs_hub_ids_local_paths_and_adapters(tmp_path):
+    config = load_config(None, [f"runs_root={tmp_path}", "run=r"])
+    hub = parse_model_spec(config, "llama", "meta-llama/Llama-3.2-3B-Instruct")
+    assert (hub.path, hub.adapter, hub.path_is_local) == ("meta-llama/Llama-3.2-3B-Instruct", None, False)
+    assert missing_model_reason(hub) is None  # a hub id is never skipped
+    with_adapter = parse_model_spec(config, "gfn", "meta-llama/Llama-3.2-3B-Instruct::{run_dir}/gfn/adapter")
+    assert with_adapter.adapter == str(tmp_path / "r" / "gfn" / "adapter")
+    assert "adapter path" in missing_model_reason(with_adapter)
+    local = parse_model_spec(config, "base", "{run_dir}/bootstrap/model")
+    assert local.path == str(tmp_path / "r" / "bootstrap" / "model") and local.path_is_local
+    assert "does not exist" in missing_model_reason(local)
+    (tmp_path / "r" / "bootstrap" / "model").mkdir(parents=True)
+    assert missing_model_reason(local) is None
+    with pytest.raises(ValueError, match="eval.models.bad"):
+        parse_model_spec(config, "bad", "::adapter")
+
+
+@pytest.mark.slow
+def test_stage_cli_with_the_real_embedder(tmp_path, benchmarks_dir, monkeypatch):
+    import stages.evaluate
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    argv = ["--config", str(REPO / "configs" / "tiny.yaml"), "run=cli", "eval.k=4", "eval.max_problems=4",
+            "eval.benchmarks=[sat_math_32]", f"eval.benchmark_paths={{sat_math_32: {benchmarks_dir / 'sat_math_32.jsonl'}}}",
+            f"eval.models={{base: {model_dir}, ppo: {tmp_path / 'ppo'}}}", "eval.bootstrap_resamples=100"]
+    config = load_config(REPO / "configs" / "tiny.yaml", argv[2:])
+    problems = load_eval_benchmark(config, "sat_math_32")
+    monkeypatch.setattr(stages.evaluate, "build_generator", lambda cfg, model_path, adapter, progress: CannedGenerator(problems, cfg))
+    monkeypatch.chdir(tmp_path)
+
+    results = stages.evaluate.main(argv)
+
+    out = tmp_path / reports_dir(config)
+    assert out == tmp_path / "reports" / "cli"
+    for name in ("results.json", "report.md", "accuracy.png", "similarity.png", "config.yaml", "samples/base__sat_math_32.jsonl"):
+        assert (out / name).exists(), name
+    similarity = results["results"]["base"]["sat_math_32"]["diversity"]["similarity"]
+    assert 0.0 < similarity["mean"] <= 1.0  # real MiniLM cosines of the canned solutions
+    assert results["results"]["base"]["sat_math_32"]["accuracy"]["pass@1"]["mean"] == pytest.approx(0.4375)
