@@ -1,0 +1,37 @@
+"""The one generation interface (base.Completion, base.Generator) and its backends.
+
+``build_generator(config)`` picks the backend from ``config.generation.backend``: "hf"
+(transformers, pipeline.generation.hf) or "vllm" (pipeline.generation.vllm_backend, imported
+only when asked for). Teacher-forced scoring lives in pipeline.generation.scoring.
+"""
+
+from __future__ import annotations
+
+from pipeline.config import ConfigError
+from pipeline.generation.base import Completion, Generator
+
+BACKENDS = ("hf", "vllm")
+
+
+def build_generator(config, model_path: str | None = None, adapter: str | None = None, progress: bool = False) -> Generator:
+    """A generator for ``model_path`` (default: config.model.policy with config.model.policy_adapter).
+
+    An explicit ``model_path`` takes only the ``adapter`` given here, never the config's.
+    """
+    if model_path is None:
+        model_path = config.resolve(config.model.policy)
+        if adapter is None:
+            adapter = config.resolve(config.model.policy_adapter)
+    backend = config.generation.backend
+    if backend == "hf":
+        from pipeline.generation.hf import HFGenerator
+
+        return HFGenerator.from_config(config, model_path, adapter, progress=progress)
+    if backend == "vllm":
+        from pipeline.generation.vllm_backend import VLLMGenerator
+
+        return VLLMGenerator(model_path, config, adapter=adapter, progress=progress)
+    raise ConfigError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Completion", "Generator", "build_generator"]

@@ -1,0 +1,80 @@
+"""The one generation interface: what every stage that samples codes against.
+
+``generate(prompts, n, temperature, top_p, max_new_tokens, stop, seed)`` returns, for each
+prompt in order, ``n`` Completions. Both backends follow vLLM's conventions:
+
+- ``text`` is the generated text; it ends with the stop string when generation stopped on one
+  (and is cut right after it) and never contains the end token.
+- ``token_ids`` are the generated ids up to and including the token that completed the stop
+  string or the end token.
+- ``finish_reason`` is "stop" (a stop string), "eos" (an end token) or "length" (max_new_tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+FINISH_REASONS = ("stop", "eos", "length")
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of a prompt."""
+
+    text: str  # generated text; includes the stop string when it stopped on one; excludes the end token
+    token_ids: list[int]  # generated ids (up to and including the stop/end token)
+    finish_reason: str  # "stop" (hit a stop string) | "eos" (end token) | "length"
+
+
+class Generator(Protocol):
+    """Any generation backend (pipeline.generation.hf, pipeline.generation.vllm_backend)."""
+
+    tokenizer: object
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        ...
+
+
+def check_sampling_args(n: int, temperature: float, top_p: float, max_new_tokens: int, stop: Sequence[str] | None) -> list[str]:
+    """Validate the arguments shared by every backend; returns the stop strings as a list."""
+    if n < 1:
+        raise ValueError(f"generate: n must be >= 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
+    if max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(stop, str):
+        raise ValueError(f"generate: stop must be a sequence of strings, got the string {stop!r}; wrap it in a list")
+    stops = list(stop or [])
+    if any(not s for s in stops):
+        raise ValueError("generate: stop strings must be non-empty")
+    return stops
+
+
+def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """Cut ``text`` right after the stop string that is completed first (earliest end).
+
+    Returns (text, True) when a stop string occurs, else (text, False).
+    """
+    best_end = None
+    for s in stops:
+        index = text.find(s)
+        if index >= 0:
+            end = index + len(s)
+            if best_end is None or end < best_end:
+                best_end = end
+    if best_end is None:
+        return text, False
+    return text[:best_end], True

@@ -1,0 +1,91 @@
+"""Loading models and tokenizers the same way in every stage.
+
+Device and dtype come from ModelConfig ("auto": CUDA when present, float32 on CPU and bfloat16
+on GPU). Tokenizers: a tokenizer trained locally with the `tokenizers` library and saved as a generic
+PreTrainedTokenizerFast (tokenizer_class "TokenizersBackend" in transformers 5) is reloaded as
+exactly that class, because AutoTokenizer with a Qwen2 config builds a Qwen2Tokenizer with Qwen's
+pre-tokenizer instead (DESIGN.md; checked with transformers 5.23) and the ids would change.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.config import ModelConfig
+
+# What save_pretrained writes as tokenizer_class for a tokenizer built from a `tokenizers`
+# object: "PreTrainedTokenizerFast" before transformers 5, "TokenizersBackend" (its v5 name) now.
+GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` -> cuda when available, else cpu; otherwise the named device (cpu, cuda, cuda:N)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"model.device is {name!r} but CUDA is not available on this machine; use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """``auto`` -> float32 on CPU, bfloat16 on GPU (float16 where bfloat16 is unsupported)."""
+    device = torch.device(device)
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype is {name!r}; expected one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _saved_tokenizer_class(path: str) -> str | None:
+    config_file = Path(path) / "tokenizer_config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        return json.loads(config_file.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (json.JSONDecodeError, OSError):
+        return None
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """The tokenizer saved at ``path`` (hub id or folder), with a pad token (eos when it has none)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if _saved_tokenizer_class(path) in GENERIC_TOKENIZER_CLASSES:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"{path}: the tokenizer has neither a pad token nor an eos token; the step format needs an end token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, model_config: ModelConfig, adapter: str | None = None, is_trainable: bool = False):
+    """A causal LM on the configured device and dtype, optionally with a peft adapter on top.
+
+    Honours model_config.device, dtype, attn_implementation and trust_remote_code. The model is
+    returned in eval mode; with an adapter it is a peft model (trainable when ``is_trainable``).
+    """
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(model_config.device)
+    dtype = resolve_dtype(model_config.dtype, device)
+    kwargs = {"dtype": dtype, "trust_remote_code": model_config.trust_remote_code}
+    if model_config.attn_implementation:
+        kwargs["attn_implementation"] = model_config.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=is_trainable).to(device)
+    model.eval()
+    return model
