@@ -1,0 +1,298 @@
+"""The Process Reward Model: a transformers backbone plus a scalar step-score head (paper 3.3).
+
+Input: the prompt (pipeline.prompts) followed by the solution's steps, tokenized segment by
+segment (pipeline.steps.encode_trajectory, no end token). The head reads the hidden state at
+the LAST token of every step (its separator), so one causal forward pass scores every step:
+
+    U(s_k | s_{k-1}) = sigmoid(head(h_k)),   h_k = hidden state at the last token of step k.
+
+A step's score sees only the prompt and the steps up to it (causal attention), so it equals the
+score of that prefix scored on its own.
+
+On disk (``save_pretrained``)::
+
+    backbone/         the transformers base model (AutoModel class, safetensors, sharded at 5 GB)
+    head.safetensors  weight (1, hidden) and bias (1,), float32
+    prm_config.json   format (separator, prompt template, ...), kind, base model and architecture
+    tokenizer files   when a tokenizer is given
+
+LoRA adapters are merged into the saved backbone weights (merge_lora_state_dict), so a
+saved PRM loads with plain transformers and needs no peft at scoring time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+PRM_CONFIG_NAME = "prm_config.json"
+HEAD_NAME = "head.safetensors"
+BACKBONE_DIR = "backbone"
+FORMAT_VERSION = 1
+
+_LORA_BASE_SUFFIX = re.compile(r"\.base_layer\.(weight|bias)$")
+
+
+@dataclass
+class PRMInfo:
+    """What a saved PRM needs besides its weights: how its inputs were built.
+
+    separator, prompt_template, use_chat_template, num_few_shot: the FormatConfig it was trained with
+    kind:              the prompt kind (tiny | math | gsm8k | sat) of pipeline.prompts.build_prompt
+    base_model:        hub id or path the backbone was initialised from
+    base_architecture: the backbone's transformers class (e.g. Qwen2Model)
+    """
+
+    separator: str = "\n"
+    prompt_template: str = "Question: {question}\nAnswer:\n"
+    use_chat_template: bool = True
+    num_few_shot: int = 0
+    kind: str = "math"
+    base_model: str = ""
+    base_architecture: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_format(cls, format_config, kind: str, base_model: str = "", base_architecture: str = "") -> "PRMInfo":
+        return cls(
+            separator=format_config.separator,
+            prompt_template=format_config.prompt_template,
+            use_chat_template=format_config.use_chat_template,
+            num_few_shot=format_config.num_few_shot,
+            kind=kind,
+            base_model=base_model,
+            base_architecture=base_architecture,
+        )
+
+    def format_config(self):
+        """The FormatConfig this PRM was trained with (what its scorer must use)."""
+        from pipeline.config import FormatConfig
+
+        return FormatConfig(
+            separator=self.separator,
+            prompt_template=self.prompt_template,
+            use_chat_template=self.use_chat_template,
+            num_few_shot=self.num_few_shot,
+        )
+
+
+def base_transformer(module: nn.Module) -> nn.Module:
+    """The transformers base model inside a causal LM, a base model, or a peft wrapper of either."""
+    if hasattr(module, "get_base_model"):  # peft
+        module = module.get_base_model()
+    return getattr(module, "base_model", module)
+
+
+def merge_lora_state_dict(state_dict: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
+    """A peft-LoRA backbone state dict -> the plain backbone's, adapters merged.
+
+    Keys ``base_model.model.<m>.base_layer.weight`` + ``<m>.lora_A.<name>.weight`` (r, in) +
+    ``<m>.lora_B.<name>.weight`` (out, r) become ``<m>.weight = W + scaling * B @ A``
+    (scaling = lora_alpha / r). Works on a gathered FSDP/DeepSpeed state dict as well as a local
+    one, and never touches the live model.
+    """
+    merged: dict[str, Tensor] = {}
+    lora: dict[str, dict[str, Tensor]] = {}
+    for key, value in state_dict.items():
+        name = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        if ".lora_A." in name or ".lora_B." in name:
+            module, which = (name.split(".lora_A.")[0], "A") if ".lora_A." in name else (name.split(".lora_B.")[0], "B")
+            lora.setdefault(module, {})[which] = value
+            continue
+        if ".lora_" in name:  # lora_embedding_*, lora_magnitude_*: not produced by our LoraConfig
+            raise ValueError(f"cannot merge LoRA parameter {key!r}: only Linear lora_A/lora_B adapters are supported")
+        merged[_LORA_BASE_SUFFIX.sub(r".\1", name)] = value
+    for module, pair in lora.items():
+        if set(pair) != {"A", "B"}:
+            raise ValueError(f"LoRA module {module!r} has {sorted(pair)} but needs both lora_A and lora_B")
+        weight = merged[f"{module}.weight"]
+        delta = (pair["B"].float() @ pair["A"].float()) * scaling
+        merged[f"{module}.weight"] = (weight.float() + delta.to(weight.device)).to(weight.dtype)
+    return merged
+
+
+class ProcessRewardModel(nn.Module):
+    """Backbone + Linear(hidden, 1) step-score head, read at each step's last token.
+
+    backbone: a transformers base model (e.g. LlamaModel; the ``base_model`` of a causal LM),
+              optionally wrapped by peft
+    info:     PRMInfo, how the inputs are built (saved beside the weights)
+    """
+
+    def __init__(self, backbone: nn.Module, info: PRMInfo, head: nn.Linear | None = None):
+        super().__init__()
+        backbone = base_transformer(backbone) if not hasattr(backbone, "get_base_model") else backbone
+        self.backbone = backbone
+        self.info = info
+        hidden = self.config.hidden_size
+        if head is None:
+            head = nn.Linear(hidden, 1)
+            std = float(getattr(self.config, "initializer_range", 0.02))
+            nn.init.normal_(head.weight, std=std)
+            nn.init.zeros_(head.bias)
+        # The head stays float32 whatever the backbone's dtype: it is tiny, and the logits feed a BCE.
+        self.head = head.float()
+
+    @classmethod
+    def from_backbone(cls, model: nn.Module, info: PRMInfo | None = None) -> "ProcessRewardModel":
+        """A PRM with a fresh head on an in-memory model: a causal LM (its base model is used,
+        its lm_head ignored; the weights are SHARED with ``model``, not copied) or a base model.
+        info defaults to PRMInfo() (plain prompt template, kind "math")."""
+        head_device = next(model.parameters()).device
+        return cls(base_transformer(model), info or PRMInfo()).to(head_device)
+
+    @property
+    def config(self):
+        return base_transformer(self.backbone).config
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, score_positions: Tensor | None = None) -> Tensor:
+        """Step-score logits.
+
+        input_ids:       (B, T) prompt + steps, right-padded
+        attention_mask:  (B, T) 1 for real tokens
+        score_positions: (B, S) index of each step's last token (padding: any valid index)
+        returns:         (B, S) logits, or (B, T) logits at every token when score_positions is None
+        """
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        if score_positions is not None:
+            index = score_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+            hidden = torch.gather(hidden, 1, index)
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+    # ------------------------------------------------------------------ LoRA
+
+    def add_lora(self, r: int, alpha: int, dropout: float, target_modules: list[str]) -> None:
+        """Wrap the backbone with peft LoRA adapters; the head stays fully trainable."""
+        from peft import LoraConfig, get_peft_model
+
+        lora_config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
+        self.backbone = get_peft_model(self.backbone, lora_config)
+        self.info.extra["lora_scaling"] = alpha / r
+
+    @property
+    def has_lora(self) -> bool:
+        return hasattr(self.backbone, "get_base_model")
+
+    # ------------------------------------------------------------------ save / load
+
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        tokenizer=None,
+        state_dict: dict[str, Tensor] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Path:
+        """Write backbone/ (safetensors), head.safetensors and prm_config.json (+ tokenizer).
+
+        state_dict: this module's full state dict when it must come from elsewhere (a gathered
+                    FSDP/DeepSpeed one: ``accelerator.get_state_dict(model)``); default: own.
+        dtype:      cast the backbone's floating weights to it (the head stays float32).
+        """
+        from huggingface_hub import save_torch_state_dict
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        (directory / BACKBONE_DIR).mkdir(parents=True, exist_ok=True)
+        full = state_dict if state_dict is not None else self.state_dict()
+        backbone_sd = {k[len("backbone."):]: v for k, v in full.items() if k.startswith("backbone.")}
+        head_sd = {k[len("head."):]: v for k, v in full.items() if k.startswith("head.")}
+        if any(".lora_" in k for k in backbone_sd):
+            backbone_sd = merge_lora_state_dict(backbone_sd, self.info.extra["lora_scaling"])
+        backbone_sd = {
+            k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().to("cpu").contiguous()
+            for k, v in backbone_sd.items()
+        }
+        base = base_transformer(self.backbone)
+        save_torch_state_dict(backbone_sd, directory / BACKBONE_DIR, max_shard_size="5GB")
+        base_config = copy.deepcopy(base.config)
+        base_config.architectures = [type(base).__name__]
+        if dtype is not None:
+            base_config.dtype = dtype
+        base_config.save_pretrained(directory / BACKBONE_DIR)
+        if getattr(base, "_auto_class", None) is not None:  # trust_remote_code models need their code beside the weights
+            from transformers.dynamic_module_utils import custom_object_save
+
+            custom_object_save(base, directory / BACKBONE_DIR, config=base_config)
+        save_file({k: v.detach().float().cpu().contiguous() for k, v in head_sd.items()}, str(directory / HEAD_NAME))
+        info = asdict(self.info)
+        info["base_architecture"] = info["base_architecture"] or type(base).__name__
+        info["format_version"] = FORMAT_VERSION
+        info["hidden_size"] = self.config.hidden_size
+        info["lora_merged"] = self.has_lora
+        (directory / PRM_CONFIG_NAME).write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(directory))
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, model_config=None) -> "ProcessRewardModel":
+        """Reload a saved PRM on model_config's device and dtype (ModelConfig; None: CPU float32)."""
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        directory = Path(directory)
+        info_path = directory / PRM_CONFIG_NAME
+        if not info_path.exists():
+            raise FileNotFoundError(f"{directory} is not a saved PRM: {PRM_CONFIG_NAME} is missing")
+        raw = json.loads(info_path.read_text(encoding="utf-8"))
+        known = {f for f in PRMInfo.__dataclass_fields__}
+        info = PRMInfo(**{k: v for k, v in raw.items() if k in known})
+        device, dtype = _device_and_dtype(model_config)
+        kwargs: dict[str, Any] = {"dtype": dtype}
+        if model_config is not None:
+            kwargs["trust_remote_code"] = model_config.trust_remote_code
+            if model_config.attn_implementation:
+                kwargs["attn_implementation"] = model_config.attn_implementation
+        backbone = AutoModel.from_pretrained(str(directory / BACKBONE_DIR), **kwargs)
+        head_sd = load_file(str(directory / HEAD_NAME))
+        head = nn.Linear(head_sd["weight"].shape[1], 1)
+        head.load_state_dict(head_sd)
+        model = cls(backbone, info, head=head)
+        return model.to(device).eval()
+
+
+def _device_and_dtype(model_config) -> tuple[torch.device, torch.dtype]:
+    if model_config is None:
+        return torch.device("cpu"), torch.float32
+    from pipeline.modeling import resolve_device, resolve_dtype
+
+    device = torch.device(resolve_device(model_config.device))
+    return device, resolve_dtype(model_config.dtype, device)
+
+
+def load_backbone(path: str, model_config, device: torch.device | str | None = None) -> nn.Module:
+    """The base model (AutoModel) of a hub id or local causal-LM checkpoint, in model_config's
+    dtype, on ``device`` (default: model_config.device; under accelerate launch the trainer
+    passes each process its own GPU).
+
+    AutoModel rather than pipeline.modeling.load_causal_lm: it skips the lm_head, which for a
+    7B model with a 152k vocabulary is half a gigabyte the PRM never uses.
+    """
+    from transformers import AutoModel
+
+    from pipeline.modeling import resolve_device, resolve_dtype
+
+    device = torch.device(device) if device is not None else resolve_device(model_config.device)
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(model_config.dtype, device), "trust_remote_code": model_config.trust_remote_code}
+    if model_config.attn_implementation:
+        kwargs["attn_implementation"] = model_config.attn_implementation
+    return AutoModel.from_pretrained(path, **kwargs).to(device)
+
+
+def new_prm(backbone_path: str, model_config, format_config, kind: str, device: torch.device | str | None = None) -> ProcessRewardModel:
+    """A PRM with a freshly initialised head on the backbone at ``backbone_path``."""
+    backbone = load_backbone(backbone_path, model_config, device)
+    info = PRMInfo.from_format(format_config, kind, base_model=str(backbone_path), base_architecture=type(backbone).__name__)
+    model = ProcessRewardModel(backbone, info)
+    return model.to(backbone.device)

@@ -1,0 +1,334 @@
+"""Held-out checks of a PRM (paper 3.3, appendix E.4; formulas in docs/prm.md).
+
+On held-out PRM records: BCE against the soft labels, step AUC (label > 0.5 is positive;
+Mann-Whitney with ties), Brier score, expected calibration error over equal-width bins and the
+reliability table behind it. The paper's E.4 check: alter the result of a calculation in steps
+labelled correct and measure how far the score falls. On PRM800K-format data: how often the
+PRM's first step scored below 0.5 is the human-labelled first error (or both say "none").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.io import RecordError, read_jsonl
+from prm.data import group_records
+
+# The result of a calculation: the number right after an '=' (an optional '$' between).
+_RESULT = re.compile(r"=\s*\$?\s*(-?\d+(?:\.\d+)?)")
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def mann_whitney_auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting 1/2.
+
+    Computed from average ranks (Mann-Whitney U): AUC = (R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg).
+    NaN when either class is empty.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    ranks = np.empty(len(scores), dtype=np.float64)
+    # Tied scores share the mean of the ranks they span (1-based).
+    _, starts, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    mean_ranks = starts + (counts + 1) / 2.0
+    ranks[order] = np.repeat(mean_ranks, counts)
+    rank_sum = ranks[positive].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def reliability_table(scores: Sequence[float], labels: Sequence[float], bins: int = 10) -> list[dict]:
+    """Equal-width bins of the score on [0, 1] (bin b holds b/bins <= score < (b+1)/bins, the last
+    one includes 1): per bin its edges, count, mean score and mean (soft) label."""
+    scores = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    index = np.clip(np.floor(scores * bins).astype(int), 0, bins - 1)
+    table = []
+    for b in range(bins):
+        inside = index == b
+        count = int(inside.sum())
+        table.append({
+            "lo": b / bins,
+            "hi": (b + 1) / bins,
+            "count": count,
+            "mean_score": float(scores[inside].mean()) if count else None,
+            "mean_label": float(labels[inside].mean()) if count else None,
+        })
+    return table
+
+
+def expected_calibration_error(scores: Sequence[float], labels: Sequence[float], bins: int = 10) -> float:
+    """ECE = sum over bins of (n_b / N) * |mean label_b - mean score_b| (equal-width bins, soft labels)."""
+    table = reliability_table(scores, labels, bins)
+    total = sum(row["count"] for row in table)
+    if total == 0:
+        return float("nan")
+    return float(sum(row["count"] / total * abs(row["mean_label"] - row["mean_score"]) for row in table if row["count"]))
+
+
+def brier_score(scores: Sequence[float], labels: Sequence[float]) -> float:
+    """Mean of (score - label)^2 against the soft labels."""
+    scores = np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.float64)
+    return float(np.mean((scores - labels) ** 2)) if len(scores) else float("nan")
+
+
+# ----------------------------------------------------------------------------- scoring records
+
+
+def record_logits(scorer, records: Sequence[dict], merge_prefixes: bool = True) -> np.ndarray:
+    """The PRM's logit for each record's step, from one forward pass per packed sequence."""
+    sequences, slots = group_records(records, merge_prefixes)
+    logits = scorer.logits_many([(s.question, s.steps) for s in sequences])
+    return np.array([float(logits[seq][step]) for seq, step in slots], dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------- E.4 corruption
+
+
+def corrupt_step(step: str, seed: int = 0) -> str | None:
+    """The step with the result of its last calculation changed, or None if it has none.
+
+    The result is the number right after the last '=' followed by a number; it is increased by
+    1..9, chosen from sha256(seed, step), so the same step is always corrupted the same way.
+    """
+    matches = list(_RESULT.finditer(step))
+    if not matches:
+        return None
+    match = matches[-1]
+    text = match.group(1)
+    delta = 1 + int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode("utf-8")).digest()[:4], "big") % 9
+    if "." in text:
+        decimals = len(text.split(".")[1])
+        new = f"{float(text) + delta:.{decimals}f}"
+    else:
+        new = str(int(text) + delta)
+    return step[: match.start(1)] + new + step[match.end(1) :]
+
+
+def corruption_check(scorer, records: Sequence[dict], max_examples: int = 200, seed: int = 0, min_label: float = 0.9) -> dict:
+    """Mean score drop when a correct step's result is altered (paper E.4).
+
+    Steps with label >= min_label that have a result to alter; at most max_examples of them,
+    drawn with Random(seed). drop = U(original) - U(corrupted), each scored after its own prefix.
+    """
+    candidates = [(r, c) for r in records if float(r["label"]) >= min_label for c in [corrupt_step(r["step"], seed)] if c is not None]
+    if len(candidates) > max_examples:
+        candidates = random.Random(seed).sample(candidates, max_examples)
+    if not candidates:
+        return {"n": 0, "mean_drop": None, "share_lower": None, "mean_original": None, "mean_corrupted": None}
+    solutions = []
+    for record, corrupted in candidates:
+        solutions.append((record["question"], list(record["prefix_steps"]) + [record["step"]]))
+        solutions.append((record["question"], list(record["prefix_steps"]) + [corrupted]))
+    scores = [row[-1] for row in scorer.score_many(solutions)]
+    original = np.array(scores[0::2])
+    corrupted = np.array(scores[1::2])
+    drop = original - corrupted
+    return {
+        "n": len(candidates),
+        "mean_drop": float(drop.mean()),
+        "share_lower": float((drop > 0).mean()),
+        "mean_original": float(original.mean()),
+        "mean_corrupted": float(corrupted.mean()),
+        "examples": [{"step": r["step"], "corrupted": c, "drop": float(d)} for (r, c), d in list(zip(candidates, drop))[:5]],
+    }
+
+
+# ----------------------------------------------------------------------------- PRM800K
+
+
+@dataclass
+class LabelledSolution:
+    """A solution with human step ratings (1 good, 0 neutral, -1 wrong; None unrated).
+
+    first_error: index of the first step rated -1, None when no step is
+    """
+
+    question: str
+    steps: list[str]
+    ratings: list[int | None]
+    source_line: int = 0
+
+    @property
+    def first_error(self) -> int | None:
+        return next((k for k, rating in enumerate(self.ratings) if rating == -1), None)
+
+
+def _prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, int | None, bool]:
+    """(text, rating, last): the step the solution path takes at this position."""
+    where = f"{path}:{line_no}: field 'label.steps[{index}]"
+    if not isinstance(step, dict) or not isinstance(step.get("completions"), list):
+        raise RecordError(f"{where}.completions': expected a list of {{text, rating}}")
+    completions = step["completions"]
+    for j, completion in enumerate(completions):
+        if not isinstance(completion, dict) or not isinstance(completion.get("text"), str):
+            raise RecordError(f"{where}.completions[{j}].text': expected a string")
+        if completion.get("rating") not in (-1, 0, 1, None):
+            raise RecordError(f"{where}.completions[{j}].rating': expected -1, 0, 1 or null, got {completion.get('rating')!r}")
+    chosen = step.get("chosen_completion")
+    human = step.get("human_completion")
+    if isinstance(chosen, int) and not isinstance(chosen, bool):
+        if not 0 <= chosen < len(completions):
+            raise RecordError(f"{where}.chosen_completion': index {chosen} outside the {len(completions)} completions")
+        return completions[chosen]["text"], completions[chosen]["rating"], False
+    if human is not None:
+        text = human.get("text") if isinstance(human, dict) else human
+        if not isinstance(text, str):
+            raise RecordError(f"{where}.human_completion': expected a string or {{text}}")
+        rating = human.get("rating") if isinstance(human, dict) else None
+        return text, (1 if rating is None else rating), False  # the labeler wrote it as a correct step
+    if not completions:
+        raise RecordError(f"{where}.completions': empty, and no chosen or human completion")
+    # No completion chosen: the labeler stopped here. The path ends on the step that stopped
+    # them (the first one rated -1), else on the first completion (the pre-generated step).
+    wrong = next((c for c in completions if c["rating"] == -1), completions[0])
+    return wrong["text"], wrong["rating"], True
+
+
+def validate_prm800k_record(obj: Any, path: str, line_no: int) -> None:
+    if not isinstance(obj.get("question"), dict) or not isinstance(obj["question"].get("problem"), str):
+        raise RecordError(f"{path}:{line_no}: field 'question.problem': expected a string")
+    if not isinstance(obj.get("label"), dict) or not isinstance(obj["label"].get("steps"), list):
+        raise RecordError(f"{path}:{line_no}: field 'label.steps': expected a list")
+
+
+def load_prm800k(path: str | Path) -> list[LabelledSolution]:
+    """PRM800K-format solutions: the path through the chosen (or human) completion of each step,
+    ending where the labeler stopped; step ratings from the completions taken."""
+    solutions = []
+    line = [0]
+
+    def validate(obj: Any, where: str, line_no: int) -> None:
+        validate_prm800k_record(obj, where, line_no)
+        line[0] = line_no
+
+    for obj in read_jsonl(path, validate=validate):
+        line_no = line[0]
+        steps, ratings = [], []
+        for index, step in enumerate(obj["label"]["steps"]):
+            text, rating, last = _prm800k_step(step, str(path), line_no, index)
+            steps.append(text)
+            ratings.append(rating)
+            if last:
+                break
+        solutions.append(LabelledSolution(obj["question"]["problem"], steps, ratings, line_no))
+    return solutions
+
+
+def first_error_accuracy(scorer, solutions: Sequence[LabelledSolution], threshold: float = 0.5) -> dict:
+    """Share of solutions whose predicted first error (first step with U < threshold, or none)
+    is the labelled one (first step rated -1, or none)."""
+    usable = [s for s in solutions if s.steps]
+    if not usable:
+        return {"n": 0, "accuracy": None}
+    scores = scorer.score_many([(s.question, s.steps) for s in usable])
+    agree, agree_with_error, n_with_error, details = 0, 0, 0, []
+    for solution, row in zip(usable, scores):
+        predicted = next((k for k, u in enumerate(row) if u < threshold), None)
+        hit = predicted == solution.first_error
+        agree += hit
+        if solution.first_error is not None:
+            n_with_error += 1
+            agree_with_error += hit
+        details.append({"line": solution.source_line, "n_steps": len(solution.steps), "first_error": solution.first_error, "predicted": predicted})
+    return {
+        "n": len(usable),
+        "accuracy": agree / len(usable),
+        "n_with_error": n_with_error,
+        "accuracy_with_error": agree_with_error / n_with_error if n_with_error else None,
+        "threshold": threshold,
+        "solutions": details,
+    }
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def validate_prm(
+    scorer,
+    records: Sequence[dict],
+    *,
+    bins: int = 10,
+    corrupt_examples: int = 200,
+    prm800k_path: str | Path | None = None,
+    seed: int = 0,
+    merge_prefixes: bool = True,
+) -> dict:
+    """Every held-out check of a PRM scorer on PRM records (+ PRM800K when a path is given)."""
+    labels = np.array([float(r["label"]) for r in records], dtype=np.float64)
+    report: dict[str, Any] = {"n_records": len(records)}
+    if len(records):
+        logits = record_logits(scorer, records, merge_prefixes)
+        scores = 1.0 / (1.0 + np.exp(-logits))
+        bce = F.binary_cross_entropy_with_logits(torch.from_numpy(logits), torch.from_numpy(labels)).item()
+        positive = labels > 0.5
+        table = reliability_table(scores, labels, bins)
+        report.update({
+            "bce": bce,
+            "auc": mann_whitney_auc(scores, positive),
+            "n_positive": int(positive.sum()),
+            "n_negative": int((~positive).sum()),
+            "brier": brier_score(scores, labels),
+            "ece": expected_calibration_error(scores, labels, bins),
+            "mean_score": float(scores.mean()),
+            "mean_label": float(labels.mean()),
+            "reliability": table,
+        })
+        report["corruption"] = corruption_check(scorer, records, corrupt_examples, seed) if corrupt_examples > 0 else None
+    if prm800k_path:
+        report["prm800k"] = first_error_accuracy(scorer, load_prm800k(prm800k_path))
+    return report
+
+
+def plot_reliability(table: Sequence[dict], path: str | Path, title: str = "PRM calibration") -> Path:
+    """Reliability diagram (mean label against mean score per bin) with the bin counts below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    filled = [row for row in table if row["count"]]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+    top.plot([r["mean_score"] for r in filled], [r["mean_label"] for r in filled], marker="o", label="PRM")
+    top.set_ylabel("mean label")
+    top.set_xlim(0, 1)
+    top.set_ylim(0, 1)
+    top.legend(loc="upper left")
+    top.set_title(title)
+    width = table[0]["hi"] - table[0]["lo"] if table else 0.1
+    bottom.bar([r["lo"] for r in table], [r["count"] for r in table], width=width, align="edge", edgecolor="black")
+    bottom.set_xlabel("predicted step score U")
+    bottom.set_ylabel("steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_validation(report: dict, directory: str | Path) -> None:
+    """validation.json and calibration.png in ``directory``."""
+    from pipeline.io import write_json_atomic
+
+    directory = Path(directory)
+    write_json_atomic(directory / "validation.json", report)
+    if report.get("reliability"):
+        plot_reliability(report["reliability"], directory / "calibration.png")

@@ -1,0 +1,367 @@
+"""The process reward model: one-pass scoring, loss, training, save/load, validation metrics."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import FormatConfig, load_config
+from pipeline.io import RecordError
+from prm.data import PRMCollator, PRMDataset, group_records, read_prm_records
+from prm.model import PRMInfo, ProcessRewardModel
+from prm.scorer import PRMScorer
+from prm.train import prm_bce_loss, train_prm
+from prm.validation import (
+    corrupt_step,
+    expected_calibration_error,
+    first_error_accuracy,
+    load_prm800k,
+    mann_whitney_auc,
+    reliability_table,
+    validate_prm,
+)
+
+FORMAT = FormatConfig(separator="\n", prompt_template="Question: {question}\nAnswer:\n", use_chat_template=False)
+WORDS = ["Question:", "Answer:", "What", "is", "x", "y", "=", "+", "-", "?", "The", "answer", "then"]
+
+
+def make_tokenizer():
+    """Word-level tokenizer: spaces separate words, every newline is a token of its own."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(["[PAD]", "[UNK]", "[EOS]", "\n", *WORDS, *map(str, range(40))])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"), pre_tokenizers.Split(Regex("\n"), behavior="isolated")]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token="[EOS]", unk_token="[UNK]")
+
+
+def make_prm(tokenizer, seed: int = 0, hidden: int = 32) -> ProcessRewardModel:
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, attn_implementation="eager",
+    )
+    return ProcessRewardModel(LlamaModel(config), PRMInfo.from_format(FORMAT, "tiny"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models on 2 busy cores run many times faster on one thread (DESIGN.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer()
+
+
+def arithmetic_solution(rng: random.Random, n_steps: int, wrong_at: int | None = None) -> tuple[str, list[str]]:
+    a, b = rng.randint(0, 4), rng.randint(0, 4)
+    question = f"What is {a} + {b} ?"
+    steps, value = [], a
+    for k in range(n_steps):
+        c = rng.randint(0, 4)
+        result = value + c + (rng.randint(1, 3) if k == wrong_at else 0)
+        steps.append(f"x = {value} + {c} = {result}")
+        value = result
+    return question, steps
+
+
+def arithmetic_records(n: int, seed: int, top: int = 4) -> list[dict]:
+    """One-step problems 'x = a + b = c' (a, b <= top), labelled 1 when c is right, 0 when it is off by 1-3."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        a, b = rng.randint(0, top), rng.randint(0, top)
+        correct = rng.random() < 0.5
+        c = a + b if correct else a + b + rng.randint(1, 3)
+        records.append({"problem_id": f"p{seed}-{i}", "question": f"What is {a} + {b} ?", "prefix_steps": [],
+                        "step": f"x = {a} + {b} = {c}", "label": 1.0 if correct else 0.0, "origin": "mcts"})
+    return records
+
+
+def tiny_config(**prm):
+    config = load_config(None, ["model.device=cpu", "model.dtype=float32", "model.attn_implementation=eager", "format.use_chat_template=false"])
+    for key, value in prm.items():
+        setattr(config.prm, key, value)
+    return config
+
+
+# ----------------------------------------------------------------------------- model and scorer
+
+
+def test_one_pass_scores_equal_scoring_each_prefix(tokenizer):
+    scorer = PRMScorer(make_prm(tokenizer), tokenizer, FORMAT, "tiny", batch_size=4)
+    rng = random.Random(0)
+    solutions = [arithmetic_solution(rng, n) for n in (1, 3, 5, 8)]
+    one_pass = scorer.score_many(solutions)
+    for (question, steps), scores in zip(solutions, one_pass):
+        assert len(scores) == len(steps)
+        for k in range(len(steps)):
+            alone = scorer.score(question, steps[: k + 1])[-1]  # the prefix in a batch of its own
+            assert abs(alone - scores[k]) < 1e-5
+    logs = scorer.log_scores_many(solutions)
+    for scores, log_scores in zip(one_pass, logs):
+        assert np.allclose(np.log(scores), log_scores, atol=1e-6)
+    assert scorer.score_many([("What is 1 + 1 ?", [])]) == [[]]
+
+
+def test_save_and_reload_give_identical_scores(tokenizer, tmp_path):
+    model = make_prm(tokenizer, seed=1)
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # non-trivial scores
+    scorer = PRMScorer(model, tokenizer, FORMAT, "tiny")
+    solutions = [arithmetic_solution(random.Random(i), 4) for i in range(5)]
+    before = scorer.score_many(solutions)
+    model.save_pretrained(tmp_path / "prm", tokenizer=tokenizer)
+    saved = json.loads((tmp_path / "prm" / "prm_config.json").read_text())
+    assert (saved["separator"], saved["kind"], saved["base_architecture"]) == ("\n", "tiny", "LlamaModel")
+    config = tiny_config()
+    reloaded = PRMScorer.from_pretrained(tmp_path / "prm", config)
+    assert reloaded.kind == "tiny" and reloaded.format_config.prompt_template == FORMAT.prompt_template
+    assert reloaded.score_many(solutions) == before
+
+
+def test_lora_adapters_are_merged_on_save(tokenizer, tmp_path):
+    model = make_prm(tokenizer, seed=2)
+    model.add_lora(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.2)  # peft initialises B to 0: make the adapter matter
+    model.eval()
+    solutions = [arithmetic_solution(random.Random(i), 3) for i in range(3)]
+    before = PRMScorer(model, tokenizer, FORMAT, "tiny").score_many(solutions)
+    model.save_pretrained(tmp_path / "lora", tokenizer=tokenizer)
+    after = PRMScorer.from_pretrained(tmp_path / "lora", tiny_config()).score_many(solutions)
+    assert not PRMScorer(make_prm(tokenizer, seed=2), tokenizer, FORMAT, "tiny").score_many(solutions) == before
+    assert np.allclose(np.concatenate(before), np.concatenate(after), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_records_that_are_prefixes_share_one_sequence():
+    base = {"problem_id": "p", "question": "q", "origin": "mcts"}
+    records = [
+        {**base, "prefix_steps": [], "step": "a", "label": 1.0},
+        {**base, "prefix_steps": ["a", "b"], "step": "c", "label": 0.5},
+        {**base, "prefix_steps": ["a"], "step": "b", "label": 0.2},
+        {**base, "prefix_steps": ["a"], "step": "b", "label": 0.4},  # same path: mean label, weight 2
+        {**base, "prefix_steps": ["a"], "step": "z", "label": 0.0},  # a branch: its own sequence
+    ]
+    sequences, slots = group_records(records)
+    assert [s.steps for s in sequences] == [["a", "b", "c"], ["a", "z"]]
+    assert sequences[0].labels == {0: (1.0, 1.0), 1: (pytest.approx(0.3), 2.0), 2: (0.5, 1.0)}
+    assert slots == [(0, 0), (0, 2), (0, 1), (0, 1), (1, 1)]
+    unmerged, _ = group_records(records, merge_prefixes=False)
+    assert len(unmerged) == 4
+
+
+def test_collator_puts_labels_at_each_steps_last_token(tokenizer):
+    records = [
+        {"problem_id": "p", "question": "What is 1 + 2 ?", "prefix_steps": ["x = 1 + 2 = 3"], "step": "x = 3 + 1 = 4", "label": 0.75, "origin": "augmented"},
+        {"problem_id": "p", "question": "What is 1 + 2 ?", "prefix_steps": [], "step": "x = 1 + 2 = 3", "label": 1.0, "origin": "mcts"},
+    ]
+    dataset = PRMDataset(records, tokenizer, FORMAT, "tiny", max_length=512)
+    assert len(dataset) == 1
+    batch = PRMCollator(tokenizer.pad_token_id)([dataset[0]])
+    newline = tokenizer.convert_tokens_to_ids("\n")
+    positions = batch["score_positions"][0].tolist()
+    assert [batch["input_ids"][0, p].item() for p in positions] == [newline, newline]
+    assert batch["labels"][0].tolist() == [1.0, 0.75]
+    short = PRMDataset(records, tokenizer, FORMAT, "tiny", max_length=positions[0] + 1)
+    assert short.dropped_labels == 1 and short[0].labels == [1.0] and len(short[0]) == positions[0] + 1
+
+
+def test_malformed_record_names_file_line_and_field(tmp_path):
+    good = {"problem_id": "p", "question": "q", "prefix_steps": [], "step": "s", "label": 0.5, "origin": "mcts"}
+    path = tmp_path / "prm_train.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "label": 1.5}) + "\n")
+    with pytest.raises(RecordError, match=rf"^{path}:2: field 'label': expected a number in \[0, 1\]"):
+        read_prm_records(path)
+    path.write_text(json.dumps({k: v for k, v in good.items() if k != "origin"}) + "\n")
+    with pytest.raises(RecordError, match=rf"^{path}:1: missing field 'origin'"):
+        read_prm_records(path)
+    path.write_text(json.dumps({**good, "prefix_steps": "s"}) + "\n")
+    with pytest.raises(RecordError, match=rf"^{path}:1: field 'prefix_steps'"):
+        read_prm_records(path)
+
+
+# ----------------------------------------------------------------------------- loss and training
+
+
+def test_bce_loss_on_a_hand_example():
+    logits = torch.tensor([[0.0, 2.0, -1.0], [1.5, 0.3, 0.0]])
+    labels = torch.tensor([[0.5, 1.0, 0.2], [0.0, 0.9, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    # BCE(x, y) = -(y log s(x) + (1 - y) log(1 - s(x))), s = sigmoid, written out:
+    #   (0, .5): log 2 = 0.693147;  (2, 1): log(1 + e^-2) = 0.126928
+    #   (-1, .2): .2 log(1 + e) + .8 log(1 + e^-1) = 0.262652 + 0.250609 = 0.513262;  (1.5, 0): log(1 + e^1.5) = 1.701413
+    expected = (0.693147 + 0.126928 + 0.513262 + 1.701413) / 4
+    loss = prm_bce_loss(logits, labels, mask)
+    assert loss.item() == pytest.approx(expected, abs=1e-5)
+    reference = torch.nn.BCEWithLogitsLoss()(logits[mask], labels[mask])
+    assert loss.item() == pytest.approx(reference.item(), abs=1e-6)
+    # A weight of 2 counts a position twice.
+    weights = mask.float()
+    weights[0, 1] = 2.0
+    doubled = torch.nn.BCEWithLogitsLoss()(torch.cat([logits[mask], logits[0, 1:2]]), torch.cat([labels[mask], labels[0, 1:2]]))
+    assert prm_bce_loss(logits, labels, weights).item() == pytest.approx(doubled.item(), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_tiny_prm_learns_a_separable_step_dataset(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    config = tiny_config(lr=3e-3, batch_size=32, micro_batch_size=32, epochs=20.0, warmup_ratio=0.05, log_every=20, weight_decay=0.0)
+    train, val = arithmetic_records(400, seed=1, top=3), arithmetic_records(200, seed=2, top=3)
+    metrics = train_prm(config, train, val, tmp_path, model=make_prm(tokenizer, hidden=64), tokenizer=tokenizer, kind="tiny", progress=False)
+    scorer = PRMScorer.from_pretrained(tmp_path / "model", config)
+    report = validate_prm(scorer, val, corrupt_examples=50)
+    assert report["auc"] > 0.95, (report["auc"], metrics)
+    assert report["corruption"]["n"] > 0 and report["corruption"]["mean_drop"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["step"] == metrics["steps"] and {"loss", "lr", "examples_per_s"} <= set(lines[-1])
+    assert metrics["val_bce"] < 0.5
+
+
+
+def test_interrupted_training_resumes_to_the_same_model(tokenizer, tmp_path, monkeypatch):
+    config = tiny_config(lr=1e-2, batch_size=8, micro_batch_size=4, epochs=1.0, save_every=2, log_every=1)
+    train = arithmetic_records(40, seed=3)
+    solutions = [arithmetic_solution(random.Random(i), 2) for i in range(4)]
+
+    def final_scores(directory):
+        return PRMScorer.from_pretrained(directory / "model", config).score_many(solutions)
+
+    straight = train_prm(config, train, None, tmp_path / "straight", model=make_prm(tokenizer), tokenizer=tokenizer, progress=False)
+    assert (straight["steps"], straight["micro_batches"], straight["accumulation"]) == (5, 10, 2)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:  # killed after the last checkpoint (step 4), before model/ is written
+        patch.setattr(ProcessRewardModel, "save_pretrained", crash)
+        with pytest.raises(KeyboardInterrupt):
+            train_prm(config, train, None, tmp_path / "resumed", model=make_prm(tokenizer), tokenizer=tokenizer, progress=False)
+    assert json.loads((tmp_path / "resumed" / "checkpoints" / "last" / "trainer_state.json").read_text()) == {"step": 4}
+    resumed = train_prm(config, train, None, tmp_path / "resumed", model=make_prm(tokenizer, seed=9), tokenizer=tokenizer, progress=False)
+    assert (resumed["resumed_from"], resumed["steps"], resumed["micro_batches"]) == (4, 5, 2)
+    assert not (tmp_path / "resumed" / "checkpoints" / "last").exists()
+    assert np.allclose(np.concatenate(final_scores(tmp_path / "straight")), np.concatenate(final_scores(tmp_path / "resumed")), atol=1e-6)
+    steps_logged = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps_logged == [1, 2, 3, 4, 5]
+
+# ----------------------------------------------------------------------------- validation metrics
+
+
+def test_auc_matches_brute_force_pair_counting():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n = int(rng.integers(2, 40))
+        scores = np.round(rng.random(n), 1)  # many ties
+        positive = rng.random(n) < 0.5
+        pairs = [(p, q) for p, q in itertools.product(scores[positive], scores[~positive])]
+        if not pairs:
+            assert math.isnan(mann_whitney_auc(scores, positive))
+            continue
+        brute = sum(1.0 if p > q else 0.5 if p == q else 0.0 for p, q in pairs) / len(pairs)
+        assert mann_whitney_auc(scores, positive) == pytest.approx(brute, abs=1e-12)
+
+
+def test_ece_on_a_hand_example():
+    scores, labels = [0.05, 0.15, 0.15, 0.95], [0.0, 1.0, 0.0, 1.0]
+    # bins [0, .1): |0 - .05| x 1/4; [.1, .2): |.5 - .15| x 2/4; [.9, 1]: |1 - .95| x 1/4
+    assert expected_calibration_error(scores, labels) == pytest.approx(0.0125 + 0.175 + 0.0125)
+    table = reliability_table(scores, labels)
+    assert [row["count"] for row in table] == [1, 2, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert table[1]["mean_label"] == 0.5 and table[2]["mean_score"] is None
+    assert expected_calibration_error([1.0], [1.0]) == 0.0
+
+
+def test_corruption_changes_the_result_of_the_last_calculation():
+    step = "x = 3 + 4 = 7"
+    corrupted = corrupt_step(step, seed=0)
+    assert corrupted.startswith("x = 3 + 4 = ") and 8 <= int(corrupted.rsplit(" ", 1)[1]) <= 16
+    assert corrupt_step(step, seed=0) == corrupted  # deterministic
+    assert corrupt_step("So $2 \\cdot 5 = 10$ apples, and 10 - 4 = 6 remain.", seed=3).endswith("remain.")
+    assert "10 - 4 = 6 " not in corrupt_step("So $2 \\cdot 5 = 10$ apples, and 10 - 4 = 6 remain.", seed=3)
+    assert corrupt_step("The price is $x = 2.50$", seed=1) != "The price is $x = 2.50$"
+    assert corrupt_step("no calculation here", seed=0) is None
+
+
+class FixedScorer:
+    """Scores step k of every solution from a table, for testing the bookkeeping."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def score_many(self, solutions):
+        return [row[: len(steps)] for row, (_, steps) in zip(self.rows, solutions)]
+
+
+def test_prm800k_sample_parses_and_first_error_accuracy(benchmarks_dir):
+    solutions = load_prm800k(benchmarks_dir / "prm800k_phase2_sample.jsonl")
+    assert len(solutions) == 9
+    raw = [json.loads(line) for line in (benchmarks_dir / "prm800k_phase2_sample.jsonl").read_text().splitlines() if line.strip()]
+    for solution, record in zip(solutions, raw):
+        assert solution.question == record["question"]["problem"]
+        assert len(solution.steps) == len(record["label"]["steps"])  # each sample ends on the error found
+        assert solution.first_error == len(solution.steps) - 1
+        assert solution.ratings[-1] == -1 and all(r in (0, 1) for r in solution.ratings[:-1])
+    # A PRM that flags exactly the last step agrees everywhere; one that flags nothing, nowhere.
+    perfect = FixedScorer([[0.9] * (len(s.steps) - 1) + [0.1] for s in solutions])
+    assert first_error_accuracy(perfect, solutions)["accuracy"] == 1.0
+    assert first_error_accuracy(FixedScorer([[0.9] * len(s.steps) for s in solutions]), solutions)["accuracy"] == 0.0
+
+
+def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmarks_dir):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from stages import train_prm as stage
+
+    run_dir = tmp_path / "runs" / "t"
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256))
+    lm.save_pretrained(run_dir / "bootstrap" / "model")
+    tokenizer.save_pretrained(run_dir / "bootstrap" / "model")
+    for name, records in (("prm_train", arithmetic_records(40, 1)), ("prm_val", arithmetic_records(20, 2))):
+        path = run_dir / "augment" / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = ["--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t", "prm.kind=tiny", "prm.epochs=1",
+            "prm.batch_size=8", "prm.micro_batch_size=4", "prm.corrupt_examples=5",
+            f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}"]
+    result = stage.main(args)
+    out = run_dir / "prm"
+    for name in ("model/prm_config.json", "model/head.safetensors", "metrics.jsonl", "validation.json", "calibration.png", "config.yaml"):
+        assert (out / name).exists(), name
+    assert result["train"]["steps"] == 5
+    report = json.loads((out / "validation.json").read_text())
+    assert report["n_records"] == 20 and 0.0 <= report["auc"] <= 1.0 and report["prm800k"]["n"] == 9
+    again = stage.main(args + ["prm.eval_only=true", "prm.corrupt_examples=0"])
+    assert "train" not in again and again["validation"]["bce"] == pytest.approx(report["bce"], abs=1e-6)
+
+
+
+def test_one_pass_bench_runs_and_checks_agreement(tokenizer):
+    from prm.bench import bench_prm_one_pass, synthetic_solutions
+
+    solutions = synthetic_solutions(3, 8, seed=1)
+    assert all(len(steps) == 8 for _, steps in solutions)
+    result = bench_prm_one_pass(PRMScorer(make_prm(tokenizer), tokenizer, FORMAT, "tiny"), n_solutions=2, n_steps=3, repeats=1)
+    assert set(result) == {"ours_s", "reference_s", "ratio"} and result["ours_s"] > 0
