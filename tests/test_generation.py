@@ -6,7 +6,6 @@ Tiny models are built from configs and a character-level tokenizer built here; n
 
 from __future__ import annotations
 
-import json
 import sys
 from types import SimpleNamespace
 

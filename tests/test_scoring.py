@@ -127,3 +127,16 @@ def test_segments_from_encode_trajectory():
         steps, terminations, _, _ = brute_force(model64, seg)
         torch.testing.assert_close(result.step_logprobs[b, : seg.num_steps].double(), torch.tensor(steps, dtype=torch.float64), atol=2e-5, rtol=0)
         torch.testing.assert_close(result.termination_logprobs[b, : seg.num_steps + 1].double(), torch.tensor(terminations, dtype=torch.float64), atol=2e-5, rtol=0)
+
+
+def test_peft_wrapped_policy_scores_like_its_merged_weights_and_trains_its_adapter():
+    from peft import LoraConfig, get_peft_model
+
+    batch = random_trajectories(random.Random(6), 4)
+    peft_model = get_peft_model(make_model("llama", 6), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    result = trajectory_logprobs(peft_model, batch, PAD, with_grad=True)
+    result.step_logprobs.sum().backward()
+    lora_grads = [p.grad for name, p in peft_model.named_parameters() if "lora_" in name]
+    assert lora_grads and all(g is not None and g.abs().sum() > 0 for g in lora_grads)
+    merged = trajectory_logprobs(peft_model.merge_and_unload(), batch, PAD)
+    torch.testing.assert_close(result.step_logprobs.detach(), merged.step_logprobs, atol=1e-5, rtol=0)

@@ -4,16 +4,17 @@ One call handles many prompts. Prompts are sorted by token length and packed int
 most ``batch_size`` sequences (prompts x samples), so a chunk's prompts have similar lengths and
 little left padding. For each chunk:
 
-1. one forward pass over the left-padded prompts fills a DynamicCache (logits of the last
-   position only);
+1. one forward pass over the left-padded prompts fills the cache (logits of the last position
+   only; full-attention layers use PreallocatedLayer, which appends in place);
 2. the cache rows are expanded to one row per sample with ``batch_select_indices`` on the
    index vector ``[0]*n_0 + [1]*n_1 + ...`` (a row gather; ``batch_repeat_interleave`` is the
    same thing for a constant n), so the prompt is encoded once, not n times;
 3. tokens are decoded one at a time with our own sampler (temperature, top-p; temperature 0 is
    argmax), under ``torch.inference_mode``;
 4. a sequence finishes on an end token, on a stop string (checked on the decoded tail of the
-   sequence), or at ``max_new_tokens``; finished rows leave the batch (the cache, mask and
-   positions are gathered down to the live rows) so later steps cost only what is still live.
+   sequence), or at ``max_new_tokens``; once finished rows are a quarter of the batch they
+   leave it (the cache, mask and positions are gathered down to the live rows), so later
+   steps cost only what is still live.
 
 Sampling is deterministic for a given seed and call (a torch.Generator on the model's device).
 """
@@ -189,8 +190,8 @@ class HFGenerator:
     end_token_ids: override the end tokens (default: the tokenizer's eos only)
     compact_fraction: finished rows are dropped from the batch once they make up at least this
                 share of it (0: at every step they appear; > 1: never, finished rows are masked).
-                0.25 measured fastest on CPU: about 2x faster than dropping at every step (each
-                drop copies the cache) and 2.5x faster than masking (docs/generation.md)
+                0.25 measured fastest on CPU: 1.3-1.8x faster than dropping at every step (each
+                drop copies the cache) and 2-3x faster than masking (docs/generation.md)
     """
 
     def __init__(
@@ -336,7 +337,7 @@ class HFGenerator:
             token_list = tokens.tolist()
             newly_finished = 0
             stop_candidates = []
-            for i, (seq, token) in enumerate(zip(rows, token_list)):
+            for seq, token in zip(rows, token_list):
                 if finish[seq] is not None:
                     continue
                 generated[seq].append(token)
