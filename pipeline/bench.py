@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from pipeline.mcts import MCTSParams, RolloutFn, run_mcts
+from pipeline.config import MCTSConfig
+from pipeline.mcts import RolloutFn, run_mcts
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -21,7 +22,7 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def bench_mcts_batched(problems: Sequence[tuple[str, str]], params: MCTSParams, batched_fn: RolloutFn) -> dict:
+def bench_mcts_batched(problems: Sequence[tuple[str, str]], params: MCTSConfig, batched_fn: RolloutFn) -> dict:
     """MCTS completions per second: every pending prefix of a round in one generator call (ours)
     vs one generator call per prefix (the reference implementation's approach), same k, budget.
 

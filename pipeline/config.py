@@ -187,52 +187,54 @@ class PRMConfig:
 
 
 @dataclass
-class GFNConfig:
-    """Step-level GFlowNet fine-tuning (paper 4, appendices F-H)."""
+class StepTrainingConfig:
+    """What the GFlowNet and PPO trainers share: the loop, sampling, optimiser and LoRA."""
 
-    loss: str = "subtb"  # subtb | tb | tb_vargrad
-    lam: float = 1.0  # SubTB lambda
     lr: float = 5e-4  # paper: 5e-6
-    scheduler: str = "cosine"
+    scheduler: str = "cosine"  # cosine | linear | constant, after warmup
     warmup_steps: int = 5
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # paper: 1.0
     num_train_steps: int = 40
     questions_per_step: int = 8
-    samples_per_question: int = 4  # K
-    micro_batch_size: int = 32
+    samples_per_question: int = 4  # K; questions_per_step x K = the paper's batch of 144
+    micro_batch_size: int = 32  # trajectories per teacher-forced forward
     temperature: float = 0.6  # sampling temperature (paper 0.6)
-    reward_temperature: float = 1.0  # log R is multiplied by 1/this
-    reference_prior_coef: float = 0.0  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
-    outcome_coef: float = 0.0  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
-    outcome_floor: float = 0.01
-    unfinished_log_reward: float = -10.0  # log R of a trajectory that ends without a final answer
-    min_steps: int = 1  # terminating before this many steps is not allowed (s_0 is not terminal)
-    kl_coef: float = 0.0  # TB-VarGrad: KL to the frozen reference
-    learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
-    log_z_lr: float = 1e-2
-    buffer_size: int = 1000
-    buffer_priority: str = "softmax"  # softmax | proportional
-    buffer_temperature: float = 1.0
-    recency_fraction: float = 0.5  # TBA's m
-    replay_fraction: float = 0.5  # share of each batch drawn from the replay buffer
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    save_every: int = 20
-    eval_every: int = 0
+    save_every: int = 20  # steps between resumable checkpoints
     seed: int = 0
 
 
 @dataclass
-class PPOConfig:
+class GFNConfig(StepTrainingConfig):
+    """Step-level GFlowNet fine-tuning (paper 4, appendices F-H)."""
+
+    loss: str = "subtb"  # subtb | tb | tb_vargrad
+    lam: float = 1.0  # SubTB lambda
+    reward_temperature: float = 1.0  # log R is multiplied by 1/this
+    reference_prior_coef: float = 0.0  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
+    outcome_coef: float = 0.0  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
+    outcome_floor: float = 0.01
+    unfinished_log_reward: float = -10.0  # added to log R(s) when s's last step states no final answer (s_0 too)
+    min_steps: int = 1  # samples with fewer steps are dropped (stopping at s_0 is not an action)
+    kl_coef: float = 0.0  # TB-VarGrad: KL to the frozen reference
+    learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
+    log_z_lr: float = 1e-2
+    buffer_size: int = 1000  # paper: 1000
+    buffer_priority: str = "softmax"  # softmax | proportional
+    buffer_temperature: float = 1.0
+    recency_fraction: float = 0.5  # TBA's m
+    replay_fraction: float = 0.5  # replayed trajectories per fresh one in each batch
+
+
+@dataclass
+class PPOConfig(StepTrainingConfig):
     """PPO baseline with step-level PRM rewards (paper 5, appendix D)."""
 
-    lr: float = 5e-4  # paper: 5e-6
-    scheduler: str = "cosine"
-    warmup_steps: int = 5
     clip: float = 0.2
     value_coef: float = 0.5
     entropy_coef: float = 0.01
@@ -241,20 +243,6 @@ class PPOConfig:
     kl_coef: float = 0.0  # KL penalty to the frozen reference, folded into step rewards
     unfinished_reward: float = -1.0  # added to the last step's reward when it states no final answer
     ppo_epochs: int = 2
-    num_train_steps: int = 40
-    questions_per_step: int = 8
-    samples_per_question: int = 4
-    micro_batch_size: int = 32
-    temperature: float = 0.6
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    save_every: int = 20
-    seed: int = 0
 
 
 @dataclass

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Iterable, Sequence
 
+from pipeline.config import MCTSConfig
 from pipeline.steps import join_steps, split_steps
 
 # A search coroutine yields a prefix (tuple of steps) and receives its rollouts.
@@ -56,18 +57,6 @@ class TreeState:
 
 
 @dataclass
-class MCTSParams:
-    k: int = 16
-    alpha: float = 0.5
-    beta: float = 0.9
-    length_scale: float = 500.0
-    c_puct: float = 0.125
-    max_iterations: int = 4
-    max_rollouts: int = 160
-    search_trivial: bool = False
-
-
-@dataclass
 class ProblemResult:
     """What one problem's search produced: its mcts records and its summary."""
 
@@ -81,7 +70,7 @@ def mc_value(rollouts: Sequence[Rollout]) -> float:
 
 
 def selection_score(
-    state_mc: float, rollout_tokens: int, state_visits: int, total_visits: int, params: MCTSParams
+    state_mc: float, rollout_tokens: int, state_visits: int, total_visits: int, params: MCTSConfig
 ) -> float:
     """Q(s, r) + U(s) of the pool entry (s, r)."""
     q = params.alpha ** (1.0 - state_mc) * params.beta ** (rollout_tokens / params.length_scale)
@@ -89,14 +78,14 @@ def selection_score(
     return q + u
 
 
-def select_from_pool(pool: list[tuple[TreeState, Rollout]], states: Iterable[TreeState], params: MCTSParams) -> int:
+def select_from_pool(pool: list[tuple[TreeState, Rollout]], states: Iterable[TreeState], params: MCTSConfig) -> int:
     """Index of the pool entry with the highest Q + U (first one on ties)."""
     total_visits = sum(s.visits for s in states)
     scores = [selection_score(s.mc, r.num_tokens, s.visits, total_visits, params) for s, r in pool]
     return max(range(len(pool)), key=scores.__getitem__)
 
 
-def search_problem(problem_id: str, question: str, params: MCTSParams) -> SearchCoroutine:
+def search_problem(problem_id: str, question: str, params: MCTSConfig) -> SearchCoroutine:
     """Algorithm 1 for one problem, as a coroutine (see the module docstring)."""
     records: list[dict] = []
     evaluated: dict[tuple[str, ...], float] = {}
@@ -173,7 +162,7 @@ RolloutFn = Callable[[list[tuple[int, tuple[str, ...]]]], list[list[Rollout]]]
 
 def run_mcts(
     problems: Sequence[tuple[str, str]],
-    params: MCTSParams,
+    params: MCTSConfig,
     rollout_fn: RolloutFn,
     on_done: Callable[[ProblemResult], None],
     max_active: int | None = None,

@@ -20,7 +20,8 @@ from pipeline.generation.hf import HFGenerator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import write_json_atomic
 from pipeline.losses import subtb_loss
-from pipeline.mcts import MCTSParams, make_rollout_fn
+from pipeline.config import MCTSConfig
+from pipeline.mcts import make_rollout_fn
 from pipeline.modeling import load_causal_lm, load_tokenizer
 from pipeline.policy import LMPolicy
 from pipeline.prompts import prompt_from_config
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
         rollout_fn = make_rollout_fn(generator, prompts[:16], [p.answer for p in mcts_problems], "tiny", k=k, temperature=0.6, top_p=1.0,
                                      max_new_tokens=config.generation.max_new_tokens, separator=config.format.separator,
                                      grade_many=grade_many, extract_answer=extract_answer)
-        params = MCTSParams(k=k, max_iterations=2, max_rollouts=64, search_trivial=True)
+        params = MCTSConfig(k=k, max_iterations=2, max_rollouts=64, search_trivial=True)
         results["mcts_batched"] = bench_mcts_batched([(p.problem_id, p.question) for p in mcts_problems], params, rollout_fn)
 
         log.info("bench: prm_one_pass")

@@ -14,18 +14,10 @@ from tqdm import tqdm
 from pipeline.generation import build_generator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import ShardWriter, completed_problem_ids, parse_shard, read_stream, write_json_atomic
-from pipeline.mcts import MCTSParams, make_rollout_fn, run_mcts
+from pipeline.mcts import make_rollout_fn, run_mcts
 from pipeline.problems import answer_kind
 from pipeline.prompts import prompt_from_config
 from stages.common import log, parse_args, set_threads, stage_dir, timed, training_problems
-
-
-def mcts_params(config) -> MCTSParams:
-    m = config.mcts
-    return MCTSParams(
-        k=m.k, alpha=m.alpha, beta=m.beta, length_scale=m.length_scale, c_puct=m.c_puct,
-        max_iterations=m.max_iterations, max_rollouts=m.max_rollouts, search_trivial=m.search_trivial,
-    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -67,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
             tag = f"{shard_index}of{shard_count}"
             with ShardWriter(shards, tag=tag, commit_every=config.mcts.problems_per_commit) as writer:
                 run_mcts(
-                    [(p.problem_id, p.question) for p in todo], mcts_params(config), rollout_fn,
+                    [(p.problem_id, p.question) for p in todo], config.mcts, rollout_fn,
                     on_done=lambda result: writer.add(result.summary["problem_id"], records=result.records, summaries=[result.summary]),
                     progress=progress,
                 )

@@ -54,10 +54,9 @@ def test_override_without_equals_is_an_error():
         load_config(None, ["mcts.k"])
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").rglob("*.yaml")), ids=lambda p: p.name)
+# configs/accelerate/*.yaml are accelerate's launch configs, not ours.
+@pytest.mark.parametrize("path", sorted(p for p in (REPO / "configs").rglob("*.yaml") if "accelerate" not in p.parts), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
-    if "accelerate" in path.parts:
-        pytest.skip("accelerate launch configs are accelerate's format")
     assert isinstance(load_config(path), Config)
 
 

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from pipeline.mcts import MCTSParams, Rollout, TreeState, make_rollout_fn, mc_value, run_mcts, search_problem, select_from_pool, selection_score
+from pipeline.config import MCTSConfig
+from pipeline.mcts import Rollout, TreeState, make_rollout_fn, mc_value, run_mcts, search_problem, select_from_pool, selection_score
 
 GOLD = [f"g{i}" for i in range(1, 17)]  # the correct 16-step path
 
@@ -52,7 +53,7 @@ def run_one(world, params):
 
 def test_mc_estimates_are_fractions_of_correct_rollouts():
     world = FakeWorld(p_good=0.25, k=8)
-    result = run_one(world, MCTSParams(k=8, max_iterations=1, max_rollouts=10_000))
+    result = run_one(world, MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000))
     assert result.summary["root_mc"] == 0.25
     for record in result.records:
         prefix = record["prefix_steps"] + [record["step"]]
@@ -66,7 +67,7 @@ def test_mc_estimates_are_fractions_of_correct_rollouts():
 @pytest.mark.parametrize("error_at", [1, 2, 7, 11, 15, 16])
 def test_binary_search_finds_planted_first_error_in_log_probes(error_at):
     world = FakeWorld(p_good=0.5, error_at=error_at)
-    result = run_one(world, MCTSParams(k=8, max_iterations=1, max_rollouts=10_000))
+    result = run_one(world, MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000))
     probes = len(world.calls) - 1  # minus the root estimate
     assert probes <= math.ceil(math.log2(16))
     zeros = [r for r in result.records if r["mc"] == 0.0]
@@ -77,7 +78,7 @@ def test_binary_search_finds_planted_first_error_in_log_probes(error_at):
 
 def test_probes_with_mc_between_become_tree_states_and_join_the_pool():
     world = FakeWorld(p_good=0.5, error_at=11)
-    result = run_one(world, MCTSParams(k=8, max_iterations=3, max_rollouts=10_000))
+    result = run_one(world, MCTSConfig(k=8, max_iterations=3, max_rollouts=10_000))
     assert result.summary["iterations"] == 3
     assert result.summary["tree_states"] > 1
     depths = [r["depth"] for r in result.records]
@@ -87,22 +88,22 @@ def test_probes_with_mc_between_become_tree_states_and_join_the_pool():
 def test_trivial_problems_are_recorded_but_not_searched():
     for p in (0.0, 1.0):
         world = FakeWorld(p_good=p)
-        result = run_one(world, MCTSParams(k=8, max_iterations=5))
+        result = run_one(world, MCTSConfig(k=8, max_iterations=5))
         assert result.records == [] and result.summary["searched"] is False
         assert result.summary["root_mc"] == p and len(world.calls) == 1
     world = FakeWorld(p_good=0.0)
-    result = run_one(world, MCTSParams(k=8, max_iterations=1, search_trivial=True, max_rollouts=10_000))
+    result = run_one(world, MCTSConfig(k=8, max_iterations=1, search_trivial=True, max_rollouts=10_000))
     assert result.summary["searched"] and result.records
 
 
 def test_rollout_budget_is_respected():
     world = FakeWorld(p_good=0.5)
-    result = run_one(world, MCTSParams(k=8, max_iterations=100, max_rollouts=40))
+    result = run_one(world, MCTSConfig(k=8, max_iterations=100, max_rollouts=40))
     assert result.summary["rollouts_spent"] <= 40
 
 
 def test_selection_follows_the_formula():
-    params = MCTSParams(alpha=0.5, beta=0.9, length_scale=100, c_puct=0.5)
+    params = MCTSConfig(alpha=0.5, beta=0.9, length_scale=100, c_puct=0.5)
     a, b = TreeState(("s",), mc=0.9, visits=3), TreeState(("t",), mc=0.3, visits=0)
     pool = [(a, Rollout(["x"], None, False, 50)), (b, Rollout(["y"], None, False, 50)), (a, Rollout(["z"], None, False, 10))]
     total = 3
@@ -121,7 +122,7 @@ def test_selection_follows_the_formula():
 def test_problems_advance_together_in_one_call_per_round():
     world = FakeWorld(p_good=0.5)
     results = []
-    params = MCTSParams(k=8, max_iterations=2, max_rollouts=10_000)
+    params = MCTSConfig(k=8, max_iterations=2, max_rollouts=10_000)
     run_mcts([(f"p{i}", "q") for i in range(5)], params, world, results.append)
     single = FakeWorld(p_good=0.5)
     run_one(single, params)
@@ -133,7 +134,7 @@ def test_problems_advance_together_in_one_call_per_round():
 def test_max_active_bounds_problems_in_flight():
     world = FakeWorld(p_good=0.5)
     results = []
-    run_mcts([(f"p{i}", "q") for i in range(5)], MCTSParams(k=8, max_iterations=1, max_rollouts=10_000), world, results.append, max_active=2)
+    run_mcts([(f"p{i}", "q") for i in range(5)], MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000), world, results.append, max_active=2)
     assert len(results) == 5 and max(len(c) for c in world.calls) <= 2
 
 
