@@ -133,9 +133,12 @@ def policy_checks(generator, problems, config: Config) -> dict:
 
     boot, sep = config.bootstrap, config.format.separator
     max_new = config.generation.max_new_tokens
-    kind = "tiny"
-    if any(p.kind != kind for p in problems):
-        raise ValueError("bootstrap checks: every test problem must be a tiny-world problem")
+    if not problems:
+        return {"eval_problems": 0}
+    kinds = {p.kind for p in problems}
+    if len(kinds) > 1:
+        raise ValueError(f"bootstrap checks: the test problems mix answer kinds {sorted(kinds)}")
+    kind = kinds.pop()
     prompts = [prompt_from_config(p.question, p.kind, generator.tokenizer, config.format) for p in problems]
     golds = [p.answer for p in problems]
     checks: dict = {"eval_problems": len(problems)}
@@ -169,9 +172,9 @@ def policy_checks(generator, problems, config: Config) -> dict:
     checks.update({
         "sample_temperature": boot.sample_temperature,
         "samples_per_problem": k,
-        "sampled_accuracy": round(float(scores["pass@1"].mean()), 4) if problems else None,
-        f"pass@{k}": round(float(scores["pass@k"].mean()), 4) if problems else None,
-        f"maj@{k}": round(float(scores["maj@k"].mean()), 4) if problems else None,
+        "sampled_accuracy": round(float(scores["pass@1"].mean()), 4),
+        f"pass@{k}": round(float(scores["pass@k"].mean()), 4),
+        f"maj@{k}": round(float(scores["maj@k"].mean()), 4),
         "finished_share": round(sum(o.finish_reason != "length" for outs in sampled for o in outs) / max(len(texts), 1), 4),
         # distinct valid strategies among a problem's correct samples, over problems with >1 valid strategy
         "mean_correct_strategies_multi": _mean([used for used, total in strategies if total > 1]),
@@ -180,7 +183,7 @@ def policy_checks(generator, problems, config: Config) -> dict:
         "example_wrong_steps": slip_examples,
         "sampling_seconds": round(time.monotonic() - start, 1),
     })
-    log.info("bootstrap: sampled accuracy %.3f, pass@%d %.3f at T=%.2f", checks["sampled_accuracy"] or 0, k, checks[f"pass@{k}"] or 0, boot.sample_temperature)
+    log.info("bootstrap: sampled accuracy %.3f, pass@%d %.3f at T=%.2f", checks["sampled_accuracy"], k, checks[f"pass@{k}"], boot.sample_temperature)
 
     # Monte Carlo values of the step prefixes of the first problems' samples: every prefix that
     # ends before the answer step, deduplicated, with mc_rollouts continuations each.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from pipeline.tinyworld.problems import (
     valid_step_orders,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 SMALL = TinyWorldConfig(seed=3, n_train=400, n_val=50, n_test=50)
 APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -259,7 +261,7 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
     from stages.bootstrap import main
 
     argv = [
-        "--config", "configs/tiny.yaml", f"runs_root={tmp_path}", "run=t",
+        "--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=t",
         "tinyworld.n_train=300", "tinyworld.n_val=10", "tinyworld.n_test=20",
         "bootstrap.train_seconds=8", "bootstrap.hidden_size=32", "bootstrap.num_layers=2",
         "bootstrap.num_heads=2", "bootstrap.intermediate_size=64", "bootstrap.batch_size=16",
