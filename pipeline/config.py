@@ -142,6 +142,9 @@ class MCTSConfig:
     max_problems: int | None = 60
     shard: str = "0/1"  # i/n: this process handles problems with index % n == i
     problems_per_commit: int = 8
+    # problems in flight at once: bounds one round's generator call to max_active x k rollouts
+    # (memory) and lets finished problems be committed while later ones start
+    max_active: int | None = 256
 
 
 @dataclass

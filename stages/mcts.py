@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
                 run_mcts(
                     [(p.problem_id, p.question) for p in todo], config.mcts, rollout_fn,
                     on_done=lambda result: writer.add(result.summary["problem_id"], records=result.records, summaries=[result.summary]),
-                    progress=progress,
+                    max_active=config.mcts.max_active, progress=progress,
                 )
             bar.close()
         stats = mcts_stats(shards)

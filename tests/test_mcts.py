@@ -164,3 +164,62 @@ def test_make_rollout_fn_grades_and_splits_in_one_generator_call():
     assert [r.correct for r in out[1]] == [False, True, False, True]
     assert out[0][0].steps == ["1 + 1 = 2", "The answer is 2"] and out[0][0].answer == "2"
     assert mc_value(out[0]) == 0.5
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+@pytest.mark.slow
+def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp_path):
+    """make mcts on a tiny-world model: SIGKILL after the first commit, restart, and every
+    problem's records are there exactly once and satisfy the mcts contract."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
+    from pipeline.contracts import check_files
+    from pipeline.io import completed_problem_ids, read_stream
+    from pipeline.problems import write_problems_jsonl
+    from pipeline.tinyworld.model import build_model, save_policy
+    from pipeline.tinyworld.problems import generate_splits
+    from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
+
+    repo = Path(__file__).resolve().parents[1]
+    splits = generate_splits(TinyWorldConfig(seed=5, n_train=24, n_val=2, n_test=2))
+    tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig()), vocab_size=512)
+    model = build_model(BootstrapConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer)
+    save_policy(model, tokenizer, tmp_path / "policy")
+    write_problems_jsonl(splits["train"], tmp_path / "train.jsonl")
+    argv = [sys.executable, "-m", "stages.mcts", "--config", str(repo / "configs" / "tiny.yaml"),
+            f"runs_root={tmp_path / 'runs'}", "run=k", f"model.policy={tmp_path / 'policy'}",
+            f"data.train_path={tmp_path / 'train.jsonl'}", "generation.max_new_tokens=40",
+            "mcts.k=4", "mcts.max_problems=24", "mcts.max_iterations=2", "mcts.max_rollouts=24",
+            "mcts.search_trivial=true", "mcts.problems_per_commit=1", "mcts.max_active=2"]
+    env = {**os.environ, "PYTHONPATH": str(repo), "TQDM_DISABLE": "1"}
+    shards = tmp_path / "runs" / "k" / "mcts" / "shards"
+    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and len(completed_problem_ids(shards)) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = completed_problem_ids(shards)
+    assert 0 < len(first) < 24, f"the stage must be killed mid-run; stderr: {proc.stderr.read().decode()[-2000:]}"
+    proc.stderr.close()
+
+    subprocess.run(argv, env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    summaries = list(read_stream(shards, "summaries"))
+    assert sorted(s["problem_id"] for s in summaries) == sorted(p.problem_id for p in splits["train"])
+    records = list(read_stream(shards, "records"))
+    keys = [(r["problem_id"], tuple(r["prefix_steps"]), r["step"], r["depth"]) for r in records]
+    assert records and len(keys) == len(set(keys))
+    per_problem = {s["problem_id"]: s["steps_evaluated"] for s in summaries}
+    assert all(sum(r["problem_id"] == pid for r in records) == n for pid, n in per_problem.items())
+    assert check_files(sorted(shards.glob("part-*/records.jsonl")), "mcts") == []
+    stats = json.loads((shards.parent / "stats.json").read_text())
+    assert stats["problems"] == 24 and stats["steps_evaluated"] == len(records)
