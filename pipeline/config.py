@@ -13,6 +13,7 @@ Paper defaults are in configs/paper/*.yaml; the defaults here are the tiny world
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -327,6 +328,9 @@ class Config:
 # ----------------------------------------------------------------------------- loading
 
 
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -368,6 +372,9 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; accept such literals.
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
             return float(value)
     elif tp is str:
         if isinstance(value, str):

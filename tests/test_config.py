@@ -19,6 +19,17 @@ def test_int_widens_to_float_but_not_the_reverse():
         load_config(None, ["mcts.k=1.5"])
 
 
+def test_exponent_floats_without_a_dot_are_floats(tmp_path):
+    # YAML 1.1 (PyYAML) reads 1e-4 as a string
+    assert load_config(None, ["gfn.lr=1e-4"]).gfn.lr == 1e-4
+    path = tmp_path / "c.yaml"
+    path.write_text("prm:\n  lr: 8e-6\n")
+    assert load_config(path).prm.lr == 8e-6
+    with pytest.raises(ConfigError, match="gfn.lr expects float"):
+        load_config(None, ["gfn.lr=fast"])
+    assert load_config(None, ["run=1e3"]).run == "1e3", "a str field keeps the text"
+
+
 def test_unknown_key_names_key_and_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("mcts:\n  kk: 3\n")
