@@ -204,9 +204,22 @@ def test_shaped_rewards_temperature_outcome_and_padding():
     flags = torch.tensor([[-1, -1, 0], [1, -1, -1]])
     mask = torch.tensor([[True, True, True], [True, False, False]])
     log_r = shaped_log_rewards(scores, flags, mask, reward_temperature=0.5, unfinished_log_reward=-3.0, outcome_coef=1.0, outcome_floor=0.1)
-    expected0 = [-3.0, 2 * math.log(0.5) - 3, 2 * math.log(0.125) - 3, 2 * math.log(0.1125) + math.log(0.1)]
+    # 1/tau = 2 tempers the whole shaped reward: PRM term, penalty and outcome term
+    expected0 = [-6.0, 2 * math.log(0.5) - 6, 2 * math.log(0.125) - 6, 2 * math.log(0.1125) + 2 * math.log(0.1)]
     assert log_r[0].tolist() == pytest.approx(expected0)
-    assert log_r[1, :2].tolist() == pytest.approx([-3.0, 2 * math.log(0.8)])
+    assert log_r[1, :2].tolist() == pytest.approx([-6.0, 2 * math.log(0.8)])
+
+
+def test_a_sharpened_reward_never_makes_stopping_at_s0_cheaper_than_answering():
+    # A four-step answered solution with log R = 4 log 0.1 = -9.2 beats s_0 (penalty -10) at
+    # tau = 1; tempering must keep that order at every tau, as R^(1/tau) of the shaped reward does.
+    scores = torch.log(torch.full((1, 4), 0.1))
+    flags = torch.tensor([[-1, -1, -1, 1]])
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    for tau in (1.0, 0.5, 0.25, 0.1):
+        log_r = shaped_log_rewards(scores, flags, mask, reward_temperature=tau, unfinished_log_reward=-10.0)
+        assert log_r[0, 0] < log_r[0, 4], f"tau={tau}: stopping at s_0 beats the answered solution"
+        assert log_r[0, :4].max() < log_r[0, 4]
 
 
 def test_proportionality_gap_is_zero_under_exact_proportional_sampling():
