@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, summarize_accuracy
+from eval.accuracy import ProblemSamples, bootstrap_ci, majority_vote_index, pass_at_k, per_problem_scores, summarize_accuracy
 from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
 from pipeline.config import Config
 from pipeline.grading import extract_answer, grade_many, normalize_answer
@@ -251,22 +251,10 @@ def _group_records(records: Sequence[dict], problems: Sequence[Problem]) -> tupl
     return sampled, greedy
 
 
-def score_samples(
-    records: Sequence[dict],
-    problems: Sequence[Problem],
-    kind_of: KindOf,
-    config: Config,
-    embed: Embedder | None = None,
-) -> dict:
-    """Accuracy and diversity of one model on one benchmark from its samples records.
-
-    Returns {"n_problems", "k", "accuracy": {greedy_pass@1?, pass@1, maj@k, pass@k: {mean, lo, hi}},
-    "pass@k_curve": {j: unbiased pass@j}, "answered", "mean_steps", "diversity": {similarity:
-    {mean, lo, hi, n_scored}, vendi, distinct_1..3, correct_strategies, correct_strategies_solved}}.
-    Diversity is over the k sampled solutions only; similarity and Vendi are None without ``embed``.
-    """
+def _graded(records: Sequence[dict], problems: Sequence[Problem], kind_of: KindOf):
+    """(problem_id -> sampled records, [ProblemSamples] in problem order, problem_id -> greedy
+    correct or None when there are no greedy records)."""
     sampled, greedy = _group_records(records, problems)
-    settings = config.eval
     per_problem = []
     for problem in problems:
         rows = sampled[problem.problem_id]
@@ -281,6 +269,59 @@ def score_samples(
         if missing:
             raise ValueError(f"samples: greedy sample missing for problem {missing[0]!r}")
         greedy_correct = {pid: bool(r["correct"]) for pid, r in greedy.items()}
+    return sampled, per_problem, greedy_correct
+
+
+def paired_accuracy_differences(
+    reference_records: Sequence[dict],
+    records: Sequence[dict],
+    problems: Sequence[Problem],
+    kind_of: KindOf = problem_kind,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> dict:
+    """Accuracy of ``records`` minus that of ``reference_records`` on the same problems.
+
+    For each metric (greedy_pass@1 when both have greedy records, pass@1, maj@k, pass@k), the
+    per-problem differences d_p = model_p - reference_p (P,) and a paired percentile-bootstrap
+    CI of their mean (problems resampled once for both models, eval.accuracy.bootstrap_ci).
+    Pairing removes the problem-difficulty variance two separate intervals carry, so a change
+    can be clear even where the two models' own intervals overlap.
+    Returns {metric: {"mean", "lo", "hi"}}.
+    """
+    _, reference, reference_greedy = _graded(reference_records, problems, kind_of)
+    _, model, model_greedy = _graded(records, problems, kind_of)
+    before, after = per_problem_scores(reference), per_problem_scores(model)
+    differences = {}
+    if reference_greedy is not None and model_greedy is not None:
+        differences["greedy_pass@1"] = np.array(
+            [float(model_greedy[p.problem_id]) - float(reference_greedy[p.problem_id]) for p in problems]
+        )
+    for metric in ("pass@1", "maj@k", "pass@k"):
+        differences[metric] = after[metric] - before[metric]
+    out = {}
+    for metric, values in differences.items():
+        mean, lo, hi = bootstrap_ci(values, n_resamples=n_resamples, seed=seed)
+        out[metric] = {"mean": mean, "lo": lo, "hi": hi}
+    return out
+
+
+def score_samples(
+    records: Sequence[dict],
+    problems: Sequence[Problem],
+    kind_of: KindOf,
+    config: Config,
+    embed: Embedder | None = None,
+) -> dict:
+    """Accuracy and diversity of one model on one benchmark from its samples records.
+
+    Returns {"n_problems", "k", "accuracy": {greedy_pass@1?, pass@1, maj@k, pass@k: {mean, lo, hi}},
+    "pass@k_curve": {j: unbiased pass@j}, "answered", "mean_steps", "diversity": {similarity:
+    {mean, lo, hi, n_scored}, vendi, distinct_1..3, correct_strategies, correct_strategies_solved}}.
+    Diversity is over the k sampled solutions only; similarity and Vendi are None without ``embed``.
+    """
+    sampled, per_problem, greedy_correct = _graded(records, problems, kind_of)
+    settings = config.eval
     accuracy = summarize_accuracy(
         per_problem, greedy_correct, n_resamples=settings.bootstrap_resamples, seed=settings.seed
     )
@@ -408,6 +449,7 @@ def run_evaluation(
         "skipped": [],
         "results": {},
     }
+    all_records: dict[str, dict[str, list[dict]]] = {}
     for name, value in config.eval.models.items():
         spec = parse_model_spec(config, name, value)
         results["models"][name] = {"path": spec.path, "adapter": spec.adapter}
@@ -439,8 +481,29 @@ def run_evaluation(
             log.info("eval: %s on %s: pass@1 %.3f, maj@k %.3f, pass@k %.3f, similarity %s", name, bench,
                      acc["pass@1"]["mean"], acc["maj@k"]["mean"], acc["pass@k"]["mean"],
                      "n/a" if similarity is None else f"{similarity:.3f}")
+            all_records.setdefault(name, {})[bench] = records
         if generator is not None:
             generator = None
             _free_memory()
+    results["comparisons"] = compare_to_reference(all_records, benchmarks, kind_of, config)
     write_json_atomic(out / "results.json", results)
     return results
+
+
+def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config) -> dict:
+    """{"reference": name, "models": {model: {benchmark: paired differences}}} against the model
+    named "base" (else the first evaluated one); empty when fewer than two models ran."""
+    if len(all_records) < 2:
+        return {}
+    reference = "base" if "base" in all_records else next(iter(all_records))
+    models: dict = {}
+    for name, per_bench in all_records.items():
+        if name == reference:
+            continue
+        for bench, records in per_bench.items():
+            if bench in all_records[reference]:
+                models.setdefault(name, {})[bench] = paired_accuracy_differences(
+                    all_records[reference][bench], records, benchmarks[bench], kind_of,
+                    n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed,
+                )
+    return {"reference": reference, "models": models}

@@ -44,6 +44,22 @@ def _interval(interval: dict | None, digits: int = 3) -> str:
     return f"{interval['mean']:.{digits}f} [{interval['lo']:.{digits}f}, {interval['hi']:.{digits}f}]"
 
 
+def verdict(interval: dict) -> str:
+    """higher / lower when a difference's interval excludes 0, else no clear change."""
+    if interval["lo"] > 0:
+        return "higher"
+    if interval["hi"] < 0:
+        return "lower"
+    return "no clear change"
+
+
+def _difference(interval: dict | None) -> str:
+    if not interval:
+        return "n/a"
+    return (f"{100 * interval['mean']:+.1f} [{100 * interval['lo']:+.1f}, {100 * interval['hi']:+.1f}] "
+            f"*{verdict(interval)}*")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -110,6 +126,19 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         )
     else:
         lines += ["", "No model was evaluated."]
+    comparisons = results.get("comparisons") or {}
+    if comparisons.get("models"):
+        reference = comparisons["reference"]
+        lines += ["", f"## Against `{reference}` (paired)", ""]
+        lines += [f"Accuracy of each model minus `{reference}`'s on the same problems, in points, with a paired "
+                  "95% bootstrap interval (problems resampled once for both models). *higher* / *lower*: the "
+                  "interval excludes 0; *no clear change* otherwise.", ""]
+        shown = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS if greedy or key != "greedy_pass@1"]
+        table_rows = []
+        for model, per_bench in comparisons["models"].items():
+            for bench, diffs in per_bench.items():
+                table_rows.append([model, bench] + [_difference(diffs.get(key)) for key, _ in shown])
+        lines += _table(["model", "benchmark"] + [title for _, title in shown], table_rows)
     if results["skipped"]:
         lines += ["", "## Skipped models", ""]
         lines += [f"- **{s['model']}**: {s['reason']} (run the stage that trains it, or fix `eval.models.{s['model']}`)"

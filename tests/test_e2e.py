@@ -31,7 +31,8 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
     run_dir, reports = tmp_path / "runs" / "e2e", tmp_path / "reports" / "e2e"
     assert check_run(run_dir, reports) == []
     text = report.read_text()
-    for section in ("Stage timings", "PRM validation", "GFlowNet and PPO training", "Accuracy and diversity", "PRM-guided search"):
+    for section in ("Stage timings", "PRM validation", "GFlowNet and PPO training", "Accuracy and diversity", "Against `base` (paired)",
+                    "PRM-guided search"):
         assert section in text
     assert (reports / "gfn_training_curves.png").exists()
     metrics = [json.loads(line) for line in (run_dir / "gfn" / "metrics.jsonl").read_text().splitlines()]

@@ -11,6 +11,7 @@ import pytest
 
 from eval.evaluate import (
     GREEDY_SAMPLE_IDX,
+    paired_accuracy_differences,
     evaluate_model,
     load_eval_benchmark,
     missing_model_reason,
@@ -20,7 +21,7 @@ from eval.evaluate import (
     resolve_benchmark,
     run_evaluation,
 )
-from eval.report import write_report
+from eval.report import verdict, write_report
 from pipeline.config import load_config
 from pipeline.generation.base import Completion
 from pipeline.problems import Problem
@@ -279,3 +280,29 @@ def test_stage_cli_with_the_real_embedder(tmp_path, benchmarks_dir, monkeypatch)
     similarity = results["results"]["base"]["sat_math_32"]["diversity"]["similarity"]
     assert 0.0 < similarity["mean"] <= 1.0  # real MiniLM cosines of the canned solutions
     assert results["results"]["base"]["sat_math_32"]["accuracy"]["pass@1"]["mean"] == pytest.approx(0.4375)
+
+
+def _records(model: str, problems, greedy: list[bool], sampled: list[list[bool]]) -> list[dict]:
+    rows = []
+    for problem, g, flags in zip(problems, greedy, sampled):
+        for idx, ok in [(GREEDY_SAMPLE_IDX, g)] + list(enumerate(flags)):
+            answer = problem.answer if ok else "999"
+            rows.append({"problem_id": problem.problem_id, "model": model, "sample_idx": idx,
+                         "steps": [f"The answer is {answer}"], "final_answer": answer, "correct": ok})
+    return rows
+
+
+def test_paired_differences_are_per_problem_and_name_clear_changes_only():
+    problems = [Problem(f"q{i}", f"question {i}", str(i), "gsm8k", {}) for i in range(4)]
+    base = _records("base", problems, [True, False, False, False], [[True, False], [False, False], [True, False], [False, False]])
+    better = _records("gfn", problems, [True, True, True, True], [[True, True], [True, False], [True, True], [True, False]])
+    diffs = paired_accuracy_differences(base, better, problems, n_resamples=500)
+    # hand values: greedy +3/4; pass@1 per problem +0.5, +0.5, +0.5, +0.5; maj@2 (ties go to the first
+    # sample) +0, +1, +0, +1 over 4; pass@2 +0, +1, +0, +1 over 4
+    assert diffs["greedy_pass@1"]["mean"] == pytest.approx(0.75)
+    assert diffs["pass@1"] == pytest.approx({"mean": 0.5, "lo": 0.5, "hi": 0.5})
+    assert diffs["maj@k"]["mean"] == pytest.approx(0.5) and diffs["pass@k"]["mean"] == pytest.approx(0.5)
+    assert verdict(diffs["pass@1"]) == "higher" and verdict(diffs["pass@k"]) == "no clear change"
+    same = paired_accuracy_differences(base, base, problems, n_resamples=50)
+    assert all(d == {"mean": 0.0, "lo": 0.0, "hi": 0.0} for d in same.values())
+    assert verdict(paired_accuracy_differences(better, base, problems, n_resamples=500)["pass@1"]) == "lower"
