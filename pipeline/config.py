@@ -179,6 +179,7 @@ class PRMConfig:
     lora_dropout: float = 0.05
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False
+    compile: bool = False  # torch.compile through accelerate (GPU: 1.6x training throughput on Qwen2-0.5B shapes, docs/prm.md)
     seed: int = 0
     log_every: int = 10  # optimizer steps between metrics lines
     save_every: int = 0  # optimizer steps between resumable checkpoints (0: only the final model)

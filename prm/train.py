@@ -7,7 +7,7 @@ biases and norm weights), linear warmup then cosine / linear / constant, clippin
 DeepSpeed; configs/accelerate/, docs/prm.md).
 
 Outputs under ``output_dir``: model/ (the final PRM, PRMScorer.from_pretrained loads it),
-metrics.jsonl (step, loss, lr, examples/s, ...), checkpoints/last/ (resumable accelerate state,
+metrics.jsonl (step, loss, lr, examples/s, tokens/s, ...), checkpoints/last/ (resumable accelerate state,
 every ``save_every`` steps), tensorboard/ when tensorboard is installed.
 """
 
@@ -132,7 +132,7 @@ def train_prm(
     device_hint = resolve_device(config.model.device)
     use_cpu = device_hint.type == "cpu"
     mixed = "bf16" if not use_cpu and torch.cuda.is_bf16_supported() else "no"
-    accelerator = Accelerator(mixed_precision=mixed, cpu=use_cpu)
+    accelerator = Accelerator(mixed_precision=mixed, cpu=use_cpu, dynamo_backend="inductor" if cfg.compile else "no")
     world = accelerator.num_processes
     accumulation = max(1, round(cfg.batch_size / (cfg.micro_batch_size * world)))
     accelerator.gradient_accumulation_steps = accumulation
@@ -168,7 +168,10 @@ def train_prm(
     micro_per_epoch = math.ceil(len(train_set) / cfg.micro_batch_size)
     total_steps = max(1, round(cfg.epochs * micro_per_epoch / (accumulation * world)))
     warmup_steps = int(round(cfg.warmup_ratio * total_steps))
-    optimizer = torch.optim.AdamW(_parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
+    # fused: one kernel per step instead of several per tensor; CUDA, plain or DDP parameters only
+    # (FSDP and DeepSpeed shard or replace the parameters and keep the default implementation)
+    fused = accelerator.device.type == "cuda" and accelerator.distributed_type.value in ("NO", "MULTI_GPU")
+    optimizer = torch.optim.AdamW(_parameter_groups(model, cfg.weight_decay), lr=cfg.lr, fused=fused)
     scheduler = _scheduler(optimizer, cfg.scheduler, warmup_steps, total_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
@@ -194,8 +197,8 @@ def train_prm(
     writer = _tensorboard_writer(output_dir / "tensorboard") if is_main else None
     bar = tqdm(total=total_steps, initial=start_step, desc="prm", disable=not (progress and is_main))
 
-    step, window_loss, window_batches, window_examples = start_step, 0.0, 0, 0.0
-    micro_batches = 0
+    step, window_loss, window_batches, window_examples, window_tokens = start_step, torch.zeros(()), 0, 0.0, 0.0
+    micro_batches, train_tokens = 0, 0
     window_start = time.monotonic()
     train_start = time.monotonic()
     last_loss = float("nan")
@@ -204,7 +207,13 @@ def train_prm(
             continue
         if micro_index < start_step * accumulation * world:
             continue
-        batch = {k: v.to(accelerator.device) for k, v in collator([train_set[i] for i in indices]).items()}
+        batch = collator([train_set[i] for i in indices])
+        # counted on the host before the copy: no device sync per micro-batch
+        window_examples += batch["label_mask"].sum().item()
+        tokens = batch["attention_mask"].sum().item()
+        window_tokens += tokens
+        train_tokens += tokens
+        batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
         with accelerator.accumulate(model):
             logits = model(batch["input_ids"], batch["attention_mask"], batch["score_positions"])
             loss = prm_bce_loss(logits.float(), batch["labels"], batch["label_mask"])
@@ -214,21 +223,22 @@ def train_prm(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         micro_batches += 1
-        window_loss += loss.detach().float().item()
+        window_loss = window_loss + loss.detach().float()  # stays on the device: read once per logged step
         window_batches += 1
-        window_examples += batch["label_mask"].sum().item()
         if not accelerator.sync_gradients:
             continue
         scheduler.step()
         step += 1
         bar.update(1)
         if step % max(cfg.log_every, 1) == 0 or step == total_steps:
-            stats = torch.tensor([window_loss, window_batches, window_examples], device=accelerator.device)
+            stats = torch.stack([window_loss.to(accelerator.device).float(),
+                                 *torch.tensor([window_batches, window_examples, window_tokens], device=accelerator.device)])
             stats = accelerator.reduce(stats, reduction="sum")
             elapsed = max(time.monotonic() - window_start, 1e-9)
             last_loss = (stats[0] / stats[1].clamp_min(1)).item()
             record = {"step": step, "loss": last_loss, "lr": scheduler.get_last_lr()[0],
-                      "examples_per_s": stats[2].item() / elapsed, "epoch": step * accumulation * world / micro_per_epoch}
+                      "examples_per_s": stats[2].item() / elapsed, "tokens_per_s": stats[3].item() / elapsed,
+                      "epoch": step * accumulation * world / micro_per_epoch}
             if is_main:
                 with metrics_path.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(record) + "\n")
@@ -236,7 +246,7 @@ def train_prm(
                     for key in ("loss", "lr", "examples_per_s"):
                         writer.add_scalar(f"prm/{key}", record[key], step)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
-            window_loss, window_batches, window_examples, window_start = 0.0, 0, 0.0, time.monotonic()
+            window_loss, window_batches, window_examples, window_tokens, window_start = torch.zeros(()), 0, 0.0, 0.0, time.monotonic()
         if cfg.save_every > 0 and step % cfg.save_every == 0 and step < total_steps:
             accelerator.save_state(str(checkpoint_dir))
             if is_main:
@@ -261,6 +271,7 @@ def train_prm(
         "micro_batches": micro_batches,
         "train_loss": last_loss,
         "train_seconds": train_seconds,
+        "train_tokens": train_tokens,  # non-padding tokens this process read
         "n_train_records": train_set.n_records,
         "n_train_sequences": len(train_set),
         "n_train_labels": train_set.n_labels,

@@ -54,25 +54,60 @@ def tiny_model(config, out: Path):
     return load_tokenizer(str(out / "model")), load_causal_lm(str(out / "model"), config.model), splits, "random init"
 
 
-def write_markdown(results: dict, path: Path, model_note: str) -> None:
+def _kept_rows(old: str, header: str, machine: str) -> list[str]:
+    """Body rows of the first table under ``header`` in ``old`` whose machine (last cell) is not ``machine``."""
+    if header not in old:
+        return []
+    table = []
+    for line in old[old.index(header) + len(header):].splitlines():
+        if line.startswith("|"):
+            table.append(line)
+        elif table or line.startswith("#"):
+            break
+    return [row for row in table[2:] if row.rstrip(" |").rsplit("|", 1)[-1].strip() != machine]
+
+
+def write_markdown(results: dict, path: Path, model_note: str, machine: str, training: list[dict] | None = None) -> None:
+    """docs/benchmarks.md: this machine's rows replace its earlier ones; other machines' rows
+    (a GPU run's beside a CPU run's) and the hand-written notes after '## Notes' are kept."""
+    old = path.read_text() if path.exists() else ""
+    ratio_header, training_header = "\n## Batched vs one at a time\n", "\n## PRM training throughput\n"
     lines = [
         "# Benchmarks",
         "",
         "Written by `make bench` (stages/bench.py); every figure below comes from that command on the",
-        "machine named in its row. ratio = reference_s / ours_s (> 1: ours is faster); goals from the issues.",
-        f"Model: the tiny-world architecture, {model_note}.",
+        "machine named in its row; a run replaces its own machine's rows and keeps the others'.",
+        ratio_header.strip("\n"),
+        "",
+        f"ratio = reference_s / ours_s (> 1: ours is faster); goals from the issues. Model: the tiny-world architecture, {model_note}.",
         "",
         "| name | ours (s) | reference (s) | ratio | goal | reference | machine |",
         "|---|---|---|---|---|---|---|",
     ]
+    lines += _kept_rows(old, ratio_header, machine)
     for name, r in results.items():
         goal = GOALS.get(name)
         lines.append(f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | "
-                     f"{'>= %.0fx' % goal if goal else '-'} | {REFERENCES[name]} | {r['machine']} |")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = path.read_text() if path.exists() else ""
+                     f"{'>= %.0fx' % goal if goal else '-'} | {REFERENCES[name]} | {machine} |")
+    lines += [
+        "",
+        training_header.strip("\n"),
+        "",
+        "prm.train.train_prm on a GPU: Qwen2-0.5B's architecture at random init, bf16 autocast over float32 master",
+        "weights, fused AdamW, synthetic merged step sequences (prm/bench.py, bench_prm_training). MFU = achieved /",
+        "datasheet dense bf16 peak, achieved = tokens/s x (6 N + 12 L H T) (PaLM appendix B). Goal: MFU >= 40%. compile = prm.compile.",
+        "",
+        "| tokens/s | achieved TFLOP/s | MFU | sequence length | micro-batch x accumulation | compile | machine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += _kept_rows(old, training_header, machine)
+    for row in training or []:
+        mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "peak unknown"
+        lines.append(f"| {row['tokens_per_s']:.0f} | {row['achieved_tflops']:.1f} | {mfu} | {row['seq_len']:.0f} | "
+                     f"{row['micro_batch_size']} x {row['batch_size'] // row['micro_batch_size']} | {row['compile']} | {machine} |")
     marker = "\n## Notes\n"
     notes = old[old.index(marker):] if marker in old else ""
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + notes)
 
 
@@ -128,9 +163,19 @@ def main(argv: list[str] | None = None) -> dict:
                                                          max_step_tokens=config.generation.max_step_tokens, format_config=config.format)
         for r in results.values():
             r["machine"] = machine
+        training = None
+        if torch.cuda.is_available():  # a 0.5B-parameter model: a GPU benchmark only
+            log.info("bench: prm_training (Qwen2-0.5B architecture, random init)")
+            from prm.bench import bench_prm_training
+
+            del model, policy, prm, generator
+            torch.cuda.empty_cache()
+            training = [bench_prm_training(config, out / f"prm_training_{mode}", compile=mode == "compiled") for mode in ("eager", "compiled")]
+            for row in training:
+                results[f"prm_training_{'compiled' if row['compile'] else 'eager'}"] = {**row, "machine": machine}
     write_json_atomic(config.run_dir / "results.json", results)
-    write_markdown(results, Path("docs") / "benchmarks.md", note)
-    log.info("bench: %s", json.dumps({k: round(v["ratio"], 2) for k, v in results.items()}))
+    write_markdown({k: v for k, v in results.items() if k in GOALS}, Path("docs") / "benchmarks.md", note, machine, training)
+    log.info("bench: %s", json.dumps({k: round(v["ratio"], 2) if "ratio" in v else v for k, v in results.items()}))
     return results
 
 
