@@ -18,7 +18,7 @@ import torch
 from pipeline.config import Config
 from pipeline.gflownet import GFlowNetObjective
 from pipeline.grading import extract_answer, grade_many
-from pipeline.modeling import load_causal_lm, load_tokenizer
+from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.policy import LMPolicy
 from pipeline.ppo import PPOObjective
 from pipeline.prompts import prompt_from_config
@@ -33,12 +33,17 @@ def _lora(model, cfg):
     return get_peft_model(model, lora)
 
 
-def _save_policy(model, tokenizer, path: Path) -> None:
+def _save_policy(model, tokenizer, path: Path, dtype: torch.dtype | None = None) -> None:
+    """save_pretrained with LoRA merged; ``dtype``: floating weights cast to it on the way out
+    (float32 master weights saved in the configured half dtype)."""
     path.mkdir(parents=True, exist_ok=True)
     to_save = model
     if hasattr(model, "merge_and_unload"):
         to_save = copy.deepcopy(model).merge_and_unload()
-    to_save.save_pretrained(path)
+    state_dict = None
+    if dtype is not None:
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in to_save.state_dict().items()}
+    to_save.save_pretrained(path, state_dict=state_dict)
     tokenizer.save_pretrained(path)
 
 
@@ -83,9 +88,13 @@ def train_policy(config: Config, stage: str, problems: Sequence, out_dir: Path, 
         frozen.requires_grad_(False)
         reference = LMPolicy(frozen, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size)
     if cfg.lora and not hasattr(model, "peft_config"):
-        model = _lora(model, cfg)
+        model = _lora(model, cfg)  # peft keeps the adapters in float32 over a half-precision base
+    # Full fine-tuning of a bf16/fp16 model: float32 master weights, the forward autocast to the
+    # half dtype (and the saved model cast back to it).
+    half_dtype = upcast_trainable(model)
     model.train()
-    policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size)
+    policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
+                      autocast_dtype=half_dtype)
     scorer = PRMScorer.from_pretrained(config.resolve(config.model.prm), config)
     kinds = {answer_kind(p.source) for p in problems}
     if len(kinds) != 1:
@@ -105,7 +114,7 @@ def train_policy(config: Config, stage: str, problems: Sequence, out_dir: Path, 
         save_model=lambda path: _save_policy(model, tokenizer, path), progress=progress,
     )
     history = trainer.train()
-    _save_policy(model, tokenizer, out_dir / "model")
+    _save_policy(model, tokenizer, out_dir / "model", dtype=half_dtype)
     if stage == "ppo":
         from safetensors.torch import save_file
 

@@ -27,8 +27,12 @@ class SampledSolution:
 class LMPolicy:
     """A causal LM (optionally peft-wrapped) seen as a step-level policy."""
 
-    def __init__(self, model, tokenizer, separator: str = "\n", max_new_tokens: int = 160, generation_batch_size: int = 256):
+    def __init__(self, model, tokenizer, separator: str = "\n", max_new_tokens: int = 160, generation_batch_size: int = 256,
+                 autocast_dtype: torch.dtype | None = None):
+        """autocast_dtype: run sampling and scoring under torch.autocast to this dtype (float32
+        master weights trained in bf16, pipeline.modeling.upcast_trainable); None: as stored."""
         self.model = model
+        self.autocast_dtype = autocast_dtype
         self.tokenizer = tokenizer
         self.separator = separator
         self.max_new_tokens = max_new_tokens
@@ -38,13 +42,18 @@ class LMPolicy:
     def parameters(self):
         return self.model.parameters()
 
+    def _autocast(self):
+        device_type = next(self.model.parameters()).device.type
+        return torch.autocast(device_type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
+
     def sample(self, prompts: Sequence[str], n: int, temperature: float, seed: int | None = None) -> list[list[SampledSolution]]:
         from pipeline.generation.hf import HFGenerator
 
         was_training = self.model.training
         self.model.eval()
         generator = HFGenerator(self.model, self.tokenizer, batch_size=self.generation_batch_size)
-        outputs = generator.generate(list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed)
+        with self._autocast():
+            outputs = generator.generate(list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed)
         self.model.train(was_training)
         return [
             [SampledSolution(split_steps(o.text, self.separator), o.finish_reason == "eos", len(o.token_ids)) for o in outs]
@@ -70,7 +79,7 @@ class LMPolicy:
         batch = [self._encode(p, s) for p, s in zip(prompts, step_lists)]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         context = torch.enable_grad() if with_grad else torch.no_grad()
-        with context:
+        with context, self._autocast():
             return trajectory_logprobs(
                 self.model, batch, pad, with_grad=with_grad, return_entropy=return_entropy,
                 return_boundary_hidden=return_hidden,

@@ -54,8 +54,8 @@ class PPOObjective:
 
     def values(self, lp) -> torch.Tensor:
         hidden = lp.boundary_hidden
-        head = self.value_head.to(device=hidden.device, dtype=hidden.dtype)
-        return head(hidden).squeeze(-1).float()
+        head = self.value_head.to(device=hidden.device)  # stays float32 (its optimizer state too) under a bf16 policy
+        return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
 
     def update(self, trainer, fresh: list[Trajectory]) -> dict:
         size = self.cfg.micro_batch_size

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from prm.data import PRMCollator, PRMDataset, iter_training_batches, pad_token_id
+from pipeline.modeling import upcast_trainable
 from prm.model import ProcessRewardModel, new_prm
 
 log = logging.getLogger("stepflow.prm")
@@ -65,14 +66,6 @@ def _scheduler(optimizer, name: str, warmup_steps: int, total_steps: int):
     if name == "constant":
         return get_constant_schedule_with_warmup(optimizer, warmup_steps)
     raise ValueError(f"prm.scheduler must be cosine | linear | constant, got {name!r}")
-
-
-def _upcast_trainable(model: torch.nn.Module) -> None:
-    """Trainable weights in float32 (master weights; accelerate autocasts to bf16 on GPU): at the
-    paper's lr 8e-6 a bf16 weight would not move, its update is below half an ulp."""
-    for param in model.parameters():
-        if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
-            param.data = param.data.float()
 
 
 def _tensorboard_writer(directory: Path):
@@ -155,7 +148,7 @@ def train_prm(
     if cfg.gradient_checkpointing:
         base = model.backbone.get_base_model() if model.has_lora else model.backbone
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    _upcast_trainable(model)
+    upcast_trainable(model)  # float32 master weights; accelerate autocasts to bf16 on GPU
     model.train()
 
     format_config = model.info.format_config()

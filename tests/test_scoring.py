@@ -140,3 +140,44 @@ def test_peft_wrapped_policy_scores_like_its_merged_weights_and_trains_its_adapt
     assert lora_grads and all(g is not None and g.abs().sum() > 0 for g in lora_grads)
     merged = trajectory_logprobs(peft_model.merge_and_unload(), batch, PAD)
     torch.testing.assert_close(result.step_logprobs.detach(), merged.step_logprobs, atol=1e-5, rtol=0)
+
+
+def test_half_precision_full_fine_tuning_keeps_float32_master_weights():
+    """A bf16 policy trained at the paper's lr (5e-6): float32 master weights move, bf16 ones are
+    rounded back (the update is below half an ulp); the forward still runs in bf16 (autocast)."""
+    from pipeline.modeling import upcast_trainable
+    from pipeline.policy import LMPolicy
+
+    class Tok:
+        pad_token_id, eos_token_id = PAD, EOS
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [3 + (ord(c) % (VOCAB - 3)) for c in text]}
+
+    def one_step(model, policy):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=5e-6, weight_decay=0.0)
+        lp = policy.logprobs(["ab"], [["cd\n", "ef\n"]], with_grad=True)
+        (-lp.step_logprobs.sum()).backward()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        return lp, sum(int((p.detach() != before[n]).sum()) for n, p in model.named_parameters())
+
+    bf16 = make_model("llama", 0).to(torch.bfloat16).train()
+    _, moved_bf16 = one_step(bf16, LMPolicy(bf16, Tok(), "\n"))
+    master = make_model("llama", 0).to(torch.bfloat16).train()
+    half = upcast_trainable(master)
+    assert half == torch.bfloat16 and all(p.dtype == torch.float32 for p in master.parameters())
+    lp, moved_master = one_step(master, LMPolicy(master, Tok(), "\n", autocast_dtype=half))
+    assert moved_master > 10 * max(moved_bf16, 1)
+    assert upcast_trainable(master) is None  # already float32: nothing to autocast
+
+
+def test_ppo_value_head_stays_float32_under_a_bf16_policy():
+    from types import SimpleNamespace
+
+    from pipeline.config import PPOConfig
+    from pipeline.ppo import PPOObjective
+
+    objective = PPOObjective(PPOConfig(), hidden_size=8)
+    values = objective.values(SimpleNamespace(boundary_hidden=torch.randn(2, 3, 8, dtype=torch.bfloat16)))
+    assert values.dtype == torch.float32 and objective.value_head.weight.dtype == torch.float32
