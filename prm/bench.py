@@ -147,10 +147,10 @@ def bench_prm_training(
     config,
     work_dir: str | Path,
     backbone_config: dict | None = None,
-    n_solutions: int = 1536,
+    n_solutions: int = 3072,
     n_steps: int = 48,
-    micro_batch_size: int = 32,
-    batch_size: int = 128,
+    micro_batch_size: int = 64,
+    batch_size: int = 256,
     warmup_steps: int = 4,
     compile: bool = True,
 ) -> dict:

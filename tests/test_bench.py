@@ -1,0 +1,36 @@
+"""make bench's bookkeeping: the MFU formula against a real model's parameter count, and
+docs/benchmarks.md keeping other machines' rows (the benchmarks themselves measure, never tested for time)."""
+
+from __future__ import annotations
+
+
+def test_training_flops_count_the_decoder_block_matrices():
+    from transformers import Qwen2Config, Qwen2Model
+
+    from prm.bench import peak_bf16_flops, training_flops_per_token
+
+    config = Qwen2Config(vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
+                         num_key_value_heads=2)
+    model = Qwen2Model(config)
+    matrices = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and n.endswith("proj.weight"))
+    assert training_flops_per_token(config, 0.0) == 6 * matrices
+    assert training_flops_per_token(config, 100.0) == 6 * matrices + 12 * 3 * 48 * 100
+    assert peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12 and peak_bf16_flops("Some CPU") is None
+
+
+def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_path):
+    from stages.bench import write_markdown
+
+    path = tmp_path / "benchmarks.md"
+    result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0}
+    training = {"tokens_per_s": 1000.0, "achieved_tflops": 1.0, "mfu": 0.5, "seq_len": 10.0, "micro_batch_size": 4, "batch_size": 8,
+                "compile": True}
+    write_markdown({"prm_one_pass": result(1.0)}, path, "random init", "GPU-A", [training])
+    path.write_text(path.read_text() + "\n## Notes\n\nhand-written note\n")
+    write_markdown({"prm_one_pass": result(3.0)}, path, "random init", "CPU-B")
+    write_markdown({"prm_one_pass": result(5.0)}, path, "random init", "CPU-B")
+    text = path.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| prm_one_pass")]
+    assert len(rows) == 2 and rows[0].endswith("| GPU-A |") and "| 5.000 |" in rows[1] and rows[1].endswith("| CPU-B |")
+    assert "| 1000 | 1.0 | 50.0% | 10 | 4 x 2 | True | GPU-A |" in text
+    assert text.count("hand-written note") == 1
