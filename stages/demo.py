@@ -82,10 +82,12 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     lines += ["", "## PRM validation", ""]
     lines += [f"- {k}: {_fmt(v)}" for k, v in val.items() if not isinstance(v, (dict, list))]
     corruption = val.get("corruption") or {}
-    if corruption:
+    if corruption.get("n"):
         lines += [f"- corrupted steps (E.4: a correct step's calculation result altered): {corruption['n']} steps, mean score "
                   f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} (mean drop {_fmt(corruption['mean_drop'], 4)}; "
-                  f"scored lower in {100 * corruption['share_lower']:.0f}% of cases)"]
+                  f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"]
+    elif "corruption" in val:
+        lines += ["- corrupted steps (E.4): none to corrupt (no validation step labelled correct holds a calculation)"]
     if val.get("prm800k"):
         lines += [f"- PRM800K-format first-error check: " + ", ".join(f"{k} {_fmt(v)}" for k, v in val["prm800k"].items()
                                                                      if not isinstance(v, (dict, list)))]
