@@ -29,7 +29,7 @@ from eval.accuracy import ProblemSamples, bootstrap_ci, majority_vote_index, pas
 from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
 from pipeline.config import Config
 from pipeline.grading import extract_answer, grade_many, normalize_answer
-from pipeline.io import read_jsonl, write_json_atomic, write_jsonl_atomic
+from pipeline.io import path_fingerprint, read_jsonl, write_json_atomic, write_jsonl_atomic
 from pipeline.problems import Problem, answer_kind, load_benchmark
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import join_steps, split_steps
@@ -147,15 +147,7 @@ def missing_model_reason(spec: ModelSpec) -> str | None:
 
 def _fingerprint(path: str | None, is_local: bool) -> str | None:
     """Changes when a local model folder's files change (retrained); a hub id is itself."""
-    if path is None or not is_local:
-        return path
-    root = Path(path).expanduser()
-    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file())
-    digest = hashlib.sha256()
-    for file in files:
-        stat = file.stat()
-        digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
+    return path_fingerprint(path) if path is not None and is_local else path
 
 
 # ----------------------------------------------------------------------------- sampling

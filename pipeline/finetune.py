@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -115,6 +116,9 @@ def train_policy(config: Config, stage: str, problems: Sequence, out_dir: Path, 
     )
     history = trainer.train()
     _save_policy(model, tokenizer, out_dir / "model", dtype=half_dtype)
+    # The checkpoint only serves an interrupted run; left behind, a later `make gfn` in the same
+    # run folder would resume from it (a policy trained against an older PRM) instead of training afresh.
+    shutil.rmtree(trainer.checkpoint_dir, ignore_errors=True)
     if stage == "ppo":
         from safetensors.torch import save_file
 

@@ -14,6 +14,7 @@ restarted stage skips those, so no record is ever written twice. Several process
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -208,3 +209,44 @@ def parse_shard(spec: str) -> tuple[int, int]:
     if not 0 <= i < n:
         raise ValueError(f"shard {spec!r}: need 0 <= i < n")
     return i, n
+
+
+def path_fingerprint(path: str | Path) -> str:
+    """A short digest that changes when a file or a folder's files change (a retrained model).
+
+    Content-based, not time-based, so a copied run folder keeps its fingerprint: each file's
+    name, size and the sha256 of its first and last MiB (a 15 GB checkpoint is read 2 MiB a file).
+    """
+    root = Path(path).expanduser()
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(root) if file != root else file.name}:{size}\n".encode())
+        with file.open("rb") as handle:
+            digest.update(handle.read(1 << 20))
+            if size > 2 << 20:
+                handle.seek(-(1 << 20), 2)
+                digest.update(handle.read())
+    return digest.hexdigest()[:16]
+
+
+def check_settings(directory: str | Path, settings: dict, what: str) -> None:
+    """Resume guard: the first run writes ``settings`` to <directory>/settings.json; a later run
+    with other settings (another policy, k, temperature...) stops with the keys that differ,
+    instead of mixing its records with records made under the old ones. Nothing is deleted."""
+    directory = Path(directory)
+    path = directory / "settings.json"
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if changed:
+            raise SystemExit(
+                f"{path}: {what} already holds records made with other settings ({', '.join(changed)} differ). "
+                f"Resuming would mix the two. Move or delete {directory}, or use another run name."
+            )
+        return
+    if committed_shards(directory):
+        raise SystemExit(f"{directory}: {what} holds records but no settings.json (written by an older version); "
+                         f"move or delete it, or use another run name")
+    write_json_atomic(path, settings)

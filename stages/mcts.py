@@ -7,13 +7,15 @@ Writes: runs/<run>/mcts/shards/part-*/{records,summaries}.jsonl  (resumable, sha
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from pathlib import Path
 
 from tqdm import tqdm
 
 from pipeline.generation import build_generator
 from pipeline.grading import extract_answer, grade_many
-from pipeline.io import ShardWriter, completed_problem_ids, parse_shard, read_stream, write_json_atomic
+from pipeline.io import ShardWriter, check_settings, completed_problem_ids, parse_shard, path_fingerprint, read_stream, write_json_atomic
 from pipeline.mcts import make_rollout_fn, run_mcts
 from pipeline.problems import answer_kind
 from pipeline.prompts import prompt_from_config
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
         if config.mcts.max_problems is not None:
             problems = problems[: config.mcts.max_problems]
         mine = [p for i, p in enumerate(problems) if i % shard_count == shard_index]
+        check_settings(shards, mcts_settings(config), "the MCTS run")
         done = completed_problem_ids(shards)
         todo = [p for p in mine if p.problem_id not in done]
         log.info("mcts: %d problems in shard %s, %d already complete, %d to search", len(mine), config.mcts.shard, len(mine) - len(todo), len(todo))
@@ -68,6 +71,24 @@ def main(argv: list[str] | None = None) -> dict:
         write_json_atomic(out / "stats.json", stats)
         log.info("mcts: %s", {k: v for k, v in stats.items() if k != "mc_histogram"})
     return stats
+
+
+def mcts_settings(config) -> dict:
+    """What the records depend on: the policy (and its weights), the search parameters, the
+    problems and the step format. Not: shard, max_active, problems_per_commit, max_problems."""
+    policy = config.resolve(config.model.policy)
+    search = {k: v for k, v in dataclasses.asdict(config.mcts).items() if k not in ("shard", "max_active", "problems_per_commit", "max_problems")}
+    return {
+        "policy": policy, "policy_fingerprint": _fingerprint_if_local(policy),
+        "policy_adapter": config.resolve(config.model.policy_adapter), "mcts": search, "seed": config.seed,
+        "data": {k: config.resolve(v) if k == "train_path" else v for k, v in dataclasses.asdict(config.data).items() if not k.startswith("validation")},
+        "train_fingerprint": _fingerprint_if_local(config.resolve(config.data.train_path)),
+        "format": dataclasses.asdict(config.format), "max_new_tokens": config.generation.max_new_tokens,
+    }
+
+
+def _fingerprint_if_local(path: str | None) -> str | None:
+    return path_fingerprint(path) if path and Path(path).exists() else None
 
 
 def mcts_stats(shards) -> dict:

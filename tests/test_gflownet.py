@@ -6,6 +6,7 @@ language model; only the policy's two methods differ.
 """
 
 import itertools
+import json
 import math
 from types import SimpleNamespace
 
@@ -227,3 +228,26 @@ def test_proportionality_gap_is_zero_under_exact_proportional_sampling():
     log_pi = log_r - torch.tensor([1.0, 1.0, 2.0, 2.0])
     assert proportionality_gap(log_pi, log_r, ["a", "a", "b", "b"]) == pytest.approx(0.0)
     assert proportionality_gap(log_pi + torch.tensor([0.0, 1.0, 0.0, 0.0]), log_r, ["a", "a", "b", "b"]) == pytest.approx(0.25)
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint_to_the_same_policy(tmp_path):
+    def run(out, steps, interrupt_at=None):
+        torch.manual_seed(0)
+        policy = TabularPolicy()
+        cfg = GFNConfig(lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=steps, questions_per_step=1,
+                        samples_per_question=8, micro_batch_size=64, temperature=1.0, save_every=2, replay_fraction=0.5)
+        if interrupt_at is not None:  # the same run, killed right after its step-`interrupt_at` checkpoint
+            killed = GFNConfig(**{**cfg.__dict__, "num_train_steps": interrupt_at + 1})
+            make_trainer(GFlowNetObjective(killed), killed, policy, out).train()
+            torch.manual_seed(0)
+            policy = TabularPolicy()  # a fresh process: weights come back from the checkpoint
+        trainer = make_trainer(GFlowNetObjective(cfg), cfg, policy, out)
+        history = trainer.train()
+        return policy, trainer, history
+
+    straight, _, _ = run(tmp_path / "straight", 6)
+    resumed, trainer, history = run(tmp_path / "resumed", 6, interrupt_at=4)
+    assert history[0]["step"] == 5  # steps 1-4 came from the checkpoint
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]  # the killed run's step 5 was dropped and redone
+    assert torch.allclose(straight.logits, resumed.logits, atol=1e-6)

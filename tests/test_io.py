@@ -82,3 +82,37 @@ def test_parse_shard():
     for bad in ("4/4", "a/b", "1"):
         with pytest.raises(ValueError):
             parse_shard(bad)
+
+
+def test_fingerprint_follows_content_not_copies(tmp_path):
+    import shutil
+
+    from pipeline.io import path_fingerprint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": 1}')
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 20000)  # > 2 MiB: head and tail are read
+    before = path_fingerprint(model)
+    shutil.copytree(model, tmp_path / "copy")
+    assert path_fingerprint(tmp_path / "copy") == before
+    data = bytearray((model / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # retrained: the last bytes change
+    (model / "model.safetensors").write_bytes(bytes(data))
+    assert path_fingerprint(model) != before
+
+
+def test_resume_guard_refuses_records_made_with_other_settings(tmp_path):
+    from pipeline.io import ShardWriter, check_settings
+
+    shards = tmp_path / "shards"
+    check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
+    with ShardWriter(shards, tag="0of1") as writer:
+        writer.add("p1", records=[{"problem_id": "p1"}])
+    check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")  # same settings: resume
+    with pytest.raises(SystemExit, match=r"settings.json: the MCTS run .*\(k, policy differ\)"):
+        check_settings(shards, {"policy": "b", "k": 8}, "the MCTS run")
+    assert (shards / "settings.json").exists() and any(shards.iterdir())  # nothing deleted
+    (shards / "settings.json").unlink()
+    with pytest.raises(SystemExit, match="no settings.json"):
+        check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
