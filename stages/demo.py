@@ -123,11 +123,28 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     return path
 
 
+def set_aside_previous_run(config: Config) -> list[Path]:
+    """The demo runs every stage from scratch: an earlier run's folders are renamed
+    (<folder>.<UTC time>), never deleted, so its resumable stages (MCTS shards, checkpoints) can
+    neither be mixed into this run nor refuse it."""
+    from stages.evaluate import reports_dir
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    moved = []
+    for folder in (config.run_dir, reports_dir(config)):
+        if folder.exists() and any(folder.iterdir()):
+            target = folder.with_name(f"{folder.name}.{stamp}")
+            folder.rename(target)
+            log.info("demo: an earlier run was in %s; moved to %s", folder, target)
+            moved.append(target)
+    return moved
+
+
 def main(argv: list[str] | None = None) -> Path:
     argv = list(sys.argv[1:] if argv is None else argv)
     config = parse_args("demo", argv)
-    cli = argv
-    seconds = run_stages(cli)
+    set_aside_previous_run(config)
+    seconds = run_stages(argv)
     from stages.evaluate import reports_dir
     from pipeline.contracts import check_run
 

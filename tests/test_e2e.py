@@ -43,3 +43,18 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
 
     for stage in ("gfn", "ppo"):
         AutoModelForCausalLM.from_pretrained(run_dir / stage / "model")
+
+
+def test_a_new_demo_sets_the_previous_run_aside_without_deleting_it(tmp_path, monkeypatch):
+    from pipeline.config import load_config
+    from stages.demo import set_aside_previous_run
+
+    monkeypatch.chdir(tmp_path)
+    config = load_config(REPO / "configs" / "tiny.yaml", ["run=d"])
+    (config.run_dir / "mcts" / "shards").mkdir(parents=True)
+    (config.run_dir / "mcts" / "shards" / "settings.json").write_text("{}")
+    (tmp_path / "reports" / "d").mkdir(parents=True)  # empty: left where it is
+    moved = set_aside_previous_run(config)
+    assert len(moved) == 1 and (moved[0] / "mcts" / "shards" / "settings.json").exists()
+    assert not config.run_dir.exists() and (tmp_path / "reports" / "d").exists()
+    assert set_aside_previous_run(config) == []
