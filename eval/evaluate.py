@@ -16,6 +16,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -48,6 +49,7 @@ BENCHMARK_ALIASES: dict[str, tuple[str, str]] = {
 
 KindOf = Callable[[Problem], str]
 GeneratorFactory = Callable[[str, "str | None"], object]  # (model path, adapter) -> Generator
+StepScorer = Callable[[Sequence[tuple[str, Sequence[str]]]], list[list[float]]]  # PRMScorer.score_many
 
 
 def problem_kind(problem: Problem) -> str:
@@ -304,6 +306,7 @@ def score_samples(
     kind_of: KindOf,
     config: Config,
     embed: Embedder | None = None,
+    prm: StepScorer | None = None,
 ) -> dict:
     """Accuracy and diversity of one model on one benchmark from its samples records.
 
@@ -311,6 +314,9 @@ def score_samples(
     "pass@k_curve": {j: unbiased pass@j}, "answered", "mean_steps", "diversity": {similarity:
     {mean, lo, hi, n_scored}, vendi, distinct_1..3, correct_strategies, correct_strategies_solved}}.
     Diversity is over the k sampled solutions only; similarity and Vendi are None without ``embed``.
+    With ``prm`` (PRMScorer.score_many), also "prm_reward": {mean, lo, hi}, the mean over problems
+    of the mean PRM reward R = prod_k U(s_k|s_{k-1}) of its sampled solutions (an empty solution: 0),
+    the quantity the GFlowNet samples in proportion to.
     """
     sampled, per_problem, greedy_correct = _graded(records, problems, kind_of)
     settings = config.eval
@@ -338,6 +344,9 @@ def score_samples(
     diversity["correct_strategies_solved"] = float(np.mean(solved)) if solved else None
 
     all_rows = [r for rows in sampled.values() for r in rows]
+    extra = {}
+    if prm is not None:
+        extra["prm_reward"] = mean_prm_reward(sampled, problems, prm, settings.bootstrap_resamples, settings.seed)
     return {
         "n_problems": n_problems,
         "k": k,
@@ -346,7 +355,19 @@ def score_samples(
         "answered": float(np.mean([r["final_answer"] is not None for r in all_rows])),
         "mean_steps": float(np.mean([len(r["steps"]) for r in all_rows])),
         "diversity": diversity,
+        **extra,
     }
+
+
+def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer, n_resamples: int, seed: int) -> dict:
+    """{mean, lo, hi}: per problem, the mean of R = prod U over its sampled solutions; a
+    percentile-bootstrap interval over problems (eval.accuracy.bootstrap_ci)."""
+    pairs = [(p.question, r["steps"]) for p in problems for r in sampled[p.problem_id]]
+    scores = iter(prm([pair for pair in pairs if pair[1]]))
+    rewards = iter([math.prod(next(scores)) if steps else 0.0 for _, steps in pairs])
+    per_problem = np.array([np.mean([next(rewards) for _ in sampled[p.problem_id]]) for p in problems])
+    mean, lo, hi = bootstrap_ci(per_problem, n_resamples=n_resamples, seed=seed)
+    return {"mean": mean, "lo": lo, "hi": hi}
 
 
 def evaluate_model(
@@ -412,6 +433,7 @@ def run_evaluation(
     embed: Embedder | None = None,
     out_dir: str | Path | None = None,
     kind_of: KindOf = problem_kind,
+    prm: StepScorer | None = None,
 ) -> dict:
     """Every model of eval.models on every benchmark of eval.benchmarks; writes
     <out_dir>/samples/*.jsonl and <out_dir>/results.json (out_dir: reports/<run>/).
@@ -431,6 +453,7 @@ def run_evaluation(
             "top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens,
             "max_problems": config.eval.max_problems, "embedder": config.eval.embedder or "all-MiniLM-L6-v2",
             "bootstrap_resamples": config.eval.bootstrap_resamples, "confidence": 0.95, "seed": config.eval.seed,
+            "prm": config.resolve(config.eval.prm) if prm is not None else None,
         },
         "benchmarks": {
             name: {"n_problems": len(problems), "kinds": sorted({kind_of(p) for p in problems}),
@@ -466,7 +489,7 @@ def run_evaluation(
                 write_json_atomic(path.with_suffix(".settings.json"), settings)
             else:
                 log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
-            metrics = score_samples(records, problems, kind_of, config, embed)
+            metrics = score_samples(records, problems, kind_of, config, embed, prm)
             metrics["samples"] = str(path)
             results["results"].setdefault(name, {})[bench] = metrics
             acc, similarity = metrics["accuracy"], metrics["diversity"]["similarity"]["mean"]

@@ -110,6 +110,10 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
             [[model, bench, str(m["n_problems"])] + [_percent(m["accuracy"].get(key)) for key, _ in shown]
              + [f"{100 * m['answered']:.1f}"] for model, bench, m in rows],
         )
+        if any("prm_reward" in m for _, _, m in rows):
+            lines += ["", f"Mean PRM reward R = prod U of the sampled solutions (`{settings.get('prm')}`; the GFlowNet's "
+                      "target is proportional to it), mean over problems with a 95% bootstrap interval:", ""]
+            lines += _pivot(results, lambda m: _interval(m.get("prm_reward"), 4))
         lines += ["", "## Diversity of reasoning (Table 4)", ""]
         lines += ["Mean pairwise similarity of the sampled solutions, by model and benchmark (lower = more diverse):", ""]
         lines += _pivot(results, lambda m: _interval(m["diversity"]["similarity"]))

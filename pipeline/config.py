@@ -268,6 +268,7 @@ class EvalConfig:
     temperature: float = 0.6
     greedy: bool = True
     embedder: str | None = None  # None = offline all-MiniLM-L6-v2; paper: sentence-transformers/paraphrase-MiniLM-L6-v2
+    prm: str | None = None  # a trained PRM: report each model's mean PRM reward R = prod U on its samples (skipped if absent)
     bootstrap_resamples: int = 2000
     seed: int = 0
 

@@ -4,6 +4,7 @@ Reads:  the models of config.eval.models ({name: path or hub id, "path::adapter"
         adapter}; a local path that does not exist is skipped and noted), the benchmarks of
         config.eval.benchmarks (eval.benchmark_paths[name] when given; "tiny_test" = the
         bootstrap stage's problems_test.jsonl)
+        the PRM at eval.prm when it exists (each model's mean PRM reward)
 Writes: reports/<run>/results.json, report.md, accuracy.png, similarity.png, config.yaml,
         samples/<model>__<benchmark>.jsonl (+ .settings.json: a rerun with the same settings
         and unchanged model files re-scores these instead of generating again)
@@ -12,6 +13,7 @@ Writes: reports/<run>/results.json, report.md, accuracy.png, similarity.png, con
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from eval.diversity import load_embedder
 from eval.evaluate import reports_dir, run_evaluation
@@ -22,6 +24,19 @@ from pipeline.modeling import resolve_device
 from stages.common import log, parse_args, set_threads, timed
 
 __all__ = ["main", "reports_dir"]
+
+
+def load_prm_scores(config):
+    """PRMScorer.score_many of the PRM at eval.prm, or None (not configured, or not trained yet)."""
+    path = config.resolve(config.eval.prm)
+    if path is None:
+        return None
+    if not Path(path).exists():
+        log.warning("eval: no PRM at %s (eval.prm); mean PRM reward not reported", path)
+        return None
+    from prm.scorer import PRMScorer
+
+    return PRMScorer.from_pretrained(path, config).score_many
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -37,6 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
             lambda path, adapter: build_generator(config, model_path=path, adapter=adapter, progress=True),
             embed=embed,
             out_dir=out,
+            prm=load_prm_scores(config),
         )
         paths = write_report(results, out)
     log.info("eval: report written to %s", paths["report"])

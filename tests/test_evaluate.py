@@ -182,7 +182,8 @@ def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_mode
         return CannedGenerator(problems["gsm8k"] + problems["sat_math_32"], config)
 
     out = tmp_path / "reports"
-    results = run_evaluation(config, make_generator, embed=fake_embed, out_dir=out)
+    half = lambda pairs: [[0.5] * len(steps) for _, steps in pairs]  # a PRM scoring every step 0.5
+    results = run_evaluation(config, make_generator, embed=fake_embed, out_dir=out, prm=half)
 
     assert built == [(str(model_dir), None)]  # one model load for both benchmarks
     assert [s["model"] for s in results["skipped"]] == ["gfn", "ppo"]
@@ -200,12 +201,13 @@ def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_mode
     report = paths["report"].read_text()
     assert "| base | gsm8k | 8 | 50.0 [" in report and "| base | sat_math_32 | 8 | 50.0 [" in report
     assert "maj@4" in report and "Table 4" in report
+    assert "Mean PRM reward" in report and 0 < results["results"]["base"]["gsm8k"]["prm_reward"]["mean"] < 0.5
     assert "**gfn**" in report and "**ppo**" in report  # skipped models are noted
     for png in ("accuracy.png", "similarity.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # a second run with the same settings re-scores the saved samples without loading the model
-    again = run_evaluation(config, make_generator, embed=fake_embed, out_dir=out)
+    again = run_evaluation(config, make_generator, embed=fake_embed, out_dir=out, prm=half)
     assert len(built) == 1
     assert again["results"] == results["results"]
     # a changed setting (here the temperature) makes the samples stale
@@ -306,3 +308,31 @@ def test_paired_differences_are_per_problem_and_name_clear_changes_only():
     same = paired_accuracy_differences(base, base, problems, n_resamples=50)
     assert all(d == {"mean": 0.0, "lo": 0.0, "hi": 0.0} for d in same.values())
     assert verdict(paired_accuracy_differences(better, base, problems, n_resamples=500)["pass@1"]) == "lower"
+
+
+def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
+    from eval.evaluate import score_samples
+
+    problems = [Problem(f"tiny-{i}", f"Question {i}?", str(i + 1), "tiny") for i in range(2)]
+    texts = {0: ["x\ny\nThe answer is 1", "x\nThe answer is 1"], 1: ["a\nThe answer is 2", ""]}
+    config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=100"])
+
+    class Fixed:
+        tokenizer = None
+
+        def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
+            return [[Completion(t, [], "eos") for t in texts[i]] for i in range(len(prompts))]
+
+    seen = []
+
+    def prm(pairs):  # U = 0.5 for a step "x", 0.8 otherwise
+        seen.extend(pairs)
+        return [[0.5 if step == "x" else 0.8 for step in steps] for _, steps in pairs]
+
+    records = evaluate_model(Fixed(), problems, problem_kind, config).samples
+    reward = score_samples(records, problems, problem_kind, config, prm=prm)["prm_reward"]
+    # problem 0: (0.5*0.8*0.8 + 0.5*0.8) / 2 = 0.36; problem 1: (0.8*0.8 + 0 for the empty one) / 2 = 0.32
+    assert reward["mean"] == pytest.approx((0.36 + 0.32) / 2)
+    assert reward["lo"] <= reward["mean"] <= reward["hi"]
+    assert all(steps for _, steps in seen) and seen[0][0] == "Question 0?"  # empty solutions are not scored
+    assert "prm_reward" not in score_samples(records, problems, problem_kind, config)
