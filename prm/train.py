@@ -224,7 +224,7 @@ def train_prm(
         step += 1
         bar.update(1)
         if step % max(cfg.log_every, 1) == 0 or step == total_steps:
-            stats = torch.stack([window_loss.to(accelerator.device).float(),
+            stats = torch.stack([window_loss.to(accelerator.device),
                                  *torch.tensor([window_batches, window_examples, window_tokens], device=accelerator.device)])
             stats = accelerator.reduce(stats, reduction="sum")
             elapsed = max(time.monotonic() - window_start, 1e-9)

@@ -137,16 +137,23 @@ def test_canned_outputs_give_exact_accuracy_on_real_benchmarks(tmp_path, benchma
     assert [r["correct"] for r in samples[15:20]] == [False, True, True, True, True]
 
 
+class FixedGenerator:
+    """Generation interface returning texts[i] (a list of completions) for the i-th prompt."""
+
+    tokenizer = None
+
+    def __init__(self, texts: dict[int, list[str]]):
+        self.texts = texts
+
+    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
+        return [[Completion(t, [], "eos") for t in self.texts[i]] for i in range(len(prompts))]
+
+
 def test_diversity_metrics_on_hand_made_solutions():
     problems = [Problem(f"tiny-{i}", f"Question {i}?", str(i + 1), "tiny") for i in range(2)]
     texts = {0: ["x\nThe answer is 1", "x\nThe answer is 1"], 1: ["a\nThe answer is 2", "b\nThe answer is 3"]}
     config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=100"])
 
-    class Fixed:
-        tokenizer = None
-
-        def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
-            return [[Completion(t, [], "eos") for t in texts[i]] for i in range(len(prompts))]
 
     vocabulary: dict[str, int] = {}
 
@@ -156,7 +163,7 @@ def test_diversity_metrics_on_hand_made_solutions():
             rows[row, vocabulary.setdefault(text, len(vocabulary))] = 1.0
         return rows
 
-    metrics = evaluate_model(Fixed(), problems, problem_kind, config, embed=one_hot).metrics
+    metrics = evaluate_model(FixedGenerator(texts), problems, problem_kind, config, embed=one_hot).metrics
     diversity = metrics["diversity"]
     assert "greedy_pass@1" not in metrics["accuracy"]
     assert diversity["similarity"]["mean"] == pytest.approx(0.5)  # identical pair 1, orthogonal pair 0
@@ -317,11 +324,6 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
     texts = {0: ["x\ny\nThe answer is 1", "x\nThe answer is 1"], 1: ["a\nThe answer is 2", ""]}
     config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=100"])
 
-    class Fixed:
-        tokenizer = None
-
-        def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
-            return [[Completion(t, [], "eos") for t in texts[i]] for i in range(len(prompts))]
 
     seen = []
 
@@ -329,7 +331,7 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
         seen.extend(pairs)
         return [[0.5 if step == "x" else 0.8 for step in steps] for _, steps in pairs]
 
-    records = evaluate_model(Fixed(), problems, problem_kind, config).samples
+    records = evaluate_model(FixedGenerator(texts), problems, problem_kind, config).samples
     reward = score_samples(records, problems, problem_kind, config, prm=prm)["prm_reward"]
     # problem 0: (0.5*0.8*0.8 + 0.5*0.8) / 2 = 0.36; problem 1: (0.8*0.8 + 0 for the empty one) / 2 = 0.32
     assert reward["mean"] == pytest.approx((0.36 + 0.32) / 2)
