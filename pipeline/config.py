@@ -171,6 +171,7 @@ class PRMConfig:
     scheduler: str = "cosine"  # cosine | linear | constant (after warmup)
     max_grad_norm: float = 1.0  # gradient clipping
     max_length: int = 512  # tokens; labels of steps ending beyond it are dropped (and counted)
+    group_by_length: bool = False  # length-bucketed micro-batches: less padding, but label-homogeneous batches (docs/prm.md)
     merge_prefixes: bool = True  # records whose path is a prefix of another share one sequence
     kind: str | None = None  # prompt kind (tiny | math | gsm8k | sat); None = the training problems' kind
     lora: bool = False  # LoRA on the backbone; the saved model has the adapters merged

@@ -199,7 +199,7 @@ def bench_prm_training(
     run_config.prm = dataclasses.replace(
         run_config.prm, lr=8e-6, batch_size=batch_size, micro_batch_size=micro_batch_size, epochs=1.0, log_every=1,
         save_every=0, resume=False, max_length=4096, kind="tiny", lora=False, gradient_checkpointing=False,
-        compile=compile,
+        compile=compile, group_by_length=True,  # as measured in docs/benchmarks.md: least padding
     )
     lengths = PRMDataset(records, tokenizer, run_config.format, "tiny", run_config.prm.max_length).lengths
     seq_len = sum(n * n for n in lengths) / sum(lengths)  # token-weighted, as the attention cost is

@@ -268,12 +268,22 @@ def sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def iter_training_batches(lengths: Sequence[int], micro_batch_size: int, n_micro_batches: int, seed: int) -> Iterator[list[int]]:
-    """``n_micro_batches`` length-bucketed micro-batches over as many epochs as that takes;
-    epoch e is shuffled with Random(seed * 1_000_003 + e), so a resumed run sees the same stream."""
+def iter_training_batches(
+    lengths: Sequence[int], micro_batch_size: int, n_micro_batches: int, seed: int, group_by_length: bool = False
+) -> Iterator[list[int]]:
+    """``n_micro_batches`` micro-batches over as many epochs as that takes; epoch e is shuffled
+    with Random(seed * 1_000_003 + e), so a resumed run sees the same stream.
+
+    group_by_length=False (default): uniformly shuffled micro-batches. True: length-bucketed
+    (length_bucketed_batches), less padding but each micro-batch holds sequences of one length,
+    and a PRM sequence's length predicts its labels (later steps, shorter corrupted branches),
+    so its gradient is biased batch by batch (docs/prm.md, "Batching").
+    """
+    bucket_batches = 50 if group_by_length else 1  # a bucket of one batch is a plain shuffle
     produced, epoch = 0, 0
     while produced < n_micro_batches:
-        for batch in length_bucketed_batches(lengths, micro_batch_size, random.Random(seed * 1_000_003 + epoch)):
+        rng = random.Random(seed * 1_000_003 + epoch)
+        for batch in length_bucketed_batches(lengths, micro_batch_size, rng, bucket_batches):
             if produced >= n_micro_batches:
                 return
             yield batch

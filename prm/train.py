@@ -177,7 +177,8 @@ def train_prm(
         log.info("prm: resuming at optimizer step %d of %d", start_step, total_steps)
 
     # Every process walks the same seeded stream of micro-batches and keeps its own share.
-    stream = iter_training_batches(train_set.lengths, cfg.micro_batch_size, total_steps * accumulation * world, cfg.seed)
+    stream = iter_training_batches(train_set.lengths, cfg.micro_batch_size, total_steps * accumulation * world, cfg.seed,
+                                   cfg.group_by_length)
     rank = accelerator.process_index
     is_main = accelerator.is_main_process
     if is_main:
