@@ -1,0 +1,65 @@
+"""A clean-label control for PRM training on the tiny world: exact step labels, no Monte Carlo noise.
+
+Every step of each problem's gold solution is a record with label 1, and the same step with its
+result altered (prm.validation.corrupt_step, +1..9) is a sibling record with label 0. If the PRM
+trainer cannot separate these, MC labels (where a slip scores ~0.05 and a correct step ~0.3,
+docs/prm.md) cannot teach it either; if it can, the gap is in the labels or their amount.
+
+    python -m prm.control runs/<run> [--problems N]
+
+reads runs/<run>/bootstrap/problems_{train,val}.jsonl (make bootstrap) and writes
+runs/<run>/augment/prm_{train,val}.jsonl in the PRM data contract, so ``make prm RUN=<run>``
+trains and validates on them (validation.json: AUC, corrupted-step drop). It refuses to
+overwrite existing files: point it at a fresh run folder whose bootstrap/ is a copy or link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+from typing import Sequence
+
+from pipeline.io import write_jsonl_atomic
+from pipeline.problems import Problem, load_problems_jsonl
+from prm.validation import corrupt_step
+
+
+def control_records(problems: Sequence[Problem], seed: int = 0) -> list[dict]:
+    """Gold steps labelled 1 and their result-corrupted siblings labelled 0, each after its gold prefix.
+
+    A step without a calculation result (``The answer is N`` has one: N) that corrupt_step cannot
+    alter gets only its label-1 record.
+    """
+    rng = random.Random(seed)
+    records = []
+    for problem in problems:
+        steps = problem.meta["solutions"][0]
+        for index, step in enumerate(steps):
+            base = {"question": problem.question, "prefix_steps": list(steps[:index]), "origin": "mcts"}
+            records.append({"problem_id": problem.problem_id, **base, "step": step, "label": 1.0})
+            corrupted = corrupt_step(step, rng.randrange(1 << 30))
+            if corrupted is not None:
+                records.append({"problem_id": f"{problem.problem_id}-corrupted", **base, "step": corrupted, "label": 0.0})
+    return records
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m prm.control", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--problems", type=int, default=2000, help="training problems to use (default 2000)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    outputs = {split: args.run_dir / "augment" / f"prm_{split}.jsonl" for split in ("train", "val")}
+    existing = [str(path) for path in outputs.values() if path.exists()]
+    if existing:
+        raise SystemExit(f"prm.control: {', '.join(existing)} already exist; use a fresh run folder")
+    for split, limit in (("train", args.problems), ("val", None)):
+        problems = load_problems_jsonl(args.run_dir / "bootstrap" / f"problems_{split}.jsonl", limit=limit)
+        records = control_records(problems, args.seed + (split == "val"))
+        write_jsonl_atomic(outputs[split], records)
+        print(f"prm.control: {len(problems)} {split} problems -> {len(records)} records in {outputs[split]}")
+
+
+if __name__ == "__main__":
+    main()
