@@ -360,14 +360,43 @@ def score_samples(
 
 
 def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer, n_resamples: int, seed: int) -> dict:
-    """{mean, lo, hi}: per problem, the mean of R = prod U over its sampled solutions; a
-    percentile-bootstrap interval over problems (eval.accuracy.bootstrap_ci)."""
+    """How the PRM's reward R = prod U sees one model's samples.
+
+    mean, lo, hi:        per problem, the mean R over its sampled solutions (an empty one: 0); a
+                         percentile-bootstrap interval over problems (eval.accuracy.bootstrap_ci)
+    within_problem_auc:  over the problems with both correct and wrong samples, the mean AUC of R
+                         for correctness among that problem's samples (ties count 1/2); None when
+                         no problem has both. 0.5: R does not tell a problem's right solutions from
+                         its wrong ones, so no fine-tuning toward R can raise accuracy
+    n_mixed:             how many problems that mean is over
+    reweighted_accuracy: mean over problems of sum_i R_i * correct_i / sum_i R_i, the accuracy of
+                         these samples reweighted in proportion to R (self-normalised importance
+                         weights for sampling from pi * R); a problem whose samples all have R = 0
+                         keeps its plain accuracy
+    reweighted_reward:   the same reweighting of R itself, sum R^2 / sum R: the mean reward a
+                         policy sampling in proportion to pi * R would reach on these problems
+    """
+    from prm.validation import mann_whitney_auc
+
     pairs = [(p.question, r["steps"]) for p in problems for r in sampled[p.problem_id]]
     scores = iter(prm([pair for pair in pairs if pair[1]]))
     rewards = iter([math.prod(next(scores)) if steps else 0.0 for _, steps in pairs])
-    per_problem = np.array([np.mean([next(rewards) for _ in sampled[p.problem_id]]) for p in problems])
-    mean, lo, hi = bootstrap_ci(per_problem, n_resamples=n_resamples, seed=seed)
-    return {"mean": mean, "lo": lo, "hi": hi}
+    per_problem_rewards = [np.array([next(rewards) for _ in sampled[p.problem_id]]) for p in problems]
+    per_problem_correct = [np.array([bool(r["correct"]) for r in sampled[p.problem_id]]) for p in problems]
+    mean, lo, hi = bootstrap_ci(np.array([r.mean() for r in per_problem_rewards]), n_resamples=n_resamples, seed=seed)
+    aucs = [mann_whitney_auc(r, c) for r, c in zip(per_problem_rewards, per_problem_correct) if 0 < c.sum() < len(c)]
+    reweighted_accuracy, reweighted_reward = [], []
+    for r, c in zip(per_problem_rewards, per_problem_correct):
+        total = r.sum()
+        reweighted_accuracy.append(float((r * c).sum() / total) if total > 0 else float(c.mean()))
+        reweighted_reward.append(float((r * r).sum() / total) if total > 0 else 0.0)
+    return {
+        "mean": mean, "lo": lo, "hi": hi,
+        "within_problem_auc": float(np.mean(aucs)) if aucs else None,
+        "n_mixed": len(aucs),
+        "reweighted_accuracy": float(np.mean(reweighted_accuracy)),
+        "reweighted_reward": float(np.mean(reweighted_reward)),
+    }
 
 
 def evaluate_model(

@@ -114,6 +114,17 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
             lines += ["", f"Mean PRM reward R = prod U of the sampled solutions (`{settings.get('prm')}`; the GFlowNet's "
                       "target is proportional to it), mean over problems with a 95% bootstrap interval:", ""]
             lines += _pivot(results, lambda m: _interval(m.get("prm_reward"), 4))
+            lines += ["", "Can fine-tuning toward R help? Within-problem AUC: how well R ranks a problem's correct samples "
+                      "above its wrong ones (mean over problems with both; 0.5 = not at all). Reweighted: the samples "
+                      "weighted in proportion to R within each problem, an estimate of what a policy sampling in "
+                      "proportion to pi * R would reach:", ""]
+            lines += _table(
+                ["model", "benchmark", "within-problem AUC (problems)", "accuracy", "R-reweighted accuracy", "R-reweighted mean R"],
+                [[model, bench, f"{_number(m['prm_reward'].get('within_problem_auc'))} ({m['prm_reward'].get('n_mixed', 0)})",
+                  f"{100 * m['accuracy']['pass@1']['mean']:.1f}", _number(100 * m["prm_reward"]["reweighted_accuracy"], 1)
+                  if m["prm_reward"].get("reweighted_accuracy") is not None else "n/a", _number(m["prm_reward"].get("reweighted_reward"), 4)]
+                 for model, bench, m in rows if "prm_reward" in m],
+            )
         lines += ["", "## Diversity of reasoning (Table 4)", ""]
         lines += ["Mean pairwise similarity of the sampled solutions, by model and benchmark (lower = more diverse):", ""]
         lines += _pivot(results, lambda m: _interval(m["diversity"]["similarity"]))

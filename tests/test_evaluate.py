@@ -338,3 +338,35 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
     assert reward["lo"] <= reward["mean"] <= reward["hi"]
     assert all(steps for _, steps in seen) and seen[0][0] == "Question 0?"  # empty solutions are not scored
     assert "prm_reward" not in score_samples(records, problems, problem_kind, config)
+    # problem 1 is the only one with a right and a wrong sample, and R ranks them right
+    assert reward["n_mixed"] == 1 and reward["within_problem_auc"] == 1.0
+    assert reward["reweighted_reward"] == pytest.approx(((0.32**2 + 0.4**2) / 0.72 + 0.64) / 2)
+
+
+def test_within_problem_ranking_and_reweighting_against_brute_force():
+    from eval.evaluate import mean_prm_reward
+
+    rng = np.random.default_rng(0)
+    problems = [Problem(f"p{i}", f"Q{i}", "1", "tiny") for i in range(6)]
+    sampled = {p.problem_id: [{"steps": [f"{p.problem_id}-{j}"], "correct": bool(rng.random() < 0.5)} for j in range(5)]
+               for p in problems}
+    sampled["p0"] = [{"steps": ["p0-0"], "correct": True}] + [{"steps": [f"p0-{j}"], "correct": False} for j in (1, 2)]
+    u = {f"{p.problem_id}-{j}": float(rng.choice([0.1, 0.3, 0.3, 0.6])) for p in problems for j in range(5)}
+    u.update({"p0-0": 0.1, "p0-1": 0.3, "p0-2": 0.3})  # R ranks p0's one right answer below its wrong ones
+
+    out = mean_prm_reward(sampled, problems, lambda pairs: [[u[s] for s in steps] for _, steps in pairs], 50, 0)
+    aucs, accs, rews = [], [], []
+    for p in problems:
+        rows = sampled[p.problem_id]
+        r = [u[row["steps"][0]] for row in rows]
+        good = [x for x, row in zip(r, rows) if row["correct"]]
+        bad = [x for x, row in zip(r, rows) if not row["correct"]]
+        if good and bad:
+            aucs.append(sum((g > b) + 0.5 * (g == b) for g in good for b in bad) / (len(good) * len(bad)))
+        accs.append(sum(good) / sum(r))
+        rews.append(sum(x * x for x in r) / sum(r))
+    assert out["n_mixed"] == len(aucs) and out["within_problem_auc"] == pytest.approx(np.mean(aucs))
+    assert out["reweighted_accuracy"] == pytest.approx(np.mean(accs))
+    assert out["reweighted_reward"] == pytest.approx(np.mean(rews))
+    assert mean_prm_reward({"p0": sampled["p0"]}, problems[:1], lambda pairs: [[u[s] for s in steps] for _, steps in pairs], 50, 0)[
+        "reweighted_accuracy"] == pytest.approx(0.1 / 0.7)
