@@ -121,8 +121,8 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
             lines += _table(
                 ["model", "benchmark", "within-problem AUC (problems)", "accuracy", "R-reweighted accuracy", "R-reweighted mean R"],
                 [[model, bench, f"{_number(m['prm_reward'].get('within_problem_auc'))} ({m['prm_reward'].get('n_mixed', 0)})",
-                  f"{100 * m['accuracy']['pass@1']['mean']:.1f}", _number(100 * m["prm_reward"]["reweighted_accuracy"], 1)
-                  if m["prm_reward"].get("reweighted_accuracy") is not None else "n/a", _number(m["prm_reward"].get("reweighted_reward"), 4)]
+                  f"{100 * m['accuracy']['pass@1']['mean']:.1f}", f"{100 * m['prm_reward']['reweighted_accuracy']:.1f}",
+                  _number(m["prm_reward"]["reweighted_reward"], 4)]
                  for model, bench, m in rows if "prm_reward" in m],
             )
         lines += ["", "## Diversity of reasoning (Table 4)", ""]

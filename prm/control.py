@@ -2,8 +2,8 @@
 
 Every step of each problem's gold solution is a record with label 1, and the same step with its
 result altered (prm.validation.corrupt_step, +1..9) is a sibling record with label 0. If the PRM
-trainer cannot separate these, MC labels (where a slip scores ~0.05 and a correct step ~0.3,
-docs/prm.md) cannot teach it either; if it can, the gap is in the labels or their amount.
+trainer cannot separate these, MC labels (where slips average a label of about 0.05 and correct
+calculations about 0.3) cannot teach it either; if it can, the gap is in the labels or their amount.
 
     python -m prm.control runs/<run> [--problems N]
 
@@ -28,8 +28,7 @@ from prm.validation import corrupt_step
 def control_records(problems: Sequence[Problem], seed: int = 0) -> list[dict]:
     """Gold steps labelled 1 and their result-corrupted siblings labelled 0, each after its gold prefix.
 
-    A step without a calculation result (``The answer is N`` has one: N) that corrupt_step cannot
-    alter gets only its label-1 record.
+    A step with no ``= <number>`` result to alter (``The answer is N``) gets only its label-1 record.
     """
     rng = random.Random(seed)
     records = []
