@@ -364,6 +364,7 @@ def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer,
 
     mean, lo, hi:        per problem, the mean R over its sampled solutions (an empty one: 0); a
                          percentile-bootstrap interval over problems (eval.accuracy.bootstrap_ci)
+    per_problem:         those per-problem means, in ``problems`` order (compare_to_reference pairs them)
     within_problem_auc:  over the problems with both correct and wrong samples, the mean AUC of R
                          for correctness among that problem's samples (ties count 1/2); None when
                          no problem has both. 0.5: R does not tell a problem's right solutions from
@@ -392,6 +393,7 @@ def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer,
         reweighted_reward.append(float((r * r).sum() / total) if total > 0 else 0.0)
     return {
         "mean": mean, "lo": lo, "hi": hi,
+        "per_problem": [float(r.mean()) for r in per_problem_rewards],  # in problem order: paired comparisons
         "within_problem_auc": float(np.mean(aucs)) if aucs else None,
         "n_mixed": len(aucs),
         "reweighted_accuracy": float(np.mean(reweighted_accuracy)),
@@ -529,14 +531,19 @@ def run_evaluation(
         if generator is not None:
             generator = None
             _free_memory()
-    results["comparisons"] = compare_to_reference(all_records, benchmarks, kind_of, config)
+    results["comparisons"] = compare_to_reference(all_records, benchmarks, kind_of, config, results["results"])
     write_json_atomic(out / "results.json", results)
     return results
 
 
-def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config) -> dict:
+def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config, metrics: dict | None = None) -> dict:
     """{"reference": name, "models": {model: {benchmark: paired differences}}} against the model
-    named "base" (else the first evaluated one); empty when fewer than two models ran."""
+    named "base" (else the first evaluated one); empty when fewer than two models ran.
+
+    metrics: {model: {benchmark: score_samples output}}; where both models carry a PRM reward,
+    the differences also hold "prm_reward": the paired bootstrap CI of the per-problem mean R
+    difference (did fine-tuning raise the PRM reward on these held-out problems).
+    """
     if len(all_records) < 2:
         return {}
     reference = "base" if "base" in all_records else next(iter(all_records))
@@ -546,8 +553,14 @@ def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, c
             continue
         for bench, records in per_bench.items():
             if bench in all_records[reference]:
-                models.setdefault(name, {})[bench] = paired_accuracy_differences(
+                differences = paired_accuracy_differences(
                     all_records[reference][bench], records, benchmarks[bench], kind_of,
                     n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed,
                 )
+                rewards = [(metrics or {}).get(m, {}).get(bench, {}).get("prm_reward") for m in (reference, name)]
+                if all(r and "per_problem" in r for r in rewards):
+                    values = np.array(rewards[1]["per_problem"]) - np.array(rewards[0]["per_problem"])
+                    mean, lo, hi = bootstrap_ci(values, n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed)
+                    differences["prm_reward"] = {"mean": mean, "lo": lo, "hi": hi}
+                models.setdefault(name, {})[bench] = differences
     return {"reference": reference, "models": models}

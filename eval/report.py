@@ -53,11 +53,11 @@ def verdict(interval: dict) -> str:
     return "no clear change"
 
 
-def _difference(interval: dict | None) -> str:
+def _difference(interval: dict | None, scale: float = 100, digits: int = 1) -> str:
     if not interval:
         return "n/a"
-    return (f"{100 * interval['mean']:+.1f} [{100 * interval['lo']:+.1f}, {100 * interval['hi']:+.1f}] "
-            f"*{verdict(interval)}*")
+    mean, lo, hi = (scale * interval[key] for key in ("mean", "lo", "hi"))
+    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] *{verdict(interval)}*"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -149,11 +149,14 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                   "95% bootstrap interval (problems resampled once for both models). *higher* / *lower*: the "
                   "interval excludes 0; *no clear change* otherwise.", ""]
         shown = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS if greedy or key != "greedy_pass@1"]
+        with_reward = any("prm_reward" in d for per_bench in comparisons["models"].values() for d in per_bench.values())
         table_rows = []
         for model, per_bench in comparisons["models"].items():
             for bench, diffs in per_bench.items():
-                table_rows.append([model, bench] + [_difference(diffs.get(key)) for key, _ in shown])
-        lines += _table(["model", "benchmark"] + [title for _, title in shown], table_rows)
+                row = [model, bench] + [_difference(diffs.get(key)) for key, _ in shown]
+                table_rows.append(row + [_difference(diffs.get("prm_reward"), scale=1, digits=4)] if with_reward else row)
+        lines += _table(["model", "benchmark"] + [title for _, title in shown] + (["mean PRM reward (not in points)"] if with_reward else []),
+                        table_rows)
     if results["skipped"]:
         lines += ["", "## Skipped models", ""]
         lines += [f"- **{s['model']}**: {s['reason']} (run the stage that trains it, or fix `eval.models.{s['model']}`)"

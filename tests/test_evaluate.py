@@ -343,6 +343,33 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
     assert reward["reweighted_reward"] == pytest.approx(((0.32**2 + 0.4**2) / 0.72 + 0.64) / 2)
 
 
+def test_paired_prm_reward_difference_against_the_reference_model():
+    from eval.evaluate import compare_to_reference, score_samples
+    from eval.report import render_markdown
+
+    problems = [Problem(f"tiny-{i}", f"Question {i}?", "1", "tiny") for i in range(4)]
+    config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=200"])
+    texts = {"base": {i: ["x\nThe answer is 1", "x\nx\nThe answer is 1"] for i in range(4)},
+             "gfn": {i: ["y\nThe answer is 1", "x\nThe answer is 1"] for i in range(4)}}
+
+    def prm(pairs):  # U = 0.5 for a step "x", 0.9 otherwise: gfn's samples score higher everywhere
+        return [[0.5 if step == "x" else 0.9 for step in steps] for _, steps in pairs]
+
+    records = {m: evaluate_model(FixedGenerator(t), problems, problem_kind, config, model=m).samples for m, t in texts.items()}
+    metrics = {m: {"tiny": score_samples(r, problems, problem_kind, config, prm=prm)} for m, r in records.items()}
+    comparisons = compare_to_reference({m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config, metrics)
+    diff = comparisons["models"]["gfn"]["tiny"]["prm_reward"]
+    # base: (0.5*0.9 + 0.5*0.5*0.9) / 2 = 0.3375; gfn: (0.9*0.9 + 0.5*0.9) / 2 = 0.63 on every problem
+    assert diff == pytest.approx({"mean": 0.63 - 0.3375, "lo": 0.63 - 0.3375, "hi": 0.63 - 0.3375})
+    settings = {"k": 2, "greedy": False, "temperature": 0.6, "top_p": 1.0, "max_new_tokens": 160, "bootstrap_resamples": 200,
+                "seed": 0, "embedder": None, "prm": "prm"}
+    report = render_markdown({"run": "t", "settings": settings, "benchmarks": {"tiny": {"n_problems": 4, "kinds": ["tiny"], "path": "p"}},
+                              "skipped": [], "results": metrics, "comparisons": comparisons})
+    assert "mean PRM reward" in report and "+0.2925 [+0.2925, +0.2925] *higher*" in report
+    without = compare_to_reference({m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config)
+    assert "prm_reward" not in without["models"]["gfn"]["tiny"]
+
+
 def test_within_problem_ranking_and_reweighting_against_brute_force():
     from eval.evaluate import mean_prm_reward
 
