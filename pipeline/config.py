@@ -247,6 +247,7 @@ class PPOConfig(StepTrainingConfig):
     gamma: float = 1.0
     gae_lambda: float = 0.95
     kl_coef: float = 0.0  # KL penalty to the frozen reference, folded into step rewards
+    step_reward: str = "score"  # score: r_k = U (paper) | log_score: r_k = log U, return log R (no gain from extra steps)
     unfinished_reward: float = -1.0  # added to the last step's reward when it states no final answer
     ppo_epochs: int = 2
 

@@ -1,7 +1,8 @@
 """The PPO baseline objective (paper 5, appendix D) on the shared step-level trainer.
 
 The policy builds a solution one step at a time; each new step is rewarded with its PRM step
-score U(s_k|s_{k-1}) (the paper evaluates only the newly proposed step). One action = one
+score U(s_k|s_{k-1}) (the paper evaluates only the newly proposed step), or with log U under
+``ppo.step_reward=log_score`` (step_rewards). One action = one
 whole step; the stop action is folded into the last step (its log-prob includes the end
 token), so PPO also learns when to stop. A solution whose last step states no final answer
 gets ``unfinished_reward`` added to its last reward. Values come from a linear head on the
@@ -27,11 +28,22 @@ def step_action_logprobs(lp) -> torch.Tensor:
     return lp.step_logprobs + stop
 
 
-def step_rewards(trajectories: list[Trajectory], width: int, unfinished_reward: float) -> torch.Tensor:
-    """(B, T) r_k = U(s_k|s_{k-1}) (+ unfinished_reward on the last step without an answer)."""
+STEP_REWARDS = ("score", "log_score")
+
+
+def step_rewards(trajectories: list[Trajectory], width: int, unfinished_reward: float, kind: str = "score") -> torch.Tensor:
+    """(B, T) step rewards (+ unfinished_reward on the last step without an answer).
+
+    kind "score" (the paper's): r_k = U(s_k|s_{k-1}); every step earns a positive reward, so the
+    return grows with the number of steps (docs/gflownet.md: PPO lengthened its solutions 4 -> 20
+    steps against a PRM with headroom). "log_score": r_k = log U(s_k|s_{k-1}); the undiscounted
+    return from s_0 is then log R = sum_k log U, the GFlowNet's log-reward, which no added step raises.
+    """
+    if kind not in STEP_REWARDS:
+        raise ValueError(f"ppo.step_reward: expected one of {STEP_REWARDS}, got {kind!r}")
     rows = []
     for t in trajectories:
-        row = [float(torch.tensor(x).exp()) for x in t.step_log_rewards]
+        row = [float(x) if kind == "log_score" else float(torch.tensor(x).exp()) for x in t.step_log_rewards]
         if t.meta["answer_flags"][-1] == NO_ANSWER:
             row[-1] += unfinished_reward
         rows.append(row)
@@ -67,7 +79,7 @@ class PPOObjective:
                 lp = trainer.teacher_forced(chunk, with_grad=False, return_hidden=True)
                 values = self.values(lp)
                 old_logp = step_action_logprobs(lp).float()
-                rewards = step_rewards(chunk, lp.mask.shape[1], self.cfg.unfinished_reward).to(old_logp.device)
+                rewards = step_rewards(chunk, lp.mask.shape[1], self.cfg.unfinished_reward, self.cfg.step_reward).to(old_logp.device)
                 if self.reference is not None and self.cfg.kl_coef > 0:
                     ref = self.reference.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=False)
                     rewards = rewards - self.cfg.kl_coef * (old_logp - step_action_logprobs(ref).float().to(old_logp.device)) * lp.mask
