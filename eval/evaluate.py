@@ -384,7 +384,8 @@ def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer,
     rewards = iter([math.prod(next(scores)) if steps else 0.0 for _, steps in pairs])
     per_problem_rewards = [np.array([next(rewards) for _ in sampled[p.problem_id]]) for p in problems]
     per_problem_correct = [np.array([bool(r["correct"]) for r in sampled[p.problem_id]]) for p in problems]
-    mean, lo, hi = bootstrap_ci(np.array([r.mean() for r in per_problem_rewards]), n_resamples=n_resamples, seed=seed)
+    per_problem_mean = [float(r.mean()) for r in per_problem_rewards]
+    mean, lo, hi = bootstrap_ci(np.array(per_problem_mean), n_resamples=n_resamples, seed=seed)
     aucs = [mann_whitney_auc(r, c) for r, c in zip(per_problem_rewards, per_problem_correct) if 0 < c.sum() < len(c)]
     reweighted_accuracy, reweighted_reward = [], []
     for r, c in zip(per_problem_rewards, per_problem_correct):
@@ -393,7 +394,7 @@ def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer,
         reweighted_reward.append(float((r * r).sum() / total) if total > 0 else 0.0)
     return {
         "mean": mean, "lo": lo, "hi": hi,
-        "per_problem": [float(r.mean()) for r in per_problem_rewards],  # in problem order: paired comparisons
+        "per_problem": per_problem_mean,  # in problem order: compare_to_reference pairs them
         "within_problem_auc": float(np.mean(aucs)) if aucs else None,
         "n_mixed": len(aucs),
         "reweighted_accuracy": float(np.mean(reweighted_accuracy)),
