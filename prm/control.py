@@ -2,8 +2,9 @@
 
 Every step of each problem's gold solution is a record with label 1, and the same step with its
 result altered (prm.validation.corrupt_step, +1..9) is a sibling record with label 0. If the PRM
-trainer cannot separate these, MC labels (where slips average a label of about 0.05 and correct
-calculations about 0.3) cannot teach it either; if it can, the gap is in the labels or their amount.
+trainer cannot separate these, MC labels (where a slip after a clean prefix averages a label of
+about 0.03 and a clean step about 0.4: docs/gflownet.md) cannot teach it either; if it can, the
+gap is in the labels or their amount.
 
     python -m prm.control runs/<run> [--problems N]
 
