@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
-# Rows of the (resamples, problems) index matrix drawn at once: bounds memory at ~32 MB.
-_BOOTSTRAP_CELLS_PER_CHUNK = 1 << 22
-
+from pipeline.stats import bootstrap_ci
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k estimate from n samples of which c are correct (Chen et al. 2021).
@@ -132,61 +129,6 @@ def per_problem_scores(
         passk[p] = pass_at_k(k, n_correct, k)
         majk[p] = float(majority_correct)
     return {"problem_id": ids, "k": ks, "pass@1": pass1, "pass@k": passk, "maj@k": majk}
-
-
-def bootstrap_ci(
-    values: np.ndarray,
-    n_resamples: int = 2000,
-    alpha: float = 0.05,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """Percentile bootstrap CI of the mean of per-problem values, resampling problems.
-
-    values: (P,) one score per problem (e.g. pass@1 in [0, 1]).
-    Returns (mean, lo, hi): the sample mean and the alpha/2, 1-alpha/2 quantiles of the means of
-    n_resamples resamples of P problems drawn with replacement. Same inputs and seed, same output.
-    """
-    values = np.asarray(values, dtype=np.float64)
-    if values.ndim != 1 or values.size == 0:
-        raise ValueError(f"bootstrap_ci: values must be a non-empty 1-D array, got shape {values.shape}")
-    if not np.all(np.isfinite(values)):
-        raise ValueError("bootstrap_ci: values contain NaN or inf; drop unscored problems first")
-    if n_resamples < 1:
-        raise ValueError(f"bootstrap_ci: n_resamples must be >= 1, got {n_resamples}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"bootstrap_ci: alpha must be in (0, 1), got {alpha}")
-    n = values.size
-    rng = np.random.default_rng(seed)
-    rows = max(1, _BOOTSTRAP_CELLS_PER_CHUNK // n)
-    means = np.empty(n_resamples, dtype=np.float64)
-    for start in range(0, n_resamples, rows):
-        stop = min(start + rows, n_resamples)
-        index = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = values[index].mean(axis=1)
-    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return float(values.mean()), float(lo), float(hi)
-
-
-def wilson_interval(successes: int, n: int, alpha: float = 0.05) -> tuple[float, float, float]:
-    """Wilson score interval of one binomial proportion.
-
-    successes of n trials (0 <= successes <= n, n >= 1). Returns (p_hat, lo, hi) with
-    centre (p + z^2/2n) / (1 + z^2/n), half-width z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n),
-    z = Phi^-1(1 - alpha/2).
-    """
-    if n < 1:
-        raise ValueError(f"wilson_interval: n must be >= 1, got {n}")
-    if not 0 <= successes <= n:
-        raise ValueError(f"wilson_interval: successes must be in [0, n={n}], got {successes}")
-    z = NormalDist().inv_cdf(1 - alpha / 2)
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half_width = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    # at 0 or n successes the bound is exactly 0 or 1; rounding would leave ~1e-17
-    lo = 0.0 if successes == 0 else max(0.0, centre - half_width)
-    hi = 1.0 if successes == n else min(1.0, centre + half_width)
-    return float(p), float(lo), float(hi)
 
 
 def summarize_accuracy(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from eval.accuracy import bootstrap_ci
+from pipeline.stats import bootstrap_ci
 
 Embedder = Callable[[list[str]], np.ndarray]
 

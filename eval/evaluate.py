@@ -26,13 +26,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from eval.accuracy import ProblemSamples, bootstrap_ci, majority_vote_index, pass_at_k, per_problem_scores, summarize_accuracy
+from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, per_problem_scores, summarize_accuracy
 from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
 from pipeline.config import Config
 from pipeline.grading import extract_answer, grade_many, normalize_answer
 from pipeline.io import path_fingerprint, read_jsonl, write_json_atomic, write_jsonl_atomic
 from pipeline.problems import Problem, answer_kind, load_benchmark
 from pipeline.prompts import prompt_from_config
+from pipeline.stats import bootstrap_ci, mann_whitney_auc
 from pipeline.steps import join_steps, split_steps
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ def paired_accuracy_differences(
 
     For each metric (greedy_pass@1 when both have greedy records, pass@1, maj@k, pass@k), the
     per-problem differences d_p = model_p - reference_p (P,) and a paired percentile-bootstrap
-    CI of their mean (problems resampled once for both models, eval.accuracy.bootstrap_ci).
+    CI of their mean (problems resampled once for both models, pipeline.stats.bootstrap_ci).
     Pairing removes the problem-difficulty variance two separate intervals carry, so a change
     can be clear even where the two models' own intervals overlap.
     Returns {metric: {"mean", "lo", "hi"}}.
@@ -363,7 +364,7 @@ def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer,
     """How the PRM's reward R = prod U sees one model's samples.
 
     mean, lo, hi:        per problem, the mean R over its sampled solutions (an empty one: 0); a
-                         percentile-bootstrap interval over problems (eval.accuracy.bootstrap_ci)
+                         percentile-bootstrap interval over problems (pipeline.stats.bootstrap_ci)
     per_problem:         those per-problem means, in ``problems`` order (compare_to_reference pairs them)
     within_problem_auc:  over the problems with both correct and wrong samples, the mean AUC of R
                          for correctness among that problem's samples (ties count 1/2); None when
@@ -377,8 +378,6 @@ def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer,
     reweighted_reward:   the same reweighting of R itself, sum R^2 / sum R: the mean reward a
                          policy sampling in proportion to pi * R would reach on these problems
     """
-    from prm.validation import mann_whitney_auc
-
     pairs = [(p.question, r["steps"]) for p in problems for r in sampled[p.problem_id]]
     scores = iter(prm([pair for pair in pairs if pair[1]]))
     rewards = iter([math.prod(next(scores)) if steps else 0.0 for _, steps in pairs])

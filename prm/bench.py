@@ -8,12 +8,12 @@ times the tokens when the prompt is negligible, up to n times when the prompt do
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from pipeline.bench import timed
 from prm.scorer import PRMScorer, Solution
 
 _NAMES = ["Tom", "Ana", "Lee", "Mia", "Sam"]
@@ -104,12 +104,7 @@ def bench_one_pass_scoring(config, tokenizer, model, n_solutions: int = 32, n_st
 
 
 def _best_time(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return min(timed(fn) for _ in range(max(1, repeats)))
 
 
 # Qwen2-0.5B's architecture (its config.json on the hub), for a training-throughput benchmark at

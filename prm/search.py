@@ -24,7 +24,10 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
+import numpy as np
+
 from pipeline.grading import answers_equal_many, extract_answer, normalize_answer
+from pipeline.stats import bootstrap_ci
 from pipeline.steps import join_steps, split_steps
 
 STRATEGIES = ("step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority")
@@ -336,10 +339,6 @@ def grade_results(results: Sequence[SearchResult], golds: Sequence[str], kind: s
 def summarize_search(results: Sequence[SearchResult], golds: Sequence[str], kind: str,
                      n_resamples: int = 2000, seed: int = 0) -> dict:
     """{accuracy: {mean, lo, hi} (bootstrap over problems), finished_fraction, tokens_per_problem}."""
-    import numpy as np
-
-    from eval.accuracy import bootstrap_ci
-
     correct = np.asarray(grade_results(results, golds, kind), dtype=np.float64)
     mean, lo, hi = bootstrap_ci(correct, n_resamples=n_resamples, seed=seed)
     return {

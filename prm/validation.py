@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.io import RecordError, read_jsonl
+from pipeline.stats import mann_whitney_auc
 from prm.data import group_records
 
 # The result of a calculation: the number right after an '=' (an optional '$' between).
@@ -28,28 +29,6 @@ _RESULT = re.compile(r"=\s*\$?\s*(-?\d+(?:\.\d+)?)")
 
 
 # ----------------------------------------------------------------------------- metrics
-
-
-def mann_whitney_auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
-    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting 1/2.
-
-    Computed from average ranks (Mann-Whitney U): AUC = (R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg).
-    NaN when either class is empty.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    positive = np.asarray(positive, dtype=bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    sorted_scores = scores[order]
-    ranks = np.empty(len(scores), dtype=np.float64)
-    # Tied scores share the mean of the ranks they span (1-based).
-    _, starts, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    mean_ranks = starts + (counts + 1) / 2.0
-    ranks[order] = np.repeat(mean_ranks, counts)
-    rank_sum = ranks[positive].sum()
-    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def reliability_table(scores: Sequence[float], labels: Sequence[float], bins: int = 10) -> list[dict]:

@@ -14,16 +14,18 @@ from pathlib import Path
 
 import torch
 
-from pipeline.bench import bench_gfn_step, bench_mcts_batched, machine_description
+from pipeline.bench import machine_description
+from pipeline.finetune.bench import bench_gfn_step
+from pipeline.rollouts.bench import bench_mcts_batched
 from pipeline.generation.bench import bench_shared_prompt
 from pipeline.generation.hf import HFGenerator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import write_json_atomic
-from pipeline.losses import subtb_loss
+from pipeline.finetune.losses import subtb_loss
 from pipeline.config import MCTSConfig
-from pipeline.mcts import make_rollout_fn
+from pipeline.rollouts.mcts import make_rollout_fn
 from pipeline.modeling import load_causal_lm, load_tokenizer
-from pipeline.policy import LMPolicy
+from pipeline.finetune.policy import LMPolicy
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import join_steps
 from pipeline.tinyworld.model import build_model, save_policy

@@ -126,7 +126,7 @@ def policy_checks(generator, problems, config: Config) -> dict:
 
     from eval.accuracy import ProblemSamples, per_problem_scores
     from pipeline.grading import extract_answer, grade_many, normalize_answer
-    from pipeline.mcts import make_rollout_fn, mc_value
+    from pipeline.rollouts.mcts import make_rollout_fn, mc_value
     from pipeline.prompts import prompt_from_config
     from pipeline.steps import split_steps
     from pipeline.tinyworld.problems import arithmetic_errors, num_strategies, solution_strategy

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.finetune import train_policy
+from pipeline.finetune.run import train_policy
 from stages.common import parse_args, require, set_threads, stage_dir, timed, training_problems
 
 

@@ -11,14 +11,13 @@ import pytest
 
 from eval.accuracy import (
     ProblemSamples,
-    bootstrap_ci,
     majority_vote,
     majority_vote_index,
     pass_at_k,
     per_problem_scores,
     summarize_accuracy,
-    wilson_interval,
 )
+from pipeline.stats import bootstrap_ci, wilson_interval
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pipeline.augmentation as augmentation
-from pipeline.augmentation import (
+import pipeline.rollouts.augmentation as augmentation
+from pipeline.rollouts.augmentation import (
     augment_records,
     augmentation_stats,
     greedy_similarity_groups,
@@ -26,7 +26,7 @@ from pipeline.augmentation import (
     validate_mcts_record,
 )
 from pipeline.io import RecordError
-from pipeline.similarity import calculation_results, step_similarity
+from pipeline.rollouts.similarity import calculation_results, step_similarity
 
 F = Fraction
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from pipeline.config import GFNConfig, PPOConfig
-from pipeline.gflownet import GFlowNetObjective
-from pipeline.policy import SampledSolution
-from pipeline.ppo import PPOObjective
-from pipeline.rewards import shaped_log_rewards
-from pipeline.trainer import StepPolicyTrainer, TrainProblem, proportionality_gap
+from pipeline.finetune.gflownet import GFlowNetObjective
+from pipeline.finetune.policy import SampledSolution
+from pipeline.finetune.ppo import PPOObjective
+from pipeline.finetune.rewards import shaped_log_rewards
+from pipeline.finetune.trainer import StepPolicyTrainer, TrainProblem, proportionality_gap
 
 ACTIONS = ["A", "B", "C"]
 SCORES = {"A": 0.9, "B": 0.6, "C": 0.3}

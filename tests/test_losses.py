@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pipeline.losses import (
+from pipeline.finetune.losses import (
     gae,
     ppo_loss,
     subtb_loss,
@@ -363,8 +363,8 @@ def test_vargrad_float32_inputs_give_float32_losses_computed_in_float64():
 
 
 def test_ppo_step_rewards_score_and_log_score():
-    from pipeline.ppo import step_rewards
-    from pipeline.replay_buffer import Trajectory
+    from pipeline.finetune.ppo import step_rewards
+    from pipeline.finetune.replay_buffer import Trajectory
 
     def traj(us, flags):
         logs = [math.log(u) for u in us]

@@ -22,10 +22,10 @@ from prm.validation import (
     expected_calibration_error,
     first_error_accuracy,
     load_prm800k,
-    mann_whitney_auc,
     reliability_table,
     validate_prm,
 )
+from pipeline.stats import mann_whitney_auc
 
 FORMAT = FormatConfig(separator="\n", prompt_template="Question: {question}\nAnswer:\n", use_chat_template=False)
 WORDS = ["Question:", "Answer:", "What", "is", "x", "y", "=", "+", "-", "?", "The", "answer", "then"]

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from pipeline.replay_buffer import ReplayBuffer, Trajectory
+from pipeline.finetune.replay_buffer import ReplayBuffer, Trajectory
 
 CHI2_DF4_P001 = 18.467  # chi-square critical value, 4 degrees of freedom, p = 0.001
 

@@ -146,7 +146,7 @@ def test_half_precision_full_fine_tuning_keeps_float32_master_weights():
     """A bf16 policy trained at the paper's lr (5e-6): float32 master weights move, bf16 ones are
     rounded back (the update is below half an ulp); the forward still runs in bf16 (autocast)."""
     from pipeline.modeling import upcast_trainable
-    from pipeline.policy import LMPolicy
+    from pipeline.finetune.policy import LMPolicy
 
     class Tok:
         pad_token_id, eos_token_id = PAD, EOS
@@ -176,7 +176,7 @@ def test_ppo_value_head_stays_float32_under_a_bf16_policy():
     from types import SimpleNamespace
 
     from pipeline.config import PPOConfig
-    from pipeline.ppo import PPOObjective
+    from pipeline.finetune.ppo import PPOObjective
 
     objective = PPOObjective(PPOConfig(), hidden_size=8)
     values = objective.values(SimpleNamespace(boundary_hidden=torch.randn(2, 3, 8, dtype=torch.bfloat16)))

@@ -11,18 +11,12 @@ copies every prompt n times before encoding it (``hf_generate_s``).
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Sequence
 
 import torch
 
+from pipeline.bench import timed
 from pipeline.generation.base import Generator
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def bench_shared_prompt(
@@ -50,8 +44,8 @@ def bench_shared_prompt(
     generator.generate(chosen[:2], n=2, temperature=temperature, max_new_tokens=4, seed=seed)  # warm-up
 
     outputs: list = []
-    ours = _timed(lambda: outputs.extend(generator.generate(chosen, seed=seed, **kwargs)))
-    reference = _timed(lambda: [generator.generate([p], seed=seed + i, **kwargs) for i, p in enumerate(chosen)])
+    ours = timed(lambda: outputs.extend(generator.generate(chosen, seed=seed, **kwargs)))
+    reference = timed(lambda: [generator.generate([p], seed=seed + i, **kwargs) for i, p in enumerate(chosen)])
     tokens = sum(len(c.token_ids) for outs in outputs for c in outs)
     result = {
         "ours_s": ours,
@@ -63,7 +57,7 @@ def bench_shared_prompt(
     }
     model, tokenizer = getattr(generator, "model", None), getattr(generator, "tokenizer", None)
     if with_hf_generate and model is not None and tokenizer is not None:
-        result["hf_generate_s"] = _timed(lambda: _hf_generate_per_prompt(model, tokenizer, chosen, n, temperature, max_new_tokens))
+        result["hf_generate_s"] = timed(lambda: _hf_generate_per_prompt(model, tokenizer, chosen, n, temperature, max_new_tokens))
     return result
 
 

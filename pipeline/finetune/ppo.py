@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.losses import gae, ppo_loss
-from pipeline.replay_buffer import Trajectory
-from pipeline.rewards import NO_ANSWER
-from pipeline.trainer import micro_batches, pad_rows
+from pipeline.finetune.losses import gae, ppo_loss
+from pipeline.finetune.replay_buffer import Trajectory
+from pipeline.finetune.rewards import NO_ANSWER
+from pipeline.finetune.trainer import micro_batches, pad_rows
 
 
 def step_action_logprobs(lp) -> torch.Tensor:

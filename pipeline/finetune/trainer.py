@@ -24,8 +24,8 @@ import torch
 from tqdm import tqdm
 
 from pipeline.io import write_json_atomic
-from pipeline.replay_buffer import Trajectory
-from pipeline.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER, shaped_log_rewards
+from pipeline.finetune.replay_buffer import Trajectory
+from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER, shaped_log_rewards
 
 
 class Objective(Protocol):
@@ -108,7 +108,7 @@ class StepPolicyTrainer:
     scorer:  has ``log_scores_many([(question, steps), ...]) -> [[log U_k, ...], ...]``
     cfg:     a GFNConfig or PPOConfig (lr, scheduler, warmup_steps, grad_clip, num_train_steps,
              questions_per_step, samples_per_question, micro_batch_size, temperature, save_every, seed)
-    reward:  shaping settings for pipeline.rewards.shaped_log_rewards (a GFNConfig)
+    reward:  shaping settings for pipeline.finetune.rewards.shaped_log_rewards (a GFNConfig)
     """
 
     def __init__(

@@ -17,13 +17,13 @@ from typing import Sequence
 import torch
 
 from pipeline.config import Config
-from pipeline.gflownet import GFlowNetObjective
+from pipeline.finetune.gflownet import GFlowNetObjective
 from pipeline.grading import extract_answer, grade_many
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
-from pipeline.policy import LMPolicy
-from pipeline.ppo import PPOObjective
+from pipeline.finetune.policy import LMPolicy
+from pipeline.finetune.ppo import PPOObjective
 from pipeline.prompts import prompt_from_config
-from pipeline.trainer import StepPolicyTrainer, TrainProblem
+from pipeline.finetune.trainer import StepPolicyTrainer, TrainProblem
 
 
 def _lora(model, cfg):

@@ -7,7 +7,7 @@ own example (P, s, mc_value), every rollout step is reused:
 1. Candidates. Rollout i's step r_j becomes the candidate (P + [s] + r_1..r_{j-1}, r_j).
 2. Groups. Within one record, the candidates at the same position j are clustered greedily: a
    step joins the first group whose representative (first member) it resembles at least
-   ``threshold`` (``pipeline.similarity.step_similarity``), else it founds a new group.
+   ``threshold`` (``pipeline.rollouts.similarity.step_similarity``), else it founds a new group.
 3. Labels. A group whose members all come from correct rollouts is labelled 1, all from
    incorrect rollouts 0, a mixture the record's mc_value. Once a rollout has a step labelled 0,
    its later steps are dropped before they are grouped: they build on an error.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from pipeline.io import RecordError, read_jsonl
-from pipeline.similarity import StepSignature, signature_similarity, step_signature
+from pipeline.rollouts.similarity import StepSignature, signature_similarity, step_signature
 
 DEFAULT_SIMILARITY_THRESHOLD = 0.85
 ORIGIN_MCTS = "mcts"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.losses import subtb_loss, tb_vargrad_loss, trajectory_balance_loss, trajectory_logprob
-from pipeline.replay_buffer import ReplayBuffer, Trajectory
-from pipeline.trainer import micro_batches, proportionality_gap
+from pipeline.finetune.losses import subtb_loss, tb_vargrad_loss, trajectory_balance_loss, trajectory_logprob
+from pipeline.finetune.replay_buffer import ReplayBuffer, Trajectory
+from pipeline.finetune.trainer import micro_batches, proportionality_gap
 
 LOSSES = ("subtb", "tb", "tb_vargrad")
 
