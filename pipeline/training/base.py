@@ -1,0 +1,415 @@
+"""The one training base: what every trainer of the project (the tiny world's bootstrap LM, the
+PRM, GFlowNet and PPO fine-tuning) shares, built on accelerate's Accelerator.
+
+- optimizer: AdamW with weight decay on matrices only (none on biases, norms, embeddings' 1-D
+  parameters), an objective's own parameters (log Z, a value head) in groups of their own;
+  fused on CUDA where the parameters are plain or DDP-replicated;
+- schedule: ``pipeline.training.schedule.learning_rate`` (warmup, then cosine / linear / constant),
+  set on every group from its own base rate before each step;
+- gradient clipping over the model's and the objective's parameters together; gradient
+  accumulation and mixed precision (bf16 autocast over float32 master weights on GPU) through
+  accelerate;
+- checkpoints: the trainable parameters, the optimizer, the objective, the RNG states and the
+  loop's own JSON state, written crash-safe (``pipeline.training.checkpoint``); ``resume`` loads
+  the newest good one and trims metrics.jsonl to it;
+- metrics.jsonl through ``MetricsLog`` (main process only) and a progress bar;
+- a wall-clock cap that is only a safety net: every run is bounded by its step count, and a run
+  the cap stops says so loudly in the log and in its metrics (its result then depends on the
+  machine's speed).
+
+``fit`` is the supervised loop (bootstrap LM, PRM); the fine-tuning loop
+(``pipeline.finetune.trainer``) samples and scores before each update and calls
+``backward`` / ``optimizer_step`` / ``log`` / ``save_checkpoint`` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedType
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from tqdm import tqdm
+
+from pipeline.modeling import resolve_device
+from pipeline.training import checkpoint
+from pipeline.training.metrics import MetricsLog
+from pipeline.training.schedule import check_schedule, learning_rate
+
+log = logging.getLogger("stepflow.training")
+
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass
+class OptimizerSettings:
+    """What the base needs of a trainer's config (each trainer maps its own section onto it)."""
+
+    lr: float
+    total_steps: int  # optimizer steps of the whole run
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "cosine"  # cosine | linear | constant, after warmup
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # the decay ends at lr * min_lr_ratio
+    max_grad_norm: float = 1.0  # 0: no clipping
+
+
+def mixed_precision(model_config) -> str:
+    """accelerate's mixed_precision for a ModelConfig: bf16 autocast on a GPU that has it (unless
+    model.dtype is float32), none on CPU. One rule for every trainer: accelerate's state is one
+    per process, and the demo runs every stage in one."""
+    device = resolve_device(model_config.device)
+    if device.type == "cuda" and model_config.dtype != "float32" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "no"
+
+
+def make_accelerator(model_config, accumulation: int = 1, compile: bool = False) -> Accelerator:
+    """The Accelerator of one trainer (device from model.device; every process of an
+    ``accelerate launch`` gets its own GPU)."""
+    device = resolve_device(model_config.device)
+    return Accelerator(mixed_precision=mixed_precision(model_config), cpu=device.type == "cpu",
+                       dynamo_backend="inductor" if compile else "no", gradient_accumulation_steps=max(1, accumulation))
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: decay on trainable matrices, none on 1-D parameters and biases."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class TrainingBase:
+    """Optimizer, schedule, clipping, accumulation, checkpoints, metrics and progress of one run.
+
+    accelerator: from ``make_accelerator`` (the model must already be on its device)
+    model:       the trained module (its trainable parameters are optimised and checkpointed)
+    settings:    OptimizerSettings
+    out_dir:     metrics.jsonl and checkpoints/ go here
+    objective:   an optional module with parameters of its own (log Z, a value head), trained
+                 with rate ``objective_lr`` (default settings.lr), checkpointed with the model
+    updates_per_record: optimizer steps per logged "step" (PPO: ppo_epochs per training step),
+                 so that resuming trims metrics.jsonl to the right record
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        settings: OptimizerSettings,
+        out_dir: str | Path,
+        *,
+        objective: torch.nn.Module | None = None,
+        objective_lr: float | None = None,
+        micro_batch_size: int | None = None,
+        save_every: int = 0,
+        keep_checkpoints: int = 2,
+        max_seconds: float | None = None,
+        log_every: int = 1,
+        updates_per_record: int = 1,
+        progress: bool = True,
+        desc: str = "train",
+    ):
+        check_schedule(settings.schedule)
+        self.accelerator = accelerator
+        self.settings = settings
+        self.out_dir = Path(out_dir)
+        self.save_every = save_every
+        self.keep_checkpoints = keep_checkpoints
+        self.max_seconds = max_seconds
+        self.log_every = max(1, log_every)
+        self.updates_per_record = max(1, updates_per_record)
+        self.progress = progress
+        self.desc = desc
+        self.step = 0
+        self.stopped_by_time = False
+        self._started = time.monotonic()
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.is_main)
+
+        deepspeed = getattr(accelerator.state, "deepspeed_plugin", None)
+        if deepspeed is not None:  # no prepared dataloader to infer these from (accelerate's documented route)
+            deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size or 1
+            deepspeed.deepspeed_config["gradient_accumulation_steps"] = accelerator.gradient_accumulation_steps
+            deepspeed.deepspeed_config["gradient_clipping"] = settings.max_grad_norm
+
+        self.objective = objective.to(accelerator.device) if objective is not None else None
+        groups = parameter_groups(model, settings.weight_decay)
+        if self.objective is not None:
+            own = [p for p in self.objective.parameters() if p.requires_grad]
+            if own:
+                groups.append({"params": own, "weight_decay": 0.0, "lr": objective_lr if objective_lr is not None else settings.lr})
+        # fused: one kernel per step; CUDA, plain or DDP parameters only (FSDP and DeepSpeed
+        # shard or replace them and keep the default implementation)
+        fused = accelerator.device.type == "cuda" and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU)
+        optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=tuple(settings.betas), fused=fused)
+        for group in optimizer.param_groups:
+            group["initial_lr"] = group["lr"]
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self._set_lr()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.out_dir / CHECKPOINTS
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _set_lr(self) -> None:
+        s = self.settings
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.step, group["initial_lr"], s.total_steps, s.warmup_steps, s.schedule, s.min_lr_ratio)
+
+    def _trained_parameters(self) -> list[torch.nn.Parameter]:
+        own = [p for p in self.objective.parameters() if p.requires_grad] if self.objective is not None else []
+        return [p for p in self.model.parameters() if p.requires_grad] + own
+
+    def out_of_time(self) -> bool:
+        """True (and a loud warning, once) when the wall-clock safety net has run out."""
+        if self.max_seconds is None or time.monotonic() - self._started < self.max_seconds:
+            return False
+        if not self.stopped_by_time:
+            self.stopped_by_time = True
+            log.warning("%s: STOPPED BY THE WALL-CLOCK SAFETY NET after %d of %d steps (%.0f s): this run's result now depends "
+                        "on the machine's speed; raise the time limit or lower the step count",
+                        self.desc, self.step, self.settings.total_steps, self.max_seconds)
+        return True
+
+    # ------------------------------------------------------------------ one update
+
+    def no_sync(self, enabled: bool):
+        """Skip the gradient all-reduce of this forward + backward (all micro-batches of an update
+        but the last); a no-op in one process."""
+        return self.accelerator.no_sync(self.model) if enabled and self.accelerator.num_processes > 1 else contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    def clip_gradients(self) -> torch.Tensor | None:
+        """Average the objective's gradients over processes (DDP only averages the model's), then
+        clip everything trained to settings.max_grad_norm; returns the norm before clipping."""
+        if self.objective is not None and self.accelerator.num_processes > 1:
+            for param in self.objective.parameters():
+                if param.grad is not None:
+                    param.grad = self.accelerator.reduce(param.grad, reduction="mean")
+        if self.settings.max_grad_norm <= 0:
+            return None
+        return self.accelerator.clip_grad_norm_(self._trained_parameters(), self.settings.max_grad_norm)
+
+    def optimizer_step(self) -> float | None:
+        """Clip, step, zero the gradients, advance the schedule; returns the gradient norm."""
+        norm = self.clip_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self._set_lr()
+        return None if norm is None else float(norm)
+
+    # ------------------------------------------------------------------ the supervised loop
+
+    def fit(
+        self,
+        micro_batches: Iterable,
+        loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]],
+        *,
+        extra_record: Callable[[int], dict] | None = None,
+        loop_state: Callable[[], dict] | None = None,
+    ) -> dict:
+        """Train on micro-batches until settings.total_steps optimizer steps (or the safety net).
+
+        micro_batches: this process's micro-batches, starting where a resumed run stopped
+        loss_fn(model, batch) -> (mean loss, counts): counts (e.g. examples, tokens) are summed
+                       over a logging window and all processes and logged as <name>_per_s
+        extra_record(step) -> fields added to each metrics record
+        loop_state() -> JSON-able state of the caller's loop, saved in every checkpoint
+        Returns {steps, resumed_from, seconds, loss (last logged window), counts (this process's
+        totals since it started), stopped_by_time}.
+        """
+        accelerator = self.accelerator
+        resumed_from = self.step
+        bar = tqdm(total=self.settings.total_steps, initial=self.step, desc=self.desc, dynamic_ncols=True,
+                   disable=not (self.progress and self.is_main))
+        window_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+        window_batches, window_counts, total_counts = 0, {}, {}
+        window_start = train_start = time.monotonic()
+        last_loss = float("nan")
+        pending = 0  # micro-batches of the update in progress
+        self.model.train()
+        for batch in micro_batches:
+            if self.step >= self.settings.total_steps:
+                break
+            if pending == 0 and self.out_of_time():
+                break
+            with accelerator.accumulate(self.model):
+                loss, counts = loss_fn(self.model, batch)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    self.clip_gradients()
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            window_loss += loss.detach().double()  # stays on the device: read once per logged step
+            window_batches += 1
+            for name, value in counts.items():
+                window_counts[name] = window_counts.get(name, 0.0) + float(value)
+                total_counts[name] = total_counts.get(name, 0.0) + float(value)
+            pending += 1
+            if not accelerator.sync_gradients:
+                continue
+            pending = 0
+            self.step += 1
+            self._set_lr()
+            bar.update(1)
+            if self.step % self.log_every == 0 or self.step == self.settings.total_steps:
+                names = sorted(window_counts)
+                totals = torch.stack([window_loss, torch.tensor(float(window_batches), dtype=torch.float64, device=accelerator.device),
+                                      *(torch.tensor(window_counts[n], dtype=torch.float64, device=accelerator.device) for n in names)])
+                totals = accelerator.reduce(totals, reduction="sum")
+                elapsed = max(time.monotonic() - window_start, 1e-9)
+                last_loss = float(totals[0] / totals[1].clamp_min(1))
+                record = {"step": self.step, "loss": last_loss, "lr": self.lr,
+                          **{f"{n}_per_s": float(totals[2 + i]) / elapsed for i, n in enumerate(names)},
+                          **(extra_record(self.step) if extra_record else {})}
+                self.log(record)
+                bar.set_postfix(loss=f"{last_loss:.4f}")
+                window_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+                window_batches, window_counts, window_start = 0, {}, time.monotonic()
+            if self.save_every > 0 and self.step % self.save_every == 0 and self.step < self.settings.total_steps:
+                self.save_checkpoint(loop_state() if loop_state else None)
+        bar.close()
+        return {"steps": self.step, "resumed_from": resumed_from, "seconds": time.monotonic() - train_start,
+                "loss": last_loss, "counts": total_counts, "stopped_by_time": self.stopped_by_time}
+
+    def log(self, record: dict) -> None:
+        """One metrics record (main process); adds the safety-net flag once it has fired."""
+        if self.stopped_by_time:
+            record = {**record, "stopped_by_time": True}
+        self.metrics.write(record)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        """The trainable parameters by name (a sharded model's are gathered: every process calls this)."""
+        names = [name for name, p in self.unwrapped.named_parameters() if p.requires_grad]
+        if self.accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            full = self.accelerator.get_state_dict(self.model)
+            return {name: full[name] for name in names if name in full} if full else {}
+        params = dict(self.unwrapped.named_parameters())
+        return {name: params[name] for name in names}
+
+    def save_checkpoint(self, loop_state: dict | None = None) -> Path | None:
+        """A resumable checkpoint of this step (crash-safe; the newest ``keep_checkpoints`` kept).
+        Every process calls it; the main one commits."""
+        accelerator = self.accelerator
+        if accelerator.distributed_type == DistributedType.DEEPSPEED:
+            raise RuntimeError("resumable checkpoints are not supported under DeepSpeed (its optimizer state cannot be "
+                               "saved without pickling); set save_every=0, or use the FSDP configs")
+        staging = None
+        if self.is_main:
+            staging = checkpoint.staging_dir(self.checkpoint_root, self.step)
+        accelerator.wait_for_everyone()
+        staging = staging or self.checkpoint_root / f"{checkpoint.STAGING}{checkpoint.PREFIX}{self.step:08d}"
+        model_tensors = self._model_tensors()
+        optimizer_state = self._optimizer_state()
+        if self.is_main:
+            checkpoint.write_tensors(staging / "model.safetensors", model_tensors)
+            checkpoint.write_state(staging, "optimizer", optimizer_state)
+            if self.objective is not None:
+                checkpoint.write_state(staging, "objective", self.objective.state_dict())
+            checkpoint.write_state(staging, "trainer", {"step": self.step, "processes": accelerator.num_processes,
+                                                        "loop": loop_state})
+        checkpoint.write_state(staging, f"rng-rank{accelerator.process_index}", checkpoint.rng_state())
+        accelerator.wait_for_everyone()
+        committed = None
+        if self.is_main:
+            committed = checkpoint.commit(staging, self.step, keep=self.keep_checkpoints)
+            log.info("%s: checkpoint at step %d in %s", self.desc, self.step, committed)
+        accelerator.wait_for_everyone()
+        return committed
+
+    def _optimizer_state(self) -> dict:
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=options)
+        return self.optimizer.state_dict()
+
+    def resume(self) -> dict | None:
+        """Load the newest good checkpoint under out_dir/checkpoints: trainable parameters,
+        optimizer, objective, RNG states and step; trims metrics.jsonl to that step. Returns the
+        loop state saved with it, or None when there is none (metrics.jsonl then starts empty)."""
+        accelerator = self.accelerator
+        if self.is_main:
+            checkpoint.remove_staging(self.checkpoint_root)
+        accelerator.wait_for_everyone()
+        directory = checkpoint.latest(self.checkpoint_root)
+        if directory is None:
+            self.metrics.trim(0)
+            return None
+        trainer = checkpoint.read_state(directory, "trainer")
+        saved = load_file(str(directory / "model.safetensors"))
+        self._load_model_tensors(saved, directory)
+        self._load_optimizer_state(checkpoint.read_state(directory, "optimizer"))
+        if self.objective is not None:
+            self.objective.load_state_dict(checkpoint.read_state(directory, "objective"))
+        rank_rng = f"rng-rank{accelerator.process_index}"
+        if checkpoint.has_state(directory, rank_rng):
+            checkpoint.restore_rng(checkpoint.read_state(directory, rank_rng))
+        self.step = int(trainer["step"])
+        self._set_lr()
+        self.metrics.trim(self.step // self.updates_per_record)
+        log.info("%s: resumed from %s (step %d of %d)", self.desc, directory, self.step, self.settings.total_steps)
+        return trainer.get("loop") or {}
+
+    def _load_model_tensors(self, saved: dict[str, torch.Tensor], directory: Path) -> None:
+        trainable = {name for name, p in self.unwrapped.named_parameters() if p.requires_grad}
+        missing, unexpected = sorted(trainable - set(saved)), sorted(set(saved) - trainable)
+        if missing or unexpected:
+            raise checkpoint.CheckpointError(
+                f"{directory}: its parameters do not match this model's trainable ones (missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]}); it was written by another model or config: move it away to train afresh")
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            set_model_state_dict(self.model, saved, options=StateDictOptions(full_state_dict=True, strict=False))
+            return
+        params = dict(self.unwrapped.named_parameters())
+        with torch.no_grad():
+            for name, value in saved.items():
+                params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+    def _load_optimizer_state(self, state: dict) -> None:
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
+            return
+        self.optimizer.load_state_dict(state)
+
+    def finish(self) -> None:
+        """Once the final model is written: the resumable state only served an interrupted run."""
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            checkpoint.remove_all(self.checkpoint_root)
+        self.accelerator.wait_for_everyone()

@@ -1,0 +1,252 @@
+"""Crash-safe training checkpoints: safetensors for tensors, JSON for everything else, no pickle.
+
+A checkpoint is a folder ``<root>/step-<step>/``. It is written under a staging name
+(``<root>/.staging-step-<step>/``), every file fsynced, then ``manifest.json`` (each file's size
+and sha256) is written last and the folder is committed by ONE atomic rename. A reader takes the
+newest committed folder whose manifest checks out; a folder that is incomplete, damaged or
+unreadable is reported in the log and skipped, so a kill at any moment leaves either the new
+checkpoint or the previous one, never a crash loop. Nothing is ever unpickled: arbitrary nested
+state (an optimizer's state_dict, RNG states) is split by ``flatten_state`` into a JSON skeleton
+and a flat dict of tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger("stepflow.checkpoint")
+
+MANIFEST = "manifest.json"
+PREFIX = "step-"
+STAGING = ".staging-"
+FORMAT_VERSION = 1
+_FULL_HASH_BYTES = 64 << 20  # larger files: size + sha256 of the first and last MiB
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used (names the folder and what is wrong)."""
+
+
+# ----------------------------------------------------------------------------- nested state
+
+
+def flatten_state(obj: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+    """(JSON skeleton, {key: tensor}) of nested dicts / lists / tuples of tensors, numpy arrays,
+    numbers, strings, bools and None. Dict keys keep their type (int or str); tuples stay tuples."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            tensors[path] = value.detach().to("cpu").contiguous()
+            return {"__tensor__": path}
+        if isinstance(value, np.ndarray):
+            tensors[path] = torch.from_numpy(np.ascontiguousarray(value))
+            return {"__ndarray__": path}
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, dict):
+            items = []
+            for key, item in value.items():
+                if not isinstance(key, (str, int)) or isinstance(key, bool):
+                    raise TypeError(f"checkpoint state {path or '<root>'}: key {key!r} is neither a string nor an integer")
+                items.append([key, walk(item, f"{path}.{key}" if path else str(key))])
+            return {"__dict__": items}
+        if isinstance(value, (list, tuple)):
+            items = [walk(item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(value)]
+            return {"__tuple__": items} if isinstance(value, tuple) else items
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise TypeError(f"checkpoint state {path or '<root>'}: cannot store a {type(value).__name__} without pickling it")
+
+    return walk(obj, prefix), tensors
+
+
+def unflatten_state(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of ``flatten_state``."""
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return tensors[skeleton["__tensor__"]]
+        if "__ndarray__" in skeleton:
+            return tensors[skeleton["__ndarray__"]].numpy()
+        if "__dict__" in skeleton:
+            return {key: unflatten_state(value, tensors) for key, value in skeleton["__dict__"]}
+        if "__tuple__" in skeleton:
+            return tuple(unflatten_state(value, tensors) for value in skeleton["__tuple__"])
+        raise CheckpointError(f"checkpoint state: unknown node {sorted(skeleton)}")
+    if isinstance(skeleton, list):
+        return [unflatten_state(value, tensors) for value in skeleton]
+    return skeleton
+
+
+def rng_state() -> dict:
+    """Python's, numpy's and torch's (CPU and CUDA) global generator states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(legacy=False), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        if size <= _FULL_HASH_BYTES:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        else:
+            digest.update(handle.read(1 << 20))
+            handle.seek(-(1 << 20), 2)
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def write_json(path: Path, obj: Any) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        json.dump(obj, handle, ensure_ascii=False, allow_nan=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """safetensors file of detached, contiguous CPU tensors (an empty dict writes an empty file)."""
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path))
+    _fsync(path)
+
+
+def write_state(directory: Path, name: str, state: Any) -> None:
+    """``<name>.json`` (skeleton) and ``<name>.safetensors`` (its tensors) in ``directory``."""
+    skeleton, tensors = flatten_state(state)
+    write_tensors(directory / f"{name}.safetensors", tensors)
+    write_json(directory / f"{name}.json", skeleton)
+
+
+def read_state(directory: Path, name: str) -> Any:
+    try:
+        skeleton = json.loads((directory / f"{name}.json").read_text(encoding="utf-8"))
+        tensors = load_file(str(directory / f"{name}.safetensors"))
+    except (OSError, ValueError, RuntimeError) as error:  # missing, truncated or corrupt
+        raise CheckpointError(f"{directory}: cannot read {name} ({error})") from error
+    return unflatten_state(skeleton, tensors)
+
+
+def has_state(directory: Path, name: str) -> bool:
+    return (directory / f"{name}.json").is_file()
+
+
+# ----------------------------------------------------------------------------- commit and find
+
+
+def staging_dir(root: Path, step: int) -> Path:
+    """A fresh, empty staging folder for the checkpoint of ``step`` (every rank writes into it)."""
+    path = Path(root) / f"{STAGING}{PREFIX}{step:08d}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def commit(staging: Path, step: int, keep: int = 2) -> Path:
+    """Write the manifest of every file in ``staging``, rename it to ``step-<step>``, keep the
+    newest ``keep`` committed checkpoints. Returns the committed folder."""
+    files = sorted(p for p in staging.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {"format_version": FORMAT_VERSION, "step": step,
+                "files": {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}}
+    write_json(staging / MANIFEST, manifest)
+    _fsync(staging)
+    final = staging.parent / f"{PREFIX}{step:08d}"
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    _fsync(staging.parent)
+    for old in committed(staging.parent)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def committed(root: Path) -> list[Path]:
+    """Committed checkpoint folders (named step-<n>), oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def verify(directory: Path) -> dict:
+    """The manifest of a committed checkpoint, after checking every file it lists; raises
+    CheckpointError naming the folder and the first problem."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{directory}: no readable {MANIFEST} ({error})") from error
+    if manifest.get("format_version") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{directory}: {MANIFEST} has format {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
+    for name, expected in manifest["files"].items():
+        file = directory / name
+        if not file.is_file():
+            raise CheckpointError(f"{directory}: {name} is missing")
+        if file.stat().st_size != expected["bytes"]:
+            raise CheckpointError(f"{directory}: {name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}")
+        if _digest(file) != expected["sha256"]:
+            raise CheckpointError(f"{directory}: {name} does not match its sha256 in the manifest")
+    return manifest
+
+
+def latest(root: Path) -> Path | None:
+    """The newest committed checkpoint that verifies; damaged ones are reported and skipped."""
+    for directory in reversed(committed(root)):
+        try:
+            verify(directory)
+            return directory
+        except CheckpointError as error:
+            log.warning("checkpoint skipped: %s", error)
+    return None
+
+
+def remove_all(root: Path) -> None:
+    """Every checkpoint and staging folder under ``root`` (once the final model is written)."""
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def remove_staging(root: Path) -> None:
+    """Staging folders a killed run left behind."""
+    root = Path(root)
+    if root.is_dir():
+        for path in root.iterdir():
+            if path.name.startswith(STAGING):
+                shutil.rmtree(path, ignore_errors=True)

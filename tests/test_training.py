@@ -1,0 +1,195 @@
+"""The training base (pipeline.training): schedule, crash-safe checkpoints, resume, accumulation,
+the wall-clock safety net."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import ModelConfig
+from pipeline.training import OptimizerSettings, TrainingBase, checkpoint, learning_rate, make_accelerator
+
+CPU = ModelConfig(device="cpu", dtype="float32")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    assert learning_rate(0, 1e-3, 100, warmup_steps=10, min_lr_ratio=0.1) == pytest.approx(1e-4)
+    assert learning_rate(9, 1e-3, 100, warmup_steps=10, min_lr_ratio=0.1) == pytest.approx(1e-3)
+    assert learning_rate(50, 1e-3, 100, warmup_steps=10, min_lr_ratio=0.1) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert learning_rate(100, 1e-3, 100, warmup_steps=10, min_lr_ratio=0.1) == pytest.approx(1e-4)
+    assert learning_rate(75, 1.0, 100, schedule="linear") == pytest.approx(0.25)
+    assert learning_rate(75, 1.0, 100, warmup_steps=5, schedule="constant") == 1.0
+    for step in range(0, 120, 7):  # cosine written out
+        expected = 0.5 * (1 + math.cos(math.pi * min(step / 100, 1.0)))
+        assert learning_rate(step, 1.0, 100) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="one of cosine"):
+        learning_rate(0, 1.0, 10, schedule="exponential")
+
+
+# ----------------------------------------------------------------------------- checkpoint files
+
+
+def test_nested_state_round_trips_without_pickle(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, betas=(0.9, 0.95))
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    state = {"optimizer": optimizer.state_dict(), "rng": checkpoint.rng_state(), "python": random.Random(3).getstate(),
+             "mixed": {1: [1.5, None, "x", True], "t": (1, 2)}}
+    checkpoint.write_state(tmp_path, "state", state)
+    back = checkpoint.read_state(tmp_path, "state")
+    assert back["python"] == state["python"] and back["mixed"] == state["mixed"]
+    assert back["optimizer"]["param_groups"] == [dict(g, betas=(0.9, 0.95)) for g in state["optimizer"]["param_groups"]]
+    for key, value in state["optimizer"]["state"][0].items():
+        assert torch.equal(back["optimizer"]["state"][0][key], value)
+    assert np.array_equal(back["rng"]["numpy"]["state"]["key"], state["rng"]["numpy"]["state"]["key"])
+    assert b"pickle" not in (tmp_path / "state.json").read_bytes()
+    with pytest.raises(TypeError, match="without pickling"):
+        checkpoint.flatten_state({"fn": print})
+
+
+def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, caplog):
+    root = tmp_path / "checkpoints"
+    for step in (2, 4, 6):
+        staging = checkpoint.staging_dir(root, step)
+        checkpoint.write_state(staging, "trainer", {"step": step})
+        checkpoint.commit(staging, step, keep=3)
+    assert [p.name for p in checkpoint.committed(root)] == ["step-00000002", "step-00000004", "step-00000006"]
+    (root / "step-00000006" / "trainer.safetensors").write_bytes(b"")  # truncated by a kill or a full disk
+    (root / "step-00000004" / "manifest.json").unlink()
+    checkpoint.staging_dir(root, 8)  # a commit that never happened
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint.latest(root).name == "step-00000002"
+    assert "step-00000006: trainer.safetensors has 0 bytes" in caplog.text and "step-00000004: no readable manifest.json" in caplog.text
+    # keep=2 prunes the oldest
+    staging = checkpoint.staging_dir(root, 10)
+    checkpoint.write_state(staging, "trainer", {"step": 10})
+    checkpoint.commit(staging, 10, keep=2)
+    assert [p.name for p in checkpoint.committed(root)] == ["step-00000006", "step-00000010"]
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def regression_data(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=g)
+    return x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0, 0.0]) + 0.1
+
+
+def make_base(tmp_path, total_steps=12, accumulation=1, save_every=0, max_seconds=None, objective=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    accelerator = make_accelerator(CPU, accumulation=accumulation)
+    settings = OptimizerSettings(lr=0.05, total_steps=total_steps, weight_decay=0.01, warmup_steps=2, max_grad_norm=1.0)
+    return TrainingBase(accelerator, model, settings, tmp_path, save_every=save_every, max_seconds=max_seconds, progress=False,
+                        objective=objective, objective_lr=0.1)
+
+
+def batches(x, y, size, start=0, stop=None):
+    """Micro-batches of a fixed stream from micro-batch ``start`` on (what a resumed loop feeds)."""
+    index = start
+    while stop is None or index < stop:
+        rows = [(index * size + i) % len(x) for i in range(size)]
+        yield x[rows], y[rows]
+        index += 1
+
+
+def mse(model, batch):
+    x, y = batch
+    return ((model(x).squeeze(-1) - y) ** 2).mean(), {"examples": len(x)}
+
+
+def test_accumulated_micro_batches_equal_one_full_batch(tmp_path):
+    x, y = regression_data()
+    whole = make_base(tmp_path / "a", accumulation=1)
+    whole.fit(batches(x, y, 16), mse)
+    halves = make_base(tmp_path / "b", accumulation=2)
+    halves.fit(batches(x, y, 8), mse)
+    for p, q in zip(whole.unwrapped.parameters(), halves.unwrapped.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    records = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 13)) and "examples_per_s" in records[0]
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(tmp_path):
+    x, y = regression_data()
+    straight = make_base(tmp_path / "straight", save_every=4)
+    straight.fit(batches(x, y, 16), mse)
+
+    killed = make_base(tmp_path / "killed", save_every=4)
+
+    def dies_at_step_10(model, batch):
+        if killed.step == 9:
+            raise KeyboardInterrupt
+        return mse(model, batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(batches(x, y, 16), dies_at_step_10)
+    resumed = make_base(tmp_path / "killed", save_every=4)
+    for p in resumed.unwrapped.parameters():  # the resume, not the seed, must bring the weights back
+        torch.nn.init.zeros_(p)
+    assert resumed.resume() == {} and resumed.step == 8
+    result = resumed.fit(batches(x, y, 16, start=resumed.step), mse)
+    assert result["resumed_from"] == 8 and result["steps"] == 12
+    for p, q in zip(straight.unwrapped.parameters(), resumed.unwrapped.parameters()):
+        assert torch.equal(p, q)
+    logged = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(1, 13))
+    assert [r["loss"] for r in logged] == [r["loss"] for r in expected]
+    resumed.finish()
+    assert not (tmp_path / "killed" / "checkpoints").exists()
+
+
+def log_z_module() -> torch.nn.Module:
+    module = torch.nn.Module()
+    module.log_z = torch.nn.Parameter(torch.zeros(()))
+    return module
+
+
+def test_objective_parameters_train_at_their_own_rate_and_are_checkpointed(tmp_path):
+    base = make_base(tmp_path, objective=log_z_module())
+    assert [g["initial_lr"] for g in base.optimizer.param_groups] == [0.05, 0.05, 0.1]
+    base.objective.log_z.grad = torch.tensor(1.0)
+    base.optimizer_step()
+    assert base.objective.log_z.item() < 0
+    base.save_checkpoint({"order": [3, 1]})
+    again = make_base(tmp_path, objective=log_z_module())
+    assert again.resume() == {"order": [3, 1]}
+    assert again.objective.log_z.item() == base.objective.log_z.item() and again.step == 1
+
+
+def test_the_wall_clock_safety_net_stops_loudly(tmp_path, caplog):
+    x, y = regression_data()
+    base = make_base(tmp_path, max_seconds=0.0)
+    with caplog.at_level(logging.WARNING):
+        result = base.fit(batches(x, y, 16), mse)
+    assert result["stopped_by_time"] and result["steps"] == 0
+    assert "STOPPED BY THE WALL-CLOCK SAFETY NET after 0 of 12 steps" in caplog.text
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_a_clear_error(tmp_path):
+    x, y = regression_data()
+    base = make_base(tmp_path, save_every=2, total_steps=4)
+    base.fit(batches(x, y, 16, stop=3), mse)
+    other = TrainingBase(make_accelerator(CPU), torch.nn.Linear(5, 1), OptimizerSettings(lr=0.1, total_steps=4), tmp_path, progress=False)
+    with pytest.raises(checkpoint.CheckpointError, match="written by another model or config"):
+        other.resume()
