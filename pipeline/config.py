@@ -109,14 +109,15 @@ class BootstrapConfig:
     num_heads: int = 4
     intermediate_size: int = 512
     max_position_embeddings: int = 256
-    train_seconds: float = 240.0  # wall-clock budget for training
-    max_train_steps: int = 100000
+    train_seconds: float = 240.0  # wall-clock safety net: a run still training then stops, with a loud warning
+    max_train_steps: int = 100000  # optimizer steps: what bounds the run
     batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
     warmup_steps: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    save_every: int = 0  # optimizer steps between resumable checkpoints (0: only the final model)
     torch_threads: int = 0  # threads while training (0 = model.torch_threads / torch's default)
     seed: int = 0
     eval_problems: int = 200  # held-out test problems for the greedy-accuracy report
@@ -194,7 +195,8 @@ class PRMConfig:
 
 @dataclass
 class StepTrainingConfig:
-    """What the GFlowNet and PPO trainers share: the loop, sampling, optimiser and LoRA."""
+    """What every fine-tuning objective's section has: the loop, sampling, optimiser and LoRA.
+    Each objective reads only its own section (gfn or ppo)."""
 
     lr: float = 5e-4  # paper: 5e-6
     scheduler: str = "cosine"  # cosine | linear | constant, after warmup
@@ -206,6 +208,7 @@ class StepTrainingConfig:
     samples_per_question: int = 4  # K; questions_per_step x K = the paper's batch of 144
     micro_batch_size: int = 32  # trajectories per teacher-forced forward
     temperature: float = 0.6  # sampling temperature (paper 0.6)
+    min_steps: int = 1  # samples with fewer steps are dropped (stopping at s_0 is not an action)
     lora: bool = False
     lora_r: int = 16
     lora_alpha: int = 32
@@ -226,7 +229,6 @@ class GFNConfig(StepTrainingConfig):
     outcome_coef: float = 0.0  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
     outcome_floor: float = 0.01
     unfinished_log_reward: float = -10.0  # added to log R(s) when s's last step states no final answer (s_0 too)
-    min_steps: int = 1  # samples with fewer steps are dropped (stopping at s_0 is not an action)
     kl_coef: float = 0.0  # TB-VarGrad: KL to the frozen reference
     learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
     log_z_lr: float = 1e-2

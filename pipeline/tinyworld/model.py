@@ -8,24 +8,25 @@ builder and one trajectory encoder (pipeline.prompts, pipeline.steps): the token
 segmentation the model learns is the one every stage feeds it. The loss covers only the
 solution tokens (the steps, their separators and the end token), not the prompt.
 
-Schedule: linear warmup, then cosine decay driven by the larger of the step fraction
-(step / max_train_steps) and the wall-clock fraction (elapsed / train_seconds), so the
-learning rate reaches its floor when the time budget runs out whatever the machine's speed.
+Training runs on the project's one training base (pipeline.training): AdamW, linear warmup then
+a cosine to lr * min_lr_ratio over max_train_steps optimizer steps, clipping, checkpoints. The
+run is bounded by its step count, so the same config gives the same weights on any machine.
 """
 
 from __future__ import annotations
 
-import math
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
+import transformers
+from transformers import AutoModelForCausalLM
 
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory
+from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
 
 IGNORE_INDEX = -100
 
@@ -37,8 +38,6 @@ ARCHITECTURES = {"llama": "LlamaConfig"}
 
 def model_config(cfg, tokenizer, attn_implementation: str = "eager"):
     """A transformers config of the size BootstrapConfig asks for, special ids from the tokenizer."""
-    import transformers
-
     if cfg.architecture not in ARCHITECTURES:
         raise ValueError(f"bootstrap.architecture: expected one of {sorted(ARCHITECTURES)}, got {cfg.architecture!r}")
     if cfg.hidden_size % cfg.num_heads:
@@ -62,8 +61,6 @@ def model_config(cfg, tokenizer, attn_implementation: str = "eager"):
 
 def build_model(cfg, tokenizer, attn_implementation: str = "eager"):
     """A freshly initialised causal LM (seeded by cfg.seed)."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(cfg.seed)
     config = model_config(cfg, tokenizer, attn_implementation)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
@@ -146,75 +143,69 @@ def collate(examples: Sequence[TrainingExample], pad_id: int) -> dict[str, torch
 class TrainStats:
     steps: int
     seconds: float
-    final_loss: float  # mean over the last 20 steps
+    final_loss: float  # mean loss of the last logging window (20 steps)
     epochs: float
-    tokens: int  # non-padding tokens seen
-    losses: list[float]  # every 10th step's loss
+    tokens: int  # non-padding tokens seen by this process
+    losses: list[float]  # the mean loss of every logging window
+    stopped_by_time: bool  # the wall-clock safety net ended the run before max_train_steps
 
 
-def learning_rate(step: int, progress: float, cfg) -> float:
-    """Warmup over cfg.warmup_steps, then cosine from cfg.lr down to cfg.lr * cfg.min_lr_ratio."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
+LOG_EVERY = 20
 
 
-def train_policy(
-    model,
-    examples: Sequence[TrainingExample],
-    cfg,
-    pad_id: int,
-    on_step: Callable[[int, float, float, float], None] | None = None,
-) -> TrainStats:
-    """Train ``model`` on ``examples`` until cfg.train_seconds or cfg.max_train_steps.
+def optimizer_settings(cfg) -> OptimizerSettings:
+    """BootstrapConfig -> the training base's settings: AdamW (betas 0.9/0.95), warmup, then a
+    cosine from cfg.lr down to cfg.lr * cfg.min_lr_ratio over cfg.max_train_steps."""
+    return OptimizerSettings(lr=cfg.lr, total_steps=cfg.max_train_steps, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+                             schedule="cosine", warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
+                             max_grad_norm=cfg.grad_clip)
 
-    AdamW (betas 0.9/0.95, weight decay on matrices only), gradient clipping at cfg.grad_clip,
-    the schedule of ``learning_rate``. ``on_step(step, loss, lr, elapsed)`` reports progress.
+
+def train_language_model(model, tokenizer, examples: Sequence[TrainingExample], cfg, out_dir: str | Path, model_config,
+                         progress: bool = True) -> TrainStats:
+    """Train ``model`` on ``examples`` for cfg.max_train_steps optimizer steps on the training
+    base (cfg.train_seconds is only a safety net that stops a far too slow run, loudly), then
+    save it with its tokenizer to <out_dir>/model.
+
+    Batches: one epoch at a time, ``length_grouped_batches`` with Random(cfg.seed); a checkpoint
+    every cfg.save_every steps (0: none) holds that generator and the epoch's remaining batches,
+    so a resumed run sees the same batches as an uninterrupted one. Metrics go to
+    <out_dir>/metrics.jsonl every LOG_EVERY steps.
     """
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95),
-    )
+    pad_id = tokenizer.pad_token_id
+    base = TrainingBase(make_accelerator(model_config), model, optimizer_settings(cfg), out_dir, save_every=cfg.save_every,
+                        max_seconds=cfg.train_seconds, log_every=LOG_EVERY, progress=progress, desc="bootstrap")
     rng = random.Random(cfg.seed)
-    model.train()
-    losses: list[float] = []
-    step, tokens, batches_seen = 0, 0, 0
-    batches: list[list[int]] = []
-    start = time.monotonic()
-    while True:
-        elapsed = time.monotonic() - start
-        progress = max(step / cfg.max_train_steps, elapsed / cfg.train_seconds)
-        if step >= cfg.max_train_steps or elapsed >= cfg.train_seconds:
-            break
-        if not batches:
-            batches = length_grouped_batches(examples, cfg.batch_size, rng)
-        batch = collate([examples[i] for i in batches.pop()], pad_id)
-        batches_seen += 1
-        lr = learning_rate(step, progress, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = model(**batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        step += 1
-        tokens += int(batch["attention_mask"].sum())
-        losses.append(float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1], lr, time.monotonic() - start)
+    pending: list[list[int]] = []
+    state = base.resume()
+    if state:
+        rng.setstate(state["rng"])
+        pending = state["pending"]
+
+    def batches():
+        while True:
+            if not pending:
+                pending.extend(length_grouped_batches(examples, cfg.batch_size, rng))
+            yield collate([examples[i] for i in pending.pop()], pad_id)
+
+    def loss_fn(model, batch):
+        batch = {k: v.to(base.accelerator.device) for k, v in batch.items()}
+        return model(**batch).loss, {"tokens": float(batch["attention_mask"].sum())}
+
+    result = base.fit(batches(), loss_fn, loop_state=lambda: {"rng": rng.getstate(), "pending": pending})
     model.eval()
-    tail = losses[-20:]
+    if base.is_main:
+        save_policy(base.unwrapped, tokenizer, Path(out_dir) / "model")
+    base.finish()
+    losses = [record["loss"] for record in base.metrics.read()]
     return TrainStats(
-        steps=step,
-        seconds=time.monotonic() - start,
-        final_loss=sum(tail) / len(tail) if tail else float("nan"),
-        epochs=batches_seen * cfg.batch_size / max(len(examples), 1),
-        tokens=tokens,
-        losses=losses[::10],
+        steps=result["steps"],
+        seconds=result["seconds"],
+        final_loss=result["loss"],
+        epochs=result["steps"] * cfg.batch_size / max(len(examples), 1),
+        tokens=int(result["counts"].get("tokens", 0)),
+        losses=losses,
+        stopped_by_time=result["stopped_by_time"],
     )
 
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 from typing import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+from pipeline.prompts import prompt_from_config
+from pipeline.steps import join_steps
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
@@ -21,8 +25,6 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 384):
     """A PreTrainedTokenizerFast trained on ``texts`` (questions, prompts and solutions)."""
-    from transformers import PreTrainedTokenizerFast
-
     backend = Tokenizer(models.BPE(unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -58,9 +60,6 @@ def tokenizer_corpus(problems, format_config, solutions_per_problem: int = 2) ->
     """The texts the tokenizer is trained on: every problem's prompt (the plain template of
     the config, as the from-scratch model has no chat template) and up to
     ``solutions_per_problem`` of its valid solutions in the step format."""
-    from pipeline.prompts import prompt_from_config
-    from pipeline.steps import join_steps
-
     texts = []
     for problem in problems:
         texts.append(prompt_from_config(problem.question, problem.kind, None, format_config))
