@@ -2,7 +2,7 @@
 
 Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl; the backbone (config.model.prm_backbone)
 Writes: runs/<run>/prm/model/ (the PRM), metrics.jsonl, validation.json, calibration.png,
-        config.yaml; checkpoints/last/ every prm.save_every steps (a rerun resumes from it)
+        config.yaml; checkpoints/step-<n>/ every prm.save_every steps (a rerun resumes from the newest good one)
 With prm.eval_only=true: validates the PRM at config.model.prm, trains nothing.
 Multi-GPU: ``accelerate launch --config_file configs/accelerate/ddp.yaml -m stages.train_prm ...``
 """

@@ -13,6 +13,8 @@ import torch
 
 from pipeline.config import FormatConfig, load_config
 from pipeline.io import RecordError
+from pipeline.stats import mann_whitney_auc
+from pipeline.training import checkpoint
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches, read_prm_records
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.scorer import PRMScorer
@@ -25,7 +27,6 @@ from prm.validation import (
     reliability_table,
     validate_prm,
 )
-from pipeline.stats import mann_whitney_auc
 
 FORMAT = FormatConfig(separator="\n", prompt_template="Question: {question}\nAnswer:\n", use_chat_template=False)
 WORDS = ["Question:", "Answer:", "What", "is", "x", "y", "=", "+", "-", "?", "The", "answer", "then"]
@@ -240,16 +241,23 @@ def test_bce_loss_on_a_hand_example():
 
 @pytest.mark.slow
 def test_tiny_prm_learns_a_separable_step_dataset(tokenizer, tmp_path):
-    torch.manual_seed(0)
-    config = tiny_config(lr=3e-3, batch_size=32, micro_batch_size=32, epochs=20.0, warmup_ratio=0.05, log_every=20, weight_decay=0.0)
+    """Three seeds (model init and batch order): a single seed can stall on a plateau (measured:
+    one of five seeds ended at loss 0.34, AUC 0.92, the others at AUC >= 0.985), so the claim is
+    on the median, and no seed may fail outright."""
     train, val = arithmetic_records(400, seed=1, top=3), arithmetic_records(200, seed=2, top=3)
-    metrics = train_prm(config, train, val, tmp_path, model=make_prm(tokenizer, hidden=64), tokenizer=tokenizer, kind="tiny", progress=False)
-    scorer = PRMScorer.from_pretrained(tmp_path / "model", config)
-    report = validate_prm(scorer, val, corrupt_examples=50)
-    assert report["auc"] > 0.95, (report["auc"], metrics)
-    assert report["corruption"]["n"] > 0 and report["corruption"]["mean_drop"] > 0
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert lines[-1]["step"] == metrics["steps"] and {"loss", "lr", "examples_per_s"} <= set(lines[-1])
+    aucs = []
+    for seed in range(3):
+        config = tiny_config(lr=3e-3, batch_size=32, micro_batch_size=32, epochs=20.0, warmup_ratio=0.05, log_every=20,
+                             weight_decay=0.0, seed=seed)
+        out = tmp_path / str(seed)
+        metrics = train_prm(config, train, val, out, model=make_prm(tokenizer, seed=seed, hidden=64), tokenizer=tokenizer, kind="tiny",
+                            progress=False)
+        report = validate_prm(PRMScorer.from_pretrained(out / "model", config), val, corrupt_examples=50)
+        aucs.append(report["auc"])
+        assert report["corruption"]["n"] > 0 and report["corruption"]["mean_drop"] > 0
+        lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert lines[-1]["step"] == metrics["steps"] and {"loss", "lr", "examples_per_s"} <= set(lines[-1])
+    assert sorted(aucs)[1] > 0.95 and min(aucs) > 0.85, aucs
     assert metrics["val_bce"] < 0.5
 
 
@@ -272,10 +280,11 @@ def test_interrupted_training_resumes_to_the_same_model(tokenizer, tmp_path, mon
         patch.setattr(ProcessRewardModel, "save_pretrained", crash)
         with pytest.raises(KeyboardInterrupt):
             train_prm(config, train, None, tmp_path / "resumed", model=make_prm(tokenizer), tokenizer=tokenizer, progress=False)
-    assert json.loads((tmp_path / "resumed" / "checkpoints" / "last" / "trainer_state.json").read_text()) == {"step": 4}
+    last = checkpoint.latest(tmp_path / "resumed" / "checkpoints")
+    assert last.name == "step-00000004" and checkpoint.read_state(last, "trainer")["step"] == 4
     resumed = train_prm(config, train, None, tmp_path / "resumed", model=make_prm(tokenizer, seed=9), tokenizer=tokenizer, progress=False)
     assert (resumed["resumed_from"], resumed["steps"], resumed["micro_batches"]) == (4, 5, 2)
-    assert not (tmp_path / "resumed" / "checkpoints" / "last").exists()
+    assert not (tmp_path / "resumed" / "checkpoints").exists()
     assert np.allclose(np.concatenate(final_scores(tmp_path / "straight")), np.concatenate(final_scores(tmp_path / "resumed")), atol=1e-6)
     steps_logged = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps_logged == [1, 2, 3, 4, 5]
