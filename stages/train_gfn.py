@@ -2,14 +2,15 @@
 
 Reads:  the policy (config.model.policy), the PRM (runs/<run>/prm/model), the training problems
 Writes: runs/<run>/gfn/model/ (save_pretrained), metrics.jsonl, training_curves.png,
-        checkpoint/ (every gfn.save_every steps; a rerun resumes from it)
+        checkpoints/step-<n>/ (every gfn.save_every steps; a rerun resumes from the newest good one)
 """
 
 from __future__ import annotations
 
 import sys
 
-from pipeline.finetune.run import train_policy
+from pipeline.finetune.run import finetune_policy
+from prm.scorer import PRMScorer
 from stages.common import parse_args, require, set_threads, stage_dir, timed, training_problems
 
 
@@ -17,9 +18,9 @@ def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     config = parse_args(f"train_{stage}", argv)
     set_threads(config)
     out = stage_dir(config, stage)
-    require(config.resolve(config.model.prm), "prm")
+    scorer = PRMScorer.from_pretrained(require(config.resolve(config.model.prm), "prm"), config)
     with timed(stage):
-        return train_policy(config, stage, training_problems(config), out)
+        return finetune_policy(config, stage, training_problems(config), scorer, out)
 
 
 if __name__ == "__main__":

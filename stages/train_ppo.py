@@ -2,7 +2,7 @@
 
 Reads:  the policy (config.model.policy), the PRM (runs/<run>/prm/model), the training problems
 Writes: runs/<run>/ppo/model/ (save_pretrained + value_head.safetensors), metrics.jsonl,
-        training_curves.png, checkpoint/
+        training_curves.png, checkpoints/ (while training)
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
     assert (reports / "gfn_training_curves.png").exists()
     metrics = [json.loads(line) for line in (run_dir / "gfn" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert not (run_dir / "gfn" / "checkpoint").exists()  # saved at step 2, gone once model/ is written
+    assert not (run_dir / "gfn" / "checkpoints").exists()  # saved at step 2, gone once model/ is written
     # the trained policies load like any model
     from transformers import AutoModelForCausalLM
 

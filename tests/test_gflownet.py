@@ -1,8 +1,8 @@
 """The GFlowNet and PPO objectives on an environment small enough to enumerate.
 
 A tabular policy chooses among the steps A, B, C or stops, up to depth 3, with known PRM step
-scores. It runs through the same StepPolicyTrainer, objectives, losses and replay buffer as the
-language model; only the policy's two methods differ.
+scores. It runs through the same fine-tuning loop, training base, objectives, losses and replay
+buffer as the language model; only the policy's two methods differ.
 """
 
 import itertools
@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import GFNConfig, PPOConfig
-from pipeline.finetune.gflownet import GFlowNetObjective
+from pipeline.config import GFNConfig, ModelConfig, PPOConfig
+from pipeline.finetune.gflownet import proportionality_gap
+from pipeline.finetune.objectives import build_objective
 from pipeline.finetune.policy import SampledSolution
-from pipeline.finetune.ppo import PPOObjective
 from pipeline.finetune.rewards import shaped_log_rewards
-from pipeline.finetune.trainer import StepPolicyTrainer, TrainProblem, proportionality_gap
+from pipeline.finetune.run import optimizer_settings
+from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.trainer import FinetuneTrainer
+from pipeline.training import TrainingBase, make_accelerator
 
 ACTIONS = ["A", "B", "C"]
 SCORES = {"A": 0.9, "B": 0.6, "C": 0.3}
@@ -126,12 +129,15 @@ def expected_reward(p):
     return sum(v * math.prod(SCORES[a] for a in s) for s, v in p.items() if s)
 
 
-def make_trainer(objective, cfg, policy, tmp_path):
-    reward = GFNConfig(unfinished_log_reward=-10.0)
-    return StepPolicyTrainer(
-        policy, KnownScorer(), [TrainProblem("p0", "q", "q", "1")], objective, cfg, reward, "tiny", tmp_path,
-        extract_answer=lambda step, kind: step, grade_many=lambda texts, golds, kind: [True] * len(texts), progress=False,
-    )
+def make_trainer(cfg, policy, tmp_path):
+    """The production loop around the tabular policy: every step states the (correct) answer."""
+    objective = build_objective(cfg, policy, hidden_size=HIDDEN)
+    updates = objective.updates_per_rollout
+    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), policy, optimizer_settings(cfg, updates), tmp_path,
+                        objective=objective, objective_lr=objective.lr, updates_per_record=updates, progress=False)
+    sampler = TrajectorySampler(policy, KnownScorer(), [TrainProblem("p0", "q", "q", "1")], "tiny", cfg,
+                                extract=lambda step, kind: step, grade=lambda texts, golds, kind: [True] * len(texts))
+    return FinetuneTrainer(base, sampler, objective, cfg, progress=False)
 
 
 @pytest.mark.slow
@@ -142,7 +148,7 @@ def test_gflownet_learns_the_reward_proportional_distribution(tmp_path, loss, re
     cfg = GFNConfig(loss=loss, lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=250, questions_per_step=1,
                     samples_per_question=16, micro_batch_size=64, temperature=1.0, replay_fraction=replay_fraction, buffer_size=100,
                     save_every=0, grad_clip=10.0)
-    trainer = make_trainer(GFlowNetObjective(cfg), cfg, policy, tmp_path)
+    trainer = make_trainer(cfg, policy, tmp_path)
     before = jsd(policy.terminal_distribution(), target_distribution())
     history = trainer.train()
     after = jsd(policy.terminal_distribution(), target_distribution())
@@ -159,13 +165,11 @@ def test_ppo_maximises_reward_and_collapses_entropy_more_than_the_gflownet(tmp_p
         if name == "gfn":
             cfg = GFNConfig(lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=150, questions_per_step=1,
                             samples_per_question=16, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0)
-            objective = GFlowNetObjective(cfg)
         else:
             cfg = PPOConfig(lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=150, questions_per_step=1,
                             samples_per_question=16, micro_batch_size=64, temperature=1.0, save_every=0, ppo_epochs=2, grad_clip=10.0)
-            objective = PPOObjective(cfg, hidden_size=HIDDEN)
         start = policy.terminal_distribution()
-        make_trainer(objective, cfg, policy, tmp_path / name).train()
+        make_trainer(cfg, policy, tmp_path / name).train()
         results[name] = (start, policy.terminal_distribution())
     (s0, ppo_end), (_, gfn_end) = results["ppo"], results["gfn"]
     assert expected_reward(ppo_end) > expected_reward(s0)
@@ -177,14 +181,12 @@ def test_replayed_trajectory_logprobs_change_after_an_optimizer_step(tmp_path):
     policy = TabularPolicy()
     cfg = GFNConfig(lr=0.1, num_train_steps=2, questions_per_step=1, samples_per_question=8, micro_batch_size=64,
                     temperature=1.0, save_every=0, replay_fraction=1.0)
-    objective = GFlowNetObjective(cfg)
-    trainer = make_trainer(objective, cfg, policy, tmp_path)
+    trainer = make_trainer(cfg, policy, tmp_path)
     trainer.train()
-    replayed = objective.buffer.sample(4)
-    before = trainer.teacher_forced(replayed, with_grad=False).step_logprobs.clone()
-    fresh, _ = trainer.collect()
-    objective.update(trainer, fresh)
-    after = trainer.teacher_forced(replayed, with_grad=False).step_logprobs
+    replayed = trainer.objective.buffer.sample(4)
+    before = policy.logprobs(None, [t.steps for t in replayed], with_grad=False).step_logprobs.clone()
+    trainer.train_step()
+    after = policy.logprobs(None, [t.steps for t in replayed], with_grad=False).step_logprobs
     assert not torch.allclose(before, after)
 
 
@@ -238,10 +240,10 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_to_the_same_policy(tmp_p
                         samples_per_question=8, micro_batch_size=64, temperature=1.0, save_every=2, replay_fraction=0.5)
         if interrupt_at is not None:  # the same run, killed right after its step-`interrupt_at` checkpoint
             killed = GFNConfig(**{**cfg.__dict__, "num_train_steps": interrupt_at + 1})
-            make_trainer(GFlowNetObjective(killed), killed, policy, out).train()
+            make_trainer(killed, policy, out).train()
             torch.manual_seed(0)
             policy = TabularPolicy()  # a fresh process: weights come back from the checkpoint
-        trainer = make_trainer(GFlowNetObjective(cfg), cfg, policy, out)
+        trainer = make_trainer(cfg, policy, out)
         history = trainer.train()
         return policy, trainer, history
 

@@ -363,22 +363,22 @@ def test_vargrad_float32_inputs_give_float32_losses_computed_in_float64():
 
 
 def test_ppo_step_rewards_score_and_log_score():
-    from pipeline.finetune.ppo import step_rewards
     from pipeline.finetune.replay_buffer import Trajectory
+    from pipeline.finetune.rewards import StepRewards
 
     def traj(us, flags):
         logs = [math.log(u) for u in us]
-        return Trajectory("p", "Q", [f"s{i}" for i in range(len(us))], logs, sum(logs), {"answer_flags": flags})
+        return Trajectory("p", "q", "Q", [f"s{i}" for i in range(len(us))], logs, flags, True, sum(logs))
 
     short = traj([0.5, 0.8], [-1, 1])
     long = traj([0.5, 0.5, 0.5, 0.8], [-1, -1, -1, 1])
     unfinished = traj([0.9], [-1])
-    score = step_rewards([short, long, unfinished], 4, unfinished_reward=-1.0)
+    score = StepRewards(unfinished_reward=-1.0)([short, long, unfinished], 4)
     assert torch.allclose(score, torch.tensor([[0.5, 0.8, 0, 0], [0.5, 0.5, 0.5, 0.8], [0.9 - 1.0, 0, 0, 0]]))
-    log_score = step_rewards([short, long, unfinished], 4, unfinished_reward=-1.0, kind="log_score")
+    log_score = StepRewards("log_score", unfinished_reward=-1.0)([short, long, unfinished], 4)
     assert log_score[:2].sum(1).tolist() == pytest.approx([short.log_reward, long.log_reward])  # return = log R
     assert log_score[2, 0].item() == pytest.approx(math.log(0.9) - 1.0)
     # the paper's summed scores pay for padding a solution with more steps; log R does not
     assert score[1].sum() > score[0].sum() and log_score[1].sum() < log_score[0].sum()
     with pytest.raises(ValueError, match="ppo.step_reward"):
-        step_rewards([short], 2, -1.0, kind="sum")
+        StepRewards("sum")

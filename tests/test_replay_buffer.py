@@ -13,11 +13,12 @@ from pipeline.finetune.replay_buffer import ReplayBuffer, Trajectory
 CHI2_DF4_P001 = 18.467  # chi-square critical value, 4 degrees of freedom, p = 0.001
 
 
-def make_trajectory(problem_id="p0", steps=("a",), log_reward=None, **meta):
+def make_trajectory(problem_id="p0", steps=("a",), log_reward=None, version=0):
     steps = list(steps)
-    step_log_rewards = [-0.1] * len(steps) if log_reward is None else [log_reward / len(steps)] * len(steps)
-    return Trajectory(problem_id=problem_id, prompt=f"question {problem_id}", steps=steps,
-                      step_log_rewards=step_log_rewards, log_reward=sum(step_log_rewards), meta=dict(meta))
+    step_log_scores = [-0.1] * len(steps) if log_reward is None else [log_reward / len(steps)] * len(steps)
+    return Trajectory(problem_id=problem_id, question=f"question {problem_id}", prompt=f"Q: question {problem_id}", steps=steps,
+                      step_log_scores=step_log_scores, answer_flags=[-1] * (len(steps) - 1) + [1], finished=True,
+                      log_reward=sum(step_log_scores), policy_version=version)
 
 
 def draw_counts(buffer, calls, n):
@@ -60,14 +61,14 @@ def test_sampling_is_deterministic_per_seed():
 
 def test_duplicates_are_stored_once_and_refresh_recency():
     buffer = ReplayBuffer(capacity=10, recency_fraction=1.0, recency_window=1)
-    buffer.add([make_trajectory(steps=["x", "y"], origin="first"), make_trajectory(steps=["z"])])
+    buffer.add([make_trajectory(steps=["x", "y"], version=1), make_trajectory(steps=["z"])])
     assert len(buffer) == 2
     assert {traj.steps[0] for traj in buffer.sample(20)} == {"z"}  # the most recent item
-    buffer.add([make_trajectory(steps=["x", "y"], origin="second")])
+    buffer.add([make_trajectory(steps=["x", "y"], version=2)])
     assert len(buffer) == 2
     drawn = buffer.sample(20)
     assert {tuple(traj.steps) for traj in drawn} == {("x", "y")}  # refreshed: now the most recent
-    assert drawn[0].meta == {"origin": "first"}  # the stored record itself is kept
+    assert drawn[0].policy_version == 1  # the stored record itself is kept
     buffer.add([make_trajectory(problem_id="p1", steps=["x", "y"])])  # same steps, other problem
     assert len(buffer) == 3
 
@@ -109,8 +110,7 @@ def test_default_recency_window_is_a_tenth_of_capacity():
 
 def test_state_round_trips_through_json():
     buffer = ReplayBuffer(capacity=6, temperature=0.7, recency_fraction=0.5, recency_window=2, seed=5)
-    buffer.add(make_trajectory(problem_id=f"p{i % 3}", steps=[f"s{i}", "end"], log_reward=-0.3 * i,
-                               answer=str(i), correct=i % 2 == 0) for i in range(9))
+    buffer.add(make_trajectory(problem_id=f"p{i % 3}", steps=[f"s{i}", "end"], log_reward=-0.3 * i, version=i) for i in range(9))
     buffer.sample(7)  # advance the generator: the resumed buffer must continue from here
     state = json.loads(json.dumps(buffer.state_dict()))
     resumed = ReplayBuffer(capacity=6, temperature=0.7, recency_fraction=0.5, recency_window=2, seed=999)
@@ -134,8 +134,8 @@ def test_samples_are_copies():
     original.steps.append("mutated after add")
     drawn = buffer.sample(1)[0]
     assert drawn.steps == ["a", "b"]
-    drawn.meta["touched"] = True
-    assert buffer.sample(1)[0].meta == {}
+    drawn.answer_flags[0] = 0
+    assert buffer.sample(1)[0].answer_flags == [-1, 1]
 
 
 def test_invalid_records_and_calls_are_rejected_with_the_field_named():
@@ -144,13 +144,15 @@ def test_invalid_records_and_calls_are_rejected_with_the_field_named():
         buffer.sample(1)
     assert buffer.sample(0) == []
     bad = make_trajectory(steps=["a", "b"])
-    bad.step_log_rewards = [-0.1]
-    with pytest.raises(ValueError, match="step_log_rewards"):
+    bad.step_log_scores = [-0.1]
+    with pytest.raises(ValueError, match="step_log_scores"):
         buffer.add([bad])
     with pytest.raises(ValueError, match="log_reward"):
         buffer.add([make_trajectory(log_reward=float("nan"))])
-    with pytest.raises(ValueError, match="meta"):
-        buffer.add([make_trajectory(blob=object())])
+    bad = make_trajectory(steps=["a", "b"])
+    bad.answer_flags = [1]
+    with pytest.raises(ValueError, match="answer_flags"):
+        buffer.add([bad])
     with pytest.raises(ValueError, match="priority"):
         ReplayBuffer(priority="rank")
     with pytest.raises(ValueError, match="version"):

@@ -108,7 +108,7 @@ def test_chunked_equals_one_pass():
 
 def test_segments_from_encode_trajectory():
     """The ids the policy builds (pipeline.steps) score the same as the brute force."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, Regex
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     pieces = ["<pad>", "<s>", "</s>"] + list("0123456789+=abc \n")
@@ -145,8 +145,8 @@ def test_peft_wrapped_policy_scores_like_its_merged_weights_and_trains_its_adapt
 def test_half_precision_full_fine_tuning_keeps_float32_master_weights():
     """A bf16 policy trained at the paper's lr (5e-6): float32 master weights move, bf16 ones are
     rounded back (the update is below half an ulp); the forward still runs in bf16 (autocast)."""
-    from pipeline.modeling import upcast_trainable
     from pipeline.finetune.policy import LMPolicy
+    from pipeline.modeling import upcast_trainable
 
     class Tok:
         pad_token_id, eos_token_id = PAD, EOS
@@ -176,8 +176,8 @@ def test_ppo_value_head_stays_float32_under_a_bf16_policy():
     from types import SimpleNamespace
 
     from pipeline.config import PPOConfig
-    from pipeline.finetune.ppo import PPOObjective
+    from pipeline.finetune.objectives import build_objective
 
-    objective = PPOObjective(PPOConfig(), hidden_size=8)
+    objective = build_objective(PPOConfig(), policy=None, hidden_size=8)
     values = objective.values(SimpleNamespace(boundary_hidden=torch.randn(2, 3, 8, dtype=torch.bfloat16)))
     assert values.dtype == torch.float32 and objective.value_head.weight.dtype == torch.float32

@@ -1,6 +1,6 @@
 """A step-level policy: samples whole solutions and gives teacher-forced step log-probs.
 
-The GFlowNet and PPO trainers talk to a policy through two methods only:
+The fine-tuning loop and its objectives talk to a policy through two methods only:
 - ``sample(prompts, n, temperature, seed)`` -> for each prompt, n ``SampledSolution``s;
 - ``logprobs(prompts, step_lists, with_grad, ...)`` -> ``TrajectoryLogprobs`` from ONE
   teacher-forced forward (pipeline.generation.scoring), always under the current weights.
@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from pipeline.generation.hf import HFGenerator
+from pipeline.generation.scoring import trajectory_logprobs
 from pipeline.steps import encode_prompt, encode_trajectory, split_steps
 
 
@@ -47,8 +49,6 @@ class LMPolicy:
         return torch.autocast(device_type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
 
     def sample(self, prompts: Sequence[str], n: int, temperature: float, seed: int | None = None) -> list[list[SampledSolution]]:
-        from pipeline.generation.hf import HFGenerator
-
         was_training = self.model.training
         self.model.eval()
         generator = HFGenerator(self.model, self.tokenizer, batch_size=self.generation_batch_size)
@@ -74,8 +74,6 @@ class LMPolicy:
         return_hidden: bool = False,
     ):
         """TrajectoryLogprobs (pipeline.generation.scoring) of the given step lists."""
-        from pipeline.generation.scoring import trajectory_logprobs
-
         batch = [self._encode(p, s) for p, s in zip(prompts, step_lists)]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         context = torch.enable_grad() if with_grad else torch.no_grad()

@@ -1,22 +1,25 @@
-"""The PPO baseline objective (paper 5, appendix D) on the shared step-level trainer.
+"""The PPO baseline objective (paper 5, appendix D) on the shared fine-tuning loop.
 
 The policy builds a solution one step at a time; each new step is rewarded with its PRM step
 score U(s_k|s_{k-1}) (the paper evaluates only the newly proposed step), or with log U under
-``ppo.step_reward=log_score`` (step_rewards). One action = one
-whole step; the stop action is folded into the last step (its log-prob includes the end
-token), so PPO also learns when to stop. A solution whose last step states no final answer
-gets ``unfinished_reward`` added to its last reward. Values come from a linear head on the
-policy's last hidden state at each step boundary; advantages from GAE over steps.
+``ppo.step_reward=log_score`` (pipeline.finetune.rewards.StepRewards). One action = one whole
+step; the stop action is folded into the last step (its log-prob includes the end token), so
+PPO also learns when to stop. With ``ppo.kl_coef`` each step's reward pays kl_coef times the
+log-ratio of the sampling policy to the frozen reference. Values come from a linear head on the
+policy's last hidden state at each step boundary; advantages from GAE over steps, normalised
+over the whole batch. On-policy: ``rollout`` records the sampling policy's log-probs and values
+before any update, and ``ppo.ppo_epochs`` optimizer steps follow on the same batch.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pipeline.config import PPOConfig
+from pipeline.finetune.gflownet import micro_batches
 from pipeline.finetune.losses import gae, ppo_loss
 from pipeline.finetune.replay_buffer import Trajectory
-from pipeline.finetune.rewards import NO_ANSWER
-from pipeline.finetune.trainer import micro_batches, pad_rows
+from pipeline.finetune.rewards import StepRewards, pad_rows
 
 
 def step_action_logprobs(lp) -> torch.Tensor:
@@ -28,92 +31,80 @@ def step_action_logprobs(lp) -> torch.Tensor:
     return lp.step_logprobs + stop
 
 
-STEP_REWARDS = ("score", "log_score")
-
-
-def step_rewards(trajectories: list[Trajectory], width: int, unfinished_reward: float, kind: str = "score") -> torch.Tensor:
-    """(B, T) step rewards (+ unfinished_reward on the last step without an answer).
-
-    kind "score" (the paper's): r_k = U(s_k|s_{k-1}); every step earns a positive reward, so the
-    return grows with the number of steps (docs/gflownet.md: PPO lengthened its solutions 4 -> 20
-    steps against a PRM with headroom). "log_score": r_k = log U(s_k|s_{k-1}); the undiscounted
-    return from s_0 is then log R = sum_k log U, the GFlowNet's log-reward, which no added step raises.
-    """
-    if kind not in STEP_REWARDS:
-        raise ValueError(f"ppo.step_reward: expected one of {STEP_REWARDS}, got {kind!r}")
-    rows = []
-    for t in trajectories:
-        row = [float(x) if kind == "log_score" else float(torch.tensor(x).exp()) for x in t.step_log_rewards]
-        if t.meta["answer_flags"][-1] == NO_ANSWER:
-            row[-1] += unfinished_reward
-        rows.append(row)
+def reference_action_logprobs(trajectories: list[Trajectory], width: int) -> torch.Tensor:
+    """(B, T) the frozen reference's step-action log-probs, stored with each trajectory."""
+    if any(t.reference_step_logprobs is None for t in trajectories):
+        raise ValueError("ppo.kl_coef > 0: the trajectories carry no reference log-probs")
+    rows = [list(t.reference_step_logprobs[:-1]) + [t.reference_step_logprobs[-1] + t.reference_stop_logprob] for t in trajectories]
     return pad_rows(rows, width)
 
 
-class PPOObjective:
-    name = "ppo"
+class PPOObjective(torch.nn.Module):
+    """Clipped PPO with a value head (ppo config section).
 
-    def __init__(self, cfg, hidden_size: int, reference=None):
-        self.cfg = cfg
+    policy: the step-level policy being trained (``logprobs`` with entropy and boundary states)
+    reward: StepRewards, the ppo section's reward shaping
+    hidden_size: the policy's last hidden size (the value head's input)
+    """
+
+    name = "ppo"
+    off_policy = False
+
+    def __init__(self, cfg: PPOConfig, policy, reward: StepRewards, hidden_size: int):
+        super().__init__()
+        self.cfg, self.reward = cfg, reward
+        # used, not owned: the policy's parameters are the trained model's, not the objective's
+        object.__setattr__(self, "policy", policy)
         self.value_head = torch.nn.Linear(hidden_size, 1)
         torch.nn.init.zeros_(self.value_head.weight)
         torch.nn.init.zeros_(self.value_head.bias)
-        self.reference = reference
+        self.updates_per_rollout = cfg.ppo_epochs
         self.lr = cfg.lr
-
-    def parameters(self) -> list[torch.nn.Parameter]:
-        return list(self.value_head.parameters())
+        self._size = 0
 
     def values(self, lp) -> torch.Tensor:
         hidden = lp.boundary_hidden
-        head = self.value_head.to(device=hidden.device)  # stays float32 (its optimizer state too) under a bf16 policy
-        return head(hidden.to(head.weight.dtype)).squeeze(-1).float()
+        head = self.value_head  # stays float32 (its optimizer state too) under a bf16 policy
+        return head(hidden.to(device=head.weight.device, dtype=head.weight.dtype)).squeeze(-1).float()
 
-    def update(self, trainer, fresh: list[Trajectory]) -> dict:
-        size = self.cfg.micro_batch_size
-        chunks = micro_batches(fresh, size)
-        # Rollout phase: old log-probs, values and rewards under the policy that sampled.
+    def rollout(self, fresh: list[Trajectory]) -> list[tuple]:
+        """Micro-batches of (trajectories, old step log-probs, old values, normalised advantages,
+        returns), all computed under the policy that sampled, before any update."""
+        self._size = len(fresh)
         old = []
-        for chunk in chunks:
+        for chunk in micro_batches(fresh, self.cfg.micro_batch_size):
             with torch.no_grad():
-                lp = trainer.teacher_forced(chunk, with_grad=False, return_hidden=True)
+                lp = self.policy.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=False, return_hidden=True)
                 values = self.values(lp)
                 old_logp = step_action_logprobs(lp).float()
-                rewards = step_rewards(chunk, lp.mask.shape[1], self.cfg.unfinished_reward, self.cfg.step_reward).to(old_logp.device)
-                if self.reference is not None and self.cfg.kl_coef > 0:
-                    ref = self.reference.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=False)
-                    rewards = rewards - self.cfg.kl_coef * (old_logp - step_action_logprobs(ref).float().to(old_logp.device)) * lp.mask
-                terminated = torch.tensor([bool(t.meta["finished"]) for t in chunk], device=old_logp.device)
-                adv, ret = gae(rewards, values, lp.mask, gamma=self.cfg.gamma, lam=self.cfg.gae_lambda, terminated=terminated)
-            old.append((chunk, old_logp, values[:, :-1], adv, ret, lp.mask))
+                width = lp.mask.shape[1]
+                rewards = self.reward(chunk, width).to(old_logp.device)
+                if self.cfg.kl_coef > 0:
+                    reference = reference_action_logprobs(chunk, width).to(old_logp.device)
+                    rewards = rewards - self.cfg.kl_coef * (old_logp - reference) * lp.mask
+                terminated = torch.tensor([t.finished for t in chunk], device=old_logp.device)
+                advantages, returns = gae(rewards, values, lp.mask, gamma=self.cfg.gamma, lam=self.cfg.gae_lambda, terminated=terminated)
+            old.append([chunk, old_logp, values[:, :-1], advantages, returns, lp.mask])
         # Normalise advantages over the whole batch (standard PPO practice).
-        all_adv = torch.cat([adv[mask] for *_, adv, _, mask in old])
-        mean = all_adv.mean()
-        std = all_adv.std().clamp_min(1e-6) if all_adv.numel() > 1 else torch.ones(())
-        totals: dict[str, float] = {}
-        steps = 0
-        for _ in range(self.cfg.ppo_epochs):
-            for chunk, old_logp, old_values, adv, ret, _ in old:
-                lp = trainer.teacher_forced(chunk, with_grad=True, return_entropy=True, return_hidden=True)
-                new_logp = step_action_logprobs(lp).float()
-                new_values = self.values(lp)[:, :-1]
-                norm_adv = (adv - mean.to(adv.device)) / std.to(adv.device)
-                loss, stats = ppo_loss(
-                    new_logp, old_logp, norm_adv, ret, new_values, old_values, lp.step_entropy.float(), lp.mask,
-                    clip=self.cfg.clip, value_coef=self.cfg.value_coef, entropy_coef=self.cfg.entropy_coef,
-                )
-                trainer.backward(loss * len(chunk) / len(fresh))
-                for name, value in stats.items():
-                    totals[name] = totals.get(name, 0.0) + float(value) * len(chunk) / len(fresh)
-                totals["loss"] = totals.get("loss", 0.0) + float(loss.detach()) * len(chunk) / len(fresh)
-            totals["grad_norm"] = trainer.optimizer_step()
-            steps += 1
-        out = {name: value / steps for name, value in totals.items() if name != "grad_norm"}
-        out["grad_norm"] = totals["grad_norm"]
-        return out
+        every = torch.cat([advantages[mask].cpu() for *_, advantages, _, mask in old])
+        mean = every.mean()
+        std = every.std().clamp_min(1e-6) if every.numel() > 1 else torch.ones(())
+        for item in old:
+            item[3] = (item[3] - mean.to(item[3].device)) / std.to(item[3].device)
+        return [tuple(item[:5]) for item in old]
 
-    def state_dict(self) -> dict:
-        return {f"value_head.{k}": v.detach().clone() for k, v in self.value_head.state_dict().items()}
+    def loss(self, micro: tuple) -> tuple[torch.Tensor, dict]:
+        chunk, old_logp, old_values, advantages, returns = micro
+        lp = self.policy.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=True, return_entropy=True,
+                                  return_hidden=True)
+        new_logp = step_action_logprobs(lp).float()
+        new_values = self.values(lp)[:, :-1]
+        loss, stats = ppo_loss(new_logp, old_logp, advantages, returns, new_values, old_values, lp.step_entropy.float(), lp.mask,
+                               clip=self.cfg.clip, value_coef=self.cfg.value_coef, entropy_coef=self.cfg.entropy_coef)
+        share = len(chunk) / self._size
+        metrics = {name: float(value) * share for name, value in stats.items()}
+        metrics["loss"] = float(loss.detach()) * share
+        return loss * share, metrics
 
-    def load_state_dict(self, state: dict) -> None:
-        self.value_head.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("value_head.")})
+    def summary(self) -> dict:
+        return {}

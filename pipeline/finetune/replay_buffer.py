@@ -1,9 +1,10 @@
 """Prioritized replay buffer of complete trajectories for GFlowNet fine-tuning.
 
-The buffer stores what a trajectory IS (problem, prompt, steps, PRM step log-scores), never what
-a policy thought of it: no policy log-probs, no reward temperature. The trainer re-scores every
-replayed trajectory under the current policy in one teacher-forced pass and applies the reward
-temperature itself, so a checkpoint stays valid when either changes.
+The buffer stores what a trajectory IS (problem, prompt, steps, PRM step log-scores, answer flags,
+the frozen reference policy's log-probs), never what the trained policy thought of it: no policy
+log-probs, no reward temperature. The objective re-scores every replayed trajectory under the
+current policy in one teacher-forced pass and applies reward shaping and temperature itself, so a
+checkpoint stays valid when either changes.
 
 Rules (docs/losses.md, "Replay buffer", has the reasons):
 - identity: (problem_id, tuple(steps)); adding a duplicate keeps the stored record and only marks
@@ -23,55 +24,54 @@ from __future__ import annotations
 
 import copy
 import heapq
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 import numpy as np
 
 __all__ = ["Trajectory", "ReplayBuffer"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 @dataclass
 class Trajectory:
-    """One complete solution of one problem, as the replay buffer stores it.
+    """One complete solution of one problem, sampled and scored (TEMPORARY: moves to pipeline.records).
 
-    problem_id:       the problem it solves
-    prompt:           the prompt the policy was given (s_0)
-    steps:            the solution's steps, s_1..s_n
-    step_log_rewards: log U(s_k | s_{k-1}) per step: log PRM scores, WITHOUT any reward temperature
-    log_reward:       the priority basis: sum of step_log_rewards (plus whatever terminal term the
-                      trainer chose to include; the buffer only ranks by it)
-    meta:             JSON-able extras (final answer, correctness, sampling step, ...)
+    problem_id, question, prompt: the problem, its text for the PRM, the policy's prompt (s_0)
+    steps:                     s_1..s_n
+    step_log_scores:           log U(s_k | s_{k-1}) per step (PRM, no reward temperature)
+    answer_flags:              per step: -1 no final answer, 0 a wrong one, 1 the correct one
+    finished:                  the policy emitted the end token
+    log_reward:                sum of step_log_scores (the replay priority)
+    reference_step_logprobs:   log pi_ref(s_k | s_{k-1}) per step, when a reference policy is used
+    reference_stop_logprob:    log pi_ref(s_f | s_n)
+    policy_version:            the training step whose policy sampled it
     """
 
     problem_id: str
+    question: str
     prompt: str
     steps: list[str]
-    step_log_rewards: list[float]
+    step_log_scores: list[float]
+    answer_flags: list[int]
+    finished: bool
     log_reward: float
-    meta: dict[str, Any] = field(default_factory=dict)
+    reference_step_logprobs: list[float] | None = None
+    reference_stop_logprob: float | None = None
+    policy_version: int = 0
 
     @property
     def key(self) -> tuple[str, tuple[str, ...]]:
         return (self.problem_id, tuple(self.steps))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> "Trajectory":
-        return cls(
-            problem_id=record["problem_id"],
-            prompt=record["prompt"],
-            steps=list(record["steps"]),
-            step_log_rewards=[float(x) for x in record["step_log_rewards"]],
-            log_reward=float(record["log_reward"]),
-            meta=dict(record.get("meta", {})),
-        )
+    def from_json(cls, record: dict[str, Any], where: str = "trajectory") -> "Trajectory":
+        return cls(**record)
 
 
 def _validate(trajectory: Trajectory) -> None:
@@ -80,15 +80,14 @@ def _validate(trajectory: Trajectory) -> None:
     where = f"trajectory of problem {trajectory.problem_id!r}"
     if not trajectory.steps:
         raise ValueError(f"{where}: field steps: expected at least one step, got none")
-    if len(trajectory.step_log_rewards) != len(trajectory.steps):
-        raise ValueError(f"{where}: field step_log_rewards: expected one value per step "
-                         f"({len(trajectory.steps)}), got {len(trajectory.step_log_rewards)}")
+    if len(trajectory.step_log_scores) != len(trajectory.steps):
+        raise ValueError(f"{where}: field step_log_scores: expected one value per step "
+                         f"({len(trajectory.steps)}), got {len(trajectory.step_log_scores)}")
+    if len(trajectory.answer_flags) != len(trajectory.steps):
+        raise ValueError(f"{where}: field answer_flags: expected one flag per step "
+                         f"({len(trajectory.steps)}), got {len(trajectory.answer_flags)}")
     if not math.isfinite(trajectory.log_reward):
         raise ValueError(f"{where}: field log_reward: expected a finite float, got {trajectory.log_reward}")
-    try:
-        json.dumps(trajectory.meta)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: field meta: expected JSON-able data ({error})") from None
 
 
 class ReplayBuffer:
@@ -189,7 +188,7 @@ class ReplayBuffer:
         return {
             "version": STATE_VERSION,
             "counter": self._counter,
-            "items": [{"stamp": stamp, **traj.to_dict()} for stamp, traj in self._items.values()],
+            "items": [{"stamp": stamp, "trajectory": traj.to_json()} for stamp, traj in self._items.values()],
             "rng": _jsonable(self.rng.bit_generator.state),
         }
 
@@ -202,7 +201,7 @@ class ReplayBuffer:
         items: dict[tuple[str, tuple[str, ...]], tuple[int, Trajectory]] = {}
         for position, record in enumerate(state["items"]):
             try:
-                trajectory = Trajectory.from_dict(record)
+                trajectory = Trajectory.from_json(record["trajectory"], f"replay buffer state: items[{position}]")
                 stamp = int(record["stamp"])
             except KeyError as error:
                 raise ValueError(f"replay buffer state: items[{position}]: missing field {error}") from None

@@ -17,6 +17,8 @@ solution fall below the fixed penalty of stopping at s_0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -61,3 +63,75 @@ def shaped_log_rewards(
             raise ValueError("reference_prior_coef > 0 needs ref_step_logprobs")
         log_r = log_r + reference_prior_coef * torch.cat([zeros, torch.cumsum(ref_step_logprobs * maskf, dim=1)], dim=1)
     return log_r
+
+
+def pad_rows(rows: Sequence[Sequence[float]], width: int, value: float = 0.0, dtype=torch.float32) -> Tensor:
+    """(len(rows), width) tensor of ragged rows, right-padded with ``value``."""
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, : len(row)] = torch.as_tensor(list(row), dtype=dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class StateLogRewards:
+    """The GFlowNet's reward shaping: trajectories -> (log R(s_i) (B, T+1), mask (B, T)).
+
+    ``shaped_log_rewards`` of the trajectories' stored PRM log-scores, answer flags and (for the
+    appendix-F prior) reference step log-probs, with the settings of the gfn config section.
+    """
+
+    reward_temperature: float = 1.0
+    unfinished_log_reward: float = -10.0
+    outcome_coef: float = 0.0
+    outcome_floor: float = 0.01
+    reference_prior_coef: float = 0.0
+
+    def __call__(self, trajectories: Sequence) -> tuple[Tensor, Tensor]:
+        width = max(len(t.steps) for t in trajectories)
+        mask = pad_rows([[1.0] * len(t.steps) for t in trajectories], width).bool()
+        scores = pad_rows([t.step_log_scores for t in trajectories], width)
+        flags = pad_rows([t.answer_flags for t in trajectories], width, value=NO_ANSWER, dtype=torch.long)
+        reference = None
+        if self.reference_prior_coef:
+            if any(t.reference_step_logprobs is None for t in trajectories):
+                raise ValueError("gfn.reference_prior_coef > 0: the trajectories carry no reference log-probs")
+            reference = pad_rows([t.reference_step_logprobs for t in trajectories], width)
+        log_r = shaped_log_rewards(
+            scores, flags, mask, reward_temperature=self.reward_temperature, unfinished_log_reward=self.unfinished_log_reward,
+            outcome_coef=self.outcome_coef, outcome_floor=self.outcome_floor,
+            ref_step_logprobs=reference, reference_prior_coef=self.reference_prior_coef,
+        )
+        return log_r, mask
+
+
+STEP_REWARDS = ("score", "log_score")
+
+
+@dataclass(frozen=True)
+class StepRewards:
+    """PPO's reward shaping: trajectories -> (B, T) step rewards.
+
+    kind "score" (the paper's): r_k = U(s_k|s_{k-1}); every step earns a positive reward, so the
+    return grows with the number of steps (docs/gflownet.md: PPO lengthened its solutions 4 -> 20
+    steps against a PRM with headroom). "log_score": r_k = log U(s_k|s_{k-1}); the undiscounted
+    return from s_0 is then log R = sum_k log U, the GFlowNet's log-reward, which no added step
+    raises. A last step that states no final answer gets ``unfinished_reward`` added.
+    """
+
+    kind: str = "score"
+    unfinished_reward: float = -1.0
+
+    def __post_init__(self):
+        if self.kind not in STEP_REWARDS:
+            raise ValueError(f"ppo.step_reward: expected one of {STEP_REWARDS}, got {self.kind!r}")
+
+    def __call__(self, trajectories: Sequence, width: int) -> Tensor:
+        rows = []
+        for t in trajectories:
+            row = [float(x) if self.kind == "log_score" else float(torch.tensor(x).exp()) for x in t.step_log_scores]
+            if t.answer_flags[-1] == NO_ANSWER:
+                row[-1] += self.unfinished_reward
+            rows.append(row)
+        return pad_rows(rows, width)

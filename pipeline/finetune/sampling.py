@@ -1,0 +1,129 @@
+"""What fine-tuning trains on: K solutions per question sampled from the current policy, every step
+scored by the PRM, every step's stated answer graded, the frozen reference policy's log-probs
+attached (when an objective needs them), as Trajectory records.
+
+The questions of a step come from a fixed cycle: the training problems shuffled with
+Random(seed), ``questions_per_step`` at a time, reshuffled when the cycle runs out; the sampler's
+state (that generator and the rest of the cycle) is part of every checkpoint.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from pipeline.finetune.replay_buffer import Trajectory
+from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER
+from pipeline.grading import extract_answer, grade_many
+
+
+@dataclass
+class TrainProblem:
+    """A training problem as fine-tuning sees it: the question (what the PRM is shown), the
+    policy's prompt built from it, the reference answer."""
+
+    problem_id: str
+    question: str
+    prompt: str
+    answer: str
+
+
+def answer_flags_for(
+    steps_per_trajectory: Sequence[Sequence[str]],
+    golds: Sequence[str],
+    kind: str,
+    extract: Callable[[str, str], str | None] = extract_answer,
+    grade: Callable[[list[str], list[str], str], list[bool]] = grade_many,
+) -> list[list[int]]:
+    """Per step: -1 when the step states no final answer, else 1/0 for a correct/wrong one
+    (one grade call for the whole batch)."""
+    flags = [[NO_ANSWER] * len(steps) for steps in steps_per_trajectory]
+    where, texts, refs = [], [], []
+    for t, (steps, gold) in enumerate(zip(steps_per_trajectory, golds)):
+        for k, step in enumerate(steps):
+            if extract(step, kind) is not None:
+                where.append((t, k))
+                texts.append(step)
+                refs.append(gold)
+    for (t, k), ok in zip(where, grade(texts, refs, kind) if texts else []):
+        flags[t][k] = CORRECT_ANSWER if ok else WRONG_ANSWER
+    return flags
+
+
+class TrajectorySampler:
+    """Samples and scores the trajectories of one training step.
+
+    policy:    ``sample(prompts, n, temperature, seed)`` -> per prompt, n SampledSolutions
+    scorer:    ``log_scores_many([(question, steps), ...])`` -> [[log U_k, ...], ...] (the PRM)
+    problems:  the TrainProblems to cycle through
+    kind:      the grading kind of every problem
+    cfg:       the objective's config section (questions_per_step, samples_per_question,
+               temperature, min_steps, micro_batch_size, seed)
+    reference: a frozen policy with ``logprobs``: its log-probs are stored in each trajectory
+               (None: the objective needs none)
+    extract, grade: the grader (pipeline.grading by default; tests pass their own)
+    """
+
+    def __init__(self, policy, scorer, problems: Sequence[TrainProblem], kind: str, cfg, reference=None,
+                 extract: Callable = extract_answer, grade: Callable = grade_many):
+        if not problems:
+            raise ValueError("fine-tuning: no training problems")
+        self.policy, self.scorer, self.problems, self.kind, self.cfg = policy, scorer, list(problems), kind, cfg
+        self.reference = reference
+        self.extract, self.grade = extract, grade
+        self.rng = random.Random(cfg.seed)
+        self.order: list[int] = []
+
+    def next_problems(self) -> list[TrainProblem]:
+        """The next questions_per_step problems of the cycle."""
+        chosen = []
+        for _ in range(min(self.cfg.questions_per_step, len(self.problems))):
+            if not self.order:
+                self.order = list(range(len(self.problems)))
+                self.rng.shuffle(self.order)
+            chosen.append(self.problems[self.order.pop()])
+        return chosen
+
+    def sample(self, problems: Sequence[TrainProblem], seed: int, version: int) -> tuple[list[Trajectory], dict]:
+        """K solutions per problem from the policy (ONE sample call), scored (ONE scorer call) and
+        graded; solutions with fewer than cfg.min_steps steps are dropped (stopping at s_0 is not
+        an action of the step-level policy). Returns (trajectories, {sampled, empty_solutions})."""
+        samples = self.policy.sample([p.prompt for p in problems], n=self.cfg.samples_per_question,
+                                     temperature=self.cfg.temperature, seed=seed)
+        kept, empty = [], 0
+        for problem, solutions in zip(problems, samples):
+            for solution in solutions:
+                if len(solution.steps) < max(self.cfg.min_steps, 1):
+                    empty += 1
+                    continue
+                kept.append((problem, solution))
+        log_scores = self.scorer.log_scores_many([(p.question, s.steps) for p, s in kept]) if kept else []
+        flags = answer_flags_for([s.steps for _, s in kept], [p.answer for p, _ in kept], self.kind, self.extract, self.grade)
+        trajectories = [
+            Trajectory(problem_id=p.problem_id, question=p.question, prompt=p.prompt, steps=list(s.steps),
+                       step_log_scores=[float(x) for x in scores], answer_flags=f, finished=bool(s.finished),
+                       log_reward=float(sum(scores)), policy_version=version)
+            for (p, s), scores, f in zip(kept, log_scores, flags)
+        ]
+        if self.reference is not None:
+            self._attach_reference_logprobs(trajectories)
+        return trajectories, {"sampled": len(kept) + empty, "empty_solutions": empty}
+
+    def _attach_reference_logprobs(self, trajectories: list[Trajectory]) -> None:
+        size = max(1, self.cfg.micro_batch_size)
+        for start in range(0, len(trajectories), size):
+            chunk = trajectories[start:start + size]
+            lp = self.reference.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=False)
+            steps, stops = lp.step_logprobs.float().cpu(), lp.termination_logprobs.float().cpu()
+            for row, trajectory in enumerate(chunk):
+                n = len(trajectory.steps)
+                trajectory.reference_step_logprobs = steps[row, :n].tolist()
+                trajectory.reference_stop_logprob = float(stops[row, n])
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate(), "order": list(self.order)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
