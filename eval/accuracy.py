@@ -12,6 +12,7 @@ import numpy as np
 
 from pipeline.stats import bootstrap_ci
 
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k estimate from n samples of which c are correct (Chen et al. 2021).
 

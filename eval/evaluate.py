@@ -191,35 +191,36 @@ def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, co
     k = config.eval.k
     sampled = generator.generate(prompts, n=k, temperature=config.eval.temperature, **common)
     _check_outputs(sampled, problems, k, f"n={k}")
-    texts_per_problem = [[c.text for c in completions] for completions in sampled]
+    completions_per_problem = [list(completions) for completions in sampled]
     indices = [list(range(k)) for _ in problems]
     if config.eval.greedy:
         greedy = generator.generate(prompts, n=1, temperature=0.0, **{**common, "top_p": 1.0})
         _check_outputs(greedy, problems, 1, "greedy")
-        texts_per_problem = [[g[0].text] + texts for g, texts in zip(greedy, texts_per_problem)]
+        completions_per_problem = [[g[0]] + completions for g, completions in zip(greedy, completions_per_problem)]
         indices = [[GREEDY_SAMPLE_IDX] + idx for idx in indices]
 
     # one grade_many per kind keeps every Math-Verify comparison of the benchmark in one batch
-    flat = [(p, i, text) for p, texts in enumerate(texts_per_problem) for i, text in enumerate(texts)]
+    flat = [(p, i, c) for p, completions in enumerate(completions_per_problem) for i, c in enumerate(completions)]
     correct = [False] * len(flat)
     by_kind: dict[str, list[int]] = {}
     for position, (p, _, _) in enumerate(flat):
         by_kind.setdefault(kind_of(problems[p]), []).append(position)
     for kind, positions in by_kind.items():
-        verdicts = grade_many([flat[j][2] for j in positions], [problems[flat[j][0]].answer for j in positions], kind)
+        verdicts = grade_many([flat[j][2].text for j in positions], [problems[flat[j][0]].answer for j in positions], kind)
         for j, verdict in zip(positions, verdicts):
             correct[j] = bool(verdict)
 
     records = []
-    for (p, i, text), is_correct in zip(flat, correct):
+    for (p, i, completion), is_correct in zip(flat, correct):
         problem = problems[p]
         records.append({
             "problem_id": problem.problem_id,
             "model": model,
             "sample_idx": indices[p][i],
-            "steps": split_steps(text, config.format.separator),
-            "final_answer": extract_answer(text, kind_of(problem)),
+            "steps": split_steps(completion.text, config.format.separator),
+            "final_answer": extract_answer(completion.text, kind_of(problem)),
             "correct": is_correct,
+            "finished": completion.finish_reason != "length",
         })
     return records
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+from matplotlib.figure import Figure
+
 ACCURACY_COLUMNS = (  # (results key, column title; "k" is replaced by the number of samples)
     ("greedy_pass@1", "greedy pass@1"),
     ("pass@1", "pass@1"),
@@ -169,8 +172,6 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
 
 def _grouped_bars(axis, results: dict, value_of, title: str, ylabel: str, scale: float = 1.0) -> None:
     """One group of bars per benchmark, one bar per model, asymmetric CI error bars."""
-    import numpy as np
-
     benchmarks = list(results["benchmarks"])
     models = list(results["results"])
     width = 0.8 / max(1, len(models))
@@ -196,22 +197,15 @@ def _grouped_bars(axis, results: dict, value_of, title: str, ylabel: str, scale:
 
 
 def _empty_figure(path: Path, message: str) -> None:
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(5, 2))
+    figure = Figure(figsize=(5, 2))
+    axis = figure.subplots()
     axis.axis("off")
     axis.text(0.5, 0.5, message, ha="center", va="center")
     figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 def plot_accuracy(results: dict, path: str | Path) -> Path:
     """accuracy.png: one panel per accuracy metric, bars per benchmark and model, 95% CI error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     path = Path(path)
     if not results["results"]:
         _empty_figure(path, "no model was evaluated")
@@ -219,7 +213,8 @@ def plot_accuracy(results: dict, path: str | Path) -> Path:
     k = results["settings"]["k"]
     metrics = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS
                if results["settings"].get("greedy", True) or key != "greedy_pass@1"]
-    figure, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 1, 3.6), sharey=True, squeeze=False)
+    figure = Figure(figsize=(3.2 * len(metrics) + 1, 3.6))
+    axes = figure.subplots(1, len(metrics), sharey=True, squeeze=False)
     for axis, (key, title) in zip(axes[0], metrics):
         _grouped_bars(axis, results, lambda m, key=key: m and m["accuracy"].get(key), title, "accuracy (%)", scale=100)
         axis.set_ylim(0, 100)
@@ -227,28 +222,22 @@ def plot_accuracy(results: dict, path: str | Path) -> Path:
     figure.suptitle(f"Accuracy with 95% bootstrap CIs (run {results['run']})")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path
 
 
 def plot_similarity(results: dict, path: str | Path) -> Path:
     """similarity.png: mean pairwise similarity of solutions per model and benchmark, 95% CIs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     path = Path(path)
     if not results["results"]:
         _empty_figure(path, "no model was evaluated")
         return path
-    figure, axis = plt.subplots(figsize=(1.6 * len(results["benchmarks"]) + 3, 3.6))
+    figure = Figure(figsize=(1.6 * len(results["benchmarks"]) + 3, 3.6))
+    axis = figure.subplots()
     _grouped_bars(axis, results, lambda m: m and m["diversity"]["similarity"], "Mean pairwise similarity (lower = more diverse)",
                   "cosine similarity")
     axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return path
 
 

@@ -657,7 +657,7 @@ _parsed_cache: OrderedDict[str, list] = OrderedDict()
 
 def _math_verify_in_child(pred: str, gold: str) -> bool:
     """Runs in the child process only: Math-Verify's verdict, its own (signal) timeouts off."""
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # heavy (sympy): loaded in the grading child process only
 
     if not _parsed_cache:
         # Timeouts are ours (the parent kills this process); silence the warning saying so.

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 
 import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from pipeline.config import ModelConfig
 
@@ -56,8 +58,6 @@ def _saved_tokenizer_class(path: str) -> str | None:
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """The tokenizer saved at ``path`` (hub id or folder), with a pad token (eos when it has none)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if _saved_tokenizer_class(path) in GENERIC_TOKENIZER_CLASSES:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     else:
@@ -75,8 +75,6 @@ def load_causal_lm(path: str, model_config: ModelConfig, adapter: str | None = N
     Honours model_config.device, dtype, attn_implementation and trust_remote_code. The model is
     returned in eval mode; with an adapter it is a peft model (trainable when ``is_trainable``).
     """
-    from transformers import AutoModelForCausalLM
-
     device = resolve_device(model_config.device)
     dtype = resolve_dtype(model_config.dtype, device)
     kwargs = {"dtype": dtype, "trust_remote_code": model_config.trust_remote_code}
@@ -84,8 +82,6 @@ def load_causal_lm(path: str, model_config: ModelConfig, adapter: str | None = N
         kwargs["attn_implementation"] = model_config.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
     if adapter:
-        from peft import PeftModel
-
         model = PeftModel.from_pretrained(model, adapter, is_trainable=is_trainable).to(device)
     model.eval()
     return model

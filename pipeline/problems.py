@@ -256,7 +256,7 @@ def _read_local(path: str | Path) -> Iterator[Row]:
 
 def _read_hub(hub_id: str, config: str | None, split: str, *, streaming: bool = False) -> Iterator[Row]:
     """The rows of one hub dataset split (``datasets`` is imported only here)."""
-    import datasets
+    import datasets  # heavy (pyarrow): only a hub read needs it
 
     rows = datasets.load_dataset(hub_id, config, split=split, streaming=streaming)
     label = f"hf://{hub_id}" + (f"[{config}]" if config else "") + f"/{split}"

@@ -7,14 +7,25 @@ times the tokens when the prompt is negligible, up to n times when the prompt do
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import random
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model
 
 from pipeline.bench import timed
+from pipeline.config import BootstrapConfig, FormatConfig
+from pipeline.prompts import prompt_from_config
+from pipeline.tinyworld.tokenizer import train_tokenizer
+from prm.data import PRMDataset
+from prm.model import PRMInfo, ProcessRewardModel
 from prm.scorer import PRMScorer, Solution
+from prm.train import train_prm
 
 _NAMES = ["Tom", "Ana", "Lee", "Mia", "Sam"]
 _THINGS = ["apples", "pens", "coins", "books", "cards"]
@@ -41,14 +52,6 @@ def synthetic_solutions(n_solutions: int, n_steps: int, seed: int = 0) -> list[S
 def _random_tiny_scorer(solutions: Sequence[Solution], batch_size: int) -> PRMScorer:
     """A randomly initialised PRM of the tiny world's size (BootstrapConfig defaults) with a
     tokenizer trained on the benchmark texts: timing needs the shapes, not trained weights."""
-    import torch
-    from transformers import LlamaConfig, LlamaModel
-
-    from pipeline.config import BootstrapConfig, FormatConfig
-    from pipeline.prompts import prompt_from_config
-    from pipeline.tinyworld.tokenizer import train_tokenizer
-    from prm.model import PRMInfo, ProcessRewardModel
-
     format_config = FormatConfig(use_chat_template=False)
     texts = [prompt_from_config(q, "tiny", None, format_config) + "\n".join(s) for q, s in solutions]
     tokenizer = train_tokenizer(texts, vocab_size=256)
@@ -96,8 +99,6 @@ def bench_one_pass_scoring(config, tokenizer, model, n_solutions: int = 32, n_st
     """prm_one_pass for stages.bench: a PRM head on ``model``'s backbone (a causal LM or base
     model, e.g. the tiny-world policy; weights shared, not copied), the config's step format,
     batches of prm.score_batch_size."""
-    from prm.model import PRMInfo, ProcessRewardModel
-
     prm = ProcessRewardModel.from_backbone(model, PRMInfo.from_format(config.format, "tiny")).eval()
     scorer = PRMScorer(prm, tokenizer, config.format, "tiny", batch_size=config.prm.score_batch_size)
     return bench_prm_one_pass(scorer, n_solutions=n_solutions, n_steps=n_steps, repeats=repeats)
@@ -157,18 +158,6 @@ def bench_prm_training(
     Returns {tokens_per_s, achieved_tflops, mfu (None when the device's peak is unknown),
     seq_len, params_blocks, ...}: the median over optimizer steps after ``warmup_steps``.
     """
-    import copy
-    import dataclasses
-    import json
-
-    import torch
-    from transformers import Qwen2Config, Qwen2Model
-
-    from pipeline.prompts import prompt_from_config
-    from pipeline.tinyworld.tokenizer import train_tokenizer
-    from prm.data import PRMDataset
-    from prm.train import train_prm
-
     work_dir = Path(work_dir)
     solutions = synthetic_solutions(n_solutions, n_steps)
     records = [

@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import save_torch_state_dict
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from transformers import AutoModel
+from transformers.dynamic_module_utils import custom_object_save
+
+from pipeline.config import FormatConfig
+from pipeline.modeling import resolve_device, resolve_dtype
 
 PRM_CONFIG_NAME = "prm_config.json"
 HEAD_NAME = "head.safetensors"
@@ -73,8 +81,6 @@ class PRMInfo:
 
     def format_config(self):
         """The FormatConfig this PRM was trained with (what its scorer must use)."""
-        from pipeline.config import FormatConfig
-
         return FormatConfig(
             separator=self.separator,
             prompt_template=self.prompt_template,
@@ -174,8 +180,6 @@ class ProcessRewardModel(nn.Module):
 
     def add_lora(self, r: int, alpha: int, dropout: float, target_modules: list[str]) -> None:
         """Wrap the backbone with peft LoRA adapters; the head stays fully trainable."""
-        from peft import LoraConfig, get_peft_model
-
         lora_config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
         self.backbone = get_peft_model(self.backbone, lora_config)
         self.info.extra["lora_scaling"] = alpha / r
@@ -199,9 +203,6 @@ class ProcessRewardModel(nn.Module):
                     FSDP/DeepSpeed one: ``accelerator.get_state_dict(model)``); default: own.
         dtype:      cast the backbone's floating weights to it (the head stays float32).
         """
-        from huggingface_hub import save_torch_state_dict
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         (directory / BACKBONE_DIR).mkdir(parents=True, exist_ok=True)
         full = state_dict if state_dict is not None else self.state_dict()
@@ -221,7 +222,6 @@ class ProcessRewardModel(nn.Module):
             base_config.dtype = dtype
         base_config.save_pretrained(directory / BACKBONE_DIR)
         if getattr(base, "_auto_class", None) is not None:  # trust_remote_code models need their code beside the weights
-            from transformers.dynamic_module_utils import custom_object_save
 
             custom_object_save(base, directory / BACKBONE_DIR, config=base_config)
         save_file({k: v.detach().float().cpu().contiguous() for k, v in head_sd.items()}, str(directory / HEAD_NAME))
@@ -238,9 +238,6 @@ class ProcessRewardModel(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path, model_config=None) -> "ProcessRewardModel":
         """Reload a saved PRM on model_config's device and dtype (ModelConfig; None: CPU float32)."""
-        from safetensors.torch import load_file
-        from transformers import AutoModel
-
         directory = Path(directory)
         info_path = directory / PRM_CONFIG_NAME
         if not info_path.exists():
@@ -265,7 +262,6 @@ class ProcessRewardModel(nn.Module):
 def _device_and_dtype(model_config) -> tuple[torch.device, torch.dtype]:
     if model_config is None:
         return torch.device("cpu"), torch.float32
-    from pipeline.modeling import resolve_device, resolve_dtype
 
     device = torch.device(resolve_device(model_config.device))
     return device, resolve_dtype(model_config.dtype, device)
@@ -279,10 +275,6 @@ def load_backbone(path: str, model_config, device: torch.device | str | None = N
     AutoModel rather than pipeline.modeling.load_causal_lm: it skips the lm_head, which for a
     7B model with a 152k vocabulary is half a gigabyte the PRM never uses.
     """
-    from transformers import AutoModel
-
-    from pipeline.modeling import resolve_device, resolve_dtype
-
     device = torch.device(device) if device is not None else resolve_device(model_config.device)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(model_config.dtype, device), "trust_remote_code": model_config.trust_remote_code}
     if model_config.attn_implementation:

@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from pipeline.modeling import load_tokenizer
 from prm.data import SolutionEncoder, pad_token_id, sorted_batches
 from prm.model import ProcessRewardModel
 
@@ -43,8 +44,6 @@ class PRMScorer:
     def from_pretrained(cls, path: str | Path, config) -> "PRMScorer":
         """A scorer for the PRM saved at ``path`` (config: the pipeline Config; its model section
         gives device, dtype and trust_remote_code, prm.score_batch_size the batch size)."""
-        from pipeline.modeling import load_tokenizer
-
         model = ProcessRewardModel.from_pretrained(path, config.model)
         tokenizer = load_tokenizer(str(path), trust_remote_code=config.model.trust_remote_code)
         return cls(model, tokenizer, batch_size=config.prm.score_batch_size)

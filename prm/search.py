@@ -26,7 +26,9 @@ from typing import Sequence
 
 import numpy as np
 
+from pipeline.config import FormatConfig
 from pipeline.grading import answers_equal_many, extract_answer, normalize_answer
+from pipeline.prompts import prompt_from_config
 from pipeline.stats import bootstrap_ci
 from pipeline.steps import join_steps, split_steps
 
@@ -133,9 +135,6 @@ def search_many(
 
 
 def default_prompts(questions: Sequence[str], policy, s: SearchSettings) -> list[str]:
-    from pipeline.config import FormatConfig
-    from pipeline.prompts import prompt_from_config
-
     format_config = s.format_config if s.format_config is not None else FormatConfig(separator=s.separator)
     tokenizer = getattr(policy, "tokenizer", None)
     return [prompt_from_config(q, s.kind or "math", tokenizer, format_config) for q in questions]

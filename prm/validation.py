@@ -19,8 +19,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 
-from pipeline.io import RecordError, read_jsonl
+from pipeline.io import RecordError, read_jsonl, write_json_atomic
 from pipeline.stats import mann_whitney_auc
 from prm.data import group_records
 
@@ -277,15 +278,11 @@ def validate_prm(
 
 def plot_reliability(table: Sequence[dict], path: str | Path, title: str = "PRM calibration") -> Path:
     """Reliability diagram (mean label against mean score per bin) with the bin counts below."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     filled = [row for row in table if row["count"]]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig = Figure(figsize=(5, 6))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
     top.plot([r["mean_score"] for r in filled], [r["mean_label"] for r in filled], marker="o", label="PRM")
     top.set_ylabel("mean label")
@@ -299,14 +296,11 @@ def plot_reliability(table: Sequence[dict], path: str | Path, title: str = "PRM 
     bottom.set_ylabel("steps")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def write_validation(report: dict, directory: str | Path) -> None:
     """validation.json and calibration.png in ``directory``."""
-    from pipeline.io import write_json_atomic
-
     directory = Path(directory)
     write_json_atomic(directory / "validation.json", report)
     if report.get("reliability"):

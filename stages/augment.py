@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 import time
 
-from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem, read_mcts_records
 from pipeline.io import committed_shards, write_json_atomic, write_jsonl_atomic
+from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem, read_mcts_records
 from stages.common import log, parse_args, stage_dir, timed
 
 

@@ -15,22 +15,26 @@ from pathlib import Path
 import torch
 
 from pipeline.bench import machine_description
+from pipeline.config import MCTSConfig
 from pipeline.finetune.bench import bench_gfn_step
-from pipeline.rollouts.bench import bench_mcts_batched
+from pipeline.finetune.losses import subtb_loss
+from pipeline.finetune.policy import LMPolicy
 from pipeline.generation.bench import bench_shared_prompt
 from pipeline.generation.hf import HFGenerator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import write_json_atomic
-from pipeline.finetune.losses import subtb_loss
-from pipeline.config import MCTSConfig
-from pipeline.rollouts.mcts import make_rollout_fn
 from pipeline.modeling import load_causal_lm, load_tokenizer
-from pipeline.finetune.policy import LMPolicy
 from pipeline.prompts import prompt_from_config
+from pipeline.rollouts.bench import bench_mcts_batched
+from pipeline.rollouts.mcts import make_rollout_fn
 from pipeline.steps import join_steps
 from pipeline.tinyworld.model import build_model, save_policy
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import train_tokenizer
+from prm.bench import bench_one_pass_scoring, bench_prm_training
+from prm.model import ProcessRewardModel
+from prm.scorer import PRMScorer
+from prm.search import bench_batched_search
 from stages.common import log, parse_args, set_threads, stage_dir, timed
 
 GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0}
@@ -138,7 +142,6 @@ def main(argv: list[str] | None = None) -> dict:
         results["mcts_batched"] = bench_mcts_batched([(p.problem_id, p.question) for p in mcts_problems], params, rollout_fn)
 
         log.info("bench: prm_one_pass")
-        from prm.bench import bench_one_pass_scoring
 
         results["prm_one_pass"] = bench_one_pass_scoring(config, tokenizer, model)
 
@@ -155,9 +158,6 @@ def main(argv: list[str] | None = None) -> dict:
         model.eval()
 
         log.info("bench: search_batched")
-        from prm.search import bench_batched_search
-        from prm.model import ProcessRewardModel
-        from prm.scorer import PRMScorer
 
         prm = PRMScorer(ProcessRewardModel.from_backbone(model), tokenizer, config.format, "tiny")
         results["search_batched"] = bench_batched_search([p.question for p in problems[:16]], generator, prm, "step_best_of_k", k=4,
@@ -168,7 +168,6 @@ def main(argv: list[str] | None = None) -> dict:
         training = None
         if torch.cuda.is_available():  # a 0.5B-parameter model: a GPU benchmark only
             log.info("bench: prm_training (Qwen2-0.5B architecture, random init)")
-            from prm.bench import bench_prm_training
 
             del model, policy, prm, generator
             torch.cuda.empty_cache()

@@ -9,7 +9,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from pipeline.config import Config, load_config, save_config
+from pipeline.problems import load_benchmark
 
 log = logging.getLogger("stepflow")
 
@@ -34,8 +37,6 @@ def stage_dir(config: Config, stage: str) -> Path:
 
 def set_threads(config: Config) -> None:
     if config.model.torch_threads > 0:
-        import torch
-
         torch.set_num_threads(config.model.torch_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -59,8 +60,6 @@ def timed(stage: str):
 
 def training_problems(config: Config):
     """The problems the training stages draw from (config.data.train*)."""
-    from pipeline.problems import load_benchmark
-
     path = config.resolve(config.data.train_path)
     kwargs = {"path": path, "limit": config.data.train_limit}
     if config.data.problem_sources:

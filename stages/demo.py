@@ -14,32 +14,33 @@ import sys
 import time
 from pathlib import Path
 
+from eval.evaluate import reports_dir
 from pipeline.config import Config
+from pipeline.contracts import check_run
+from stages import augment, bootstrap, evaluate, mcts, search, train_gfn, train_ppo, train_prm
 from stages.common import log, parse_args
 
 STAGES = [
-    ("bootstrap", "stages.bootstrap"),
-    ("mcts", "stages.mcts"),
-    ("augment", "stages.augment"),
-    ("prm", "stages.train_prm"),
-    ("gfn", "stages.train_gfn"),
-    ("ppo", "stages.train_ppo"),
-    ("eval", "stages.evaluate"),
-    ("search", "stages.search"),
+    ("bootstrap", bootstrap.main),
+    ("mcts", mcts.main),
+    ("augment", augment.main),
+    ("prm", train_prm.main),
+    ("gfn", train_gfn.main),
+    ("ppo", train_ppo.main),
+    ("eval", evaluate.main),
+    ("search", search.main),
 ]
 
 
 def run_stages(argv: list[str], only: list[str] | None = None) -> dict[str, float]:
     """Run each stage's main(argv) in this process; returns seconds per stage."""
-    import importlib
-
     seconds = {}
-    for name, module in STAGES:
+    for name, stage_main in STAGES:
         if only is not None and name not in only:
             continue
         start = time.monotonic()
         log.info("demo: ---- %s ----", name)
-        importlib.import_module(module).main(list(argv))
+        stage_main(list(argv))
         seconds[name] = round(time.monotonic() - start, 1)
         log.info("demo: %s took %.1f s", name, seconds[name])
     return seconds
@@ -59,8 +60,6 @@ def _fmt(value, digits=3):
 
 def write_report(config: Config, seconds: dict[str, float], contract_problems: list[str]) -> Path:
     """reports/<run>/report.md from the stages' own output files."""
-    from stages.evaluate import reports_dir
-
     run_dir = config.run_dir
     reports = reports_dir(config)
     reports.mkdir(parents=True, exist_ok=True)
@@ -127,8 +126,6 @@ def set_aside_previous_run(config: Config) -> list[Path]:
     """The demo runs every stage from scratch: an earlier run's folders are renamed
     (<folder>.<UTC time>), never deleted, so its resumable stages (MCTS shards, checkpoints) can
     neither be mixed into this run nor refuse it."""
-    from stages.evaluate import reports_dir
-
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     moved = []
     for folder in (config.run_dir, reports_dir(config)):
@@ -145,9 +142,6 @@ def main(argv: list[str] | None = None) -> Path:
     config = parse_args("demo", argv)
     set_aside_previous_run(config)
     seconds = run_stages(argv)
-    from stages.evaluate import reports_dir
-    from pipeline.contracts import check_run
-
     eval_report = reports_dir(config) / "report.md"
     if eval_report.exists():
         eval_report.replace(reports_dir(config) / "evaluation.md")

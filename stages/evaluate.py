@@ -21,6 +21,7 @@ from eval.report import write_report
 from pipeline.config import save_config
 from pipeline.generation import build_generator
 from pipeline.modeling import resolve_device
+from prm.scorer import PRMScorer
 from stages.common import log, parse_args, set_threads, timed
 
 __all__ = ["main", "reports_dir"]
@@ -34,8 +35,6 @@ def load_prm_scores(config):
     if not Path(path).exists():
         log.warning("eval: no PRM at %s (eval.prm); mean PRM reward not reported", path)
         return None
-    from prm.scorer import PRMScorer
-
     return PRMScorer.from_pretrained(path, config).score_many
 
 

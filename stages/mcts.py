@@ -16,9 +16,9 @@ from tqdm import tqdm
 from pipeline.generation import build_generator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import ShardWriter, check_settings, completed_problem_ids, parse_shard, path_fingerprint, read_stream, write_json_atomic
-from pipeline.rollouts.mcts import make_rollout_fn, run_mcts
 from pipeline.problems import answer_kind
 from pipeline.prompts import prompt_from_config
+from pipeline.rollouts.mcts import make_rollout_fn, run_mcts
 from stages.common import log, parse_args, set_threads, stage_dir, timed, training_problems
 
 

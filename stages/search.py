@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
+from eval.evaluate import resolve_benchmark
 from pipeline.generation import build_generator
 from pipeline.io import write_json_atomic
 from pipeline.problems import load_benchmark
@@ -26,26 +29,17 @@ BASELINE = "majority"
 
 
 def search_problems(config):
-    """The benchmark's problems: eval.evaluate.resolve_benchmark when it exists (it maps
-    "tiny_test" to the tiny world's held-out file), else search.benchmark_path / the bootstrap
-    stage's test file."""
+    """The benchmark's problems: search.benchmark_path when given, else where the evaluation
+    finds that benchmark (eval.evaluate.resolve_benchmark: "tiny_test" is the bootstrap stage's
+    held-out file)."""
     name, path = config.search.benchmark, config.resolve(config.search.benchmark_path)
-    try:
-        from eval.evaluate import resolve_benchmark
-    except ImportError:
-        resolve_benchmark = None
-    if resolve_benchmark is not None and path is None:
-        resolved = resolve_benchmark(config, name)
-        if isinstance(resolved, tuple):
-            problems = load_benchmark(*resolved)
-        elif isinstance(resolved, (str, Path)):
-            problems = load_benchmark("problems", resolved)
-        else:
-            problems = list(resolved)
-    elif name == "tiny_test":
-        problems = load_benchmark("problems", path or require(config.run_dir / "bootstrap" / "problems_test.jsonl", "bootstrap"))
+    if path is not None:
+        problems = load_benchmark("problems" if name == "tiny_test" else name, path)
     else:
-        problems = load_benchmark(name, path)
+        source = resolve_benchmark(config, name)
+        if name == "tiny_test":
+            require(source.path, "bootstrap")
+        problems = load_benchmark(source.loader, source.path)
     if config.search.max_problems is not None:
         problems = problems[: config.search.max_problems]
     if not problems:
@@ -108,12 +102,8 @@ def results_table(rows: list[dict]) -> str:
 
 def plot_accuracy_vs_k(rows: list[dict], path: Path) -> None:
     """Figure 2's shape: accuracy against k (left) and against tokens per problem (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_k, by_tokens) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    by_k, by_tokens = fig.subplots(1, 2)
     for strategy in dict.fromkeys(r["strategy"] for r in rows):
         mine = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["k"])
         ks = [r["k"] for r in mine]
@@ -130,7 +120,6 @@ def plot_accuracy_vs_k(rows: list[dict], path: Path) -> None:
     by_k.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

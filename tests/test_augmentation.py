@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeline.rollouts.augmentation as augmentation
+from pipeline.io import RecordError
 from pipeline.rollouts.augmentation import (
     augment_records,
     augmentation_stats,
@@ -25,7 +26,6 @@ from pipeline.rollouts.augmentation import (
     split_by_problem,
     validate_mcts_record,
 )
-from pipeline.io import RecordError
 from pipeline.rollouts.similarity import calculation_results, step_similarity
 
 F = Fraction

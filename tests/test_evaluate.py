@@ -11,10 +11,10 @@ import pytest
 
 from eval.evaluate import (
     GREEDY_SAMPLE_IDX,
-    paired_accuracy_differences,
     evaluate_model,
     load_eval_benchmark,
     missing_model_reason,
+    paired_accuracy_differences,
     parse_model_spec,
     problem_kind,
     reports_dir,
@@ -200,7 +200,7 @@ def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_mode
         assert {m: accuracy[m]["mean"] for m in EXPECTED} == pytest.approx(EXPECTED)
         lines = (out / "samples" / f"base__{bench}.jsonl").read_text().splitlines()
         assert len(lines) == 8 * 5
-        assert set(json.loads(lines[0])) == {"problem_id", "model", "sample_idx", "steps", "final_answer", "correct"}
+        assert set(json.loads(lines[0])) == {"problem_id", "model", "sample_idx", "steps", "final_answer", "correct", "finished"}
     saved = json.loads((out / "results.json").read_text())
     assert saved["results"]["base"]["gsm8k"]["accuracy"]["pass@1"]["mean"] == pytest.approx(0.4375)
 

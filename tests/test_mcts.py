@@ -5,7 +5,15 @@ import math
 import pytest
 
 from pipeline.config import MCTSConfig
-from pipeline.rollouts.mcts import Rollout, TreeState, make_rollout_fn, mc_value, run_mcts, search_problem, select_from_pool, selection_score
+from pipeline.rollouts.mcts import (
+    Rollout,
+    TreeState,
+    make_rollout_fn,
+    mc_value,
+    run_mcts,
+    select_from_pool,
+    selection_score,
+)
 
 GOLD = [f"g{i}" for i in range(1, 17)]  # the correct 16-step path
 

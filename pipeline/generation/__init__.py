@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pipeline.config import ConfigError
 from pipeline.generation.base import Completion, Generator
+from pipeline.generation.hf import HFGenerator
+from pipeline.generation.vllm_backend import VLLMGenerator
 
 BACKENDS = ("hf", "vllm")
 
@@ -24,12 +26,8 @@ def build_generator(config, model_path: str | None = None, adapter: str | None =
             adapter = config.resolve(config.model.policy_adapter)
     backend = config.generation.backend
     if backend == "hf":
-        from pipeline.generation.hf import HFGenerator
-
         return HFGenerator.from_config(config, model_path, adapter, progress=progress)
     if backend == "vllm":
-        from pipeline.generation.vllm_backend import VLLMGenerator
-
         return VLLMGenerator(model_path, config, adapter=adapter, progress=progress)
     raise ConfigError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
 

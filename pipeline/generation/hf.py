@@ -24,11 +24,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from tqdm import tqdm
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from pipeline.generation.base import Completion, check_sampling_args, truncate_at_stop
+from pipeline.modeling import load_causal_lm, load_tokenizer
 from pipeline.steps import end_token_id
-
 
 # Decoding positions the cache has room for before its first doubling.
 INITIAL_ROOM = 32
@@ -221,8 +222,6 @@ class HFGenerator:
         An adapter is merged into the weights: this generator only samples, and a merged model
         decodes faster than one with LoRA layers in the loop.
         """
-        from pipeline.modeling import load_causal_lm, load_tokenizer
-
         path = model_path or config.resolve(config.model.policy)
         tokenizer = load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
         model = load_causal_lm(path, config.model, adapter=adapter)
@@ -266,8 +265,6 @@ class HFGenerator:
             generator.manual_seed(seed)
         bar = None
         if self.progress:
-            from tqdm import tqdm
-
             bar = tqdm(total=len(prompts) * n, desc="generate", unit="seq", dynamic_ncols=True)
         was_training = self.model.training
         self.model.eval()

@@ -101,7 +101,7 @@ class VLLMGenerator:
             engine = vllm.LLM(**kwargs)
             sampling_params_cls = vllm.SamplingParams
             if adapter:
-                from vllm.lora.request import LoRARequest
+                from vllm.lora.request import LoRARequest  # the optional extra, as above
 
                 self._lora_request = LoRARequest("policy_adapter", 1, adapter)
         if sampling_params_cls is None:
