@@ -242,7 +242,7 @@ def test_benchmark_names_resolve_through_a_table(tmp_path):
     with pytest.raises(FileNotFoundError, match="problems_test.jsonl"):
         load_eval_benchmark(config, "tiny_test")
     test_file.parent.mkdir(parents=True)
-    rows = [Problem(f"tiny-test-{i}", f"Ann has {i} pens. How many pens does Ann have?", str(i), "tiny").to_dict() for i in range(3)]
+    rows = [Problem(f"tiny-test-{i}", f"Ann has {i} pens. How many pens does Ann have?", str(i), "tiny").to_json() for i in range(3)]
     test_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [p.problem_id for p in load_eval_benchmark(config, "tiny_test")] == ["tiny-test-0", "tiny-test-1"]
     config.eval.benchmark_paths["math500"] = "{run_dir}/m.jsonl"
