@@ -133,12 +133,13 @@ def committed_shards(directory: str | Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(SHARD_PREFIX + "-"))
 
 
-def read_stream(directory: str | Path, stream: str = "records") -> Iterator[dict]:
-    """Every record of one stream across the committed shards of a directory."""
+def read_stream(directory: str | Path, stream: str, record_type: type[R]) -> Iterator[R]:
+    """Every record of one stream across the committed shards of a directory, validated as
+    ``record_type`` (errors name the shard file and line)."""
     for shard in committed_shards(directory):
         path = shard / f"{stream}.jsonl"
         if path.exists():
-            yield from read_jsonl(path)
+            yield from read_records(path, record_type)
 
 
 def completed_problem_ids(directory: str | Path) -> set[str]:
@@ -154,9 +155,10 @@ def completed_problem_ids(directory: str | Path) -> set[str]:
 class ShardWriter:
     """Buffers the records of complete problems and commits them atomically in shards.
 
-    ``add(problem_id, records=[...], summaries=[...])`` buffers one finished problem (keyword
-    names are stream names); ``commit()`` writes the buffer as one shard. ``tag`` distinguishes
-    concurrent writers (e.g. the ``shard=i/n`` of the stage).
+    ``add(problem_id, records=[...], summaries=[...])`` buffers the typed records (any
+    pipeline.records type) of one finished problem, keyword names being stream names;
+    ``commit()`` writes the buffer as one shard. ``tag`` distinguishes concurrent writers (e.g.
+    the ``shard=i/n`` of the stage).
     """
 
     def __init__(self, directory: str | Path, tag: str = "0of1", commit_every: int = 16):
@@ -182,11 +184,11 @@ class ShardWriter:
         ]
         return max(seqs, default=-1) + 1
 
-    def add(self, problem_id: str, **streams: list[dict]) -> None:
+    def add(self, problem_id: str, **streams: Iterable[Record]) -> None:
         if problem_id in self._problems:
             raise ValueError(f"problem {problem_id!r} added twice to one shard")
         for name, records in streams.items():
-            self._buffer.setdefault(name, []).extend(records)
+            self._buffer.setdefault(name, []).extend(record.to_json() for record in records)
         self._problems.append(problem_id)
         if len(self._problems) >= self.commit_every:
             self.commit()
