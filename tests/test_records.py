@@ -1,5 +1,5 @@
-"""Typed records (pipeline.records): round trips, the validator derived from the fields and the
-JSON written to disk."""
+"""Typed records (pipeline.records): round trips, the validator derived from the fields, the
+JSON written to disk, and a golden test that the on-disk formats did not change."""
 
 from __future__ import annotations
 
@@ -7,10 +7,15 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from pipeline.io import RecordError, read_records
+from eval.evaluate import generate_samples, problem_kind
+from pipeline.config import MCTSConfig, load_config
+from pipeline.generation.base import Completion
+from pipeline.io import RecordError, ShardWriter, read_records, write_records_atomic
+from pipeline.problems import write_problems_jsonl
 from pipeline.records import (
     FieldError,
     MCTSRecord,
@@ -23,6 +28,10 @@ from pipeline.records import (
     Trajectory,
     rules,
 )
+from pipeline.rollouts.augmentation import augment_records
+from pipeline.rollouts.mcts import Rollout, run_mcts
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "records"
 
 ROLLOUTS = [MCTSRollout(["3 * 4 = 12", "The answer is 12"], "12", True), MCTSRollout(["3 + 4 = 7"], None, False)]
 RECORDS = [
@@ -223,3 +232,110 @@ def test_read_records_reports_the_line_of_the_bad_record(tmp_path):
     path.write_text(json.dumps(SAMPLE_JSON) + "\n\n" + json.dumps({**SAMPLE_JSON, "correct": "true"}) + "\n")
     with pytest.raises(RecordError, match="^" + re.escape(f"{path}:3: field 'correct': expected true or false")):
         list(read_records(path, Sample))
+
+
+# ----------------------------------------------------------------------------- the on-disk formats did not change
+# The files under tests/data/records were written from the inputs built below by the dict-based
+# writers the typed records replaced; the typed code must write them byte for byte. The one
+# intended change: samples now carry "finished" (absent in older files, and still read).
+
+GOLD_PATH = ["Ann has 3 boxes × 4 pens.", "3 × 4 = 12 pens", "12 − 5 = 7 pens are left", "The answer is 7"]
+
+
+def golden_problems():
+    return [
+        Problem("tiny-g-0", "Ann has 3 boxes of 4 pens and gives away 5. How many are left?", "7", "tiny",
+                {"solutions": [GOLD_PATH], "level": 2}),
+        Problem("sat_math-g-1", "Which is $\\frac{1}{2}$ of 10? «café»", "B", "sat_math",
+                {"options": {"A": "2", "B": "5"}, "id": 1}),
+        Problem("gsm8k-g-2", "What is 2 + 2?", "", "gsm8k"),
+    ]
+
+
+def golden_rollouts(prefix):
+    """Eight rollouts from a prefix, deterministic: on the gold path 3 of 8 succeed and the
+    others follow it for 0-2 more steps, then slip; every fourth one gives no answer."""
+    on_gold = list(prefix) == GOLD_PATH[: len(prefix)]
+    rest = GOLD_PATH[len(prefix):] or ["The answer is 7"]
+    out = []
+    for j in range(8):
+        if on_gold and j < 3:
+            out.append(Rollout(list(rest), "7", True, num_tokens=5 * len(rest)))
+            continue
+        kept = rest[: j % 3] if on_gold else []
+        steps = kept + [f"{len(prefix) + 3} × {j} = {j + 1} slip"] + [f"filler {k} ½" for k in range(len(rest) - len(kept) - 1)]
+        out.append(Rollout(steps, None if j % 4 == 3 else str(j), False, num_tokens=5 * len(steps) + j))
+    return out
+
+
+def golden_mcts_results():
+    results = []
+    params = MCTSConfig(k=8, max_iterations=3, max_rollouts=10_000)
+    run_mcts([(p.problem_id, p.question) for p in golden_problems()[:2]], params,
+             lambda requests: [golden_rollouts(prefix) for _, prefix in requests], results.append)
+    return results
+
+
+class CannedSampler:
+    """Completions by prompt and sample position: finished answers, a cut-off one, an empty one."""
+
+    tokenizer = None
+    canned = [("x = 3 × 4 = 12\n12 − 5 = 7\nThe answer is 7", "eos"), ("x = 12\nThe answer is", "length"),
+              ("", "stop"), ("The answer is B", "eos")]
+
+    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
+        shift = 1 if temperature == 0 else 0
+        return [[Completion(*self.pick(p + j + shift)) for j in range(n)] for p in range(len(prompts))]
+
+    def pick(self, index):
+        text, finish_reason = self.canned[index % len(self.canned)]
+        return text, [1, 2], finish_reason
+
+
+def golden_eval_config():
+    return load_config(None, ["eval.k=3", "eval.greedy=true", "format.use_chat_template=false"])
+
+
+def _bytes(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def test_problems_mcts_and_prm_files_are_written_byte_for_byte_as_before(tmp_path):
+    write_problems_jsonl(golden_problems(), tmp_path / "problems.jsonl")
+    assert _bytes(tmp_path / "problems.jsonl") == _bytes(GOLDEN / "problems.jsonl")
+
+    with ShardWriter(tmp_path / "shards") as writer:
+        for result in golden_mcts_results():
+            writer.add(result.summary.problem_id, records=result.records, summaries=[result.summary])
+    (shard,) = sorted((tmp_path / "shards").glob("part-*"))
+    assert _bytes(shard / "records.jsonl") == _bytes(GOLDEN / "mcts_records.jsonl")
+    assert _bytes(shard / "summaries.jsonl") == _bytes(GOLDEN / "mcts_summaries.jsonl")
+
+    # the hand-written input holds int and float answers, an int mc and an unknown key
+    records = [*read_records(GOLDEN / "mcts_records.jsonl", MCTSRecord), *read_records(GOLDEN / "mcts_handwritten.jsonl", MCTSRecord)]
+    write_records_atomic(tmp_path / "prm_examples.jsonl", augment_records(records))
+    assert _bytes(tmp_path / "prm_examples.jsonl") == _bytes(GOLDEN / "prm_examples.jsonl")
+
+
+@pytest.mark.parametrize(
+    "name, record_type",
+    [("problems", Problem), ("mcts_records", MCTSRecord), ("mcts_summaries", MCTSSummary),
+     ("prm_examples", PRMExample), ("samples", Sample)],
+)
+def test_reading_and_rewriting_a_golden_file_changes_no_byte(tmp_path, name, record_type):
+    write_records_atomic(tmp_path / "copy.jsonl", read_records(GOLDEN / f"{name}.jsonl", record_type))
+    assert _bytes(tmp_path / "copy.jsonl") == _bytes(GOLDEN / f"{name}.jsonl")
+
+
+def test_samples_are_written_as_before_plus_finished(tmp_path):
+    samples = generate_samples(CannedSampler(), golden_problems(), problem_kind, golden_eval_config(), "base")
+    write_records_atomic(tmp_path / "samples.jsonl", samples)
+    new_lines = (tmp_path / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+    old_lines = (GOLDEN / "samples.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(new_lines) == len(old_lines) == 12
+    for new, old in zip(new_lines, old_lines):
+        obj = json.loads(new)
+        assert list(obj)[-1] == "finished"
+        finished = obj.pop("finished")
+        assert json.dumps(obj, ensure_ascii=False) == old  # every other key, value and their order unchanged
+        assert finished is (obj["steps"] != ["x = 12", "The answer is"])  # the canned "length" completion
