@@ -2,7 +2,7 @@
 
 Per model and benchmark: ONE generate call with every problem of the benchmark and n = k at
 eval.temperature, plus ONE greedy call (temperature 0, n = 1); every completion is split into
-steps, graded, and written as a DESIGN.md "samples" record (sample_idx -1 = greedy). Accuracy
+steps, graded, and written as a samples record (pipeline.records.Sample; sample_idx -1 = greedy). Accuracy
 (greedy pass@1, pass@1, maj@k, pass@k with bootstrap CIs) and diversity (mean pairwise cosine of
 solution embeddings, Vendi, distinct-n, distinct correct strategies) come from those records
 only, so a rerun that finds a pair's samples up to date re-scores them without generating.
@@ -30,9 +30,10 @@ from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, per_pr
 from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
 from pipeline.config import Config
 from pipeline.grading import extract_answer, grade_many, normalize_answer
-from pipeline.io import path_fingerprint, read_jsonl, write_json_atomic, write_jsonl_atomic
-from pipeline.problems import Problem, answer_kind, load_benchmark
+from pipeline.io import path_fingerprint, read_records, write_json_atomic, write_records_atomic
+from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config
+from pipeline.records import Problem, Sample
 from pipeline.stats import bootstrap_ci, mann_whitney_auc
 from pipeline.steps import join_steps, split_steps
 
@@ -55,7 +56,7 @@ StepScorer = Callable[[Sequence[tuple[str, Sequence[str]]]], list[list[float]]] 
 
 def problem_kind(problem: Problem) -> str:
     """The default ``kind_of``: the grading kind of the problem's source."""
-    return answer_kind(problem.source)
+    return problem.kind
 
 
 def reports_dir(config: Config) -> Path:
@@ -158,9 +159,9 @@ def _fingerprint(path: str | None, is_local: bool) -> str | None:
 
 @dataclass
 class Evaluation:
-    """One model on one benchmark: its samples-contract records and its metrics."""
+    """One model on one benchmark: its samples and its metrics."""
 
-    samples: list[dict]
+    samples: list[Sample]
     metrics: dict
 
 
@@ -179,9 +180,10 @@ def _check_outputs(outputs, problems: Sequence[Problem], n: int, what: str) -> N
             raise ValueError(f"generate ({what}) returned {len(completions)} completions for {problem.problem_id}; expected {n}")
 
 
-def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, config: Config, model: str) -> list[dict]:
-    """Samples-contract records of one model on one benchmark, problem by problem: the greedy
-    sample (sample_idx -1, when eval.greedy) then samples 0..k-1.
+def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, config: Config, model: str) -> list[Sample]:
+    """The samples of one model on one benchmark, problem by problem: the greedy sample
+    (sample_idx -1, when eval.greedy) then samples 0..k-1; a sample cut off at max_new_tokens
+    is recorded as not finished.
 
     Two generate calls in all: every problem with n = eval.k at eval.temperature, and every
     problem with n = 1 at temperature 0. Grading is one grade_many call per answer kind.
@@ -196,7 +198,7 @@ def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, co
     if config.eval.greedy:
         greedy = generator.generate(prompts, n=1, temperature=0.0, **{**common, "top_p": 1.0})
         _check_outputs(greedy, problems, 1, "greedy")
-        completions_per_problem = [[g[0]] + completions for g, completions in zip(greedy, completions_per_problem)]
+        completions_per_problem = [g + completions for g, completions in zip(greedy, completions_per_problem)]
         indices = [[GREEDY_SAMPLE_IDX] + idx for idx in indices]
 
     # one grade_many per kind keeps every Math-Verify comparison of the benchmark in one batch
@@ -210,44 +212,43 @@ def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, co
         for j, verdict in zip(positions, verdicts):
             correct[j] = bool(verdict)
 
-    records = []
-    for (p, i, completion), is_correct in zip(flat, correct):
-        problem = problems[p]
-        records.append({
-            "problem_id": problem.problem_id,
-            "model": model,
-            "sample_idx": indices[p][i],
-            "steps": split_steps(completion.text, config.format.separator),
-            "final_answer": extract_answer(completion.text, kind_of(problem)),
-            "correct": is_correct,
-            "finished": completion.finish_reason != "length",
-        })
-    return records
+    return [
+        Sample(
+            problem_id=problems[p].problem_id,
+            model=model,
+            sample_idx=indices[p][i],
+            steps=split_steps(completion.text, config.format.separator),
+            final_answer=extract_answer(completion.text, kind_of(problems[p])),
+            correct=is_correct,
+            finished=completion.finish_reason != "length",
+        )
+        for (p, i, completion), is_correct in zip(flat, correct)
+    ]
 
 
 # ----------------------------------------------------------------------------- scoring
 
 
-def _group_records(records: Sequence[dict], problems: Sequence[Problem]) -> tuple[dict, dict]:
+def _group_records(records: Sequence[Sample], problems: Sequence[Problem]) -> tuple[dict, dict]:
     """problem_id -> sampled records in sample_idx order, and problem_id -> greedy record."""
-    sampled: dict[str, list[dict]] = {p.problem_id: [] for p in problems}
-    greedy: dict[str, dict] = {}
+    sampled: dict[str, list[Sample]] = {p.problem_id: [] for p in problems}
+    greedy: dict[str, Sample] = {}
     for record in records:
-        pid = record["problem_id"]
+        pid = record.problem_id
         if pid not in sampled:
             raise ValueError(f"samples: record for problem {pid!r}, which is not in the benchmark")
-        if record["sample_idx"] == GREEDY_SAMPLE_IDX:
+        if record.sample_idx == GREEDY_SAMPLE_IDX:
             greedy[pid] = record
         else:
             sampled[pid].append(record)
     for pid, rows in sampled.items():
-        rows.sort(key=lambda r: r["sample_idx"])
+        rows.sort(key=lambda r: r.sample_idx)
         if not rows:
             raise ValueError(f"samples: no sampled solutions for problem {pid!r}")
     return sampled, greedy
 
 
-def _graded(records: Sequence[dict], problems: Sequence[Problem], kind_of: KindOf):
+def _graded(records: Sequence[Sample], problems: Sequence[Problem], kind_of: KindOf):
     """(problem_id -> sampled records, [ProblemSamples] in problem order, problem_id -> greedy
     correct or None when there are no greedy records)."""
     sampled, greedy = _group_records(records, problems)
@@ -255,8 +256,8 @@ def _graded(records: Sequence[dict], problems: Sequence[Problem], kind_of: KindO
     for problem in problems:
         rows = sampled[problem.problem_id]
         kind = kind_of(problem)
-        answers = [r["final_answer"] for r in rows]
-        flags = [bool(r["correct"]) for r in rows]
+        answers = [r.final_answer for r in rows]
+        flags = [r.correct for r in rows]
         winner = majority_vote_index(answers, key=lambda answer: normalize_answer(answer, kind))
         per_problem.append(ProblemSamples(problem.problem_id, flags, answers, winner is not None and flags[winner]))
     greedy_correct = None
@@ -264,13 +265,13 @@ def _graded(records: Sequence[dict], problems: Sequence[Problem], kind_of: KindO
         missing = [p.problem_id for p in problems if p.problem_id not in greedy]
         if missing:
             raise ValueError(f"samples: greedy sample missing for problem {missing[0]!r}")
-        greedy_correct = {pid: bool(r["correct"]) for pid, r in greedy.items()}
+        greedy_correct = {pid: r.correct for pid, r in greedy.items()}
     return sampled, per_problem, greedy_correct
 
 
 def paired_accuracy_differences(
-    reference_records: Sequence[dict],
-    records: Sequence[dict],
+    reference_records: Sequence[Sample],
+    records: Sequence[Sample],
     problems: Sequence[Problem],
     kind_of: KindOf = problem_kind,
     n_resamples: int = 2000,
@@ -303,7 +304,7 @@ def paired_accuracy_differences(
 
 
 def score_samples(
-    records: Sequence[dict],
+    records: Sequence[Sample],
     problems: Sequence[Problem],
     kind_of: KindOf,
     config: Config,
@@ -331,7 +332,7 @@ def score_samples(
     budgets = sorted({j for j in (1, 2, 4, 8, 16, 32, 64) if j <= k} | {k})
     curve = {str(j): float(np.mean([pass_at_k(k, c, j) for c in counts])) for j in budgets}
 
-    solutions = [[r["steps"] for r in sampled[p.problem_id]] for p in problems]
+    solutions = [[r.steps for r in sampled[p.problem_id]] for p in problems]
     texts = [[join_steps(steps, config.format.separator) for steps in group] for group in solutions]
     strategies = [distinct_correct_strategies(group, s.correct) for group, s in zip(solutions, per_problem)]
     solved = [n for n, c in zip(strategies, counts) if c > 0]
@@ -354,14 +355,14 @@ def score_samples(
         "k": k,
         "accuracy": accuracy,
         "pass@k_curve": curve,
-        "answered": float(np.mean([r["final_answer"] is not None for r in all_rows])),
-        "mean_steps": float(np.mean([len(r["steps"]) for r in all_rows])),
+        "answered": float(np.mean([r.final_answer is not None for r in all_rows])),
+        "mean_steps": float(np.mean([len(r.steps) for r in all_rows])),
         "diversity": diversity,
         **extra,
     }
 
 
-def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer, n_resamples: int, seed: int) -> dict:
+def mean_prm_reward(sampled: dict[str, list[Sample]], problems: Sequence[Problem], prm: StepScorer, n_resamples: int, seed: int) -> dict:
     """How the PRM's reward R = prod U sees one model's samples.
 
     mean, lo, hi:        per problem, the mean R over its sampled solutions (an empty one: 0); a
@@ -379,11 +380,11 @@ def mean_prm_reward(sampled: dict, problems: Sequence[Problem], prm: StepScorer,
     reweighted_reward:   the same reweighting of R itself, sum R^2 / sum R: the mean reward a
                          policy sampling in proportion to pi * R would reach on these problems
     """
-    pairs = [(p.question, r["steps"]) for p in problems for r in sampled[p.problem_id]]
+    pairs = [(p.question, r.steps) for p in problems for r in sampled[p.problem_id]]
     scores = iter(prm([pair for pair in pairs if pair[1]]))
     rewards = iter([math.prod(next(scores)) if steps else 0.0 for _, steps in pairs])
     per_problem_rewards = [np.array([next(rewards) for _ in sampled[p.problem_id]]) for p in problems]
-    per_problem_correct = [np.array([bool(r["correct"]) for r in sampled[p.problem_id]]) for p in problems]
+    per_problem_correct = [np.array([r.correct for r in sampled[p.problem_id]]) for p in problems]
     per_problem_mean = [float(r.mean()) for r in per_problem_rewards]
     mean, lo, hi = bootstrap_ci(np.array(per_problem_mean), n_resamples=n_resamples, seed=seed)
     aucs = [mann_whitney_auc(r, c) for r, c in zip(per_problem_rewards, per_problem_correct) if 0 < c.sum() < len(c)]
@@ -442,13 +443,13 @@ def sampling_settings(config: Config, spec: ModelSpec, source: BenchmarkSource, 
     }
 
 
-def _reusable_samples(path: Path, settings: dict) -> list[dict] | None:
+def _reusable_samples(path: Path, settings: dict) -> list[Sample] | None:
     settings_file = path.with_suffix(".settings.json")
     if not (path.exists() and settings_file.exists()):
         return None
     if json.loads(settings_file.read_text(encoding="utf-8")) != settings:
         return None
-    return list(read_jsonl(path))
+    return list(read_records(path, Sample))
 
 
 def _free_memory() -> None:
@@ -496,7 +497,7 @@ def run_evaluation(
         "skipped": [],
         "results": {},
     }
-    all_records: dict[str, dict[str, list[dict]]] = {}
+    all_records: dict[str, dict[str, list[Sample]]] = {}
     for name, value in config.eval.models.items():
         spec = parse_model_spec(config, name, value)
         results["models"][name] = {"path": spec.path, "adapter": spec.adapter}
@@ -517,7 +518,7 @@ def run_evaluation(
                 log.info("eval: %s on %s: %d problems x %d samples%s", name, bench, len(problems), config.eval.k,
                          " + greedy" if config.eval.greedy else "")
                 records = generate_samples(generator, problems, kind_of, config, name)
-                write_jsonl_atomic(path, records)
+                write_records_atomic(path, records)
                 write_json_atomic(path.with_suffix(".settings.json"), settings)
             else:
                 log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)

@@ -18,6 +18,7 @@ from eval.evaluate import GREEDY_SAMPLE_IDX, generate_samples, problem_kind, sco
 from pipeline.config import Config
 from pipeline.grading import extract_answer, grade_many
 from pipeline.prompts import prompt_from_config
+from pipeline.records import Sample
 from pipeline.rollouts.mcts import make_rollout_fn, mc_value
 from pipeline.tinyworld.problems import arithmetic_errors, num_strategies, solution_strategy
 
@@ -43,10 +44,10 @@ def policy_checks(generator, problems, config: Config) -> dict:
     start = time.monotonic()
     records = generate_samples(generator, problems, problem_kind, settings, model="bootstrap")
     accuracy = score_samples(records, problems, problem_kind, settings)["accuracy"]
-    sampled: dict[str, list[dict]] = {p.problem_id: [] for p in problems}
+    sampled: dict[str, list[Sample]] = {p.problem_id: [] for p in problems}
     for record in records:
-        if record["sample_idx"] != GREEDY_SAMPLE_IDX:
-            sampled[record["problem_id"]].append(record)
+        if record.sample_idx != GREEDY_SAMPLE_IDX:
+            sampled[record.problem_id].append(record)
     checks: dict = {
         "eval_problems": len(problems),
         "greedy_accuracy": round(accuracy["greedy_pass@1"]["mean"], 4),
@@ -59,16 +60,16 @@ def policy_checks(generator, problems, config: Config) -> dict:
     strategies, steps_total, slips, slip_examples = [], 0, 0, []
     for problem in problems:
         rows = sampled[problem.problem_id]
-        used = {solution_strategy(problem, r["steps"]) for r in rows if r["correct"]}
+        used = {solution_strategy(problem, r.steps) for r in rows if r.correct}
         strategies.append((len(used - {None}), num_strategies(problem)))
         for r in rows:
-            steps_total += len(r["steps"])
-            wrong = arithmetic_errors(r["steps"])
+            steps_total += len(r.steps)
+            wrong = arithmetic_errors(r.steps)
             slips += len(wrong)
             slip_examples.extend(wrong[: max(0, 5 - len(slip_examples))])
     all_sampled = [r for rows in sampled.values() for r in rows]
     checks.update({
-        "finished_share": round(sum(bool(r["finished"]) for r in all_sampled) / max(len(all_sampled), 1), 4),
+        "finished_share": round(sum(bool(r.finished) for r in all_sampled) / max(len(all_sampled), 1), 4),
         # distinct valid strategies among a problem's correct samples, over problems with >1 valid strategy
         "mean_correct_strategies_multi": _mean([used for used, total in strategies if total > 1]),
         "mean_valid_strategies": _mean([total for _, total in strategies]),
@@ -85,8 +86,8 @@ def policy_checks(generator, problems, config: Config) -> dict:
     for i, problem in enumerate(problems[: boot.mc_problems]):
         seen = set()
         for r in sampled[problem.problem_id]:
-            for depth in range(1, len(r["steps"])):
-                prefix = tuple(r["steps"][:depth])
+            for depth in range(1, len(r.steps)):
+                prefix = tuple(r.steps[:depth])
                 if prefix not in seen and extract_answer(sep.join(prefix), kind) is None:
                     seen.add(prefix)
                     requests.append((i, prefix))

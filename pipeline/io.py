@@ -1,4 +1,8 @@
-"""Resumable JSONL shards and safe JSONL reading.
+"""JSONL reading and writing: typed records, atomic files and resumable shards.
+
+``read_records(path, RecordType)`` yields the typed records (pipeline.records) of a JSONL file,
+each validated where it is read; ``write_records_atomic`` writes them. ``read_jsonl`` is the raw
+layer: JSON objects, for formats that are not ours (PRM800K) or not records (metrics).
 
 A stage writes its records through a ShardWriter. Records are buffered per *complete problem*
 and committed in shards: a shard is a folder ``<prefix>-<tag>-<seq>/`` holding one JSONL file
@@ -19,14 +23,14 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+from pipeline.records import Record, RecordError
+
+R = TypeVar("R", bound=Record)
 
 SHARD_PREFIX = "part"
 TMP_PREFIX = ".tmp-"
-
-
-class RecordError(ValueError):
-    """A malformed input record; the message names the file, the line and the field."""
 
 
 def read_jsonl(path: str | Path, validate: Callable[[dict, str, int], None] | None = None) -> Iterator[dict]:
@@ -36,6 +40,25 @@ def read_jsonl(path: str | Path, validate: Callable[[dict, str, int], None] | No
     (obj, path, line) may raise for a missing or ill-typed field. Nothing is ever evaluated.
     """
     path = Path(path)
+    for line_no, obj in _json_objects(path):
+        if validate is not None:
+            validate(obj, str(path), line_no)
+        yield obj
+
+
+def read_records(path: str | Path, record_type: type[R]) -> Iterator[R]:
+    """Yield the records of a JSONL file as ``record_type`` instances, one per non-empty line.
+
+    A line that is not a JSON object, or whose fields break the record's contract, raises
+    RecordError "<file>:<line>: field '<name>': expected ..., got ...".
+    """
+    path = Path(path)
+    for line_no, obj in _json_objects(path):
+        yield record_type.from_json(obj, f"{path}:{line_no}")
+
+
+def _json_objects(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, JSON object) for every non-empty line; blank lines still count."""
     with path.open("r", encoding="utf-8", errors="strict") as handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
@@ -46,9 +69,7 @@ def read_jsonl(path: str | Path, validate: Callable[[dict, str, int], None] | No
                 raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
             if not isinstance(obj, dict):
                 raise RecordError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
-            if validate is not None:
-                validate(obj, str(path), line_no)
-            yield obj
+            yield line_no, obj
 
 
 def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
@@ -66,6 +87,11 @@ def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
     os.replace(tmp, path)
     _fsync_dir(path.parent)
     return count
+
+
+def write_records_atomic(path: str | Path, records: Iterable[Record]) -> int:
+    """Write typed records as a JSONL file atomically (``record.to_json()`` per line). Returns the count."""
+    return write_jsonl_atomic(path, (record.to_json() for record in records))
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -102,12 +128,13 @@ def committed_shards(directory: str | Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(SHARD_PREFIX + "-"))
 
 
-def read_stream(directory: str | Path, stream: str = "records") -> Iterator[dict]:
-    """Every record of one stream across the committed shards of a directory."""
+def read_stream(directory: str | Path, stream: str, record_type: type[R]) -> Iterator[R]:
+    """Every record of one stream across the committed shards of a directory, validated as
+    ``record_type`` (errors name the shard file and line)."""
     for shard in committed_shards(directory):
         path = shard / f"{stream}.jsonl"
         if path.exists():
-            yield from read_jsonl(path)
+            yield from read_records(path, record_type)
 
 
 def completed_problem_ids(directory: str | Path) -> set[str]:
@@ -123,9 +150,10 @@ def completed_problem_ids(directory: str | Path) -> set[str]:
 class ShardWriter:
     """Buffers the records of complete problems and commits them atomically in shards.
 
-    ``add(problem_id, records=[...], summaries=[...])`` buffers one finished problem (keyword
-    names are stream names); ``commit()`` writes the buffer as one shard. ``tag`` distinguishes
-    concurrent writers (e.g. the ``shard=i/n`` of the stage).
+    ``add(problem_id, records=[...], summaries=[...])`` buffers the typed records (any
+    pipeline.records type) of one finished problem, keyword names being stream names;
+    ``commit()`` writes the buffer as one shard. ``tag`` distinguishes concurrent writers (e.g.
+    the ``shard=i/n`` of the stage).
     """
 
     def __init__(self, directory: str | Path, tag: str = "0of1", commit_every: int = 16):
@@ -151,11 +179,11 @@ class ShardWriter:
         ]
         return max(seqs, default=-1) + 1
 
-    def add(self, problem_id: str, **streams: list[dict]) -> None:
+    def add(self, problem_id: str, **streams: Iterable[Record]) -> None:
         if problem_id in self._problems:
             raise ValueError(f"problem {problem_id!r} added twice to one shard")
         for name, records in streams.items():
-            self._buffer.setdefault(name, []).extend(records)
+            self._buffer.setdefault(name, []).extend(record.to_json() for record in records)
         self._problems.append(problem_id)
         if len(self._problems) >= self.commit_every:
             self.commit()

@@ -1,4 +1,4 @@
-"""The Problem record and the benchmark loaders.
+"""The benchmark loaders: every benchmark as a list of ``pipeline.records.Problem``.
 
 Every benchmark becomes a list of ``Problem(problem_id, question, answer, source, meta)``, the
 JSONL problems contract of DESIGN.md. A loader reads a local file (JSONL, or a JSON array) when
@@ -18,12 +18,12 @@ import heapq
 import json
 import logging
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.grading import extract_answer
-from pipeline.io import RecordError, write_jsonl_atomic
+from pipeline.io import RecordError, write_records_atomic
+from pipeline.records import Problem
 
 log = logging.getLogger(__name__)
 
@@ -43,100 +43,10 @@ HUB_MATH500 = "HuggingFaceH4/MATH-500"
 HUB_AGIEVAL_SAT_MATH = "hails/agieval-sat-math"
 HUB_OPENMATHINSTRUCT2 = "nvidia/OpenMathInstruct-2"
 
-# source -> grading kind (the grader and the prompt builder switch on the kind).
-ANSWER_KINDS = {
-    "gsm8k": "gsm8k",
-    "math": "math",
-    "math500": "math",
-    "openmathinstruct2": "math",
-    "sat_math": "sat",
-    "agieval_sat_math": "sat",
-    "tiny": "tiny",
-}
-
-
-def answer_kind(source: str) -> str:
-    """The grading kind ("math", "gsm8k", "sat" or "tiny") of a problem source."""
-    try:
-        return ANSWER_KINDS[source]
-    except KeyError:
-        raise ValueError(f"unknown problem source {source!r}; expected one of {sorted(ANSWER_KINDS)}") from None
-
-
-# ----------------------------------------------------------------------------- the record
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One problem: the question shown to the model, the reference answer the grader compares
-    with, the source benchmark (which fixes the grading kind) and source-specific extras
-    (``meta``: level, subject, multiple-choice options, the reference solution, ...)."""
-
-    problem_id: str
-    question: str
-    answer: str
-    source: str
-    meta: dict = field(default_factory=dict, hash=False)
-
-    @property
-    def kind(self) -> str:
-        return answer_kind(self.source)
-
-    def to_dict(self) -> dict:
-        return {
-            "problem_id": self.problem_id,
-            "question": self.question,
-            "answer": self.answer,
-            "source": self.source,
-            "meta": dict(self.meta),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str | Path | None = None, line: int | None = None) -> "Problem":
-        """A Problem from a problems-contract record; errors name the file, the line and the field.
-
-        ``meta`` may be absent (read as {}); the four other fields are required strings and
-        ``problem_id``, ``question`` and ``source`` must not be empty.
-        """
-        where = _location(path, line)
-        if not isinstance(d, dict):
-            raise RecordError(f"{where}: expected a JSON object, got {type(d).__name__}")
-        meta = d.get("meta", {})
-        if not isinstance(meta, dict):
-            raise RecordError(f"{where}: field 'meta': expected an object, got {type(meta).__name__}")
-        return cls(
-            problem_id=_string(d, "problem_id", where),
-            question=_string(d, "question", where),
-            answer=_string(d, "answer", where, allow_empty=True),
-            source=_string(d, "source", where),
-            meta=dict(meta),
-        )
-
-
-def _location(path: str | Path | None, line: int | None) -> str:
-    if path is not None and line is not None:
-        return f"{path}:{line}"
-    if path is not None:
-        return str(path)
-    if line is not None:
-        return f"line {line}"
-    return "record"
-
-
-def _string(obj: dict, name: str, where: str, *, allow_empty: bool = False) -> str:
-    if name not in obj:
-        raise RecordError(f"{where}: field '{name}': missing (expected a string)")
-    value = obj[name]
-    if not isinstance(value, str):
-        raise RecordError(f"{where}: field '{name}': expected a string, got {type(value).__name__}")
-    if not allow_empty and not value.strip():
-        raise RecordError(f"{where}: field '{name}': expected a non-empty string")
-    return value
-
 
 def write_problems_jsonl(problems: Iterable[Problem], path: str | Path) -> int:
     """Write problems as problems-contract JSONL, atomically. Returns the count."""
-    return write_jsonl_atomic(path, (p.to_dict() for p in problems))
+    return write_records_atomic(path, problems)
 
 
 # ----------------------------------------------------------------------------- answer extraction
@@ -590,16 +500,12 @@ def load_openmathinstruct2(
 
 
 def load_problems_jsonl(path: str | Path, *, limit: int | None = None, lenient: bool = False) -> list[Problem]:
-    """Problems-contract records {problem_id, question, answer, source, meta} (JSONL or JSON array).
-
-    Sources must be known to ``answer_kind``; problem ids must be unique.
-    """
+    """Problems-contract records {problem_id, question, answer, source, meta} (JSONL or JSON array),
+    each validated by ``Problem.from_json``; problem ids must be unique."""
     seen: set[str] = set()
 
     def convert(record: dict, where: str, index: int) -> Problem:
-        problem = Problem.from_dict(record, path=where)
-        if problem.source not in ANSWER_KINDS:
-            raise RecordError(f"{where}: field 'source': expected one of {sorted(ANSWER_KINDS)}, got {problem.source!r}")
+        problem = Problem.from_json(record, where)
         if problem.problem_id in seen:
             raise RecordError(f"{where}: field 'problem_id': {problem.problem_id!r} appears twice")
         seen.add(problem.problem_id)

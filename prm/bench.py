@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaModel, Qwen2Config, Qwen2Model
 from pipeline.bench import timed
 from pipeline.config import BootstrapConfig, FormatConfig
 from pipeline.prompts import prompt_from_config
+from pipeline.records import ORIGIN_MCTS, PRMExample
 from pipeline.tinyworld.tokenizer import train_tokenizer
 from prm.data import PRMDataset
 from prm.model import PRMInfo, ProcessRewardModel
@@ -161,7 +162,7 @@ def bench_prm_training(
     work_dir = Path(work_dir)
     solutions = synthetic_solutions(n_solutions, n_steps)
     records = [
-        {"problem_id": f"bench-{i}", "question": q, "prefix_steps": steps[:k], "step": steps[k], "label": ((i * 31 + k * 7) % 11) / 10, "origin": "mcts"}
+        PRMExample(f"bench-{i}", q, steps[:k], steps[k], ((i * 31 + k * 7) % 11) / 10, ORIGIN_MCTS)
         for i, (q, steps) in enumerate(solutions) for k in range(len(steps))
     ]
     run_config = copy.deepcopy(config)

@@ -21,12 +21,13 @@ import random
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.io import write_jsonl_atomic
-from pipeline.problems import Problem, load_problems_jsonl
+from pipeline.io import write_records_atomic
+from pipeline.problems import load_problems_jsonl
+from pipeline.records import ORIGIN_MCTS, PRMExample, Problem
 from prm.validation import corrupt_step
 
 
-def control_records(problems: Sequence[Problem], seed: int = 0) -> list[dict]:
+def control_records(problems: Sequence[Problem], seed: int = 0) -> list[PRMExample]:
     """Gold steps labelled 1 and their result-corrupted siblings labelled 0, each after its gold prefix.
 
     A step with no ``= <number>`` result to alter (``The answer is N``) gets only its label-1 record.
@@ -36,11 +37,11 @@ def control_records(problems: Sequence[Problem], seed: int = 0) -> list[dict]:
     for problem in problems:
         steps = problem.meta["solutions"][0]
         for index, step in enumerate(steps):
-            base = {"question": problem.question, "prefix_steps": list(steps[:index]), "origin": "mcts"}
-            records.append({"problem_id": problem.problem_id, **base, "step": step, "label": 1.0})
+            prefix = list(steps[:index])
+            records.append(PRMExample(problem.problem_id, problem.question, prefix, step, 1.0, ORIGIN_MCTS))
             corrupted = corrupt_step(step, rng.randrange(1 << 30))
             if corrupted is not None:
-                records.append({"problem_id": f"{problem.problem_id}-corrupted", **base, "step": corrupted, "label": 0.0})
+                records.append(PRMExample(f"{problem.problem_id}-corrupted", problem.question, prefix, corrupted, 0.0, ORIGIN_MCTS))
     return records
 
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     for split, limit in (("train", args.problems), ("val", None)):
         problems = load_problems_jsonl(args.run_dir / "bootstrap" / f"problems_{split}.jsonl", limit=limit)
         records = control_records(problems, args.seed + (split == "val"))
-        write_jsonl_atomic(outputs[split], records)
+        write_records_atomic(outputs[split], records)
         print(f"prm.control: {len(problems)} {split} problems -> {len(records)} records in {outputs[split]}")
 
 

@@ -1,72 +1,25 @@
-"""PRM training data: record validation, sequences with several labelled steps, the collator.
+"""PRM training data: sequences with several labelled steps, their encoding, the collator.
 
-A PRM record labels one step given its prefix: {problem_id, question, prefix_steps, step,
-label, origin, group_id?}. Its path is prefix_steps + [step] and its label belongs at the last
-token of that step. Because the PRM is causal, a record whose path is a prefix of another
-record's path (same question) can ride in the longer one's sequence: the label sits at its own
-step's last token and sees exactly the tokens it would see alone. ``group_records`` packs
-records this way (``merge_prefixes``); records with the same path share one position, whose
-label is their mean and whose weight is their count -- the summed BCE is the same, because BCE
-is linear in the label.
+A PRM example (pipeline.records.PRMExample) labels one step given its prefix. Its path is
+prefix_steps + [step] and its label belongs at the last token of that step. Because the PRM is
+causal, an example whose path is a prefix of another example's path (same question) can ride in
+the longer one's sequence: the label sits at its own step's last token and sees exactly the
+tokens it would see alone. ``group_records`` packs examples this way (``merge_prefixes``);
+examples with the same path share one position, whose label is their mean and whose weight is
+their count -- the summed BCE is the same, because BCE is linear in the label.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
-from pipeline.io import RecordError, read_jsonl
 from pipeline.prompts import prompt_from_config
+from pipeline.records import PRMExample
 from pipeline.steps import encode_prompt, encode_trajectory
-
-ORIGINS = ("mcts", "augmented")
-
-
-# ----------------------------------------------------------------------------- records
-
-
-def _describe(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=repr)
-    return f"{type(value).__name__} {text[:37] + '...' if len(text) > 40 else text}"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def validate_prm_record(obj: Any, path: str, line_no: int) -> None:
-    """Raise RecordError naming file, line and field when ``obj`` breaks the PRM data contract:
-    {problem_id: non-empty str, question: str, prefix_steps: [str], step: non-empty str,
-    label: number in [0, 1], origin: "mcts" | "augmented", group_id?: str | null}."""
-    if not isinstance(obj, dict):
-        raise RecordError(f"{path}:{line_no}: expected a JSON object (a PRM record), got {_describe(obj)}")
-    checks = (
-        ("problem_id", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
-        ("question", lambda v: isinstance(v, str), "a string"),
-        ("prefix_steps", lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v), "a list of strings"),
-        ("step", lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
-        ("label", lambda v: _is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
-        ("origin", lambda v: v in ORIGINS, "'mcts' or 'augmented'"),
-    )
-    for name, is_valid, expected in checks:
-        if name not in obj:
-            raise RecordError(f"{path}:{line_no}: missing field {name!r} (expected {expected})")
-        if not is_valid(obj[name]):
-            raise RecordError(f"{path}:{line_no}: field {name!r}: expected {expected}, got {_describe(obj[name])}")
-    group_id = obj.get("group_id")
-    if group_id is not None and not isinstance(group_id, str):
-        raise RecordError(f"{path}:{line_no}: field 'group_id': expected a string or null, got {_describe(group_id)}")
-
-
-def read_prm_records(path: str | Path) -> list[dict]:
-    """Every validated record of a PRM data file (a bad line raises RecordError with file:line)."""
-    return list(read_jsonl(path, validate=validate_prm_record))
-
 
 # ----------------------------------------------------------------------------- sequences
 
@@ -85,37 +38,33 @@ class PRMSequence:
     labels: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
-def record_path(record: dict) -> tuple[str, ...]:
-    return tuple(record["prefix_steps"]) + (record["step"],)
-
-
-def group_records(records: Sequence[dict], merge_prefixes: bool = True) -> tuple[list[PRMSequence], list[tuple[int, int]]]:
+def group_records(records: Sequence[PRMExample], merge_prefixes: bool = True) -> tuple[list[PRMSequence], list[tuple[int, int]]]:
     """Pack records into sequences; returns (sequences, slots) with slots[i] = (sequence index,
     step index) of record i.
 
     With merge_prefixes, each question's paths are taken longest first and a path that is a
     prefix of one already taken joins it; otherwise only identical paths share a sequence.
     """
-    order = sorted(range(len(records)), key=lambda i: -len(record_path(records[i]))) if merge_prefixes else range(len(records))
+    order = sorted(range(len(records)), key=lambda i: -len(records[i].path)) if merge_prefixes else range(len(records))
     sequences: list[PRMSequence] = []
     owner: dict[tuple[str, str, tuple[str, ...]], int] = {}  # (problem, question, path) -> sequence
     slots: list[tuple[int, int]] = [(-1, -1)] * len(records)
     sums: list[dict[int, list[float]]] = []
     for i in order:
         record = records[i]
-        path = record_path(record)
-        key = (record["problem_id"], record["question"], path)
+        path = record.path
+        key = (record.problem_id, record.question, path)
         seq = owner.get(key)
         if seq is None:
             seq = len(sequences)
-            sequences.append(PRMSequence(record["problem_id"], record["question"], list(path)))
+            sequences.append(PRMSequence(record.problem_id, record.question, list(path)))
             sums.append({})
             prefixes = range(1, len(path) + 1) if merge_prefixes else [len(path)]
             for n in prefixes:
-                owner.setdefault((record["problem_id"], record["question"], path[:n]), seq)
+                owner.setdefault((record.problem_id, record.question, path[:n]), seq)
         step_index = len(path) - 1
         total = sums[seq].setdefault(step_index, [0.0, 0.0])
-        total[0] += float(record["label"])
+        total[0] += record.label
         total[1] += 1.0
         slots[i] = (seq, step_index)
     for sequence, label_sums in zip(sequences, sums):
@@ -168,7 +117,7 @@ class PRMDataset(torch.utils.data.Dataset):
     """Encoded PRM sequences. Labels of steps ending beyond ``max_length`` tokens are dropped
     (counted in ``dropped_labels``); a sequence is cut after its last kept labelled step."""
 
-    def __init__(self, records: Sequence[dict], tokenizer, format_config, kind: str, max_length: int, merge_prefixes: bool = True):
+    def __init__(self, records: Sequence[PRMExample], tokenizer, format_config, kind: str, max_length: int, merge_prefixes: bool = True):
         self.sequences, _ = group_records(records, merge_prefixes)
         self.n_records = len(records)
         encoder = SolutionEncoder(tokenizer, format_config, kind)

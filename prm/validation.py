@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from pipeline.io import RecordError, read_jsonl, write_json_atomic
+from pipeline.records import PRMExample
 from pipeline.stats import mann_whitney_auc
 from prm.data import group_records
 
@@ -71,7 +72,7 @@ def brier_score(scores: Sequence[float], labels: Sequence[float]) -> float:
 # ----------------------------------------------------------------------------- scoring records
 
 
-def record_logits(scorer, records: Sequence[dict], merge_prefixes: bool = True) -> np.ndarray:
+def record_logits(scorer, records: Sequence[PRMExample], merge_prefixes: bool = True) -> np.ndarray:
     """The PRM's logit for each record's step, from one forward pass per packed sequence."""
     sequences, slots = group_records(records, merge_prefixes)
     logits = scorer.logits_many([(s.question, s.steps) for s in sequences])
@@ -101,21 +102,21 @@ def corrupt_step(step: str, seed: int = 0) -> str | None:
     return step[: match.start(1)] + new + step[match.end(1) :]
 
 
-def corruption_check(scorer, records: Sequence[dict], max_examples: int = 200, seed: int = 0, min_label: float = 0.9) -> dict:
+def corruption_check(scorer, records: Sequence[PRMExample], max_examples: int = 200, seed: int = 0, min_label: float = 0.9) -> dict:
     """Mean score drop when a correct step's result is altered (paper E.4).
 
     Steps with label >= min_label that have a result to alter; at most max_examples of them,
     drawn with Random(seed). drop = U(original) - U(corrupted), each scored after its own prefix.
     """
-    candidates = [(r, c) for r in records if float(r["label"]) >= min_label for c in [corrupt_step(r["step"], seed)] if c is not None]
+    candidates = [(r, c) for r in records if r.label >= min_label for c in [corrupt_step(r.step, seed)] if c is not None]
     if len(candidates) > max_examples:
         candidates = random.Random(seed).sample(candidates, max_examples)
     if not candidates:
         return {"n": 0, "mean_drop": None, "share_lower": None, "mean_original": None, "mean_corrupted": None}
     solutions = []
     for record, corrupted in candidates:
-        solutions.append((record["question"], list(record["prefix_steps"]) + [record["step"]]))
-        solutions.append((record["question"], list(record["prefix_steps"]) + [corrupted]))
+        solutions.append((record.question, [*record.prefix_steps, record.step]))
+        solutions.append((record.question, [*record.prefix_steps, corrupted]))
     scores = [row[-1] for row in scorer.score_many(solutions)]
     original = np.array(scores[0::2])
     corrupted = np.array(scores[1::2])
@@ -126,7 +127,7 @@ def corruption_check(scorer, records: Sequence[dict], max_examples: int = 200, s
         "share_lower": float((drop > 0).mean()),
         "mean_original": float(original.mean()),
         "mean_corrupted": float(corrupted.mean()),
-        "examples": [{"step": r["step"], "corrupted": c, "drop": float(d)} for (r, c), d in list(zip(candidates, drop))[:5]],
+        "examples": [{"step": r.step, "corrupted": c, "drop": float(d)} for (r, c), d in list(zip(candidates, drop))[:5]],
     }
 
 
@@ -242,7 +243,7 @@ def first_error_accuracy(scorer, solutions: Sequence[LabelledSolution], threshol
 
 def validate_prm(
     scorer,
-    records: Sequence[dict],
+    records: Sequence[PRMExample],
     *,
     bins: int = 10,
     corrupt_examples: int = 200,
@@ -251,7 +252,7 @@ def validate_prm(
     merge_prefixes: bool = True,
 ) -> dict:
     """Every held-out check of a PRM scorer on PRM records (+ PRM800K when a path is given)."""
-    labels = np.array([float(r["label"]) for r in records], dtype=np.float64)
+    labels = np.array([r.label for r in records], dtype=np.float64)
     report: dict[str, Any] = {"n_records": len(records)}
     if len(records):
         logits = record_logits(scorer, records, merge_prefixes)

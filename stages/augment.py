@@ -9,17 +9,10 @@ from __future__ import annotations
 import sys
 import time
 
-from pipeline.io import committed_shards, write_json_atomic, write_jsonl_atomic
-from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem, read_mcts_records
+from pipeline.io import committed_shards, read_stream, write_json_atomic, write_records_atomic
+from pipeline.records import MCTSRecord
+from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem
 from stages.common import log, parse_args, stage_dir, timed
-
-
-def mcts_records(shards_dir):
-    """Validated MCTS records of every committed shard (errors name the shard file and line)."""
-    for shard in committed_shards(shards_dir):
-        path = shard / "records.jsonl"
-        if path.exists():
-            yield from read_mcts_records(path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -39,15 +32,16 @@ def main(argv: list[str] | None = None) -> dict:
                 n_mcts += 1
                 yield record
 
-        examples = list(augment_records(counted(mcts_records(shards)), threshold=cfg.similarity_threshold, include_mcts=cfg.include_mcts))
-        train = [r for r in examples if not is_validation_problem(r["problem_id"], cfg.val_fraction, cfg.seed)]
-        val = [r for r in examples if is_validation_problem(r["problem_id"], cfg.val_fraction, cfg.seed)]
-        write_jsonl_atomic(out / "prm_train.jsonl", train)
-        write_jsonl_atomic(out / "prm_val.jsonl", val)
+        records = read_stream(shards, "records", MCTSRecord)  # errors name the shard file and line
+        examples = list(augment_records(counted(records), threshold=cfg.similarity_threshold, include_mcts=cfg.include_mcts))
+        train = [e for e in examples if not is_validation_problem(e.problem_id, cfg.val_fraction, cfg.seed)]
+        val = [e for e in examples if is_validation_problem(e.problem_id, cfg.val_fraction, cfg.seed)]
+        write_records_atomic(out / "prm_train.jsonl", train)
+        write_records_atomic(out / "prm_val.jsonl", val)
         stats = augmentation_stats(examples, n_mcts)
         stats.update(
             train_examples=len(train), val_examples=len(val),
-            train_problems=len({r["problem_id"] for r in train}), val_problems=len({r["problem_id"] for r in val}),
+            train_problems=len({e.problem_id for e in train}), val_problems=len({e.problem_id for e in val}),
             seconds=round(time.monotonic() - start, 3),
         )
         write_json_atomic(out / "stats.json", stats)

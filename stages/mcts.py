@@ -16,8 +16,8 @@ from tqdm import tqdm
 from pipeline.generation import build_generator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import ShardWriter, check_settings, completed_problem_ids, parse_shard, path_fingerprint, read_stream, write_json_atomic
-from pipeline.problems import answer_kind
 from pipeline.prompts import prompt_from_config
+from pipeline.records import MCTSRecord, MCTSSummary
 from pipeline.rollouts.mcts import make_rollout_fn, run_mcts
 from stages.common import log, parse_args, set_threads, stage_dir, timed, training_problems
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
         todo = [p for p in mine if p.problem_id not in done]
         log.info("mcts: %d problems in shard %s, %d already complete, %d to search", len(mine), config.mcts.shard, len(mine) - len(todo), len(todo))
         if todo:
-            kinds = {answer_kind(p.source) for p in todo}
+            kinds = {p.kind for p in todo}
             if len(kinds) != 1:
                 raise SystemExit(f"mcts: problems mix answer kinds {sorted(kinds)}; run one source at a time")
             kind = kinds.pop()
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
             with ShardWriter(shards, tag=tag, commit_every=config.mcts.problems_per_commit) as writer:
                 run_mcts(
                     [(p.problem_id, p.question) for p in todo], config.mcts, rollout_fn,
-                    on_done=lambda result: writer.add(result.summary["problem_id"], records=result.records, summaries=[result.summary]),
+                    on_done=lambda result: writer.add(result.summary.problem_id, records=result.records, summaries=[result.summary]),
                     max_active=config.mcts.max_active, progress=progress,
                 )
             bar.close()
@@ -93,17 +93,17 @@ def _fingerprint_if_local(path: str | None) -> str | None:
 
 def mcts_stats(shards) -> dict:
     """Counts over every committed shard (all processes of a sharded run)."""
-    summaries = list(read_stream(shards, "summaries"))
-    mcs = [r["mc"] for r in read_stream(shards, "records")]
+    summaries = list(read_stream(shards, "summaries", MCTSSummary))
+    mcs = [record.mc for record in read_stream(shards, "records", MCTSRecord)]
     histogram = [0] * 10
     for mc in mcs:
         histogram[min(int(mc * 10), 9)] += 1
     return {
         "problems": len(summaries),
-        "problems_searched": sum(s["searched"] for s in summaries),
-        "mean_root_mc": sum(s["root_mc"] for s in summaries) / max(len(summaries), 1),
+        "problems_searched": sum(s.searched for s in summaries),
+        "mean_root_mc": sum(s.root_mc for s in summaries) / max(len(summaries), 1),
         "steps_evaluated": len(mcs),
-        "rollouts_spent": sum(s["rollouts_spent"] for s in summaries),
+        "rollouts_spent": sum(s.rollouts_spent for s in summaries),
         "share_mc_zero": sum(mc == 0 for mc in mcs) / max(len(mcs), 1),
         "share_mc_one": sum(mc == 1 for mc in mcs) / max(len(mcs), 1),
         "share_mc_between": sum(0 < mc < 1 for mc in mcs) / max(len(mcs), 1),

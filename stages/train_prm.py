@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
-from pipeline.io import write_json_atomic
-from prm.data import read_prm_records
+from pipeline.io import read_records, write_json_atomic
+from pipeline.records import PRMExample
 from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import validate_prm, write_validation
@@ -36,13 +36,13 @@ def main(argv: list[str] | None = None) -> dict:
     out = stage_dir(config, "prm")
     augment = config.stage_dir("augment")
     with timed("prm"):
-        val_records = read_prm_records(require(augment / "prm_val.jsonl", "augment"))
+        val_records = list(read_records(require(augment / "prm_val.jsonl", "augment"), PRMExample))
         result: dict = {}
         if config.prm.eval_only:
             model_dir = config.resolve(config.model.prm)
             require(model_dir, "prm")
         else:
-            train_records = read_prm_records(require(augment / "prm_train.jsonl", "augment"))
+            train_records = list(read_records(require(augment / "prm_train.jsonl", "augment"), PRMExample))
             result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
             model_dir = out / "model"
         if int(os.environ.get("RANK", "0")) != 0:

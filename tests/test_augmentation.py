@@ -1,5 +1,5 @@
 """Similarity-grouped augmentation (paper 3.2): step similarity, grouping and labels, stats,
-the problem-level split and MCTS record validation."""
+the problem-level split and reading MCTS records."""
 
 from __future__ import annotations
 
@@ -14,17 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeline.rollouts.augmentation as augmentation
-from pipeline.io import RecordError
+from pipeline.io import RecordError, read_records
+from pipeline.records import MCTSRecord, PRMExample
 from pipeline.rollouts.augmentation import (
     augment_records,
     augmentation_stats,
     greedy_similarity_groups,
     is_validation_problem,
     label_rollout_steps,
-    read_mcts_records,
     rollout_reuse_candidates,
     split_by_problem,
-    validate_mcts_record,
 )
 from pipeline.rollouts.similarity import calculation_results, step_similarity
 
@@ -141,7 +140,16 @@ def rollout(steps, correct):
     return {"steps": steps, "answer": steps[-1].split()[-1].rstrip("."), "correct": correct}
 
 
-def pens_record(mc=0.5):
+def pens_record(mc=0.5) -> MCTSRecord:
+    """The MCTS record of pens_json."""
+    return MCTSRecord.from_json(pens_json(mc))
+
+
+def with_rollouts(rollouts) -> MCTSRecord:
+    return MCTSRecord.from_json({**pens_json(), "rollouts": rollouts})
+
+
+def pens_json(mc=0.5):
     """k = 4 rollouts of 'Tom buys 3 boxes of 4 pens and gives away 5':
 
     position 1: rollouts 0, 1, 2 compute 12 (2 correct, 1 incorrect -> mixed -> mc);
@@ -201,8 +209,7 @@ def test_threshold_is_configurable():
 
 
 def test_a_step_joins_by_similarity_to_the_representative_only():
-    record = pens_record()
-    record["rollouts"] = [rollout([text], True) for text in ("aaaaaaaaaa", "aaaaaaaaab", "aaaaaaaabb")]
+    record = with_rollouts([rollout([text], True) for text in ("aaaaaaaaaa", "aaaaaaaaab", "aaaaaaaabb")])
     # sim(1st, 2nd) = sim(2nd, 3rd) = 0.9 but sim(1st, 3rd) = 0.8: no chaining through the 2nd.
     groups = greedy_similarity_groups(rollout_reuse_candidates(record), threshold=0.85)
     assert [[c.step for c in g] for g in groups] == [["aaaaaaaaaa", "aaaaaaaaab"], ["aaaaaaaabb"]]
@@ -219,11 +226,9 @@ def test_similarity_is_only_computed_within_a_record_and_position(monkeypatch):
     monkeypatch.setattr(augmentation, "signature_similarity", counting)
     records = []
     for r in range(2):
-        record = pens_record()
-        record["rollouts"] = [
+        records.append(with_rollouts([
             rollout([f"record {r} step {j} rollout {i} adds {i * 7 + j}" for j in range(1, 4)], True) for i in range(6)
-        ]
-        records.append(record)
+        ]))
     list(augment_records(records))
     assert len(pairs) <= 2 * 3 * (6 * 5 // 2)  # records x positions x k(k-1)/2
     for a, b in pairs:
@@ -232,7 +237,7 @@ def test_similarity_is_only_computed_within_a_record_and_position(monkeypatch):
 
 def test_augment_records_emits_mcts_and_augmented_examples():
     examples = list(augment_records(iter([pens_record(mc=0.5)])))
-    emitted = [(e["origin"], e["step"], e["label"], len(e["prefix_steps"])) for e in examples]
+    emitted = [(e.origin, e.step, e.label, len(e.prefix_steps)) for e in examples]
     assert emitted == [
         ("mcts", "Each box holds 4 pens.", 0.5, 1),
         ("augmented", "3 * 4 = 12 pens in total.", 0.5, 2),  # rollouts 0 and 1 deduped to one
@@ -244,14 +249,14 @@ def test_augment_records_emits_mcts_and_augmented_examples():
         ("augmented", "The answer is 7.", 1.0, 4),  # prefixes differ: both kept
         ("augmented", "The answer is 7.", 1.0, 4),
     ]
-    assert "group_id" not in examples[0]
-    assert all(e["problem_id"] == "p1" and e["question"].startswith("Tom buys") for e in examples)
+    assert examples[0].group_id is None and "group_id" not in examples[0].to_json()
+    assert all(e.problem_id == "p1" and e.question.startswith("Tom buys") for e in examples)
     key = augmentation.record_key(pens_record())
-    assert [e["group_id"] for e in examples[1:]] == [
+    assert [e.group_id for e in examples[1:]] == [
         f"p1:{key}:1:0", f"p1:{key}:1:0", f"p1:{key}:1:1", f"p1:{key}:2:0", f"p1:{key}:2:0",
         f"p1:{key}:2:1", f"p1:{key}:3:0", f"p1:{key}:3:0",
     ]
-    assert json.loads(json.dumps(examples)) == examples  # JSON-ready
+    assert [PRMExample.from_json(json.loads(json.dumps(e.to_json()))) for e in examples] == examples  # JSON-ready
     assert list(augment_records([pens_record(mc=0.5)])) == examples  # deterministic
 
 
@@ -259,10 +264,10 @@ def test_augment_records_options_and_duplicate_records():
     without_dedupe = list(augment_records([pens_record()], dedupe=False))
     assert len(without_dedupe) == 10
     no_mcts = list(augment_records([pens_record()], include_mcts=False))
-    assert {e["origin"] for e in no_mcts} == {"augmented"} and len(no_mcts) == 8
+    assert {e.origin for e in no_mcts} == {"augmented"} and len(no_mcts) == 8
     twice = list(augment_records([pens_record(), pens_record()], include_mcts=False))
-    first_ids = {e["group_id"] for e in twice[:8]}
-    second_ids = {e["group_id"] for e in twice[8:]}
+    first_ids = {e.group_id for e in twice[:8]}
+    second_ids = {e.group_id for e in twice[8:]}
     assert first_ids.isdisjoint(second_ids)  # group ids stay unique even for a repeated record
 
 
@@ -277,7 +282,7 @@ def test_augmentation_stats_counts_bins_and_expansion():
     assert stats["label_bins_by_origin"]["mcts"] == {"zero": 0, "between": 1, "one": 0}
     assert stats["label_histogram"]["counts"] == [2, 0, 0, 0, 0, 3, 0, 0, 0, 4]
     assert len(stats["label_histogram"]["edges"]) == 11
-    tenths = [{"label": n / 10, "origin": "mcts"} for n in range(11)]
+    tenths = [PRMExample("p", "q", [], "s", n / 10, "mcts") for n in range(11)]
     assert augmentation_stats(tenths, 11)["label_histogram"]["counts"] == [1] * 9 + [2]
     empty = augmentation_stats([], n_mcts_records=0)
     assert empty["n_examples"] == 0 and empty["expansion_factor"] is None
@@ -287,10 +292,10 @@ def test_augmentation_stats_counts_bins_and_expansion():
 
 
 def test_split_by_problem_keeps_problems_whole_and_is_stable():
-    records = [{"problem_id": f"p{i:03d}", "step": f"s{j}"} for i in range(200) for j in range(3)]
+    records = [PRMExample(f"p{i:03d}", "q", [], f"s{j}", 0.5, "mcts") for i in range(200) for j in range(3)]
     train, val = split_by_problem(records, val_fraction=0.2, seed=0)
-    train_ids = {r["problem_id"] for r in train}
-    val_ids = {r["problem_id"] for r in val}
+    train_ids = {r.problem_id for r in train}
+    val_ids = {r.problem_id for r in val}
     assert train_ids.isdisjoint(val_ids)
     assert len(train) + len(val) == len(records)
     assert 20 <= len(val_ids) <= 60
@@ -299,13 +304,13 @@ def test_split_by_problem_keeps_problems_whole_and_is_stable():
     assert [f"p{i:03d}" for i in range(40) if is_validation_problem(f"p{i:03d}", 0.2, 0)] == [
         "p001", "p004", "p007", "p009", "p019", "p033", "p037",
     ]
-    assert {r["problem_id"] for r in split_by_problem(records, 0.2, seed=1)[1]} != val_ids
+    assert {r.problem_id for r in split_by_problem(records, 0.2, seed=1)[1]} != val_ids
     assert split_by_problem(records, 0.0, 0)[1] == [] and split_by_problem(records, 1.0, 0)[0] == []
     with pytest.raises(ValueError):
         split_by_problem(records, 1.5, 0)
 
 
-# ---------------------------------------------------------------- MCTS record validation
+# ---------------------------------------------------------------- reading MCTS records
 
 
 def _break(record, path, value):
@@ -327,24 +332,25 @@ def _break(record, path, value):
         (("mc",), 1.5, "'mc'", "a number in [0, 1]"),
         (("mc",), "0.5", "'mc'", "a number in [0, 1]"),
         (("problem_id",), 7, "'problem_id'", "a non-empty string"),
-        (("prefix_steps",), ["ok", 3], "'prefix_steps'", "a list of strings"),
-        (("n_correct",), 9, "'n_correct'", "at most n_rollouts"),
-        (("depth",), True, "'depth'", "a non-negative integer"),
-        (("rollouts",), "none", "'rollouts'", "a list of {steps, answer, correct}"),
+        (("prefix_steps",), "ok", "'prefix_steps'", "a list of strings"),
+        (("prefix_steps",), ["ok", 3], "'prefix_steps[1]'", "a string"),
+        (("n_correct",), 9, "'n_correct'", "at most n_rollouts (4)"),
+        (("depth",), True, "'depth'", "an integer >= 0"),
+        (("rollouts",), "none", "'rollouts'", "a list of objects {steps, answer, correct}"),
         (("rollouts", 1), ["3 * 4 = 12"], "'rollouts[1]'", "an object {steps, answer, correct}"),
-        (("rollouts", 1, "correct"), KeyError, "'rollouts[1].correct'", "{steps, answer, correct}"),
+        (("rollouts", 1, "correct"), KeyError, "'rollouts[1].correct'", "true or false"),
         (("rollouts", 2, "correct"), "yes", "'rollouts[2].correct'", "true or false"),
         (("rollouts", 0, "steps"), "3 * 4 = 12", "'rollouts[0].steps'", "a list of strings"),
         (("rollouts", 3, "answer"), ["2"], "'rollouts[3].answer'", "a string, a number or null"),
     ],
 )
 def test_malformed_mcts_record_names_file_line_and_field(tmp_path, path, value, field, expected):
-    good = pens_record()
+    good = pens_json()
     bad = _break(copy.deepcopy(good), path, value)
     file = tmp_path / "mcts.jsonl"
     file.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n", encoding="utf-8")
     with pytest.raises(ValueError) as info:
-        list(read_mcts_records(file))
+        list(read_records(file, MCTSRecord))
     message = str(info.value)
     assert isinstance(info.value, RecordError)
     assert message.startswith(f"{file}:3:")  # the blank line 2 is skipped but still counted
@@ -353,16 +359,16 @@ def test_malformed_mcts_record_names_file_line_and_field(tmp_path, path, value, 
 
 def test_non_json_line_names_file_and_line(tmp_path):
     file = tmp_path / "mcts.jsonl"
-    file.write_text(json.dumps(pens_record()) + "\n{not json\n", encoding="utf-8")
+    file.write_text(json.dumps(pens_json()) + "\n{not json\n", encoding="utf-8")
     with pytest.raises(ValueError, match="^" + re.escape(f"{file}:2: ")):
-        list(read_mcts_records(file))
+        list(read_records(file, MCTSRecord))
 
 
 def test_valid_records_are_read_and_augmented(tmp_path):
     file = tmp_path / "mcts.jsonl"
-    file.write_text("".join(json.dumps(pens_record(mc)) + "\n" for mc in (0.5, 0.25)), encoding="utf-8")
-    records = list(read_mcts_records(file))
-    assert [r["mc"] for r in records] == [0.5, 0.25]
-    validate_mcts_record({**records[0], "extra": 1}, str(file), 1)  # extra fields are allowed
-    labels = [e["label"] for e in augment_records(records) if e["step"].startswith("3 * 4")]
+    file.write_text("".join(json.dumps(pens_json(mc)) + "\n" for mc in (0.5, 0.25)), encoding="utf-8")
+    records = list(read_records(file, MCTSRecord))
+    assert [r.mc for r in records] == [0.5, 0.25]
+    assert MCTSRecord.from_json({**pens_json(), "extra": 1}) == records[0]  # extra fields are ignored
+    labels = [e.label for e in augment_records(records) if e.step.startswith("3 * 4")]
     assert labels == [0.5, 0.5, 0.25, 0.25]

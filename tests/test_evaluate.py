@@ -24,8 +24,8 @@ from eval.evaluate import (
 from eval.report import verdict, write_report
 from pipeline.config import load_config
 from pipeline.generation.base import Completion
-from pipeline.problems import Problem
 from pipeline.prompts import prompt_from_config
+from pipeline.records import Problem, Sample
 from pipeline.steps import split_steps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,16 +125,17 @@ def test_canned_outputs_give_exact_accuracy_on_real_benchmarks(tmp_path, benchma
 
     samples = evaluation.samples
     assert len(samples) == 20 * 5
-    assert [r["sample_idx"] for r in samples[:5]] == [GREEDY_SAMPLE_IDX, 0, 1, 2, 3]
-    assert {r["model"] for r in samples} == {"base"}
+    assert [r.sample_idx for r in samples[:5]] == [GREEDY_SAMPLE_IDX, 0, 1, 2, 3]
+    assert {r.model for r in samples} == {"base"}
     first = samples[1]  # problem 0, sample 0: a wrong answer, graded and extracted
-    assert first["correct"] is False and first["final_answer"] is not None
-    assert first["steps"] == split_steps(canned_text("W", problems[0], problems[0].kind))
+    assert first.correct is False and first.final_answer is not None and first.finished is True
+    assert first.steps == split_steps(canned_text("W", problems[0], problems[0].kind))
     empty, malformed = samples[4], samples[3]  # problem 0: "WWME"
-    assert empty["steps"] == [] and empty["final_answer"] is None and empty["correct"] is False
-    assert malformed["final_answer"] is None and malformed["correct"] is False
-    assert samples[15]["problem_id"] == problems[3].problem_id  # "CCCC", greedy "W"
-    assert [r["correct"] for r in samples[15:20]] == [False, True, True, True, True]
+    assert empty.steps == [] and empty.final_answer is None and empty.correct is False and empty.finished is True
+    assert malformed.final_answer is None and malformed.correct is False
+    assert malformed.finished is False  # cut off at max_new_tokens (finish_reason "length")
+    assert samples[15].problem_id == problems[3].problem_id  # "CCCC", greedy "W"
+    assert [r.correct for r in samples[15:20]] == [False, True, True, True, True]
 
 
 class FixedGenerator:
@@ -200,7 +201,7 @@ def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_mode
         assert {m: accuracy[m]["mean"] for m in EXPECTED} == pytest.approx(EXPECTED)
         lines = (out / "samples" / f"base__{bench}.jsonl").read_text().splitlines()
         assert len(lines) == 8 * 5
-        assert set(json.loads(lines[0])) == {"problem_id", "model", "sample_idx", "steps", "final_answer", "correct", "finished"}
+        assert list(json.loads(lines[0])) == ["problem_id", "model", "sample_idx", "steps", "final_answer", "correct", "finished"]
     saved = json.loads((out / "results.json").read_text())
     assert saved["results"]["base"]["gsm8k"]["accuracy"]["pass@1"]["mean"] == pytest.approx(0.4375)
 
@@ -242,7 +243,7 @@ def test_benchmark_names_resolve_through_a_table(tmp_path):
     with pytest.raises(FileNotFoundError, match="problems_test.jsonl"):
         load_eval_benchmark(config, "tiny_test")
     test_file.parent.mkdir(parents=True)
-    rows = [Problem(f"tiny-test-{i}", f"Ann has {i} pens. How many pens does Ann have?", str(i), "tiny").to_dict() for i in range(3)]
+    rows = [Problem(f"tiny-test-{i}", f"Ann has {i} pens. How many pens does Ann have?", str(i), "tiny").to_json() for i in range(3)]
     test_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [p.problem_id for p in load_eval_benchmark(config, "tiny_test")] == ["tiny-test-0", "tiny-test-1"]
     config.eval.benchmark_paths["math500"] = "{run_dir}/m.jsonl"
@@ -291,13 +292,12 @@ def test_stage_cli_with_the_real_embedder(tmp_path, benchmarks_dir, monkeypatch)
     assert results["results"]["base"]["sat_math_32"]["accuracy"]["pass@1"]["mean"] == pytest.approx(0.4375)
 
 
-def _records(model: str, problems, greedy: list[bool], sampled: list[list[bool]]) -> list[dict]:
+def _records(model: str, problems, greedy: list[bool], sampled: list[list[bool]]) -> list[Sample]:
     rows = []
     for problem, g, flags in zip(problems, greedy, sampled):
         for idx, ok in [(GREEDY_SAMPLE_IDX, g)] + list(enumerate(flags)):
             answer = problem.answer if ok else "999"
-            rows.append({"problem_id": problem.problem_id, "model": model, "sample_idx": idx,
-                         "steps": [f"The answer is {answer}"], "final_answer": answer, "correct": ok})
+            rows.append(Sample(problem.problem_id, model, idx, [f"The answer is {answer}"], answer, ok))
     return rows
 
 
@@ -375,9 +375,11 @@ def test_within_problem_ranking_and_reweighting_against_brute_force():
 
     rng = np.random.default_rng(0)
     problems = [Problem(f"p{i}", f"Q{i}", "1", "tiny") for i in range(6)]
-    sampled = {p.problem_id: [{"steps": [f"{p.problem_id}-{j}"], "correct": bool(rng.random() < 0.5)} for j in range(5)]
-               for p in problems}
-    sampled["p0"] = [{"steps": ["p0-0"], "correct": True}] + [{"steps": [f"p0-{j}"], "correct": False} for j in (1, 2)]
+    def sample(steps, correct):
+        return Sample("p", "m", 0, steps, None, correct)
+
+    sampled = {p.problem_id: [sample([f"{p.problem_id}-{j}"], bool(rng.random() < 0.5)) for j in range(5)] for p in problems}
+    sampled["p0"] = [sample(["p0-0"], True)] + [sample([f"p0-{j}"], False) for j in (1, 2)]
     u = {f"{p.problem_id}-{j}": float(rng.choice([0.1, 0.3, 0.3, 0.6])) for p in problems for j in range(5)}
     u.update({"p0-0": 0.1, "p0-1": 0.3, "p0-2": 0.3})  # R ranks p0's one right answer below its wrong ones
 
@@ -385,9 +387,9 @@ def test_within_problem_ranking_and_reweighting_against_brute_force():
     aucs, accs, rews = [], [], []
     for p in problems:
         rows = sampled[p.problem_id]
-        r = [u[row["steps"][0]] for row in rows]
-        good = [x for x, row in zip(r, rows) if row["correct"]]
-        bad = [x for x, row in zip(r, rows) if not row["correct"]]
+        r = [u[row.steps[0]] for row in rows]
+        good = [x for x, row in zip(r, rows) if row.correct]
+        bad = [x for x, row in zip(r, rows) if not row.correct]
         if good and bad:
             aucs.append(sum((g > b) + 0.5 * (g == b) for g in good for b in bad) / (len(good) * len(bad)))
         accs.append(sum(good) / sum(r))

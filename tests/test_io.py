@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -7,13 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import RecordError, ShardWriter, completed_problem_ids, parse_shard, read_jsonl, read_stream
+from pipeline.io import (
+    RecordError,
+    ShardWriter,
+    completed_problem_ids,
+    parse_shard,
+    read_jsonl,
+    read_records,
+    read_stream,
+    write_records_atomic,
+)
+from pipeline.records import PRMExample, Problem
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Any record types will do: the writer is generic. Four PRM examples and one problem per problem id.
 WRITER = """
 import sys, time
 from pipeline.io import ShardWriter, completed_problem_ids
+from pipeline.records import PRMExample, Problem
 out, n = sys.argv[1], int(sys.argv[2])
 done = completed_problem_ids(out)
 with ShardWriter(out, tag="0of1", commit_every=3) as writer:
@@ -21,10 +34,14 @@ with ShardWriter(out, tag="0of1", commit_every=3) as writer:
         pid = f"p{i:04d}"
         if pid in done:
             continue
-        records = [{"problem_id": pid, "j": j, "pad": "x" * 2000} for j in range(4)]
-        writer.add(pid, records=records, summaries=[{"problem_id": pid}])
+        records = [PRMExample(pid, "q", ["x" * 2000], f"step {j}", 0.5, "mcts") for j in range(4)]
+        writer.add(pid, records=records, summaries=[Problem(pid, "q", "1", "tiny")])
 print("finished")
 """
+
+
+def example(problem_id: str) -> PRMExample:
+    return PRMExample(problem_id, "q", [], "s", 1.0, "mcts")
 
 
 def test_sigkill_mid_run_then_restart_leaves_every_record_once(tmp_path):
@@ -42,16 +59,16 @@ def test_sigkill_mid_run_then_restart_leaves_every_record_once(tmp_path):
     first = completed_problem_ids(out)
     assert 0 < len(first) < n, "the writer must be killed mid-run"
     subprocess.run([sys.executable, str(script), str(out), str(n)], env=env, check=True)
-    records = list(read_stream(out, "records"))
-    keys = [(r["problem_id"], r["j"]) for r in records]
+    records = list(read_stream(out, "records", PRMExample))
+    keys = [(r.problem_id, r.step) for r in records]
     assert len(keys) == len(set(keys)) == 4 * n
-    assert sorted(r["problem_id"] for r in read_stream(out, "summaries")) == [f"p{i:04d}" for i in range(n)]
+    assert sorted(r.problem_id for r in read_stream(out, "summaries", Problem)) == [f"p{i:04d}" for i in range(n)]
     assert not list(out.glob(".tmp-*")), "a restarted writer removes stale temporary shards"
 
 
 def test_uncommitted_buffer_is_not_visible(tmp_path):
     writer = ShardWriter(tmp_path, commit_every=10)
-    writer.add("a", records=[{"problem_id": "a"}])
+    writer.add("a", records=[example("a")])
     assert completed_problem_ids(tmp_path) == set()
     writer.commit()
     assert completed_problem_ids(tmp_path) == {"a"}
@@ -62,7 +79,7 @@ def test_uncommitted_buffer_is_not_visible(tmp_path):
 def test_two_writers_with_distinct_tags_share_a_directory(tmp_path):
     for tag in ("0of2", "1of2"):
         with ShardWriter(tmp_path, tag=tag) as writer:
-            writer.add(tag, records=[{"problem_id": tag}])
+            writer.add(tag, records=[example(tag)])
     assert completed_problem_ids(tmp_path) == {"0of2", "1of2"}
 
 
@@ -74,6 +91,25 @@ def test_read_jsonl_names_file_and_line(tmp_path):
     path.write_text('{"a": 1}\n[1, 2]\n')
     with pytest.raises(RecordError, match=r"x.jsonl:2: expected a JSON object"):
         list(read_jsonl(path))
+
+
+def test_records_are_written_and_read_typed_with_file_line_and_field(tmp_path):
+    path = tmp_path / "prm.jsonl"
+    examples = [example("a"), PRMExample("b", "q", ["s"], "t", 0.25, "augmented", "b:k:1:0")]
+    assert write_records_atomic(path, examples) == 2
+    assert list(read_records(path, PRMExample)) == examples
+    path.write_text(path.read_text() + "\n" + json.dumps({**examples[0].to_json(), "label": 2}) + "\n")
+    with pytest.raises(RecordError, match=r"prm\.jsonl:4: field 'label': expected a number in \[0, 1\], got int 2$"):
+        list(read_records(path, PRMExample))
+    path.write_text('{"a": 1}\n[1]\n')
+    with pytest.raises(RecordError, match=r"prm\.jsonl:1: missing field 'problem_id'"):
+        list(read_records(path, PRMExample))
+    path.write_text("{oops\n")
+    with pytest.raises(RecordError, match=r"prm\.jsonl:1: not valid JSON"):
+        list(read_records(path, PRMExample))
+    path.write_text("[1]\n")
+    with pytest.raises(RecordError, match=r"prm\.jsonl:1: expected a JSON object"):
+        list(read_records(path, PRMExample))
 
 
 def test_parse_shard():
@@ -107,7 +143,7 @@ def test_resume_guard_refuses_records_made_with_other_settings(tmp_path):
     shards = tmp_path / "shards"
     check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
     with ShardWriter(shards, tag="0of1") as writer:
-        writer.add("p1", records=[{"problem_id": "p1"}])
+        writer.add("p1", records=[example("p1")])
     check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")  # same settings: resume
     with pytest.raises(SystemExit, match=r"settings.json: the MCTS run .*\(k, policy differ\)"):
         check_settings(shards, {"policy": "b", "k": 8}, "the MCTS run")

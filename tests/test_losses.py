@@ -363,8 +363,8 @@ def test_vargrad_float32_inputs_give_float32_losses_computed_in_float64():
 
 
 def test_ppo_step_rewards_score_and_log_score():
-    from pipeline.finetune.replay_buffer import Trajectory
     from pipeline.finetune.rewards import StepRewards
+    from pipeline.records import Trajectory
 
     def traj(us, flags):
         logs = [math.log(u) for u in us]

@@ -62,14 +62,14 @@ def run_one(world, params):
 def test_mc_estimates_are_fractions_of_correct_rollouts():
     world = FakeWorld(p_good=0.25, k=8)
     result = run_one(world, MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000))
-    assert result.summary["root_mc"] == 0.25
+    assert result.summary.root_mc == 0.25
     for record in result.records:
-        prefix = record["prefix_steps"] + [record["step"]]
-        if record["n_rollouts"]:
-            assert record["mc"] == world.success_probability(prefix)
-            assert record["n_correct"] == sum(r["correct"] for r in record["rollouts"])
-            assert len(record["rollouts"]) == record["n_rollouts"] == 8
-        assert record["depth"] == len(prefix)
+        prefix = record.prefix_steps + [record.step]
+        if record.n_rollouts:
+            assert record.mc == world.success_probability(prefix)
+            assert record.n_correct == sum(r.correct for r in record.rollouts)
+            assert len(record.rollouts) == record.n_rollouts == 8
+        assert record.depth == len(prefix)
 
 
 @pytest.mark.parametrize("error_at", [1, 2, 7, 11, 15, 16])
@@ -78,36 +78,36 @@ def test_binary_search_finds_planted_first_error_in_log_probes(error_at):
     result = run_one(world, MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000))
     probes = len(world.calls) - 1  # minus the root estimate
     assert probes <= math.ceil(math.log2(16))
-    zeros = [r for r in result.records if r["mc"] == 0.0]
-    first = min(zeros, key=lambda r: r["depth"])
-    assert (first["step"], first["depth"]) == ("bad", error_at)
-    assert all(r["mc"] > 0 for r in result.records if r["depth"] < error_at)
+    zeros = [r for r in result.records if r.mc == 0.0]
+    first = min(zeros, key=lambda r: r.depth)
+    assert (first.step, first.depth) == ("bad", error_at)
+    assert all(r.mc > 0 for r in result.records if r.depth < error_at)
 
 
 def test_probes_with_mc_between_become_tree_states_and_join_the_pool():
     world = FakeWorld(p_good=0.5, error_at=11)
     result = run_one(world, MCTSConfig(k=8, max_iterations=3, max_rollouts=10_000))
-    assert result.summary["iterations"] == 3
-    assert result.summary["tree_states"] > 1
-    depths = [r["depth"] for r in result.records]
-    assert len(depths) == len(set(zip(depths, [r["step"] for r in result.records]))), "no step recorded twice"
+    assert result.summary.iterations == 3
+    assert result.summary.tree_states > 1
+    depths = [r.depth for r in result.records]
+    assert len(depths) == len(set(zip(depths, [r.step for r in result.records]))), "no step recorded twice"
 
 
 def test_trivial_problems_are_recorded_but_not_searched():
     for p in (0.0, 1.0):
         world = FakeWorld(p_good=p)
         result = run_one(world, MCTSConfig(k=8, max_iterations=5))
-        assert result.records == [] and result.summary["searched"] is False
-        assert result.summary["root_mc"] == p and len(world.calls) == 1
+        assert result.records == [] and result.summary.searched is False
+        assert result.summary.root_mc == p and len(world.calls) == 1
     world = FakeWorld(p_good=0.0)
     result = run_one(world, MCTSConfig(k=8, max_iterations=1, search_trivial=True, max_rollouts=10_000))
-    assert result.summary["searched"] and result.records
+    assert result.summary.searched and result.records
 
 
 def test_rollout_budget_is_respected():
     world = FakeWorld(p_good=0.5)
     result = run_one(world, MCTSConfig(k=8, max_iterations=100, max_rollouts=40))
-    assert result.summary["rollouts_spent"] <= 40
+    assert result.summary.rollouts_spent <= 40
 
 
 def test_selection_follows_the_formula():
@@ -193,6 +193,7 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     from pipeline.contracts import check_files
     from pipeline.io import completed_problem_ids, read_stream
     from pipeline.problems import write_problems_jsonl
+    from pipeline.records import MCTSRecord, MCTSSummary
     from pipeline.tinyworld.model import build_model, save_policy
     from pipeline.tinyworld.problems import generate_splits
     from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
@@ -221,13 +222,13 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     proc.stderr.close()
 
     subprocess.run(argv, env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    summaries = list(read_stream(shards, "summaries"))
-    assert sorted(s["problem_id"] for s in summaries) == sorted(p.problem_id for p in splits["train"])
-    records = list(read_stream(shards, "records"))
-    keys = [(r["problem_id"], tuple(r["prefix_steps"]), r["step"], r["depth"]) for r in records]
+    summaries = list(read_stream(shards, "summaries", MCTSSummary))
+    assert sorted(s.problem_id for s in summaries) == sorted(p.problem_id for p in splits["train"])
+    records = list(read_stream(shards, "records", MCTSRecord))
+    keys = [(r.problem_id, tuple(r.prefix_steps), r.step, r.depth) for r in records]
     assert records and len(keys) == len(set(keys))
-    per_problem = {s["problem_id"]: s["steps_evaluated"] for s in summaries}
-    assert all(sum(r["problem_id"] == pid for r in records) == n for pid, n in per_problem.items())
-    assert check_files(sorted(shards.glob("part-*/records.jsonl")), "mcts") == []
+    per_problem = {s.problem_id: s.steps_evaluated for s in summaries}
+    assert all(sum(r.problem_id == pid for r in records) == n for pid, n in per_problem.items())
+    assert check_files(sorted(shards.glob("part-*/records.jsonl")), MCTSRecord) == []
     stats = json.loads((shards.parent / "stats.json").read_text())
     assert stats["problems"] == 24 and stats["steps_evaluated"] == len(records)

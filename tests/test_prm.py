@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from pipeline.config import FormatConfig, load_config
-from pipeline.io import RecordError
+from pipeline.io import RecordError, read_records
+from pipeline.records import PRMExample
 from pipeline.stats import mann_whitney_auc
 from pipeline.training import checkpoint
-from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches, read_prm_records
+from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.scorer import PRMScorer
 from prm.train import prm_bce_loss, train_prm
@@ -82,7 +83,7 @@ def arithmetic_solution(rng: random.Random, n_steps: int, wrong_at: int | None =
     return question, steps
 
 
-def arithmetic_records(n: int, seed: int, top: int = 4) -> list[dict]:
+def arithmetic_records(n: int, seed: int, top: int = 4) -> list[PRMExample]:
     """One-step problems 'x = a + b = c' (a, b <= top), labelled 1 when c is right, 0 when it is off by 1-3."""
     rng = random.Random(seed)
     records = []
@@ -90,8 +91,7 @@ def arithmetic_records(n: int, seed: int, top: int = 4) -> list[dict]:
         a, b = rng.randint(0, top), rng.randint(0, top)
         correct = rng.random() < 0.5
         c = a + b if correct else a + b + rng.randint(1, 3)
-        records.append({"problem_id": f"p{seed}-{i}", "question": f"What is {a} + {b} ?", "prefix_steps": [],
-                        "step": f"x = {a} + {b} = {c}", "label": 1.0 if correct else 0.0, "origin": "mcts"})
+        records.append(PRMExample(f"p{seed}-{i}", f"What is {a} + {b} ?", [], f"x = {a} + {b} = {c}", 1.0 if correct else 0.0, "mcts"))
     return records
 
 
@@ -156,13 +156,15 @@ def test_lora_adapters_are_merged_on_save(tokenizer, tmp_path):
 
 
 def test_records_that_are_prefixes_share_one_sequence():
-    base = {"problem_id": "p", "question": "q", "origin": "mcts"}
+    def example(prefix_steps, step, label):
+        return PRMExample("p", "q", prefix_steps, step, label, "mcts")
+
     records = [
-        {**base, "prefix_steps": [], "step": "a", "label": 1.0},
-        {**base, "prefix_steps": ["a", "b"], "step": "c", "label": 0.5},
-        {**base, "prefix_steps": ["a"], "step": "b", "label": 0.2},
-        {**base, "prefix_steps": ["a"], "step": "b", "label": 0.4},  # same path: mean label, weight 2
-        {**base, "prefix_steps": ["a"], "step": "z", "label": 0.0},  # a branch: its own sequence
+        example([], "a", 1.0),
+        example(["a", "b"], "c", 0.5),
+        example(["a"], "b", 0.2),
+        example(["a"], "b", 0.4),  # same path: mean label, weight 2
+        example(["a"], "z", 0.0),  # a branch: its own sequence
     ]
     sequences, slots = group_records(records)
     assert [s.steps for s in sequences] == [["a", "b", "c"], ["a", "z"]]
@@ -174,8 +176,8 @@ def test_records_that_are_prefixes_share_one_sequence():
 
 def test_collator_puts_labels_at_each_steps_last_token(tokenizer):
     records = [
-        {"problem_id": "p", "question": "What is 1 + 2 ?", "prefix_steps": ["x = 1 + 2 = 3"], "step": "x = 3 + 1 = 4", "label": 0.75, "origin": "augmented"},
-        {"problem_id": "p", "question": "What is 1 + 2 ?", "prefix_steps": [], "step": "x = 1 + 2 = 3", "label": 1.0, "origin": "mcts"},
+        PRMExample("p", "What is 1 + 2 ?", ["x = 1 + 2 = 3"], "x = 3 + 1 = 4", 0.75, "augmented", "p:k:1:0"),
+        PRMExample("p", "What is 1 + 2 ?", [], "x = 1 + 2 = 3", 1.0, "mcts"),
     ]
     dataset = PRMDataset(records, tokenizer, FORMAT, "tiny", max_length=512)
     assert len(dataset) == 1
@@ -208,13 +210,13 @@ def test_malformed_record_names_file_line_and_field(tmp_path):
     path = tmp_path / "prm_train.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "label": 1.5}) + "\n")
     with pytest.raises(RecordError, match=rf"^{path}:2: field 'label': expected a number in \[0, 1\]"):
-        read_prm_records(path)
+        list(read_records(path, PRMExample))
     path.write_text(json.dumps({k: v for k, v in good.items() if k != "origin"}) + "\n")
     with pytest.raises(RecordError, match=rf"^{path}:1: missing field 'origin'"):
-        read_prm_records(path)
+        list(read_records(path, PRMExample))
     path.write_text(json.dumps({**good, "prefix_steps": "s"}) + "\n")
     with pytest.raises(RecordError, match=rf"^{path}:1: field 'prefix_steps'"):
-        read_prm_records(path)
+        list(read_records(path, PRMExample))
 
 
 # ----------------------------------------------------------------------------- loss and training
@@ -366,7 +368,7 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     for name, records in (("prm_train", arithmetic_records(40, 1)), ("prm_val", arithmetic_records(20, 2))):
         path = run_dir / "augment" / f"{name}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
     args = ["--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t", "prm.kind=tiny", "prm.epochs=1",
             "prm.batch_size=8", "prm.micro_batch_size=4", "prm.corrupt_examples=5",
             f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}"]
@@ -396,22 +398,19 @@ def test_control_records_label_gold_steps_one_and_corrupted_siblings_zero(tmp_pa
     from pipeline.problems import write_problems_jsonl
     from pipeline.tinyworld.problems import arithmetic_errors, generate_splits
     from prm.control import main as control_main
-    from prm.data import validate_prm_record
 
     splits = generate_splits(TinyWorldConfig(seed=5, n_train=30, n_val=10, n_test=10))
     (tmp_path / "bootstrap").mkdir()
     for split in ("train", "val"):
         write_problems_jsonl(splits[split], tmp_path / "bootstrap" / f"problems_{split}.jsonl")
     control_main([str(tmp_path), "--problems", "20"])
-    records = read_prm_records(tmp_path / "augment" / "prm_train.jsonl")
-    for line, record in enumerate(records, 1):
-        validate_prm_record(record, "prm_train.jsonl", line)
-    gold = {(r["question"], tuple(r["prefix_steps"]), r["step"]) for p in splits["train"][:20]
-            for steps in [p.meta["solutions"][0]] for i in range(len(steps)) for r in [{"question": p.question, "prefix_steps": steps[:i], "step": steps[i]}]}
-    ones = [r for r in records if r["label"] == 1.0]
-    zeros = [r for r in records if r["label"] == 0.0]
-    assert {(r["question"], tuple(r["prefix_steps"]), r["step"]) for r in ones} == gold
-    assert zeros and all(arithmetic_errors([r["step"]]) for r in zeros if "=" in r["step"])
-    assert all(r["step"] != g for r in zeros for (q, pre, g) in gold if q == r["question"] and list(pre) == r["prefix_steps"])
+    records = list(read_records(tmp_path / "augment" / "prm_train.jsonl", PRMExample))  # every line validated
+    gold = {(p.question, tuple(steps[:i]), steps[i]) for p in splits["train"][:20]
+            for steps in [p.meta["solutions"][0]] for i in range(len(steps))}
+    ones = [r for r in records if r.label == 1.0]
+    zeros = [r for r in records if r.label == 0.0]
+    assert {(r.question, tuple(r.prefix_steps), r.step) for r in ones} == gold
+    assert zeros and all(arithmetic_errors([r.step]) for r in zeros if "=" in r.step)
+    assert all(r.step != g for r in zeros for (q, pre, g) in gold if q == r.question and list(pre) == r.prefix_steps)
     with pytest.raises(SystemExit, match="already exist"):  # never overwrites a run's data
         control_main([str(tmp_path)])

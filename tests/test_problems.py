@@ -13,8 +13,6 @@ import pytest
 
 from pipeline.io import RecordError
 from pipeline.problems import (
-    Problem,
-    answer_kind,
     load_benchmark,
     load_gsm8k,
     load_math,
@@ -28,6 +26,7 @@ from pipeline.problems import (
     parse_options_string,
     write_problems_jsonl,
 )
+from pipeline.records import Problem, answer_kind
 
 FILES = {
     "gsm8k": "gsm8k_test.jsonl",
@@ -257,8 +256,8 @@ def test_lenient_skips_and_counts(tmp_path, caplog):
 
 def test_problem_round_trip_and_answer_kind(tmp_path):
     problem = Problem("math-test-7", "What is $1/2$?", "\\frac{1}{2}", "math", {"level": 1})
-    assert Problem.from_dict(problem.to_dict()) == problem
-    assert hash(problem) == hash(Problem.from_dict(problem.to_dict()))
+    assert Problem.from_json(problem.to_json()) == problem
+    assert hash(problem) == hash(Problem.from_json(problem.to_json()))
     assert problem.kind == "math"
     path = tmp_path / "out" / "problems.jsonl"
     assert write_problems_jsonl([problem, Problem("t-1", "2+2?", "4", "tiny", {})], path) == 2
@@ -278,12 +277,13 @@ def test_problem_round_trip_and_answer_kind(tmp_path):
         answer_kind("aime")
 
 
-def test_problem_from_dict_errors(tmp_path):
+def test_problem_from_json_errors(tmp_path):
     record = {"problem_id": "p", "question": "q", "answer": "1", "source": "tiny", "meta": {}}
     with pytest.raises(RecordError, match=r"^f\.jsonl:4: field 'meta': expected an object"):
-        Problem.from_dict({**record, "meta": []}, path="f.jsonl", line=4)
-    with pytest.raises(RecordError, match=r"^f\.jsonl:2: field 'question': missing"):
-        Problem.from_dict({k: v for k, v in record.items() if k != "question"}, path="f.jsonl", line=2)
+        Problem.from_json({**record, "meta": []}, "f.jsonl:4")
+    with pytest.raises(RecordError, match=r"^f\.jsonl:2: missing field 'question'"):
+        Problem.from_json({k: v for k, v in record.items() if k != "question"}, "f.jsonl:2")
+    assert Problem.from_json({k: v for k, v in record.items() if k != "meta"}).meta == {}
     path = _write_lines(
         tmp_path / "ours.jsonl",
         [json.dumps(record), json.dumps({**record, "source": "nope"}), json.dumps(record)],

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
 
 import pytest
 
-from pipeline.finetune.replay_buffer import ReplayBuffer, Trajectory
+from pipeline.finetune.replay_buffer import ReplayBuffer
+from pipeline.records import Trajectory
 
 CHI2_DF4_P001 = 18.467  # chi-square critical value, 4 degrees of freedom, p = 0.001
 
@@ -143,14 +145,12 @@ def test_invalid_records_and_calls_are_rejected_with_the_field_named():
     with pytest.raises(ValueError, match="empty"):
         buffer.sample(1)
     assert buffer.sample(0) == []
-    bad = make_trajectory(steps=["a", "b"])
-    bad.step_log_scores = [-0.1]
+    bad = dataclasses.replace(make_trajectory(steps=["a", "b"]), step_log_scores=[-0.1])
     with pytest.raises(ValueError, match="step_log_scores"):
         buffer.add([bad])
     with pytest.raises(ValueError, match="log_reward"):
         buffer.add([make_trajectory(log_reward=float("nan"))])
-    bad = make_trajectory(steps=["a", "b"])
-    bad.answer_flags = [1]
+    bad = dataclasses.replace(make_trajectory(steps=["a", "b"]), answer_flags=[1])
     with pytest.raises(ValueError, match="answer_flags"):
         buffer.add([bad])
     with pytest.raises(ValueError, match="priority"):

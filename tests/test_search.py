@@ -212,7 +212,8 @@ def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch):
     import json
 
     import stages.search as stage
-    from pipeline.problems import Problem, write_problems_jsonl
+    from pipeline.problems import write_problems_jsonl
+    from pipeline.records import Problem
 
     path = tmp_path / "problems.jsonl"
     write_problems_jsonl([Problem("p1", "Q1", "6", "tiny"), Problem("p2", "Q2", "4", "tiny")], path)

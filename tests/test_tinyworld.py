@@ -58,14 +58,14 @@ def example_problem(swap=False):
 
 def test_generator_is_deterministic_in_the_seed(splits):
     again = generate_splits(SMALL)
-    assert {k: [p.to_dict() for p in v] for k, v in again.items()} == {k: [p.to_dict() for p in v] for k, v in splits.items()}
+    assert {k: [p.to_json() for p in v] for k, v in again.items()} == {k: [p.to_json() for p in v] for k, v in splits.items()}
     other = generate_splits(TinyWorldConfig(seed=4, n_train=400, n_val=50, n_test=50))
     assert [p.question for p in other["test"]] != [p.question for p in splits["test"]]
 
 
 def test_test_split_does_not_depend_on_train_size(splits):
     bigger = generate_splits(TinyWorldConfig(seed=3, n_train=800, n_val=50, n_test=50))
-    assert [p.to_dict() for p in bigger["test"]] == [p.to_dict() for p in splits["test"]]
+    assert [p.to_json() for p in bigger["test"]] == [p.to_json() for p in splits["test"]]
 
 
 def test_splits_are_disjoint_and_well_formed(splits):

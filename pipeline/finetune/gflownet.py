@@ -14,8 +14,9 @@ import torch
 
 from pipeline.config import GFNConfig
 from pipeline.finetune.losses import subtb_loss, tb_vargrad_loss, trajectory_balance_loss, trajectory_logprob
-from pipeline.finetune.replay_buffer import ReplayBuffer, Trajectory
+from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.rewards import StateLogRewards, pad_rows
+from pipeline.records import Trajectory
 
 LOSSES = ("subtb", "tb", "tb_vargrad")
 

@@ -18,8 +18,8 @@ import torch
 from pipeline.config import PPOConfig
 from pipeline.finetune.gflownet import micro_batches
 from pipeline.finetune.losses import gae, ppo_loss
-from pipeline.finetune.replay_buffer import Trajectory
 from pipeline.finetune.rewards import StepRewards, pad_rows
+from pipeline.records import Trajectory
 
 
 def step_action_logprobs(lp) -> torch.Tensor:

@@ -25,69 +25,27 @@ from __future__ import annotations
 import copy
 import heapq
 import math
-from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Trajectory", "ReplayBuffer"]
+from pipeline.records import Trajectory
+
+__all__ = ["ReplayBuffer"]
 
 STATE_VERSION = 2
 
 
-@dataclass
-class Trajectory:
-    """One complete solution of one problem, sampled and scored (TEMPORARY: moves to pipeline.records).
-
-    problem_id, question, prompt: the problem, its text for the PRM, the policy's prompt (s_0)
-    steps:                     s_1..s_n
-    step_log_scores:           log U(s_k | s_{k-1}) per step (PRM, no reward temperature)
-    answer_flags:              per step: -1 no final answer, 0 a wrong one, 1 the correct one
-    finished:                  the policy emitted the end token
-    log_reward:                sum of step_log_scores (the replay priority)
-    reference_step_logprobs:   log pi_ref(s_k | s_{k-1}) per step, when a reference policy is used
-    reference_stop_logprob:    log pi_ref(s_f | s_n)
-    policy_version:            the training step whose policy sampled it
-    """
-
-    problem_id: str
-    question: str
-    prompt: str
-    steps: list[str]
-    step_log_scores: list[float]
-    answer_flags: list[int]
-    finished: bool
-    log_reward: float
-    reference_step_logprobs: list[float] | None = None
-    reference_stop_logprob: float | None = None
-    policy_version: int = 0
-
-    @property
-    def key(self) -> tuple[str, tuple[str, ...]]:
-        return (self.problem_id, tuple(self.steps))
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, record: dict[str, Any], where: str = "trajectory") -> "Trajectory":
-        return cls(**record)
+def _identity(trajectory: Trajectory) -> tuple[str, tuple[str, ...]]:
+    return (trajectory.problem_id, tuple(trajectory.steps))
 
 
 def _validate(trajectory: Trajectory) -> None:
+    """Every rule of the Trajectory record (types, one score and flag per step, finite
+    log_reward), with the field named."""
     if not isinstance(trajectory, Trajectory):
         raise TypeError(f"replay buffer: expected Trajectory records, got {type(trajectory).__name__}")
-    where = f"trajectory of problem {trajectory.problem_id!r}"
-    if not trajectory.steps:
-        raise ValueError(f"{where}: field steps: expected at least one step, got none")
-    if len(trajectory.step_log_scores) != len(trajectory.steps):
-        raise ValueError(f"{where}: field step_log_scores: expected one value per step "
-                         f"({len(trajectory.steps)}), got {len(trajectory.step_log_scores)}")
-    if len(trajectory.answer_flags) != len(trajectory.steps):
-        raise ValueError(f"{where}: field answer_flags: expected one flag per step "
-                         f"({len(trajectory.steps)}), got {len(trajectory.answer_flags)}")
-    if not math.isfinite(trajectory.log_reward):
-        raise ValueError(f"{where}: field log_reward: expected a finite float, got {trajectory.log_reward}")
+    Trajectory.from_json(trajectory.to_json(), f"trajectory of problem {trajectory.problem_id!r}")
 
 
 class ReplayBuffer:
@@ -139,7 +97,7 @@ class ReplayBuffer:
         """Insert trajectories (duplicates refresh recency), then evict down to capacity."""
         for trajectory in trajectories:
             _validate(trajectory)
-            key = trajectory.key
+            key = _identity(trajectory)
             stored = self._items.pop(key, None)
             kept = stored[1] if stored is not None else copy.deepcopy(trajectory)
             self._items[key] = (self._counter, kept)
@@ -205,8 +163,7 @@ class ReplayBuffer:
                 stamp = int(record["stamp"])
             except KeyError as error:
                 raise ValueError(f"replay buffer state: items[{position}]: missing field {error}") from None
-            _validate(trajectory)
-            items[trajectory.key] = (stamp, trajectory)
+            items[_identity(trajectory)] = (stamp, trajectory)
         bit_generator = getattr(np.random, state["rng"]["bit_generator"])()
         bit_generator.state = state["rng"]
         self._items = items

@@ -25,8 +25,8 @@ from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
-from pipeline.problems import Problem
 from pipeline.prompts import prompt_from_config
+from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
 
 STAGES = ("gfn", "ppo")

@@ -13,9 +13,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from pipeline.finetune.replay_buffer import Trajectory
 from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER
 from pipeline.grading import extract_answer, grade_many
+from pipeline.records import Trajectory
 
 
 @dataclass
@@ -100,26 +100,31 @@ class TrajectorySampler:
                 kept.append((problem, solution))
         log_scores = self.scorer.log_scores_many([(p.question, s.steps) for p, s in kept]) if kept else []
         flags = answer_flags_for([s.steps for _, s in kept], [p.answer for p, _ in kept], self.kind, self.extract, self.grade)
+        reference = self._reference_logprobs(kept)
         trajectories = [
             Trajectory(problem_id=p.problem_id, question=p.question, prompt=p.prompt, steps=list(s.steps),
                        step_log_scores=[float(x) for x in scores], answer_flags=f, finished=bool(s.finished),
-                       log_reward=float(sum(scores)), policy_version=version)
-            for (p, s), scores, f in zip(kept, log_scores, flags)
+                       log_reward=float(sum(scores)), reference_step_logprobs=ref_steps, reference_stop_logprob=ref_stop,
+                       policy_version=version)
+            for (p, s), scores, f, (ref_steps, ref_stop) in zip(kept, log_scores, flags, reference)
         ]
-        if self.reference is not None:
-            self._attach_reference_logprobs(trajectories)
         return trajectories, {"sampled": len(kept) + empty, "empty_solutions": empty}
 
-    def _attach_reference_logprobs(self, trajectories: list[Trajectory]) -> None:
+    def _reference_logprobs(self, kept: list) -> list[tuple[list[float] | None, float | None]]:
+        """(log pi_ref(s_k|s_{k-1}) per step, log pi_ref(s_f|s_n)) of each kept solution, from the
+        frozen reference in micro-batches; (None, None) each when there is no reference."""
+        if self.reference is None:
+            return [(None, None)] * len(kept)
+        out = []
         size = max(1, self.cfg.micro_batch_size)
-        for start in range(0, len(trajectories), size):
-            chunk = trajectories[start:start + size]
-            lp = self.reference.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=False)
+        for start in range(0, len(kept), size):
+            chunk = kept[start:start + size]
+            lp = self.reference.logprobs([p.prompt for p, _ in chunk], [s.steps for _, s in chunk], with_grad=False)
             steps, stops = lp.step_logprobs.float().cpu(), lp.termination_logprobs.float().cpu()
-            for row, trajectory in enumerate(chunk):
-                n = len(trajectory.steps)
-                trajectory.reference_step_logprobs = steps[row, :n].tolist()
-                trajectory.reference_stop_logprob = float(stops[row, n])
+            for row, (_, solution) in enumerate(chunk):
+                n = len(solution.steps)
+                out.append((steps[row, :n].tolist(), float(stops[row, n])))
+        return out
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.getstate(), "order": list(self.order)}

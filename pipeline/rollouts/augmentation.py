@@ -25,90 +25,16 @@ import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
-from pipeline.io import RecordError, read_jsonl
+from pipeline.records import ORIGIN_AUGMENTED, ORIGIN_MCTS, MCTSRecord, PRMExample
 from pipeline.rollouts.similarity import StepSignature, signature_similarity, step_signature
 
 DEFAULT_SIMILARITY_THRESHOLD = 0.85
-ORIGIN_MCTS = "mcts"
-ORIGIN_AUGMENTED = "augmented"
 
 # Paper 3.2: about 30% of the labels are 0, 20% are 1, 50% lie in between, and 100k MCTS
 # records become 2.1M PRM examples. For comparison in reports, never asserted.
 PAPER_REFERENCE = {"zero": 0.30, "between": 0.50, "one": 0.20, "expansion_factor": 21.0}
-
-
-def _describe(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=repr)
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{type(value).__name__} {text}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
-
-
-def validate_mcts_record(obj: Any, path: str, line_no: int) -> None:
-    """Raise RecordError (a ValueError) naming file, line and field when ``obj`` breaks the
-    MCTS contract: {problem_id: str, question: str, prefix_steps: [str], step: str,
-    mc: number in [0, 1], n_correct: int, n_rollouts: int, rollouts: [{steps: [str],
-    answer: str | number | null, correct: bool}], depth: int}. Extra fields are allowed."""
-
-    def fail(field: str, expected: str, value: Any) -> None:
-        raise RecordError(f"{path}:{line_no}: field {field!r}: expected {expected}, got {_describe(value)}")
-
-    if not isinstance(obj, dict):
-        raise RecordError(f"{path}:{line_no}: expected a JSON object (an MCTS record), got {_describe(obj)}")
-    checks = (
-        ("problem_id", lambda v: isinstance(v, str) and v != "", "a non-empty string"),
-        ("question", lambda v: isinstance(v, str), "a string"),
-        ("prefix_steps", _is_str_list, "a list of strings"),
-        ("step", lambda v: isinstance(v, str), "a string"),
-        ("mc", lambda v: _is_number(v) and 0.0 <= v <= 1.0, "a number in [0, 1]"),
-        ("n_correct", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
-        ("n_rollouts", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
-        ("rollouts", lambda v: isinstance(v, list), "a list of {steps, answer, correct}"),
-        ("depth", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
-    )
-    for field, is_valid, expected in checks:
-        if field not in obj:
-            raise RecordError(f"{path}:{line_no}: missing field {field!r} (expected {expected})")
-        if not is_valid(obj[field]):
-            fail(field, expected, obj[field])
-    if obj["n_correct"] > obj["n_rollouts"]:
-        fail("n_correct", f"at most n_rollouts ({obj['n_rollouts']})", obj["n_correct"])
-    for index, rollout in enumerate(obj["rollouts"]):
-        field = f"rollouts[{index}]"
-        if not isinstance(rollout, dict):
-            fail(field, "an object {steps, answer, correct}", rollout)
-        for key in ("steps", "answer", "correct"):
-            if key not in rollout:
-                raise RecordError(
-                    f"{path}:{line_no}: missing field '{field}.{key}' (rollouts are {{steps, answer, correct}})"
-                )
-        if not _is_str_list(rollout["steps"]):
-            fail(f"{field}.steps", "a list of strings", rollout["steps"])
-        answer = rollout["answer"]
-        if not (answer is None or isinstance(answer, str) or _is_number(answer)):
-            fail(f"{field}.answer", "a string, a number or null", answer)
-        if not isinstance(rollout["correct"], bool):
-            fail(f"{field}.correct", "true or false", rollout["correct"])
-
-
-def read_mcts_records(path: str | Path) -> Iterator[dict]:
-    """Validated MCTS records of a JSONL file; a bad line raises RecordError with file and line."""
-    return read_jsonl(path, validate=validate_mcts_record)
 
 
 @dataclass(frozen=True)
@@ -129,12 +55,12 @@ class Candidate:
     rollout_correct: bool
 
 
-def rollout_reuse_candidates(record: dict) -> list[Candidate]:
+def rollout_reuse_candidates(record: MCTSRecord) -> list[Candidate]:
     """Every step of every rollout of an MCTS record, in rollout order then position order."""
-    state = tuple(record["prefix_steps"]) + (record["step"],)
+    state = (*record.prefix_steps, record.step)
     candidates = []
-    for rollout_index, rollout in enumerate(record["rollouts"]):
-        steps = rollout["steps"]
+    for rollout_index, rollout in enumerate(record.rollouts):
+        steps = rollout.steps
         for position, step in enumerate(steps, start=1):
             candidates.append(
                 Candidate(
@@ -142,7 +68,7 @@ def rollout_reuse_candidates(record: dict) -> list[Candidate]:
                     step=step,
                     position=position,
                     rollout_index=rollout_index,
-                    rollout_correct=bool(rollout["correct"]),
+                    rollout_correct=rollout.correct,
                 )
             )
     return candidates
@@ -194,7 +120,7 @@ def group_label(members: Sequence[Candidate], mc_value: float) -> float:
     return float(mc_value)
 
 
-def label_rollout_steps(record: dict, threshold: float = DEFAULT_SIMILARITY_THRESHOLD) -> list[StepGroup]:
+def label_rollout_steps(record: MCTSRecord, threshold: float = DEFAULT_SIMILARITY_THRESHOLD) -> list[StepGroup]:
     """The labelled groups of one MCTS record, position by position.
 
     A rollout stops contributing after its first step labelled 0: its later steps are dropped
@@ -208,27 +134,27 @@ def label_rollout_steps(record: dict, threshold: float = DEFAULT_SIMILARITY_THRE
     for position in sorted(by_position):
         alive = [c for c in by_position[position] if c.rollout_index not in failed_rollouts]
         for index, members in enumerate(greedy_similarity_groups(alive, threshold)):
-            label = group_label(members, record["mc"])
+            label = group_label(members, record.mc)
             labelled.append(StepGroup(position, index, members, label))
             if label == 0.0:
                 failed_rollouts.update(member.rollout_index for member in members)
     return labelled
 
 
-def record_key(record: dict) -> str:
+def record_key(record: MCTSRecord) -> str:
     """12 hex digits identifying an evaluated step within its problem: sha256 of its prefix and
     step. Unlike a running index it does not depend on input order, sharding or resumes."""
-    payload = json.dumps([record["prefix_steps"], record["step"]], ensure_ascii=False)
+    payload = json.dumps([record.prefix_steps, record.step], ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:12]
 
 
 def augment_records(
-    records: Iterable[dict],
+    records: Iterable[MCTSRecord],
     threshold: float = DEFAULT_SIMILARITY_THRESHOLD,
     include_mcts: bool = True,
     dedupe: bool = True,
-) -> Iterator[dict]:
-    """PRM examples from validated MCTS records, streamed one record at a time.
+) -> Iterator[PRMExample]:
+    """PRM examples from MCTS records, streamed one record at a time.
 
     Per record: its own step labelled with its mc_value (origin "mcts", when include_mcts), then
     its labelled rollout steps (origin "augmented") by position, group and rollout, each with
@@ -238,21 +164,15 @@ def augment_records(
     """
     seen_keys: Counter[tuple[str, str]] = Counter()
     for record in records:
-        problem_id = record["problem_id"]
+        problem_id = record.problem_id
         key = record_key(record)
         seen_keys[(problem_id, key)] += 1
         occurrence = seen_keys[(problem_id, key)]
         if occurrence > 1:  # the same (prefix, step) evaluated twice: keep group ids unique
             key = f"{key}.{occurrence}"
         if include_mcts:
-            yield {
-                "problem_id": problem_id,
-                "question": record["question"],
-                "prefix_steps": list(record["prefix_steps"]),
-                "step": record["step"],
-                "label": float(record["mc"]),
-                "origin": ORIGIN_MCTS,
-            }
+            yield PRMExample(problem_id=problem_id, question=record.question, prefix_steps=list(record.prefix_steps),
+                             step=record.step, label=record.mc, origin=ORIGIN_MCTS)
         emitted: set[tuple[tuple[str, ...], str]] = set()
         for group in label_rollout_steps(record, threshold):
             group_id = f"{problem_id}:{key}:{group.position}:{group.index}"
@@ -262,15 +182,8 @@ def augment_records(
                     if example_key in emitted:
                         continue
                     emitted.add(example_key)
-                yield {
-                    "problem_id": problem_id,
-                    "question": record["question"],
-                    "prefix_steps": list(member.prefix_steps),
-                    "step": member.step,
-                    "label": group.label,
-                    "origin": ORIGIN_AUGMENTED,
-                    "group_id": group_id,
-                }
+                yield PRMExample(problem_id=problem_id, question=record.question, prefix_steps=list(member.prefix_steps),
+                                 step=member.step, label=group.label, origin=ORIGIN_AUGMENTED, group_id=group_id)
 
 
 def _label_bin(label: float) -> str:
@@ -281,7 +194,7 @@ def _label_bin(label: float) -> str:
     return "between"
 
 
-def augmentation_stats(prm_records: Iterable[dict], n_mcts_records: int) -> dict:
+def augmentation_stats(examples: Iterable[PRMExample], n_mcts_records: int) -> dict:
     """Counts of a PRM data set (one pass, so a generator will do).
 
     n_examples, n_mcts_records, expansion_factor (n_examples / n_mcts_records, None when 0),
@@ -294,9 +207,8 @@ def augmentation_stats(prm_records: Iterable[dict], n_mcts_records: int) -> dict
     bins_by_origin: dict[str, Counter[str]] = {}
     histogram = [0] * 10
     n_examples = 0
-    for record in prm_records:
-        label = float(record["label"])
-        origin = record["origin"]
+    for example in examples:
+        label, origin = example.label, example.origin
         n_examples += 1
         by_origin[origin] += 1
         bins[_label_bin(label)] += 1
@@ -323,18 +235,20 @@ def is_validation_problem(problem_id: str, val_fraction: float, seed: int) -> bo
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
-def split_by_problem(records: Iterable[dict], val_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, val): every record of a problem lands in the same split, chosen by
+def split_by_problem(
+    examples: Iterable[PRMExample], val_fraction: float, seed: int
+) -> tuple[list[PRMExample], list[PRMExample]]:
+    """(train, val): every example of a problem lands in the same split, chosen by
     ``is_validation_problem``; input order is kept within each split. The validation share of
     problems is val_fraction in expectation, not exactly."""
     if not 0.0 <= val_fraction <= 1.0:
         raise ValueError(f"val_fraction must lie in [0, 1], got {val_fraction}")
-    train: list[dict] = []
-    val: list[dict] = []
+    train: list[PRMExample] = []
+    val: list[PRMExample] = []
     decided: dict[str, bool] = {}
-    for record in records:
-        problem_id = record["problem_id"]
+    for example in examples:
+        problem_id = example.problem_id
         if problem_id not in decided:
             decided[problem_id] = is_validation_problem(problem_id, val_fraction, seed)
-        (val if decided[problem_id] else train).append(record)
+        (val if decided[problem_id] else train).append(example)
     return train, val

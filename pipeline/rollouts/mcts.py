@@ -24,10 +24,11 @@ Definitions (docs/mcts.md):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Sequence
 
 from pipeline.config import MCTSConfig
+from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary
 from pipeline.steps import join_steps, split_steps
 
 # A search coroutine yields a prefix (tuple of steps) and receives its rollouts.
@@ -36,15 +37,16 @@ SearchCoroutine = Generator[tuple[str, ...], list["Rollout"], "ProblemResult"]
 
 @dataclass
 class Rollout:
-    """One completion from a prefix: its steps after the prefix, answer and correctness."""
+    """One completion from a prefix: its steps after the prefix, answer and correctness, and
+    its length in generated tokens (the selection score's beta term; not recorded)."""
 
     steps: list[str]
     answer: str | None
     correct: bool
     num_tokens: int
 
-    def to_record(self) -> dict:
-        return {"steps": self.steps, "answer": self.answer, "correct": self.correct}
+    def to_record(self) -> MCTSRollout:
+        return MCTSRollout(self.steps, self.answer, self.correct)
 
 
 @dataclass
@@ -60,8 +62,8 @@ class TreeState:
 class ProblemResult:
     """What one problem's search produced: its mcts records and its summary."""
 
-    records: list[dict] = field(default_factory=list)
-    summary: dict = field(default_factory=dict)
+    records: list[MCTSRecord]
+    summary: MCTSSummary
 
 
 def mc_value(rollouts: Sequence[Rollout]) -> float:
@@ -87,23 +89,23 @@ def select_from_pool(pool: list[tuple[TreeState, Rollout]], states: Iterable[Tre
 
 def search_problem(problem_id: str, question: str, params: MCTSConfig) -> SearchCoroutine:
     """Algorithm 1 for one problem, as a coroutine (see the module docstring)."""
-    records: list[dict] = []
+    records: list[MCTSRecord] = []
     evaluated: dict[tuple[str, ...], float] = {}
     spent = 0
 
     def record_step(prefix: tuple[str, ...], rollouts: list[Rollout], mc: float) -> None:
         records.append(
-            {
-                "problem_id": problem_id,
-                "question": question,
-                "prefix_steps": list(prefix[:-1]),
-                "step": prefix[-1],
-                "mc": mc,
-                "n_correct": sum(r.correct for r in rollouts),
-                "n_rollouts": len(rollouts),
-                "rollouts": [r.to_record() for r in rollouts],
-                "depth": len(prefix),
-            }
+            MCTSRecord(
+                problem_id=problem_id,
+                question=question,
+                prefix_steps=list(prefix[:-1]),
+                step=prefix[-1],
+                mc=mc,
+                n_correct=sum(r.correct for r in rollouts),
+                n_rollouts=len(rollouts),
+                rollouts=[r.to_record() for r in rollouts],
+                depth=len(prefix),
+            )
         )
         evaluated[prefix] = mc
 
@@ -141,17 +143,17 @@ def search_problem(problem_id: str, question: str, params: MCTSConfig) -> Search
         if lo == hi == len(path) and path not in evaluated:
             # The first error is the rollout's last step: its value is its own (wrong) outcome.
             record_step(path, [], 0.0)
-    summary = {
-        "problem_id": problem_id,
-        "root_mc": root.mc,
-        "root_n_correct": sum(r.correct for r in root_rollouts),
-        "root_rollouts": [r.to_record() for r in root_rollouts],
-        "searched": searched,
-        "iterations": iterations,
-        "steps_evaluated": len(records),
-        "rollouts_spent": spent,
-        "tree_states": len(states),
-    }
+    summary = MCTSSummary(
+        problem_id=problem_id,
+        root_mc=root.mc,
+        root_n_correct=sum(r.correct for r in root_rollouts),
+        root_rollouts=[r.to_record() for r in root_rollouts],
+        searched=searched,
+        iterations=iterations,
+        steps_evaluated=len(records),
+        rollouts_spent=spent,
+        tree_states=len(states),
+    )
     return ProblemResult(records, summary)
 
 

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from pipeline.problems import Problem
+from pipeline.records import Problem
 
 SOURCE = "tiny"
 ANSWER_STEP = "The answer is {answer}"
