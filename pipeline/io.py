@@ -85,7 +85,7 @@ def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
     return count
 
 
@@ -107,9 +107,11 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a folder's entries to disk (a rename is durable only once its folder is
+    synced); silently skipped where the platform cannot."""
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
@@ -206,10 +208,10 @@ class ShardWriter:
             json.dump(self._problems, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         final = self.directory / name
         os.rename(tmp, final)
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         self._seq += 1
         self._buffer = {}
         self._problems = []

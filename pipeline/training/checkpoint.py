@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from pipeline.io import fsync_path
+
 log = logging.getLogger("stepflow.checkpoint")
 
 MANIFEST = "manifest.json"
@@ -108,19 +110,6 @@ def restore_rng(state: dict) -> None:
 # ----------------------------------------------------------------------------- files
 
 
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _digest(path: Path) -> str:
     digest = hashlib.sha256()
     size = path.stat().st_size
@@ -145,7 +134,7 @@ def write_json(path: Path, obj: Any) -> None:
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """safetensors file of detached, contiguous CPU tensors (an empty dict writes an empty file)."""
     save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path))
-    _fsync(path)
+    fsync_path(path)
 
 
 def write_state(directory: Path, name: str, state: Any) -> None:
@@ -186,12 +175,12 @@ def commit(staging: Path, step: int, keep: int = 2) -> Path:
     manifest = {"format_version": FORMAT_VERSION, "step": step,
                 "files": {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}}
     write_json(staging / MANIFEST, manifest)
-    _fsync(staging)
+    fsync_path(staging)
     final = staging.parent / f"{PREFIX}{step:08d}"
     if final.exists():
         shutil.rmtree(final)
     os.rename(staging, final)
-    _fsync(staging.parent)
+    fsync_path(staging.parent)
     for old in committed(staging.parent)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
