@@ -187,7 +187,10 @@ class PRMConfig:
     save_every: int = 0  # optimizer steps between resumable checkpoints (0: only the final model)
     resume: bool = True  # continue from <output>/checkpoints/last when it exists
     eval_only: bool = False  # stages.train_prm: validate the model at model.prm, train nothing
-    corrupt_examples: int = 200  # E.4 check: correct steps whose result is altered
+    corrupt_examples: int = 200  # E.4 check: correct steps whose result is altered (+1..9 and +-1)
+    natural_slip_problems: int = 200  # held-out problems (data.validation) the policy samples for the natural-slip AUC (0: off)
+    natural_slip_samples: int = 4  # samples per problem
+    natural_slip_temperature: float = 0.6
     prm800k_path: str | None = None  # PRM800K-format file for first-error accuracy
     score_batch_size: int = 64  # sequences per scorer forward
     calibration_bins: int = 10  # equal-width bins of the expected calibration error

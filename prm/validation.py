@@ -3,8 +3,11 @@
 On held-out PRM records: BCE against the soft labels, step AUC (label > 0.5 is positive;
 Mann-Whitney with ties), Brier score, expected calibration error over equal-width bins and the
 reliability table behind it. The paper's E.4 check: alter the result of a calculation in steps
-labelled correct and measure how far the score falls. On PRM800K-format data: how often the
-PRM's first step scored below 0.5 is the human-labelled first error (or both say "none").
+labelled correct (by +1..9, and by +-1, the size of most natural slips) and measure how far the
+score falls. The natural-slip check: on the policy's own samples of held-out problems, the AUC
+of clean steps after a clean prefix against the first slipped step, by the world's arithmetic
+checker where it has one. On PRM800K-format data: how often the PRM's first step scored below
+0.5 is the human-labelled first error (or both say "none").
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -22,8 +25,11 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from pipeline.io import RecordError, read_jsonl, write_json_atomic
-from pipeline.records import PRMExample
+from pipeline.prompts import prompt_from_config, question_text
+from pipeline.records import PRMExample, Problem
 from pipeline.stats import mann_whitney_auc
+from pipeline.steps import split_steps
+from pipeline.tinyworld.problems import arithmetic_errors
 from prm.data import group_records
 
 # The result of a calculation: the number right after an '=' (an optional '$' between).
@@ -82,18 +88,26 @@ def record_logits(scorer, records: Sequence[PRMExample], merge_prefixes: bool = 
 # ----------------------------------------------------------------------------- E.4 corruption
 
 
-def corrupt_step(step: str, seed: int = 0) -> str | None:
+CORRUPTIONS = {"1to9": "the result increased by 1..9", "pm1": "the result moved by +1 or -1"}
+
+
+def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | None:
     """The step with the result of its last calculation changed, or None if it has none.
 
-    The result is the number right after the last '=' followed by a number; it is increased by
-    1..9, chosen from sha256(seed, step), so the same step is always corrupted the same way.
+    The result is the number right after the last '=' followed by a number. ``corruption``:
+    "1to9" adds 1..9 (the paper's E.4 check as first built here), "pm1" adds +1 or -1 (the size of
+    most of the policy's own slips). The change is chosen from sha256(seed, step), so the same
+    step is always corrupted the same way.
     """
+    if corruption not in CORRUPTIONS:
+        raise ValueError(f"corruption must be one of {sorted(CORRUPTIONS)}, got {corruption!r}")
     matches = list(_RESULT.finditer(step))
     if not matches:
         return None
     match = matches[-1]
     text = match.group(1)
-    delta = 1 + int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode("utf-8")).digest()[:4], "big") % 9
+    draw = int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode("utf-8")).digest()[:4], "big")
+    delta = 1 + draw % 9 if corruption == "1to9" else (1 if draw % 2 else -1)
     if "." in text:
         decimals = len(text.split(".")[1])
         new = f"{float(text) + delta:.{decimals}f}"
@@ -102,17 +116,18 @@ def corrupt_step(step: str, seed: int = 0) -> str | None:
     return step[: match.start(1)] + new + step[match.end(1) :]
 
 
-def corruption_check(scorer, records: Sequence[PRMExample], max_examples: int = 200, seed: int = 0, min_label: float = 0.9) -> dict:
+def corruption_check(scorer, records: Sequence[PRMExample], max_examples: int = 200, seed: int = 0, min_label: float = 0.9,
+                     corruption: str = "1to9") -> dict:
     """Mean score drop when a correct step's result is altered (paper E.4).
 
     Steps with label >= min_label that have a result to alter; at most max_examples of them,
     drawn with Random(seed). drop = U(original) - U(corrupted), each scored after its own prefix.
     """
-    candidates = [(r, c) for r in records if r.label >= min_label for c in [corrupt_step(r.step, seed)] if c is not None]
+    candidates = [(r, c) for r in records if r.label >= min_label for c in [corrupt_step(r.step, seed, corruption)] if c is not None]
     if len(candidates) > max_examples:
         candidates = random.Random(seed).sample(candidates, max_examples)
     if not candidates:
-        return {"n": 0, "mean_drop": None, "share_lower": None, "mean_original": None, "mean_corrupted": None}
+        return {"n": 0, "corruption": corruption, "mean_drop": None, "share_lower": None, "mean_original": None, "mean_corrupted": None}
     solutions = []
     for record, corrupted in candidates:
         solutions.append((record.question, [*record.prefix_steps, record.step]))
@@ -123,12 +138,70 @@ def corruption_check(scorer, records: Sequence[PRMExample], max_examples: int = 
     drop = original - corrupted
     return {
         "n": len(candidates),
+        "corruption": corruption,
         "mean_drop": float(drop.mean()),
         "share_lower": float((drop > 0).mean()),
         "mean_original": float(original.mean()),
         "mean_corrupted": float(corrupted.mean()),
         "examples": [{"step": r.step, "corrupted": c, "drop": float(d)} for (r, c), d in list(zip(candidates, drop))[:5]],
     }
+
+
+# ----------------------------------------------------------------------------- natural slips
+
+# Problem kind -> a checker telling whether a step writes a wrong calculation. Only the tiny
+# world's steps have a calculation format exact enough to check (``a op b = c``); for other
+# kinds the natural-slip check is skipped.
+SLIP_CHECKERS: dict[str, Callable[[str], bool]] = {"tiny": lambda step: bool(arithmetic_errors([step]))}
+
+
+def natural_slips(solutions: Sequence[tuple[str, Sequence[str]]], has_slip: Callable[[str], bool]) -> tuple[list, list[bool]]:
+    """The scored paths and their labels for the natural-slip check.
+
+    For every solution (question, steps): its steps up to and including the first one with a
+    slip (all of them when none slips). Every step before the first slip is clean after a clean
+    prefix (label True); the first slipped step is a slip after a clean prefix (False); steps
+    after it are left out (their prefix is already wrong). Returns ([(question, path)], labels
+    with one entry per step of every path, in order)."""
+    paths, labels = [], []
+    for question, steps in solutions:
+        first = next((k for k, step in enumerate(steps) if has_slip(step)), None)
+        path = list(steps) if first is None else list(steps[: first + 1])
+        if path:
+            paths.append((question, path))
+            labels.extend([True] * (len(path) if first is None else first) + ([False] if first is not None else []))
+    return paths, labels
+
+
+def natural_slip_check(scorer, solutions: Sequence[tuple[str, Sequence[str]]], has_slip: Callable[[str], bool]) -> dict:
+    """How well the PRM separates the policy's own slips from clean steps after a clean prefix.
+
+    solutions: (question, steps) of the policy's own samples on held-out problems
+    Returns {auc (clean above slipped; Mann-Whitney, ties 1/2), n_clean, n_slipped, n_solutions,
+    mean_clean, mean_slipped}; auc is None without both kinds of steps.
+    """
+    paths, labels = natural_slips(solutions, has_slip)
+    scores = np.array([u for row in scorer.score_many(paths) for u in row], dtype=np.float64) if paths else np.zeros(0)
+    clean = np.array(labels, dtype=bool)
+    n_clean, n_slipped = int(clean.sum()), int((~clean).sum())
+    return {
+        "auc": mann_whitney_auc(scores, clean) if n_clean and n_slipped else None,
+        "n_clean": n_clean,
+        "n_slipped": n_slipped,
+        "n_solutions": len(solutions),
+        "mean_clean": float(scores[clean].mean()) if n_clean else None,
+        "mean_slipped": float(scores[~clean].mean()) if n_slipped else None,
+    }
+
+
+def policy_solutions(generator, problems: Sequence[Problem], format_config, n: int, temperature: float, max_new_tokens: int,
+                     seed: int) -> list[tuple[str, list[str]]]:
+    """(question, steps) of n samples per problem from ``generator`` (one generate call)."""
+    kind = problems[0].kind if problems else "tiny"
+    prompts = [prompt_from_config(p.question, kind, generator.tokenizer, format_config, p.meta.get("options")) for p in problems]
+    outputs = generator.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    return [(question_text(p.question, p.meta.get("options")), split_steps(c.text, format_config.separator))
+            for p, completions in zip(problems, outputs) for c in completions]
 
 
 # ----------------------------------------------------------------------------- PRM800K
@@ -250,8 +323,11 @@ def validate_prm(
     prm800k_path: str | Path | None = None,
     seed: int = 0,
     merge_prefixes: bool = True,
+    policy_samples: Sequence[tuple[str, Sequence[str]]] | None = None,
+    has_slip: Callable[[str], bool] | None = None,
 ) -> dict:
-    """Every held-out check of a PRM scorer on PRM records (+ PRM800K when a path is given)."""
+    """Every held-out check of a PRM scorer on PRM records (+ PRM800K when a path is given; +
+    the natural-slip AUC on the policy's own held-out samples when given with a slip checker)."""
     labels = np.array([r.label for r in records], dtype=np.float64)
     report: dict[str, Any] = {"n_records": len(records)}
     if len(records):
@@ -271,7 +347,10 @@ def validate_prm(
             "mean_label": float(labels.mean()),
             "reliability": table,
         })
-        report["corruption"] = corruption_check(scorer, records, corrupt_examples, seed) if corrupt_examples > 0 else None
+        for key, corruption in (("corruption", "1to9"), ("corruption_pm1", "pm1")):
+            report[key] = corruption_check(scorer, records, corrupt_examples, seed, corruption=corruption) if corrupt_examples > 0 else None
+    if policy_samples is not None and has_slip is not None:
+        report["natural_slip"] = natural_slip_check(scorer, policy_samples, has_slip)
     if prm800k_path:
         report["prm800k"] = first_error_accuracy(scorer, load_prm800k(prm800k_path))
     return report

@@ -60,8 +60,16 @@ def timed(stage: str):
 
 def training_problems(config: Config):
     """The problems the training stages draw from (config.data.train*)."""
-    path = config.resolve(config.data.train_path)
-    kwargs = {"path": path, "limit": config.data.train_limit}
+    return _problems(config.data.train, config.resolve(config.data.train_path), config.data.train_limit, config)
+
+
+def validation_problems(config: Config):
+    """Held-out problems of the training distribution (config.data.validation*)."""
+    return _problems(config.data.validation, config.resolve(config.data.validation_path), config.data.validation_limit, config)
+
+
+def _problems(name: str, path: str | None, limit: int | None, config: Config):
+    kwargs = {"path": path, "limit": limit}
     if config.data.problem_sources:
         kwargs["problem_sources"] = config.data.problem_sources
-    return load_benchmark(config.data.train, **kwargs)
+    return load_benchmark(name, **kwargs)

@@ -80,13 +80,19 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     val = _read_json(run_dir / "prm" / "validation.json") or {}
     lines += ["", "## PRM validation", ""]
     lines += [f"- {k}: {_fmt(v)}" for k, v in val.items() if not isinstance(v, (dict, list))]
-    corruption = val.get("corruption") or {}
-    if corruption.get("n"):
-        lines += [f"- corrupted steps (E.4: a correct step's calculation result altered): {corruption['n']} steps, mean score "
-                  f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} (mean drop {_fmt(corruption['mean_drop'], 4)}; "
-                  f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"]
-    elif "corruption" in val:
-        lines += ["- corrupted steps (E.4): none to corrupt (no validation step labelled correct holds a calculation)"]
+    for key, what in (("corruption", "+1..9"), ("corruption_pm1", "+-1")):
+        corruption = val.get(key) or {}
+        if corruption.get("n"):
+            lines += [f"- corrupted steps (E.4: a correct step's calculation result altered by {what}): {corruption['n']} steps, mean score "
+                      f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} (mean drop {_fmt(corruption['mean_drop'], 4)}; "
+                      f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"]
+        elif key in val:
+            lines += [f"- corrupted steps (E.4, {what}): none to corrupt (no validation step labelled correct holds a calculation)"]
+    slip = val.get("natural_slip")
+    if slip:
+        lines += [f"- natural slips (the policy's own samples of held-out problems, {slip['n_solutions']} solutions): AUC "
+                  f"{_fmt(slip['auc'])} of {slip['n_clean']} clean steps after a clean prefix against {slip['n_slipped']} first "
+                  f"slips (mean score {_fmt(slip['mean_clean'])} vs {_fmt(slip['mean_slipped'])})"]
     if val.get("prm800k"):
         lines += [f"- PRM800K-format first-error check: " + ", ".join(f"{k} {_fmt(v)}" for k, v in val["prm800k"].items()
                                                                      if not isinstance(v, (dict, list)))]

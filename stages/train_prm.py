@@ -1,6 +1,7 @@
 """make prm: train the process reward model on the augmented step labels, then validate it.
 
-Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl; the backbone (config.model.prm_backbone)
+Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl; the backbone (config.model.prm_backbone);
+        for the natural-slip check, the policy (config.model.policy) and held-out problems (data.validation*)
 Writes: runs/<run>/prm/model/ (the PRM), metrics.jsonl, validation.json, calibration.png,
         config.yaml; checkpoints/step-<n>/ every prm.save_every steps (a rerun resumes from the newest good one)
 With prm.eval_only=true: validates the PRM at config.model.prm, trains nothing.
@@ -12,12 +13,13 @@ from __future__ import annotations
 import os
 import sys
 
+from pipeline.generation import build_generator
 from pipeline.io import read_records, write_json_atomic
 from pipeline.records import PRMExample
 from prm.scorer import PRMScorer
 from prm.train import train_prm
-from prm.validation import validate_prm, write_validation
-from stages.common import log, parse_args, require, set_threads, stage_dir, timed, training_problems
+from prm.validation import SLIP_CHECKERS, policy_solutions, validate_prm, write_validation
+from stages.common import log, parse_args, require, set_threads, stage_dir, timed, training_problems, validation_problems
 
 
 def prm_kind(config) -> str:
@@ -28,6 +30,20 @@ def prm_kind(config) -> str:
     if len(kinds) != 1:
         raise SystemExit(f"prm: training problems mix prompt kinds {sorted(kinds)}; set prm.kind")
     return kinds.pop()
+
+
+def natural_slip_samples(config, kind: str):
+    """(the policy's samples of held-out problems, the kind's slip checker) for the natural-slip
+    check, or (None, None) when the kind has no checker or prm.natural_slip_problems is 0."""
+    has_slip = SLIP_CHECKERS.get(kind)
+    cfg = config.prm
+    if has_slip is None or cfg.natural_slip_problems <= 0:
+        return None, None
+    problems = validation_problems(config)[: cfg.natural_slip_problems]
+    generator = build_generator(config)
+    samples = policy_solutions(generator, problems, config.format, cfg.natural_slip_samples, cfg.natural_slip_temperature,
+                               config.generation.max_new_tokens, seed=cfg.seed)
+    return samples, has_slip
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -48,15 +64,18 @@ def main(argv: list[str] | None = None) -> dict:
         if int(os.environ.get("RANK", "0")) != 0:
             return result  # under accelerate launch, validation runs once, on the main process
         scorer = PRMScorer.from_pretrained(model_dir, config)
+        samples, has_slip = natural_slip_samples(config, scorer.kind)
         report = validate_prm(
             scorer, val_records, bins=config.prm.calibration_bins, corrupt_examples=config.prm.corrupt_examples,
             prm800k_path=config.resolve(config.prm.prm800k_path), seed=config.prm.seed, merge_prefixes=config.prm.merge_prefixes,
+            policy_samples=samples, has_slip=has_slip,
         )
         write_validation(report, out)
         result["validation"] = {k: v for k, v in report.items() if k not in ("reliability",)}
         write_json_atomic(out / "summary.json", result)
-        log.info("prm: val bce %.4f auc %.4f ece %.4f brier %.4f", report.get("bce", float("nan")), report.get("auc", float("nan")),
-                 report.get("ece", float("nan")), report.get("brier", float("nan")))
+        log.info("prm: val bce %.4f auc %.4f ece %.4f brier %.4f natural-slip auc %s", report.get("bce", float("nan")),
+                 report.get("auc", float("nan")), report.get("ece", float("nan")), report.get("brier", float("nan")),
+                 (report.get("natural_slip") or {}).get("auc"))
     return result
 
 

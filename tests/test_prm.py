@@ -11,20 +11,25 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import FormatConfig, load_config
+from pipeline.config import FormatConfig, TinyWorldConfig, load_config
 from pipeline.io import RecordError, read_records
+from pipeline.problems import write_problems_jsonl
 from pipeline.records import PRMExample
 from pipeline.stats import mann_whitney_auc
+from pipeline.tinyworld.problems import generate_splits
 from pipeline.training import checkpoint
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.scorer import PRMScorer
 from prm.train import prm_bce_loss, train_prm
 from prm.validation import (
+    SLIP_CHECKERS,
     corrupt_step,
     expected_calibration_error,
     first_error_accuracy,
     load_prm800k,
+    natural_slip_check,
+    natural_slips,
     reliability_table,
     validate_prm,
 )
@@ -318,6 +323,35 @@ def test_ece_on_a_hand_example():
     assert expected_calibration_error([1.0], [1.0]) == 0.0
 
 
+def test_plus_minus_one_corruption_moves_the_last_result_by_one():
+    corrupted = [corrupt_step(f"Step {i}: 3 + 4 = 7", seed=i, corruption="pm1") for i in range(40)]
+    assert {int(step.rsplit("=", 1)[1]) for step in corrupted} == {6, 8}  # both signs occur, never another size
+    with pytest.raises(ValueError, match="corruption"):
+        corrupt_step("x = 1", corruption="2to5")
+
+
+def test_natural_slips_label_clean_steps_before_the_first_slip_and_drop_what_follows():
+    slips = {"3 + 4 = 8", "9 - 1 = 7"}
+    solutions = [("q1", ["2 + 2 = 4", "3 + 4 = 8", "8 + 1 = 9"]), ("q2", ["5 + 1 = 6", "6 - 1 = 5"]), ("q3", ["9 - 1 = 7"])]
+    paths, labels = natural_slips(solutions, lambda step: step in slips)
+    assert paths == [("q1", ["2 + 2 = 4", "3 + 4 = 8"]), ("q2", ["5 + 1 = 6", "6 - 1 = 5"]), ("q3", ["9 - 1 = 7"])]
+    assert labels == [True, False, True, True, False]
+
+    class Scores:  # a PRM that scores a slip 0.2, a clean step 0.7, except one clean step 0.1
+        def score_many(self, pairs):
+            return [[0.1 if s == "6 - 1 = 5" else 0.2 if s in slips else 0.7 for s in steps] for _, steps in pairs]
+
+    result = natural_slip_check(Scores(), solutions, lambda step: step in slips)
+    # pairs (clean, slip): 3 clean x 2 slips; the clean 0.1 loses to both slips (0.2): AUC 4/6
+    assert result["auc"] == pytest.approx(4 / 6) and (result["n_clean"], result["n_slipped"], result["n_solutions"]) == (3, 2, 3)
+    assert result["mean_slipped"] == pytest.approx(0.2)
+
+
+def test_the_tiny_worlds_checker_finds_wrong_calculations():
+    has_slip = SLIP_CHECKERS["tiny"]
+    assert has_slip("Ann buys 3 apples: 5 + 3 = 9.") and not has_slip("Ann buys 3 apples: 5 + 3 = 8.")
+
+
 def test_corruption_changes_the_result_of_the_last_calculation():
     step = "x = 3 + 4 = 7"
     corrupted = corrupt_step(step, seed=0)
@@ -369,9 +403,12 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
         path = run_dir / "augment" / f"{name}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    held_out = generate_splits(TinyWorldConfig(n_train=1, n_val=3, n_test=1))["val"]
+    write_problems_jsonl(held_out, run_dir / "bootstrap" / "problems_val.jsonl")
     args = ["--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t", "prm.kind=tiny", "prm.epochs=1",
             "prm.batch_size=8", "prm.micro_batch_size=4", "prm.corrupt_examples=5",
-            f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}"]
+            f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}", "prm.natural_slip_samples=2",
+            "generation.max_new_tokens=24"]
     result = stage.main(args)
     out = run_dir / "prm"
     for name in ("model/prm_config.json", "model/head.safetensors", "metrics.jsonl", "validation.json", "calibration.png", "config.yaml"):
@@ -379,6 +416,8 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     assert result["train"]["steps"] == 5
     report = json.loads((out / "validation.json").read_text())
     assert report["n_records"] == 20 and 0.0 <= report["auc"] <= 1.0 and report["prm800k"]["n"] == 9
+    assert report["natural_slip"]["n_solutions"] == 3 * 2  # the policy's own samples of the held-out problems
+    assert report["corruption"]["corruption"] == "1to9" and report["corruption_pm1"]["corruption"] == "pm1"
     again = stage.main(args + ["prm.eval_only=true", "prm.corrupt_examples=0"])
     assert "train" not in again and again["validation"]["bce"] == pytest.approx(report["bce"], abs=1e-6)
 
