@@ -140,6 +140,23 @@ def test_samples_differ_and_are_reproducible_with_a_seed(tokenizer):
         assert len({tuple(c.token_ids) for c in completions}) > 1
 
 
+def test_per_prompt_seeds_give_each_sample_its_own_stream_whatever_else_is_in_the_call(tokenizer):
+    model = make_model(init=1.0)
+    prompts = ["1+2=", "3+4=", "5-1=", "9-2="]
+    seeds = [11, 22, 33, 44]
+    together = HFGenerator(model, tokenizer, batch_size=64).generate(prompts, n=3, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=seeds)
+    for i, prompt in enumerate(prompts):  # alone, in a batch of 1 row: the same three samples
+        alone = HFGenerator(model, tokenizer, batch_size=1).generate([prompt], n=3, temperature=1.0, top_p=0.9, max_new_tokens=12,
+                                                                   seed=[seeds[i]])
+        assert [c.token_ids for c in alone[0]] == [c.token_ids for c in together[i]]
+    swapped = HFGenerator(model, tokenizer, batch_size=5).generate(prompts[::-1], n=3, temperature=1.0, max_new_tokens=12, seed=seeds[::-1])
+    plain = HFGenerator(model, tokenizer, batch_size=64).generate(prompts, n=3, temperature=1.0, max_new_tokens=12, seed=seeds)
+    assert [[c.token_ids for c in cs] for cs in swapped[::-1]] == [[c.token_ids for c in cs] for cs in plain]
+    assert len({tuple(c.token_ids) for cs in plain for c in cs}) > 4  # the streams do differ
+    with pytest.raises(ValueError, match="one per prompt"):
+        HFGenerator(model, tokenizer).generate(prompts, n=1, seed=[1, 2])
+
+
 def test_tiny_top_p_is_greedy(tokenizer):
     model = make_model()
     greedy = HFGenerator(model, tokenizer).generate(PROMPTS, temperature=0, max_new_tokens=8)

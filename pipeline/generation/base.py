@@ -1,7 +1,10 @@
 """The one generation interface: what every stage that samples codes against.
 
 ``generate(prompts, n, temperature, top_p, max_new_tokens, stop, seed)`` returns, for each
-prompt in order, ``n`` Completions. Both backends follow vLLM's conventions:
+prompt in order, ``n`` Completions. ``seed`` is an int (one seed for the call) or one seed per
+prompt (prompt i's sample j then draws from seed[i] + j only: the same samples whatever else is
+in the call, e.g. on whichever process of a multi-process run the prompt lands). Both backends
+follow vLLM's conventions:
 
 - ``text`` is the generated text; it ends with the stop string when generation stopped on one
   (and is cut right after it) and never contains the end token.
@@ -40,7 +43,7 @@ class Generator(Protocol):
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         stop: Sequence[str] | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         ...
 

@@ -138,21 +138,31 @@ def preallocated_cache(model, capacity: int) -> DynamicCache:
     return cache
 
 
-def sample_next_tokens(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+def sample_next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
+                       generator: torch.Generator | Sequence[torch.Generator] | None) -> torch.Tensor:
     """One token per row of ``logits`` (B, V): argmax at temperature 0, else a draw from
     softmax(logits / temperature) restricted to the top-p nucleus (the smallest set of most
-    likely tokens whose mass reaches top_p; the most likely token is always kept)."""
+    likely tokens whose mass reaches top_p; the most likely token is always kept).
+
+    generator: one for the whole batch, or one per row (B of them: each row's draws then depend
+    on its own stream only, whatever else is in the batch)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     scaled = logits.float() / temperature
+    sorted_ids = None
     if top_p < 1.0:
-        sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
+        scaled, sorted_ids = scaled.sort(dim=-1, descending=True)
+        probs = scaled.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs
-        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
-        choice = torch.multinomial(sorted_logits.softmax(dim=-1), 1, generator=generator)
+        scaled = scaled.masked_fill(mass_before >= top_p, float("-inf"))
+    probs = scaled.softmax(dim=-1)
+    if isinstance(generator, (list, tuple)):
+        choice = torch.cat([torch.multinomial(probs[row : row + 1], 1, generator=g) for row, g in enumerate(generator)])
+    else:
+        choice = torch.multinomial(probs, 1, generator=generator)
+    if sorted_ids is not None:
         return sorted_ids.gather(-1, choice).squeeze(-1)
-    return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    return choice.squeeze(-1)
 
 
 def pack_chunks(lengths: Sequence[int], n: int, batch_size: int) -> list[list[tuple[int, int, int]]]:
@@ -243,14 +253,20 @@ class HFGenerator:
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         stop: Sequence[str] | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
-        """For each prompt (in order), n completions; see pipeline.generation.base."""
+        """For each prompt (in order), n completions; see pipeline.generation.base.
+
+        seed: an int seeds one random stream for the whole call; a sequence gives prompt i's
+        sample j the stream seed[i] + j, so each sample depends on nothing else in the call (its
+        batch, its chunk, the other prompts), as vLLM's per-request seeds do."""
         stops = check_sampling_args(n, temperature, top_p, max_new_tokens, stop)
         if not prompts:
             return []
         if isinstance(prompts, str):
             raise ValueError("generate: prompts must be a sequence of strings, got a single string")
+        if isinstance(seed, Sequence) and len(seed) != len(prompts):
+            raise ValueError(f"generate: {len(seed)} seeds for {len(prompts)} prompts; expected one per prompt")
         prompt_ids = [list(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
         for i, ids in enumerate(prompt_ids):
             if not ids:
@@ -260,7 +276,9 @@ class HFGenerator:
             return [[Completion("", [], "length") for _ in range(n)] for _ in prompts]
 
         generator = None
-        if seed is not None:
+        if isinstance(seed, Sequence):
+            generator = {(i, j): torch.Generator(device=self.device).manual_seed(int(s) + j) for i, s in enumerate(seed) for j in range(n)}
+        elif seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed)
         bar = None
@@ -271,9 +289,12 @@ class HFGenerator:
         try:
             with torch.inference_mode():
                 for chunk in pack_chunks([len(ids) for ids in prompt_ids], n, self.batch_size):
+                    chunk_generator = generator
+                    if isinstance(generator, dict):  # the streams of this chunk's rows, in row order
+                        chunk_generator = [generator[(i, start + j)] for i, start, count in chunk for j in range(count)]
                     outputs = self._generate_chunk(
                         [prompt_ids[i] for i, _, _ in chunk], [count for _, _, count in chunk],
-                        temperature, top_p, max_new_tokens, stops, generator, bar,
+                        temperature, top_p, max_new_tokens, stops, chunk_generator, bar,
                     )
                     for (index, start, count), completions in zip(chunk, outputs):
                         results[index][start : start + count] = completions
@@ -293,7 +314,7 @@ class HFGenerator:
         top_p: float,
         max_new_tokens: int,
         stops: list[str],
-        generator: torch.Generator | None,
+        generator: torch.Generator | list[torch.Generator] | None,
         bar,
     ) -> list[list[Completion]]:
         device = self.device
@@ -330,7 +351,8 @@ class HFGenerator:
         end_ids = self.end_token_ids
 
         for step in range(max_new_tokens):
-            tokens = sample_next_tokens(logits, temperature, top_p, generator)
+            row_generator = [generator[seq] for seq in rows] if isinstance(generator, list) else generator
+            tokens = sample_next_tokens(logits, temperature, top_p, row_generator)
             token_list = tokens.tolist()
             newly_finished = 0
             stop_candidates = []

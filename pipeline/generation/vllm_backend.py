@@ -118,7 +118,7 @@ class VLLMGenerator:
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         stop: Sequence[str] | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """For each prompt (in order), n completions; see pipeline.generation.base."""
         stops = check_sampling_args(n, temperature, top_p, max_new_tokens, stop)
@@ -127,13 +127,14 @@ class VLLMGenerator:
         if max_new_tokens == 0:
             return [[Completion("", [], "length") for _ in range(n)] for _ in prompts]
         # One SamplingParams per prompt so that, with a seed, prompt i's children get their own
-        # seeds (seed + i*n + j) instead of every prompt replaying the same random stream.
-        params = [
-            self._sampling_params_cls(**sampling_params_kwargs(
-                n, temperature, top_p, max_new_tokens, stops, None if seed is None else seed + i * n
-            ))
-            for i in range(len(prompts))
-        ]
+        # seeds (seed + i*n + j, or seed[i] + j) instead of every prompt replaying the same stream.
+        if isinstance(seed, Sequence):
+            if len(seed) != len(prompts):
+                raise ValueError(f"generate: {len(seed)} seeds for {len(prompts)} prompts; expected one per prompt")
+            seeds = [int(s) for s in seed]
+        else:
+            seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
+        params = [self._sampling_params_cls(**sampling_params_kwargs(n, temperature, top_p, max_new_tokens, stops, s)) for s in seeds]
         kwargs = {"use_tqdm": self.progress}
         if self._lora_request is not None:
             kwargs["lora_request"] = self._lora_request
