@@ -10,10 +10,12 @@ pre-tokenizer instead (DESIGN.md; checked with transformers 5.23) and the ids wo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
 from peft import PeftModel
+from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from pipeline.config import ModelConfig
@@ -100,3 +102,34 @@ def upcast_trainable(model: torch.nn.Module) -> torch.dtype | None:
             half = param.dtype
             param.data = param.data.float()
     return half
+
+
+_LORA_BASE_SUFFIX = re.compile(r"\.base_layer\.(weight|bias)$")
+
+
+def merge_lora_state_dict(state_dict: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
+    """A peft-LoRA backbone state dict -> the plain backbone's, adapters merged.
+
+    Keys ``base_model.model.<m>.base_layer.weight`` + ``<m>.lora_A.<name>.weight`` (r, in) +
+    ``<m>.lora_B.<name>.weight`` (out, r) become ``<m>.weight = W + scaling * B @ A``
+    (scaling = lora_alpha / r). Works on a gathered FSDP/DeepSpeed state dict as well as a local
+    one, and never touches the live model.
+    """
+    merged: dict[str, Tensor] = {}
+    lora: dict[str, dict[str, Tensor]] = {}
+    for key, value in state_dict.items():
+        name = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        if ".lora_A." in name or ".lora_B." in name:
+            module, which = (name.split(".lora_A.")[0], "A") if ".lora_A." in name else (name.split(".lora_B.")[0], "B")
+            lora.setdefault(module, {})[which] = value
+            continue
+        if ".lora_" in name:  # lora_embedding_*, lora_magnitude_*: not produced by our LoraConfig
+            raise ValueError(f"cannot merge LoRA parameter {key!r}: only Linear lora_A/lora_B adapters are supported")
+        merged[_LORA_BASE_SUFFIX.sub(r".\1", name)] = value
+    for module, pair in lora.items():
+        if set(pair) != {"A", "B"}:
+            raise ValueError(f"LoRA module {module!r} has {sorted(pair)} but needs both lora_A and lora_B")
+        weight = merged[f"{module}.weight"]
+        delta = (pair["B"].float() @ pair["A"].float()) * scaling
+        merged[f"{module}.weight"] = (weight.float() + delta.to(weight.device)).to(weight.dtype)
+    return merged

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,13 @@ from transformers import AutoModel
 from transformers.dynamic_module_utils import custom_object_save
 
 from pipeline.config import FormatConfig
-from pipeline.modeling import resolve_device, resolve_dtype
+from pipeline.modeling import merge_lora_state_dict, resolve_device, resolve_dtype
 
 PRM_CONFIG_NAME = "prm_config.json"
 HEAD_NAME = "head.safetensors"
 BACKBONE_DIR = "backbone"
 FORMAT_VERSION = 1
 
-_LORA_BASE_SUFFIX = re.compile(r"\.base_layer\.(weight|bias)$")
 
 
 @dataclass
@@ -94,34 +92,6 @@ def base_transformer(module: nn.Module) -> nn.Module:
     if hasattr(module, "get_base_model"):  # peft
         module = module.get_base_model()
     return getattr(module, "base_model", module)
-
-
-def merge_lora_state_dict(state_dict: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
-    """A peft-LoRA backbone state dict -> the plain backbone's, adapters merged.
-
-    Keys ``base_model.model.<m>.base_layer.weight`` + ``<m>.lora_A.<name>.weight`` (r, in) +
-    ``<m>.lora_B.<name>.weight`` (out, r) become ``<m>.weight = W + scaling * B @ A``
-    (scaling = lora_alpha / r). Works on a gathered FSDP/DeepSpeed state dict as well as a local
-    one, and never touches the live model.
-    """
-    merged: dict[str, Tensor] = {}
-    lora: dict[str, dict[str, Tensor]] = {}
-    for key, value in state_dict.items():
-        name = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
-        if ".lora_A." in name or ".lora_B." in name:
-            module, which = (name.split(".lora_A.")[0], "A") if ".lora_A." in name else (name.split(".lora_B.")[0], "B")
-            lora.setdefault(module, {})[which] = value
-            continue
-        if ".lora_" in name:  # lora_embedding_*, lora_magnitude_*: not produced by our LoraConfig
-            raise ValueError(f"cannot merge LoRA parameter {key!r}: only Linear lora_A/lora_B adapters are supported")
-        merged[_LORA_BASE_SUFFIX.sub(r".\1", name)] = value
-    for module, pair in lora.items():
-        if set(pair) != {"A", "B"}:
-            raise ValueError(f"LoRA module {module!r} has {sorted(pair)} but needs both lora_A and lora_B")
-        weight = merged[f"{module}.weight"]
-        delta = (pair["B"].float() @ pair["A"].float()) * scaling
-        merged[f"{module}.weight"] = (weight.float() + delta.to(weight.device)).to(weight.dtype)
-    return merged
 
 
 class ProcessRewardModel(nn.Module):

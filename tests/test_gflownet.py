@@ -46,9 +46,10 @@ class TabularPolicy(torch.nn.Module):
         return torch.log_softmax(self.logits[self.index[state]], dim=-1)
 
     def sample(self, prompts, n, temperature, seed=None):
-        gen = torch.Generator().manual_seed(seed or 0)
+        seeds = seed if isinstance(seed, list) else [seed or 0] * len(prompts)
         out = []
-        for _ in prompts:
+        for prompt_seed in seeds:
+            gen = torch.Generator().manual_seed(prompt_seed)
             sols = []
             for _ in range(n):
                 state = ()
@@ -85,6 +86,9 @@ class TabularPolicy(torch.nn.Module):
         mask = torch.tensor([[k < len(s) for k in range(T)] for s in step_lists])
         return SimpleNamespace(step_logprobs=torch.stack(pf), termination_logprobs=torch.stack(pt), mask=mask,
                                num_steps=mask.sum(1), step_entropy=torch.stack(ent), boundary_hidden=hidden)
+
+    def after_update(self, version, weights=None):
+        pass  # it samples from its live parameters
 
     def terminal_distribution(self):
         """Exact distribution of the terminal states with at least one step.

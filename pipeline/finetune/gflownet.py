@@ -9,6 +9,8 @@ the trained policy's log-probs. Off-policy: the trajectories may come from an ol
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -17,6 +19,7 @@ from pipeline.finetune.losses import subtb_loss, tb_vargrad_loss, trajectory_bal
 from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.rewards import StateLogRewards, pad_rows
 from pipeline.records import Trajectory
+from pipeline.training.distributed import Collective
 
 LOSSES = ("subtb", "tb", "tb_vargrad")
 
@@ -62,13 +65,18 @@ class GFlowNetObjective(torch.nn.Module):
             replay_fraction, micro_batch_size)
     policy: the step-level policy being trained (``logprobs``)
     reward: StateLogRewards, the gfn section's reward shaping
+    collective: the run's processes. The replay buffer is global: every process adds every
+            process's fresh trajectories, in rank order, so all hold the same buffer and draw the
+            same replayed trajectories (same seed); each trains on its own fresh ones and on the
+            replayed ones of the questions it owns (a question's trajectories stay together).
     """
 
     off_policy = True
     updates_per_rollout = 1
 
-    def __init__(self, cfg: GFNConfig, policy, reward: StateLogRewards):
+    def __init__(self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None):
         super().__init__()
+        self.collective = collective or Collective()
         if cfg.loss not in LOSSES:
             raise ValueError(f"gfn.loss must be one of {', '.join(LOSSES)}, got {cfg.loss!r}")
         self.name = cfg.loss
@@ -83,18 +91,43 @@ class GFlowNetObjective(torch.nn.Module):
 
     # ------------------------------------------------------------------ one update
 
-    def rollout(self, fresh: list[Trajectory]) -> list[list[Trajectory]]:
-        """The update's micro-batches: the fresh trajectories and replay_fraction as many replayed
-        ones (drawn before the fresh ones join the buffer); TB-VarGrad keeps a question's
-        trajectories in one micro-batch (its log Z estimate is per question)."""
-        n_replay = int(round(len(fresh) * self.cfg.replay_fraction)) if len(self.buffer) else 0
+    def rollout(self, fresh: list[Trajectory], everyone: list[list[Trajectory]]) -> list[tuple[list[Trajectory], float]]:
+        """The update's micro-batches (trajectories, weight) on this process: its fresh
+        trajectories and its share of replay_fraction times all processes' fresh ones replayed
+        (drawn before the fresh ones join the buffer); TB-VarGrad keeps a question's trajectories
+        in one micro-batch (its log Z estimate is per question).
+
+        everyone: every process's fresh trajectories, in rank order (``fresh`` is this rank's)
+        weight:   world size / global batch size, so that the processes' gradients, averaged,
+                  are the mean over the whole batch; 0 for the filler micro-batch of a process
+                  left with nothing to train on (it must still take part in the update)
+        """
+        collective = self.collective
+        every = [t for part in everyone for t in part]
+        n_replay = int(round(len(every) * self.cfg.replay_fraction)) if len(self.buffer) else 0
         replayed = self.buffer.sample(n_replay) if n_replay else []
-        self.buffer.add(fresh)
-        batch = fresh + replayed
-        self._update = {"size": len(batch), "fresh": {id(t) for t in fresh}, "replayed": len(replayed),
+        self.buffer.add(every)
+        owners = {t.problem_id: rank for rank, part in enumerate(everyone) for t in part}
+        others: dict[str, int] = {}
+        mine = []
+        for trajectory in replayed:
+            owner = owners.get(trajectory.problem_id)
+            if owner is None:  # a question of an earlier step: spread such questions over the processes
+                owner = others.setdefault(trajectory.problem_id, len(others) % collective.world)
+            if owner == collective.rank:
+                mine.append(trajectory)
+        batch = fresh + mine
+        weight = collective.world / (len(every) + len(replayed))
+        self._update = {"fresh": {id(t) for t in fresh}, "replayed": len(replayed),
                         "log_pi": [], "terminal_log_r": [], "terminal_log_pterm": [], "ids": []}
+        if not batch:
+            return [(every[:1], 0.0)]
         key = (lambda t: t.problem_id) if self.cfg.loss == "tb_vargrad" else None
-        return micro_batches(batch, self.cfg.micro_batch_size, key=key)
+        return [(chunk, weight) for chunk in micro_batches(batch, self.cfg.micro_batch_size, key=key)]
+
+    def filler(self, micro_batches: list) -> tuple:
+        """A micro-batch of weight 0 (processes must run as many as the busiest one under FSDP)."""
+        return (micro_batches[-1][0], 0.0)
 
     def trajectory_losses(self, batch: list[Trajectory]) -> tuple[torch.Tensor, dict]:
         """Per-trajectory loss (B,) of one micro-batch, with gradients, and detached extras."""
@@ -126,24 +159,34 @@ class GFlowNetObjective(torch.nn.Module):
         }
         return loss, extras
 
-    def loss(self, micro: list[Trajectory]) -> tuple[torch.Tensor, dict]:
-        """Sum of the micro-batch's trajectory losses over the update's batch size (so the
-        micro-batches' gradients add up to the batch mean)."""
-        losses, extras = self.trajectory_losses(micro)
+    def loss(self, micro: tuple[list[Trajectory], float]) -> tuple[torch.Tensor, dict]:
+        """Weight times the sum of the micro-batch's trajectory losses (the micro-batches'
+        gradients add up to the batch mean)."""
+        trajectories, weight = micro
+        losses, extras = self.trajectory_losses(trajectories)
         update = self._update
-        for i, t in enumerate(micro):
-            if id(t) in update["fresh"]:
-                for name in ("log_pi", "terminal_log_r", "terminal_log_pterm"):
-                    update[name].append(float(extras[name][i]))
-                update["ids"].append(t.problem_id)
-        return losses.sum() / update["size"], {"loss": float(losses.detach().sum()) / update["size"]}
+        if weight:
+            for i, t in enumerate(trajectories):
+                if id(t) in update["fresh"]:
+                    for name in ("log_pi", "terminal_log_r", "terminal_log_pterm"):
+                        update[name].append(float(extras[name][i]))
+                    update["ids"].append(t.problem_id)
+        return losses.sum() * weight, {"loss": float(losses.detach().sum()) * weight}
 
     def summary(self) -> dict:
-        """Metrics of the update just made, over its fresh trajectories."""
+        """Metrics of the update just made, over the fresh trajectories of every process."""
         update = self._update
+        gap = proportionality_gap(torch.tensor(update["log_pi"]), torch.tensor(update["terminal_log_r"]), update["ids"])
+        counts: dict[str, int] = {}
+        for problem_id in update["ids"]:
+            counts[problem_id] = counts.get(problem_id, 0) + 1
+        questions = 0 if math.isnan(gap) else sum(n > 1 for n in counts.values())  # those the gap averages over
+        pterm = update["terminal_log_pterm"]
+        totals = self.collective.sum(torch.tensor([gap * questions if questions else 0.0, float(questions), float(sum(pterm)),
+                                                   float(len(pterm))], dtype=torch.float64))
         return {
-            "proportionality_gap": proportionality_gap(torch.tensor(update["log_pi"]), torch.tensor(update["terminal_log_r"]), update["ids"]),
-            "termination_logprob": float(np.mean(update["terminal_log_pterm"])) if update["terminal_log_pterm"] else float("nan"),
+            "proportionality_gap": float(totals[0] / totals[1]) if totals[1] else float("nan"),
+            "termination_logprob": float(totals[2] / totals[3]) if totals[3] else float("nan"),
             "replayed": update["replayed"],
             "buffer_size": len(self.buffer),
             **({"log_z": float(self.log_z)} if self.log_z is not None else {}),

@@ -1,21 +1,24 @@
 """A step-level policy: samples whole solutions and gives teacher-forced step log-probs.
 
-The fine-tuning loop and its objectives talk to a policy through two methods only:
+The fine-tuning loop and its objectives talk to a policy through three methods only:
 - ``sample(prompts, n, temperature, seed)`` -> for each prompt, n ``SampledSolution``s;
 - ``logprobs(prompts, step_lists, with_grad, ...)`` -> ``TrajectoryLogprobs`` from ONE
-  teacher-forced forward (pipeline.generation.scoring), always under the current weights.
-``LMPolicy`` is the language model; tests use a tabular policy with the same two methods.
+  teacher-forced forward (pipeline.generation.scoring), always under the current weights;
+- ``after_update(version, weights)`` after every training step (a sampler with its own copy of
+  the weights, such as a colocated vLLM engine, reloads them).
+``LMPolicy`` is the language model; tests use a tabular policy with the same three methods.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.scoring import trajectory_logprobs
+from pipeline.modeling import merge_lora_state_dict
 from pipeline.steps import encode_prompt, encode_trajectory, split_steps
 
 
@@ -27,38 +30,68 @@ class SampledSolution:
 
 
 class LMPolicy:
-    """A causal LM (optionally peft-wrapped) seen as a step-level policy."""
+    """A causal LM (optionally peft-wrapped) seen as a step-level policy.
+
+    model:     the causal LM. Under ``accelerate launch`` the trainer calls ``prepared`` with the
+               wrapped module (DDP, FSDP) that teacher-forced forwards must go through, and the
+               plain one generation and weight syncing use.
+    autocast_dtype: run sampling and scoring under torch.autocast to this dtype (float32 master
+               weights trained in bf16, pipeline.modeling.upcast_trainable); None: as stored
+    sampler:   what samples solutions: None = HF generation on the live weights (always
+               on-policy); or a generator with ``load_weights`` (the colocated vLLM engine,
+               pipeline.generation.vllm_backend), which ``after_update`` refreshes
+    lora_scaling: alpha / r of the model's LoRA adapters (merged into the weights a vLLM
+               sampler is given), None without LoRA
+    """
 
     def __init__(self, model, tokenizer, separator: str = "\n", max_new_tokens: int = 160, generation_batch_size: int = 256,
-                 autocast_dtype: torch.dtype | None = None):
-        """autocast_dtype: run sampling and scoring under torch.autocast to this dtype (float32
-        master weights trained in bf16, pipeline.modeling.upcast_trainable); None: as stored."""
+                 autocast_dtype: torch.dtype | None = None, sampler=None, lora_scaling: float | None = None):
         self.model = model
+        self.module = model
         self.autocast_dtype = autocast_dtype
         self.tokenizer = tokenizer
         self.separator = separator
         self.max_new_tokens = max_new_tokens
         self.generation_batch_size = generation_batch_size
+        self.sampler = sampler
+        self.lora_scaling = lora_scaling
+        self.version = 0  # the training step whose weights the sampler holds
         self._prompt_ids: dict[str, list[int]] = {}
 
-    def parameters(self):
-        return self.model.parameters()
+    def prepared(self, wrapped, module) -> None:
+        """Forwards through ``wrapped`` (gradient sync), generation on ``module``."""
+        self.model, self.module = wrapped, module
 
     def _autocast(self):
-        device_type = next(self.model.parameters()).device.type
+        device_type = next(self.module.parameters()).device.type
         return torch.autocast(device_type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
 
-    def sample(self, prompts: Sequence[str], n: int, temperature: float, seed: int | None = None) -> list[list[SampledSolution]]:
-        was_training = self.model.training
-        self.model.eval()
-        generator = HFGenerator(self.model, self.tokenizer, batch_size=self.generation_batch_size)
-        with self._autocast():
-            outputs = generator.generate(list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed)
-        self.model.train(was_training)
+    def sample(self, prompts: Sequence[str], n: int, temperature: float, seed=None) -> list[list[SampledSolution]]:
+        """n solutions per prompt; seed: an int or one per prompt (pipeline.generation)."""
+        if self.sampler is not None:
+            outputs = self.sampler.generate(list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed)
+        else:
+            was_training = self.module.training
+            self.module.eval()
+            generator = HFGenerator(self.module, self.tokenizer, batch_size=self.generation_batch_size)
+            with self._autocast():
+                outputs = generator.generate(list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed)
+            self.module.train(was_training)
         return [
             [SampledSolution(split_steps(o.text, self.separator), o.finish_reason == "eos", len(o.token_ids)) for o in outs]
             for outs in outputs
         ]
+
+    def after_update(self, version: int, weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> None:
+        """The weights changed (training step ``version`` is done): a sampler holding a copy
+        reloads them (``weights()``: the full state dict, LoRA adapters merged here)."""
+        self.version = version
+        if self.sampler is None:
+            return
+        state = weights() if weights is not None else {k: v.detach() for k, v in self.module.state_dict().items()}
+        if self.lora_scaling is not None:
+            state = merge_lora_state_dict(state, self.lora_scaling)
+        self.sampler.load_weights(state)
 
     def _encode(self, prompt: str, steps: Sequence[str]):
         if prompt not in self._prompt_ids:

@@ -20,6 +20,7 @@ from pipeline.finetune.gflownet import micro_batches
 from pipeline.finetune.losses import gae, ppo_loss
 from pipeline.finetune.rewards import StepRewards, pad_rows
 from pipeline.records import Trajectory
+from pipeline.training.distributed import Collective
 
 
 def step_action_logprobs(lp) -> torch.Tensor:
@@ -45,13 +46,15 @@ class PPOObjective(torch.nn.Module):
     policy: the step-level policy being trained (``logprobs`` with entropy and boundary states)
     reward: StepRewards, the ppo section's reward shaping
     hidden_size: the policy's last hidden size (the value head's input)
+    collective: the run's processes; advantages are normalised over all of them
     """
 
     name = "ppo"
     off_policy = False
 
-    def __init__(self, cfg: PPOConfig, policy, reward: StepRewards, hidden_size: int):
+    def __init__(self, cfg: PPOConfig, policy, reward: StepRewards, hidden_size: int, collective: Collective | None = None):
         super().__init__()
+        self.collective = collective or Collective()
         self.cfg, self.reward = cfg, reward
         # used, not owned: the policy's parameters are the trained model's, not the objective's
         object.__setattr__(self, "policy", policy)
@@ -60,17 +63,23 @@ class PPOObjective(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
         self.updates_per_rollout = cfg.ppo_epochs
         self.lr = cfg.lr
-        self._size = 0
 
     def values(self, lp) -> torch.Tensor:
         hidden = lp.boundary_hidden
         head = self.value_head  # stays float32 (its optimizer state too) under a bf16 policy
         return head(hidden.to(device=head.weight.device, dtype=head.weight.dtype)).squeeze(-1).float()
 
-    def rollout(self, fresh: list[Trajectory]) -> list[tuple]:
+    def rollout(self, fresh: list[Trajectory], everyone: list[list[Trajectory]]) -> list[tuple]:
         """Micro-batches of (trajectories, old step log-probs, old values, normalised advantages,
-        returns), all computed under the policy that sampled, before any update."""
-        self._size = len(fresh)
+        returns, weight), all computed under the policy that sampled, before any update.
+
+        Advantages are normalised over every process's batch; weight = world size / global batch
+        size per trajectory (0 for the filler of a process left with nothing to train on).
+        """
+        total = sum(len(part) for part in everyone)
+        weight = self.collective.world / total
+        if not fresh:
+            fresh, weight = [t for part in everyone for t in part][:1], 0.0
         old = []
         for chunk in micro_batches(fresh, self.cfg.micro_batch_size):
             with torch.no_grad():
@@ -85,26 +94,32 @@ class PPOObjective(torch.nn.Module):
                 terminated = torch.tensor([t.finished for t in chunk], device=old_logp.device)
                 advantages, returns = gae(rewards, values, lp.mask, gamma=self.cfg.gamma, lam=self.cfg.gae_lambda, terminated=terminated)
             old.append([chunk, old_logp, values[:, :-1], advantages, returns, lp.mask])
-        # Normalise advantages over the whole batch (standard PPO practice).
-        every = torch.cat([advantages[mask].cpu() for *_, advantages, _, mask in old])
-        mean = every.mean()
-        std = every.std().clamp_min(1e-6) if every.numel() > 1 else torch.ones(())
+        # Normalise advantages over the whole batch of every process (standard PPO practice).
+        local = torch.cat([advantages[mask].double().cpu() for *_, advantages, _, mask in old]) if weight else torch.zeros(0, dtype=torch.float64)
+        count, total_sum, total_square = self.collective.sum(torch.stack([torch.tensor(float(local.numel()), dtype=torch.float64),
+                                                                          local.sum(), local.square().sum()])).tolist()
+        mean = total_sum / count
+        std = max(((total_square - count * mean * mean) / (count - 1)) ** 0.5, 1e-6) if count > 1 else 1.0
         for item in old:
-            item[3] = (item[3] - mean.to(item[3].device)) / std.to(item[3].device)
-        return [tuple(item[:5]) for item in old]
+            item[3] = (item[3] - mean) / std
+        return [(chunk, old_logp, old_values, advantages, returns, weight * len(chunk))
+                for chunk, old_logp, old_values, advantages, returns, _ in old]
+
+    def filler(self, micro_batches: list) -> tuple:
+        """A micro-batch of weight 0 (processes must run as many as the busiest one under FSDP)."""
+        return (*micro_batches[-1][:5], 0.0)
 
     def loss(self, micro: tuple) -> tuple[torch.Tensor, dict]:
-        chunk, old_logp, old_values, advantages, returns = micro
+        chunk, old_logp, old_values, advantages, returns, weight = micro
         lp = self.policy.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=True, return_entropy=True,
                                   return_hidden=True)
         new_logp = step_action_logprobs(lp).float()
         new_values = self.values(lp)[:, :-1]
         loss, stats = ppo_loss(new_logp, old_logp, advantages, returns, new_values, old_values, lp.step_entropy.float(), lp.mask,
                                clip=self.cfg.clip, value_coef=self.cfg.value_coef, entropy_coef=self.cfg.entropy_coef)
-        share = len(chunk) / self._size
-        metrics = {name: float(value) * share for name, value in stats.items()}
-        metrics["loss"] = float(loss.detach()) * share
-        return loss * share, metrics
+        metrics = {name: float(value) * weight for name, value in stats.items()}
+        metrics["loss"] = float(loss.detach()) * weight
+        return loss * weight, metrics
 
     def summary(self) -> dict:
         return {}

@@ -10,6 +10,7 @@ evaluation stage loads it like any other model.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 from pathlib import Path
 from typing import Sequence
@@ -22,12 +23,15 @@ from safetensors.torch import save_file
 from pipeline.config import Config, GFNConfig, PPOConfig
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
-from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.sampling import TrainProblem, TrajectorySampler, check_divisible
 from pipeline.finetune.trainer import FinetuneTrainer
+from pipeline.generation import BACKENDS
+from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
-from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
+from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator, process_count
+from pipeline.training.distributed import Collective
 
 STAGES = ("gfn", "ppo")
 
@@ -39,16 +43,22 @@ def add_lora(model, cfg):
     return get_peft_model(model, lora)
 
 
-def save_policy(model, tokenizer, path: Path, dtype: torch.dtype | None = None) -> None:
+def save_policy(model, tokenizer, path: Path, dtype: torch.dtype | None = None, state_dict: dict | None = None) -> None:
     """save_pretrained with LoRA merged; ``dtype``: floating weights cast to it on the way out
-    (float32 master weights saved in the configured half dtype)."""
+    (float32 master weights saved in the configured half dtype); ``state_dict``: the weights
+    when they must come from elsewhere (gathered from FSDP / DeepSpeed shards)."""
     path.mkdir(parents=True, exist_ok=True)
     to_save = model
     if hasattr(model, "merge_and_unload"):
-        to_save = copy.deepcopy(model).merge_and_unload()
-    state_dict = None
+        to_save = copy.deepcopy(model)
+        if state_dict is not None:
+            to_save.load_state_dict(state_dict)
+            state_dict = None
+        to_save = to_save.merge_and_unload()
+    if state_dict is None:
+        state_dict = to_save.state_dict()
     if dtype is not None:
-        state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in to_save.state_dict().items()}
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     to_save.save_pretrained(path, state_dict=state_dict)
     tokenizer.save_pretrained(path)
 
@@ -87,20 +97,40 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
     return prompts, kind
 
 
+def preflight(config: Config, stage: str) -> int:
+    """What can be checked before any model is loaded (clear errors, not a crash halfway):
+    the stage, questions_per_step against the number of processes (under ``accelerate launch``
+    each process samples a whole share of the questions), and the sampling backend's package.
+    Returns the number of processes."""
+    if stage not in STAGES:
+        raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
+    processes = process_count(config.model)  # also gives each process its GPU before anything is loaded on it
+    check_divisible(getattr(config, stage).questions_per_step, processes)
+    backend = config.generation.backend
+    if backend not in BACKENDS:
+        raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError("generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
+                         "or use generation.backend=hf")
+    return processes
+
+
 def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], scorer, out_dir: Path, progress: bool = True) -> list[dict]:
-    """Fine-tune config.model.policy with the objective of config.<stage> ("gfn" or "ppo").
+    """Fine-tune config.model.policy with the objective of config.<stage> ("gfn" or "ppo"),
+    in this process or across the processes of ``accelerate launch``.
 
     scorer: the PRM (``log_scores_many([(question, steps), ...])``), e.g. prm.scorer.PRMScorer
     Writes <out_dir>/model/ (+ value_head.safetensors for PPO), metrics.jsonl and
-    training_curves.png; checkpoints/ while training. Returns the metrics records of this run.
+    training_curves.png (main process); checkpoints/ while training. Returns the metrics
+    records of this run.
     """
-    if stage not in STAGES:
-        raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
+    preflight(config, stage)
     cfg = getattr(config, stage)
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
     policy_path = config.resolve(config.model.policy)
     accelerator = make_accelerator(config.model)
+    collective = Collective(accelerator)
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
     reference = None
@@ -114,17 +144,20 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], sco
     # half dtype (and the saved model cast back to it).
     half_dtype = upcast_trainable(model)
     model.train()
+    sampler = VLLMGenerator(policy_path, config, colocate=True) if config.generation.backend == "vllm" else None
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
-                      autocast_dtype=half_dtype)
-    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size)
+                      autocast_dtype=half_dtype, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if cfg.lora else None)
+    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective)
     updates = objective.updates_per_rollout
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
                         updates_per_record=updates, progress=False, desc=stage)
+    policy.prepared(base.model, base.unwrapped)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
-    sampler = TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg, reference=reference)
-    history = FinetuneTrainer(base, sampler, objective, cfg, progress=progress).train()
+    trajectory_sampler = TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg, reference=reference, collective=collective)
+    history = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress).train()
+    state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:
-        save_policy(base.unwrapped, tokenizer, out_dir / "model", dtype=half_dtype)
+        save_policy(base.unwrapped, tokenizer, out_dir / "model", dtype=half_dtype, state_dict=state_dict)
         if stage == "ppo":
             save_file({k: v.contiguous() for k, v in objective.value_head.state_dict().items()}, str(out_dir / "model" / "value_head.safetensors"))
         plot_training_curves(out_dir / "metrics.jsonl", out_dir / "training_curves.png", f"{stage} training")

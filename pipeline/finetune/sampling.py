@@ -4,7 +4,11 @@ attached (when an objective needs them), as Trajectory records.
 
 The questions of a step come from a fixed cycle: the training problems shuffled with
 Random(seed), ``questions_per_step`` at a time, reshuffled when the cycle runs out; the sampler's
-state (that generator and the rest of the cycle) is part of every checkpoint.
+state (that generator and the rest of the cycle) is part of every checkpoint. In a run of N
+processes every process walks the same cycle and samples its own consecutive share of each
+step's questions (questions_per_step / N), so a question's K solutions stay on one process.
+Each question is sampled with its own seed, derived from the step and its place in the step:
+the solutions are the same whichever process samples them, and however many processes there are.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Callable, Sequence
 from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER
 from pipeline.grading import extract_answer, grade_many
 from pipeline.records import Trajectory
+from pipeline.training.distributed import Collective
 
 
 @dataclass
@@ -51,6 +56,19 @@ def answer_flags_for(
     return flags
 
 
+def question_seed(seed: int, step: int, index: int) -> int:
+    """The sampling seed of the index-th question of a training step (its K solutions draw from
+    question_seed + j, pipeline.generation)."""
+    return ((seed * 100_003 + step) * 10_007 + index) * 1_009
+
+
+def check_divisible(questions_per_step: int, processes: int) -> None:
+    """Every process samples the same number of whole questions."""
+    if questions_per_step < 1 or questions_per_step % processes:
+        raise ValueError(f"questions_per_step={questions_per_step} must be a positive multiple of the number of processes "
+                         f"({processes}): each process samples questions_per_step / {processes} whole questions")
+
+
 class TrajectorySampler:
     """Samples and scores the trajectories of one training step.
 
@@ -62,35 +80,46 @@ class TrajectorySampler:
                temperature, min_steps, micro_batch_size, seed)
     reference: a frozen policy with ``logprobs``: its log-probs are stored in each trajectory
                (None: the objective needs none)
+    collective: the run's processes (pipeline.training.distributed; default: this one alone)
     extract, grade: the grader (pipeline.grading by default; tests pass their own)
     """
 
     def __init__(self, policy, scorer, problems: Sequence[TrainProblem], kind: str, cfg, reference=None,
-                 extract: Callable = extract_answer, grade: Callable = grade_many):
+                 collective: Collective | None = None, extract: Callable = extract_answer, grade: Callable = grade_many):
         if not problems:
             raise ValueError("fine-tuning: no training problems")
         self.policy, self.scorer, self.problems, self.kind, self.cfg = policy, scorer, list(problems), kind, cfg
+        self.collective = collective or Collective()
+        check_divisible(cfg.questions_per_step, self.collective.world)
         self.reference = reference
         self.extract, self.grade = extract, grade
         self.rng = random.Random(cfg.seed)
         self.order: list[int] = []
 
     def next_problems(self) -> list[TrainProblem]:
-        """The next questions_per_step problems of the cycle."""
+        """The step's questions_per_step problems of the cycle (all processes' together)."""
         chosen = []
-        for _ in range(min(self.cfg.questions_per_step, len(self.problems))):
+        for _ in range(self.cfg.questions_per_step):
             if not self.order:
                 self.order = list(range(len(self.problems)))
                 self.rng.shuffle(self.order)
             chosen.append(self.problems[self.order.pop()])
         return chosen
 
-    def sample(self, problems: Sequence[TrainProblem], seed: int, version: int) -> tuple[list[Trajectory], dict]:
-        """K solutions per problem from the policy (ONE sample call), scored (ONE scorer call) and
-        graded; solutions with fewer than cfg.min_steps steps are dropped (stopping at s_0 is not
-        an action of the step-level policy). Returns (trajectories, {sampled, empty_solutions})."""
+    def sample(self, step: int, version: int | None = None) -> tuple[list[Trajectory], dict]:
+        """This process's share of the step's questions, K solutions each from the policy (ONE
+        sample call), scored (ONE scorer call) and graded; solutions with fewer than
+        cfg.min_steps steps are dropped (stopping at s_0 is not an action of the step-level
+        policy). ``version``: the training step whose weights the policy samples with (default
+        ``step``: on-policy), recorded in each trajectory. Returns (trajectories, {sampled,
+        empty_solutions})."""
+        step_problems = self.next_problems()
+        share = len(step_problems) // self.collective.world
+        first = self.collective.rank * share
+        problems = step_problems[first:first + share]
+        seeds = [question_seed(self.cfg.seed, step, first + i) for i in range(len(problems))]
         samples = self.policy.sample([p.prompt for p in problems], n=self.cfg.samples_per_question,
-                                     temperature=self.cfg.temperature, seed=seed)
+                                     temperature=self.cfg.temperature, seed=seeds)
         kept, empty = [], 0
         for problem, solutions in zip(problems, samples):
             for solution in solutions:
@@ -105,7 +134,7 @@ class TrajectorySampler:
             Trajectory(problem_id=p.problem_id, question=p.question, prompt=p.prompt, steps=list(s.steps),
                        step_log_scores=[float(x) for x in scores], answer_flags=f, finished=bool(s.finished),
                        log_reward=float(sum(scores)), reference_step_logprobs=ref_steps, reference_stop_logprob=ref_stop,
-                       policy_version=version)
+                       policy_version=step if version is None else version)
             for (p, s), scores, f, (ref_steps, ref_stop) in zip(kept, log_scores, flags, reference)
         ]
         return trajectories, {"sampled": len(kept) + empty, "empty_solutions": empty}

@@ -1,10 +1,12 @@
 """The fine-tuning loop, written once for every objective (GFlowNet SubTB / TB / TB-VarGrad, PPO).
 
 One training step, read top to bottom: take the step's questions, sample K solutions for each
-from the current policy and score every step with the PRM (``TrajectorySampler``), let the
-objective build the update's micro-batches (``rollout``), then for each of its
-``updates_per_rollout`` optimizer steps: loss and backward per micro-batch, clip, step (the
-training base); log one metrics record; checkpoint every ``save_every`` steps. A checkpoint holds
+from the current policy and score every step with the PRM (``TrajectorySampler``; with N
+processes each samples its share), gather every process's trajectories, let the objective build
+this process's micro-batches (``rollout``), then for each of its ``updates_per_rollout``
+optimizer steps: loss and backward per micro-batch (gradients reduced over the processes at the
+last one), clip, step (the training base); tell the policy its weights changed (a vLLM sampler
+reloads them); log one metrics record (main process); checkpoint every ``save_every`` steps. A checkpoint holds
 the trainable weights, the optimizer, the objective (log Z, value head, replay buffer), the RNG
 states and the sampler's question cycle, so a stopped run resumes where it was and ends with the
 weights an uninterrupted run would have.
@@ -16,10 +18,12 @@ import math
 import time
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from pipeline.finetune.rewards import CORRECT_ANSWER
 from pipeline.finetune.sampling import TrajectorySampler
+from pipeline.records import Trajectory
 from pipeline.training import TrainingBase
 
 
@@ -37,9 +41,11 @@ class FinetuneTrainer:
         return self.base.step // self.objective.updates_per_rollout
 
     def resume(self) -> bool:
+        """Load the newest checkpoint (if any); the policy's sampler gets the weights it holds."""
         state = self.base.resume()
-        if state:
+        if state is not None:
             self.sampler.load_state_dict(state["sampler"])
+            self.sampler.policy.after_update(self.step, self.base.full_state_dict)
         return state is not None
 
     def train(self) -> list[dict]:
@@ -62,32 +68,43 @@ class FinetuneTrainer:
         start = time.monotonic()
         step = self.step
         lr = self.base.lr
-        fresh, info = self.sampler.sample(self.sampler.next_problems(), seed=self.cfg.seed * 100003 + step, version=step)
-        if not fresh:
+        collective = self.sampler.collective
+        fresh, info = self.sampler.sample(step)
+        everyone = collective.gather(fresh, Trajectory)
+        every = [t for part in everyone for t in part]
+        if not every:
             raise RuntimeError("every sampled solution was empty: the policy stops at s_0")
-        micro_batches = self.objective.rollout(fresh)
+        micro_batches = self.objective.rollout(fresh, everyone)
+        if self.base.lockstep:  # sharded models: every process runs as many forward passes as the busiest one
+            count = collective.max(len(micro_batches))
+            micro_batches += [self.objective.filler(micro_batches) for _ in range(count - len(micro_batches))]
         updates = self.objective.updates_per_rollout
         totals: dict[str, float] = {}
         grad_norm = None
         for _ in range(updates):
             for index, micro in enumerate(micro_batches):
-                with self.base.no_sync(index < len(micro_batches) - 1):
+                with self.base.accumulating(last=index == len(micro_batches) - 1):
                     loss, metrics = self.objective.loss(micro)
                     self.base.backward(loss)
                 for name, value in metrics.items():
                     totals[name] = totals.get(name, 0.0) + value / updates
             grad_norm = self.base.optimizer_step()
+        self.sampler.policy.after_update(step + 1, self.base.full_state_dict)
+        names = sorted(totals)
+        summed = collective.sum(torch.tensor([totals[n] for n in names] + [info["sampled"], info["empty_solutions"]], dtype=torch.float64))
         record = {
             "step": step + 1,
             "lr": lr,
-            "avg_reward": float(np.mean([math.exp(t.log_reward) for t in fresh])),
-            "avg_log_reward": float(np.mean([t.log_reward for t in fresh])),
-            "accuracy": float(np.mean([t.answer_flags[-1] == CORRECT_ANSWER for t in fresh])),
-            "finished_fraction": float(np.mean([t.finished for t in fresh])),
-            "solution_length": float(np.mean([len(t.steps) for t in fresh])),
+            "avg_reward": float(np.mean([math.exp(t.log_reward) for t in every])),
+            "avg_log_reward": float(np.mean([t.log_reward for t in every])),
+            "accuracy": float(np.mean([t.answer_flags[-1] == CORRECT_ANSWER for t in every])),
+            "finished_fraction": float(np.mean([t.finished for t in every])),
+            "solution_length": float(np.mean([len(t.steps) for t in every])),
             "seconds": time.monotonic() - start,
-            **info,
-            **totals,
+            "sampled": int(summed[-2]),
+            "empty_solutions": int(summed[-1]),
+            # each process's loss terms are weighted world / batch: their sum over processes is world x the batch mean
+            **{name: float(summed[i]) / collective.world for i, name in enumerate(names)},
             "grad_norm": grad_norm,
             **self.objective.summary(),
         }

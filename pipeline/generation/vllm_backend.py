@@ -10,6 +10,7 @@ pure function ``completions_from_request_output``, unit-tested with a fake engin
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -72,10 +73,16 @@ class VLLMGenerator:
     model_path: hub id or folder of the model
     config:     the pipeline Config (generation.vllm_*, model.dtype, model.trust_remote_code, seed)
     adapter:    optional peft LoRA adapter folder, served with a LoRARequest
+    colocate:   the engine shares this process (and its GPU) with a trainer that refreshes its
+                weights with ``load_weights`` after every optimizer step: vLLM's
+                "external_launcher" executor under ``accelerate launch`` (one engine per
+                process, tensor parallel size 1), its engine core in-process so that
+                ``apply_model`` reaches the model without pickling anything
     engine, sampling_params_cls: inject a fake engine (tests); by default vllm.LLM / SamplingParams
     """
 
-    def __init__(self, model_path: str, config, adapter: str | None = None, *, engine=None, sampling_params_cls=None, progress: bool = False):
+    def __init__(self, model_path: str, config, adapter: str | None = None, *, colocate: bool = False, engine=None,
+                 sampling_params_cls=None, progress: bool = False):
         self.model_path = model_path
         self.adapter = adapter
         self.progress = progress
@@ -98,6 +105,9 @@ class VLLMGenerator:
             if adapter:
                 kwargs["enable_lora"] = True
                 kwargs["max_lora_rank"] = _adapter_rank(adapter)
+            if colocate:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: apply_model needs no pickling
+                kwargs.update(tensor_parallel_size=1, distributed_executor_backend="external_launcher")
             engine = vllm.LLM(**kwargs)
             sampling_params_cls = vllm.SamplingParams
             if adapter:
@@ -109,6 +119,14 @@ class VLLMGenerator:
         self.engine = engine
         self._sampling_params_cls = sampling_params_cls
         self.tokenizer = engine.get_tokenizer()
+
+    def load_weights(self, state: dict[str, Any]) -> None:
+        """Replace the engine's weights with ``state`` (a plain transformers state dict of the
+        served model: names as save_pretrained writes them, LoRA already merged) and drop the
+        prefix cache, whose blocks were computed with the old weights."""
+        items = list(state.items())
+        self.engine.apply_model(lambda model: model.load_weights(items))
+        self.engine.reset_prefix_cache()
 
     def generate(
         self,

@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -75,6 +76,13 @@ def mixed_precision(model_config) -> str:
     if device.type == "cuda" and model_config.dtype != "float32" and torch.cuda.is_bf16_supported():
         return "bf16"
     return "no"
+
+
+def process_count(model_config) -> int:
+    """How many processes this run has (``accelerate launch`` / torchrun), without building an
+    Accelerator: initialises the process group the way make_accelerator will (CPU: gloo) and
+    gives each process its GPU, so it is safe to call before any model is loaded."""
+    return PartialState(cpu=resolve_device(model_config.device).type == "cpu").num_processes
 
 
 def make_accelerator(model_config, accumulation: int = 1, compile: bool = False) -> Accelerator:
@@ -204,10 +212,29 @@ class TrainingBase:
 
     # ------------------------------------------------------------------ one update
 
-    def no_sync(self, enabled: bool):
-        """Skip the gradient all-reduce of this forward + backward (all micro-batches of an update
-        but the last); a no-op in one process."""
-        return self.accelerator.no_sync(self.model) if enabled and self.accelerator.num_processes > 1 else contextlib.nullcontext()
+    @property
+    def lockstep(self) -> bool:
+        """Whether every process must run the same number of forward passes per update: under
+        FSDP and DeepSpeed ZeRO a forward (or backward) is a collective over the processes."""
+        return self.accelerator.num_processes > 1 and self.accelerator.distributed_type in (DistributedType.FSDP,
+                                                                                             DistributedType.DEEPSPEED)
+
+    @contextlib.contextmanager
+    def accumulating(self, last: bool):
+        """Around the forward + backward of one micro-batch of an update: gradients are
+        reduced over the processes at the ``last`` one only (DDP's no_sync before it; DeepSpeed
+        takes its own step at that boundary). A no-op in one process."""
+        accelerator = self.accelerator
+        if accelerator.distributed_type == DistributedType.DEEPSPEED:
+            # accelerate's DeepSpeed wrapper reads this flag in backward() to place the boundary
+            accelerator.gradient_state._set_sync_gradients(last)
+            yield
+        elif accelerator.num_processes > 1 and not last and accelerator.distributed_type in (DistributedType.MULTI_GPU,
+                                                                                             DistributedType.MULTI_CPU):
+            with accelerator.no_sync(self.model):
+                yield
+        else:
+            yield
 
     def backward(self, loss: torch.Tensor) -> None:
         self.accelerator.backward(loss)
@@ -322,6 +349,17 @@ class TrainingBase:
             return {name: full[name] for name in names if name in full} if full else {}
         params = dict(self.unwrapped.named_parameters())
         return {name: params[name] for name in names}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's whole state dict on EVERY process (gathered from the shards under FSDP):
+        what a sampler with its own copy of the weights (a colocated vLLM engine) reloads."""
+        distributed = self.accelerator.distributed_type
+        if distributed == DistributedType.FSDP:
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1:
+            raise RuntimeError("a sampler with its own weights (vLLM) needs the full weights on every process, which DeepSpeed "
+                               "ZeRO gathers on the main process only: use DDP or FSDP with generation.backend=vllm")
+        return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
 
     def save_checkpoint(self, loop_state: dict | None = None) -> Path | None:
         """A resumable checkpoint of this step (crash-safe; the newest ``keep_checkpoints`` kept).

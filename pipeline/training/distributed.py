@@ -1,0 +1,62 @@
+"""The processes of a run, as the fine-tuning loop and its objectives see them.
+
+One process (a plain ``python -m stages.train_gfn``) or N of them (``accelerate launch``): each
+has a rank and sees the world size; ``sum`` adds a tensor over all processes; ``gather`` collects
+records from every process in rank order. Records travel as JSON text in uint8 tensors, so
+nothing received from another process is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence, TypeVar
+
+import torch
+from accelerate import Accelerator
+
+from pipeline.records import Record
+
+R = TypeVar("R", bound=Record)
+
+
+class Collective:
+    """accelerator: the run's Accelerator (None: one process, every operation the identity)."""
+
+    def __init__(self, accelerator: Accelerator | None = None):
+        self.accelerator = accelerator
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index if self.accelerator is not None else 0
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes if self.accelerator is not None else 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device if self.accelerator is not None else torch.device("cpu")
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` added over all processes (a copy on the run's device)."""
+        values = values.to(self.device)
+        return self.accelerator.reduce(values, reduction="sum") if self.world > 1 else values.clone()
+
+    def max(self, value: int) -> int:
+        """The largest of every process's ``value``."""
+        if self.world == 1:
+            return value
+        return int(self.accelerator.reduce(torch.tensor([value], device=self.device), reduction="max")[0])
+
+    def gather(self, records: Sequence[R], record_type: type[R]) -> list[list[R]]:
+        """Every process's records, one list per rank (rank order)."""
+        if self.world == 1:
+            return [list(records)]
+        payload = json.dumps([r.to_json() for r in records]).encode("utf-8")
+        length = torch.tensor([len(payload)], device=self.device)
+        lengths = self.accelerator.gather(length).tolist()
+        buffer = torch.zeros(max(lengths), dtype=torch.uint8, device=self.device)
+        buffer[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+        gathered = self.accelerator.gather(buffer).view(self.world, -1).cpu()
+        return [[record_type.from_json(obj, f"records from process {rank}") for obj in
+                 json.loads(gathered[rank, :lengths[rank]].numpy().tobytes().decode("utf-8"))] for rank in range(self.world)]

@@ -1,0 +1,159 @@
+"""Policy fine-tuning across processes (torchrun, gloo on CPU), through the stage CLI.
+
+Two processes with questions_per_step 2B (B each) must reproduce one process with 2B on the same
+seed: the same questions, the same sampled solutions (per-question seeds), the same gradient
+(each process's loss is weighted world / global batch and DDP averages), so the same loss curve
+and final weights up to float rounding. A two-process run killed after a checkpoint resumes,
+with two processes or with one, to the weights of the uninterrupted run.
+
+Each process runs one torch thread (2-core CI machines), and every launch has a time limit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
+from pipeline.problems import write_problems_jsonl
+from pipeline.tinyworld.model import build_model, save_policy
+from pipeline.tinyworld.problems import generate_splits
+from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
+from prm.model import ProcessRewardModel
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """A random-init tiny-world policy, PRM and training problems (no training needed: the
+    comparison is between runs, not against a target)."""
+    root = tmp_path_factory.mktemp("world")
+    splits = generate_splits(TinyWorldConfig(n_train=40, n_val=4, n_test=4))
+    write_problems_jsonl(splits["train"], root / "problems_train.jsonl")
+    tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
+    model = build_model(BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=3), tokenizer)
+    save_policy(model, tokenizer, root / "policy")
+    ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
+    return root
+
+
+def settings(world: Path, stage: str, out: Path, **extra) -> list[str]:
+    args = {
+        "runs_root": out.parent, "run": out.name, "model.policy": world / "policy", "model.prm": world / "prm",
+        "model.prm_backbone": world / "policy", "data.train_path": world / "problems_train.jsonl",
+        "generation.max_new_tokens": 24, "generation.batch_size": 8,
+        f"{stage}.num_train_steps": 3, f"{stage}.questions_per_step": 4, f"{stage}.samples_per_question": 4,
+        f"{stage}.micro_batch_size": 8, f"{stage}.temperature": 1.0, f"{stage}.save_every": 0, f"{stage}.warmup_steps": 0,
+        f"{stage}.lr": 1e-3, **extra,
+    }
+    return ["--config", str(REPO / "configs" / "tiny.yaml"), *(f"{k}={v}" for k, v in args.items())]
+
+
+def launch(stage: str, args: list[str], processes: int, kill_when: Path | None = None) -> subprocess.CompletedProcess | None:
+    """Run the stage in ``processes`` processes (accelerate launch, gloo); with ``kill_when``,
+    SIGKILL the whole process group as soon as that path exists. Always bounded in time."""
+    module = f"stages.train_{stage}"
+    if processes == 1:
+        command = [sys.executable, "-m", module, *args]
+    else:
+        # torchrun: what `accelerate launch --multi_gpu` runs under the hood; accelerate's own
+        # multi-process CPU launch needs MPI. The stage's Accelerator picks up the process group (gloo).
+        port = 29500 + os.getpid() % 1000
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(port),
+                   "-m", module, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        if kill_when is None:
+            out, _ = process.communicate(timeout=TIMEOUT_S)
+            assert process.returncode == 0, out[-4000:]
+            return subprocess.CompletedProcess(command, 0, out)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not kill_when.exists():
+            assert process.poll() is None, "the run ended before the point where it was to be killed"
+            assert time.monotonic() < deadline, "timed out waiting for the checkpoint"
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+        return None
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_run(a: Path, b: Path, loss_tolerance: float, weight_tolerance: float, steps: int = 3) -> None:
+    ma, mb = metrics(a), metrics(b)
+    assert [m["step"] for m in ma] == [m["step"] for m in mb] == list(range(1, steps + 1))
+    for x, y in zip(ma, mb):  # the same questions and solutions: identical sampling statistics
+        assert (x["sampled"], x["empty_solutions"], x["solution_length"]) == (y["sampled"], y["empty_solutions"], y["solution_length"])
+        assert x["avg_log_reward"] == pytest.approx(y["avg_log_reward"], abs=1e-6)
+        assert x["loss"] == pytest.approx(y["loss"], rel=loss_tolerance, abs=loss_tolerance)
+    wa, wb = load_file(str(a / "model" / "model.safetensors")), load_file(str(b / "model" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.allclose(wa[name], wb[name], atol=weight_tolerance, rtol=0), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,extra", [
+    ("gfn", {"gfn.loss": "subtb", "gfn.replay_fraction": 0.5}),
+    ("gfn", {"gfn.loss": "tb_vargrad", "gfn.replay_fraction": 0.5}),
+    ("ppo", {"ppo.ppo_epochs": 2}),
+])
+def test_two_processes_reproduce_one_process_with_the_same_questions(world, tmp_path, stage, extra):
+    one, two = tmp_path / "one", tmp_path / "two"
+    launch(stage, settings(world, stage, one, **extra), processes=1)
+    launch(stage, settings(world, stage, two, **extra), processes=2)
+    # Float rounding only: the processes' micro-batches hold other trajectories than one process's.
+    assert_same_run(one / stage, two / stage, loss_tolerance=1e-4, weight_tolerance=1e-5)
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_run_resumes_with_two_or_one_process(world, tmp_path):
+    # six steps, killed once the step-2 checkpoint is committed: four steps of margin before the end
+    extra = {"gfn.loss": "tb_vargrad", "gfn.replay_fraction": 0.5, "gfn.save_every": 1, "gfn.num_train_steps": 6}
+    straight = tmp_path / "straight"
+    launch("gfn", settings(world, "gfn", straight, **extra), processes=2)
+    for name, processes in (("again_two", 2), ("again_one", 1)):
+        out = tmp_path / name
+        launch("gfn", settings(world, "gfn", out, **extra), processes=2, kill_when=out / "gfn" / "checkpoints" / "step-00000002")
+        assert not (out / "gfn" / "model").exists()
+        launch("gfn", settings(world, "gfn", out, **extra), processes=processes)
+        assert_same_run(straight / "gfn", out / "gfn", loss_tolerance=1e-4, weight_tolerance=1e-5, steps=6)
+
+
+def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
+    from pipeline.config import load_config
+    from pipeline.finetune.run import preflight
+
+    config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.questions_per_step=3"])
+    preflight(config, "gfn")  # one process: any count works
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ValueError, match=r"generation.backend=vllm but vllm is not installed"):
+            preflight(load_config(REPO / "configs" / "tiny.yaml", ["generation.backend=vllm"]), "ppo")
+    from pipeline.finetune.sampling import check_divisible
+
+    with pytest.raises(ValueError, match=r"questions_per_step=3 must be a positive multiple of the number of processes \(2\)"):
+        check_divisible(3, 2)
+    from stages import train_gfn
+
+    with pytest.raises(SystemExit, match="run `make prm` first"):
+        train_gfn.main(["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=none"])
