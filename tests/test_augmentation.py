@@ -200,6 +200,22 @@ def test_groups_and_labels_of_the_hand_built_rollouts():
     ]
 
 
+def test_a_first_error_record_is_one_example_and_its_rollouts_are_not_reused():
+    # A record with mc 0 (the first error MCTS found) keeps rollouts that all failed; their steps
+    # come after the error, so reusing them would label steps Algorithm 1 never keeps.
+    first_error = MCTSRecord.from_json({**pens_json(mc=0.0), "n_correct": 0,
+                                        "rollouts": [{**r, "correct": False} for r in pens_json()["rollouts"]]})
+    assert label_rollout_steps(first_error) == []
+    examples = list(augment_records([first_error, pens_record(mc=0.5)]))
+    assert [(e.origin, e.step, e.label) for e in examples[:2]] == [
+        ("mcts", "Each box holds 4 pens.", 0.0), ("mcts", "Each box holds 4 pens.", 0.5),
+    ]
+    assert len(examples) == 1 + 9  # the mc 0.5 record's rollouts are reused as before
+    assert list(augment_records([first_error], include_mcts=False)) == []
+    first_error_stats = augmentation_stats(augment_records([first_error]), n_mcts_records=1)
+    assert first_error_stats["label_bins"] == {"zero": 1, "between": 0, "one": 0}
+
+
 def test_threshold_is_configurable():
     groups = label_rollout_steps(pens_record(), threshold=1.0)
     position_1 = [([m.rollout_index for m in g.members], g.label) for g in groups if g.position == 1]

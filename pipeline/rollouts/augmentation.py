@@ -12,6 +12,9 @@ own example (P, s, mc_value), every rollout step is reused:
    incorrect rollouts 0, a mixture the record's mc_value. Once a rollout has a step labelled 0,
    its later steps are dropped before they are grouped: they build on an error.
 
+A record with mc_value 0 is a first error (paper, Algorithm 1): it is one example labelled 0 and
+its rollouts are not reused, since every step of them comes after the error.
+
 Cost: a bucket of k candidates takes at most k(k-1)/2 similarity calls (each candidate
 against at most one representative per existing group); buckets never mix records or
 positions, so the whole run is O(sum over records of k^2 * rollout length), never all pairs
@@ -123,9 +126,13 @@ def group_label(members: Sequence[Candidate], mc_value: float) -> float:
 def label_rollout_steps(record: MCTSRecord, threshold: float = DEFAULT_SIMILARITY_THRESHOLD) -> list[StepGroup]:
     """The labelled groups of one MCTS record, position by position.
 
-    A rollout stops contributing after its first step labelled 0: its later steps are dropped
-    before their position is grouped, so they neither become examples nor sway other labels.
+    A record with mc == 0 is a first error: its rollouts continue from an error, so none of
+    their steps is labelled (no groups). Otherwise a rollout stops contributing after its first
+    step labelled 0: its later steps are dropped before their position is grouped, so they
+    neither become examples nor sway other labels.
     """
+    if record.mc == 0.0:
+        return []
     by_position: dict[int, list[Candidate]] = defaultdict(list)
     for candidate in rollout_reuse_candidates(record):
         by_position[candidate.position].append(candidate)
