@@ -147,6 +147,34 @@ def test_the_first_error_is_kept_and_the_mc_zero_probes_after_it_are_not():
     assert [(r.depth, r.step, r.mc, r.n_rollouts) for r in result.records] == [(2, "bad", 0.0, 8), (1, "g1", 0.5, 8)]
 
 
+class RecoveringWorld(FakeWorld):
+    """FakeWorld in which the policy recovers from the error in the given prefixes: they succeed
+    with probability p_good although they hold a wrong step (non-monotone MC values)."""
+
+    def __init__(self, recovered, **kwargs):
+        super().__init__(**kwargs)
+        self.recovered = recovered
+
+    def success_probability(self, prefix):
+        return self.p_good if " ".join(prefix) in self.recovered else super().success_probability(prefix)
+
+
+def test_a_dropped_prefix_reached_again_through_the_cache_stays_unrecorded():
+    world = RecoveringWorld({"g1 bad x3"}, p_good=0.5, error_at=2)
+    result = run_one(world, MCTSConfig(k=8, max_iterations=2, max_rollouts=10_000))
+    # Search 1 (from the root): 8, 4, 2 have MC 0, 1 has 0.5 -> first error "g1 bad"; 8 and 4
+    # are dropped. Search 2 (from the state "g1", same path): 9 and 5 MC 0, 3 MC 0.5 (the
+    # recovery), 4 from the cache (MC 0) -> it resolves at 4, a prefix dropped in search 1, which
+    # stays unrecorded: it lies after "g1 bad".
+    assert [" ".join(call[0][1]) for call in world.calls] == [
+        "", "g1 bad x3 x4 x5 x6 x7 x8", "g1 bad x3 x4", "g1 bad", "g1",
+        "g1 bad x3 x4 x5 x6 x7 x8 x9", "g1 bad x3 x4 x5", "g1 bad x3",
+    ]
+    # The MC > 0 probe after the first error is recorded like any other (docs/mcts.md,
+    # "Non-monotone estimates").
+    assert [(path_of(r), r.mc) for r in result.records] == [("g1 bad", 0.0), ("g1", 0.5), ("g1 bad x3", 0.5)]
+
+
 @pytest.mark.parametrize(
     "error_at, max_rollouts, kept",
     [
