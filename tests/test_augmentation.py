@@ -17,6 +17,7 @@ import pipeline.rollouts.augmentation as augmentation
 from pipeline.io import RecordError, read_records
 from pipeline.records import MCTSRecord, PRMExample
 from pipeline.rollouts.augmentation import (
+    Candidate,
     augment_records,
     augmentation_stats,
     greedy_similarity_groups,
@@ -25,47 +26,63 @@ from pipeline.rollouts.augmentation import (
     rollout_reuse_candidates,
     split_by_problem,
 )
-from pipeline.rollouts.similarity import calculation_results, step_similarity
+from pipeline.rollouts.similarity import calculation_signature, step_signature, step_similarity, steps_consistent
 
 F = Fraction
 
-# ---------------------------------------------------------------- calculation results
+# ---------------------------------------------------------------- calculation signatures
+
+
+def written(step):
+    """A step's calculation signature as text: (its equation chains joined by " ; ", the numbers
+    outside them); a number is its exact value (str(Fraction): "1/4" is one number, "1 / 4" the
+    fraction literal 1/4, written as the division it is)."""
+    signature = calculation_signature(step)
+    return (" ; ".join(" ".join(map(str, chain)) for chain in signature.equations), " ".join(map(str, signature.numbers)))
 
 
 @pytest.mark.parametrize(
-    "step, expected",
+    "step, equations, numbers",
     [
-        ("3 * 4 = 12", (F(12),)),
-        ("24 - 6 = 18", (F(18),)),  # the '-' is subtraction, not a sign
-        ("2 + 3 = 5 + 1 = 6", (F(6),)),  # a chain counts once, by its last value
-        ("3 * 4 = 12, so 12 + 5 = 17", (F(12), F(17))),  # two equations
-        ("So 3 x 4 = 12, the total cost in dollars.", (F(12),)),
-        ("Total: 3 × 4 = 12 pens", (F(12),)),
-        ("1/2 + 1/4 = 3/4", (F(3, 4),)),
-        ("12 / 4 = 3 apples each", (F(3),)),
-        ("x = 0.50", (F(1, 2),)),
-        ("x = .5", (F(1, 2),)),
-        ("The discount is 25%", (F(1, 4),)),  # no '=': the final number
-        ("The rate is 12.5 \\% per year", (F(1, 8),)),
-        ("He has 1,234 apples", (F(1234),)),
-        ("The bill = -1,500.25 dollars", (F(-6001, 4),)),
-        ("Each costs \\$1{,}200", (F(1200),)),
-        ("x = \\frac{3}{4}", (F(3, 4),)),
-        ("x = -\\frac{1}{2}", (F(-1, 2),)),
-        ("$y = \\dfrac{10}{4}$", (F(5, 2),)),
-        ("She used 2\\frac{1}{2} cups", (F(5, 2),)),
-        ("The answer is \\boxed{42}.", (F(42),)),
-        ("The temperature falls to −7 degrees.", (F(-7),)),
-        ("(-3) * 2 = -6", (F(-6),)),
-        ("Let x be the number of pens.", ()),
-        ("x = y + z", ()),
-        ("__import__('os').system('true') = 5", (F(5),)),  # parsed, never evaluated
-        ("= " + "1" * 5000, ()),  # a degenerate digit run is text (int() would refuse it)
-        ("x = 2\\frac{1}{0}", (F(2),)),  # no division by zero
+        ("3 * 4 = 12", "3 * 4 = 12", ""),
+        ("24 - 6 = 18", "24 - 6 = 18", ""),  # the '-' is subtraction, not a sign
+        ("2 + 3 = 5 + 1 = 6", "2 + 3 = 5 + 1 = 6", ""),  # one chain, every operand and result
+        ("3 * 4 = 12, so 12 + 5 = 17", "3 * 4 = 12 ; 12 + 5 = 17", ""),  # two chains
+        ("12 + 5 = 17 after 3 * 4 = 12", "3 * 4 = 12 ; 12 + 5 = 17", ""),  # a multiset: sorted
+        ("So 3 x 4 = 12, the total cost in dollars.", "3 * 4 = 12", ""),  # 'x' as times
+        ("Total: 3 × 4 = 12 pens", "3 * 4 = 12", ""),
+        ("[3 + 4] * 2 = 14", "( 3 + 4 ) * 2 = 14", ""),
+        ("(-3) * 2 = -6", "( -3 ) * 2 = -6", ""),
+        ("1/2 + 1/4 = 3/4", "1 / 2 + 1 / 4 = 3 / 4", ""),  # a fraction is the division it writes
+        ("12 / 4 = 3 apples each", "12 / 4 = 3", ""),
+        ("5/0 = 5", "5 / 0 = 5", ""),  # never divided
+        ("x = 0.50", "= 1/2", ""),  # 'x' before '=' dangles: "x = 5" is "= 5", like "y = 5"
+        ("x = .5", "= 1/2", ""),
+        ("x = \\frac{3}{4}", "= 3 / 4", ""),
+        ("x = -\\frac{1}{2}", "= -1 / 2", ""),
+        ("$y = \\dfrac{10}{4}$", "= 10 / 4", ""),
+        ("The bill = -1,500.25 dollars", "= -6001/4", ""),
+        ("x = 2\\frac{1}{0}", "= 2 1 / 0", ""),  # no division by zero
+        ("__import__('os').system('true') = 5", "= 5", ""),  # parsed, never evaluated
+        ("Tom has 5 apples, so 5 + 3 = 8", "5 + 3 = 8", "5"),  # numbers outside the equations too
+        # no '=': the numbers in order, with the operators written between them
+        ("Adding 3 and 4 gives 8 apples on day 2.", "", "3 4 8 2"),
+        ("The total is 3 + 4", "", "3 + 4"),
+        ("The discount is 25%", "", "1/4"),
+        ("The rate is 12.5 \\% per year", "", "1/8"),
+        ("He has 1,234 apples", "", "1234"),
+        ("Each costs \\$1{,}200", "", "1200"),
+        ("She used 2\\frac{1}{2} cups", "", "5 / 2"),  # a mixed number reads as 5/2
+        ("The answer is \\boxed{42}.", "", "42"),
+        ("The temperature falls to −7 degrees.", "", "-7"),
+        # no number: the empty signature
+        ("Let x be the number of pens.", "", ""),
+        ("x = y + z", "", ""),
+        ("= " + "1" * 5000, "", ""),  # a degenerate digit run is text (int() would refuse it)
     ],
 )
-def test_calculation_results(step, expected):
-    assert calculation_results(step) == expected
+def test_calculation_signature(step, equations, numbers):
+    assert written(step) == (equations, numbers)
 
 
 # ---------------------------------------------------------------- step similarity
@@ -78,20 +95,32 @@ TEXT = "Levenshtein.ratio of the two steps"
 @pytest.mark.parametrize(
     "a, b, expected",
     [
-        # Table 1 style: the same step phrased twice, same result -> text similarity decides.
+        # Table 1 style: the same calculation phrased twice -> text similarity decides.
         (TABLE_1_A, TABLE_1_B, TEXT),
         # different results -> 0 however close the text
         ("24 - 6 = 18", "24 - 6 = 16", 0.0),
         ("3 * 4 = 12, so 12 + 5 = 17", "3 * 4 = 12, so 12 + 5 = 18", 0.0),
-        ("3 * 4 = 12 and 12 * 1 = 12", "3 * 4 = 12 and 12 * 1", 0.0),  # {12, 12} != {12}
+        ("3 * 4 = 12 and 12 * 1 = 12", "3 * 4 = 12 and 12 * 1", 0.0),
         ("x = \\frac{1}{2}", "x = \\frac{1}{3}", 0.0),
-        # same results in another form or order -> text similarity
-        ("x = 0.5", "x = 1/2", TEXT),
-        ("x = 50%", "x = \\frac{1}{2}", TEXT),
+        # the slips issue #19 found grouped: a slip the result does not show -> 0
+        ("Adding 3 and 4 gives 8 apples on day 2.", "Adding 3 and 4 gives 7 apples on day 2.", 0.0),
+        ("2 + 3 = 6 + 1 = 7", "2 + 3 = 5 + 2 = 7", 0.0),  # inside a chain
+        ("8 + 8 = 15", "8 + 7 = 15", 0.0),  # an operand
+        ("6 / 2 = 3 each", "9 / 3 = 3 each", 0.0),  # the operands of a fraction-like division
+        ("Tom has 5 apples, so 5 + 3 = 8", "Tom has 6 apples, so 5 + 3 = 8", 0.0),  # outside the equation
+        ("The total is 3 + 4", "The total is 3 * 4", 0.0),  # an operator, no '='
+        ("We need 3 + 4 = 7 apples.", "We need 4 + 3 = 7 apples.", 0.0),  # operands as written
+        # a number and no number -> 0
+        ("Multiply the price by the quantity.", "3 * 4 = 12", 0.0),
+        ("Add the apples picked on both days to get the total", "Add the apples picked on both days to get the total: 3 + 4 = 8", 0.0),
+        # the same values in another spelling, or the same calculations in another order -> text
+        ("x = 0.5", "x = .50", TEXT),
+        ("x = 50%", "x = 0.5", TEXT),
+        ("x = 1/2", "x = \\frac{1}{2}", TEXT),
+        ("x = 1/2", "x = 0.5", 0.0),  # a fraction is a division, 0.5 a number
         ("3 * 4 = 12, then 12 + 5 = 17", "12 + 5 = 17 after 3 * 4 = 12", TEXT),
-        # no numbers, or numbers on one side only -> text similarity
+        # no numbers on either side -> text similarity
         ("Add the two amounts together.", "Add the two amounts.", TEXT),
-        ("Multiply the price by the quantity.", "3 * 4 = 12", TEXT),
         # whitespace is normalised away
         ("3 * 4 = 12", "  3  *  4 =\t12 ", 1.0),
         ("", "", 1.0),
@@ -114,8 +143,9 @@ def test_step_similarity_table(a, b, expected):
         ("Half of 10 is 10 / 2 = 5 apples.", "Half of 10 is 10/2 = 5 apples."),
     ],
 )
-def test_close_paraphrases_with_the_same_result_reach_the_threshold(a, b):
+def test_close_paraphrases_with_the_same_calculation_are_consistent(a, b):
     assert step_similarity(a, b) >= 0.85
+    assert steps_consistent(step_signature(a), step_signature(b), 0.85)
 
 
 def test_table_1_pair_is_similar_but_below_the_default_threshold():
@@ -123,10 +153,18 @@ def test_table_1_pair_is_similar_but_below_the_default_threshold():
     assert 0.0 < similarity < 0.85
 
 
+def test_consistency_needs_equal_signatures_even_at_threshold_zero():
+    assert steps_consistent(step_signature("8 + 8 = 15"), step_signature("8 + 8 = 15 apples"), 0.0)
+    assert not steps_consistent(step_signature("8 + 8 = 15"), step_signature("8 + 7 = 15"), 0.0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("0123456789 .,/=-+*x%$\\{}()abc")), max_size=40), st.text(max_size=40))
 def test_similarity_is_total_bounded_and_symmetric(a, b):
-    assert all(isinstance(value, Fraction) for value in calculation_results(a))
+    signature = calculation_signature(a)
+    elements = [element for chain in signature.equations for element in chain] + list(signature.numbers)
+    assert all(isinstance(element, (Fraction, str)) for element in elements)
+    assert calculation_signature(a) == signature and hash(calculation_signature(a)) == hash(signature)
     value = step_similarity(a, b)
     assert 0.0 <= value <= 1.0
     assert value == step_similarity(b, a)
@@ -200,6 +238,22 @@ def test_groups_and_labels_of_the_hand_built_rollouts():
     ]
 
 
+def test_a_first_error_record_is_one_example_and_its_rollouts_are_not_reused():
+    # A record with mc 0 (the first error MCTS found) keeps rollouts that all failed; their steps
+    # come after the error, so reusing them would label steps Algorithm 1 never keeps.
+    first_error = MCTSRecord.from_json({**pens_json(mc=0.0), "n_correct": 0,
+                                        "rollouts": [{**r, "correct": False} for r in pens_json()["rollouts"]]})
+    assert label_rollout_steps(first_error) == []
+    examples = list(augment_records([first_error, pens_record(mc=0.5)]))
+    assert [(e.origin, e.step, e.label) for e in examples[:2]] == [
+        ("mcts", "Each box holds 4 pens.", 0.0), ("mcts", "Each box holds 4 pens.", 0.5),
+    ]
+    assert len(examples) == 1 + 9  # the mc 0.5 record's rollouts are reused as before
+    assert list(augment_records([first_error], include_mcts=False)) == []
+    first_error_stats = augmentation_stats(augment_records([first_error]), n_mcts_records=1)
+    assert first_error_stats["label_bins"] == {"zero": 1, "between": 0, "one": 0}
+
+
 def test_threshold_is_configurable():
     groups = label_rollout_steps(pens_record(), threshold=1.0)
     position_1 = [([m.rollout_index for m in g.members], g.label) for g in groups if g.position == 1]
@@ -208,29 +262,105 @@ def test_threshold_is_configurable():
     assert all(2 not in [m.rollout_index for m in g.members] for g in groups if g.position > 1)
 
 
-def test_a_step_joins_by_similarity_to_the_representative_only():
+def test_a_step_joins_a_group_only_when_consistent_with_every_member():
     record = with_rollouts([rollout([text], True) for text in ("aaaaaaaaaa", "aaaaaaaaab", "aaaaaaaabb")])
     # sim(1st, 2nd) = sim(2nd, 3rd) = 0.9 but sim(1st, 3rd) = 0.8: no chaining through the 2nd.
     groups = greedy_similarity_groups(rollout_reuse_candidates(record), threshold=0.85)
     assert [[c.step for c in g] for g in groups] == [["aaaaaaaaaa", "aaaaaaaaab"], ["aaaaaaaabb"]]
 
 
-def test_similarity_is_only_computed_within_a_record_and_position(monkeypatch):
+def candidates_of(*steps, correct=None):
+    correct = correct or [True] * len(steps)
+    return [Candidate((), step, 1, i, ok) for i, (step, ok) in enumerate(zip(steps, correct))]
+
+
+def grouped(steps, threshold=0.85):
+    return [[c.step for c in group] for group in greedy_similarity_groups(candidates_of(*steps), threshold)]
+
+
+NUMBERLESS = "Add the apples picked on both days to get the total"
+
+
+@pytest.mark.parametrize(
+    "steps, threshold",
+    [
+        # Issue #19: the first member has no number; both versions were 0.90 to it and joined it.
+        ([NUMBERLESS, NUMBERLESS + ": 3 + 4 = 8", NUMBERLESS + ": 3 + 4 = 7"], 0.85),
+        # no '=': the last number alone was compared (0.974)
+        (["Adding 3 and 4 gives 8 apples on day 2.", "Adding 3 and 4 gives 7 apples on day 2."], 0.85),
+        # a slip inside a chain with the right result (0.882)
+        (["2 + 3 = 6 + 1 = 7", "2 + 3 = 5 + 2 = 7"], 0.85),
+        # an operand slip with the right result (0.9)
+        (["8 + 8 = 15", "8 + 7 = 15"], 0.85),
+    ],
+)
+def test_slips_the_old_rule_grouped_now_found_groups_of_their_own(steps, threshold):
+    assert grouped(steps, threshold) == [[step] for step in steps]
+
+
+def test_the_same_calculations_in_another_order_group_when_the_text_is_close_enough():
+    same = ["So 3 * 4 = 12 and 12 + 5 = 17 pens.", "So 12 + 5 = 17 and 3 * 4 = 12 pens."]  # ratio 0.743
+    assert grouped(same, threshold=0.7) == [same]
+    assert grouped(same, threshold=0.85) == [[same[0]], [same[1]]]
+    slip = "So 12 + 5 = 18 and 3 * 4 = 12 pens."
+    assert grouped([*same, slip], threshold=0.7) == [same, [slip]]
+
+
+def test_a_slip_next_to_a_numberless_step_no_longer_takes_its_label():
+    steps = [NUMBERLESS, NUMBERLESS + ": 3 + 4 = 7", NUMBERLESS + ": 3 + 4 = 8"]
+    record = with_rollouts([rollout([steps[0]], True), rollout([steps[1]], True), rollout([steps[2]], False)])
+    groups = label_rollout_steps(record)
+    assert [([m.step for m in g.members], g.label) for g in groups] == [
+        ([steps[0]], 1.0), ([steps[1]], 1.0), ([steps[2]], 0.0),  # was one group labelled mc
+    ]
+
+
+GROUPING_STEPS = st.one_of(
+    st.builds("{}{} {} {} = {}{}".format, st.sampled_from(["", "So ", "Then we get "]), st.integers(0, 9),
+              st.sampled_from(["+", "-", "*", "x"]), st.integers(0, 9), st.integers(0, 18),
+              st.sampled_from(["", ".", " apples.", " apples in total."])),
+    st.builds("Adding {} and {} gives {} apples{}".format, st.integers(0, 9), st.integers(0, 9), st.integers(0, 18),
+              st.sampled_from(["", ".", " on day 2."])),
+    st.builds("{}{}".format, st.just(NUMBERLESS), st.sampled_from(["", ".", ": 3 + 4 = 7", ": 3 + 4 = 8", " now"])),
+    st.sampled_from(["aaaaaaaaaa", "aaaaaaaaab", "aaaaaaaabb", "Add them.", "Add them up."]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(GROUPING_STEPS, max_size=24), st.sampled_from([0.0, 0.5, 0.8, 0.85, 0.95, 1.0]))
+def test_every_pair_inside_every_group_is_consistent(steps, threshold):
+    candidates = candidates_of(*steps)
+    groups = greedy_similarity_groups(candidates, threshold)
+    assert sorted(c.rollout_index for g in groups for c in g) == list(range(len(steps)))  # a partition
+    signatures = [[step_signature(c.step) for c in g] for g in groups]
+    for members in signatures:
+        assert all(steps_consistent(a, b, threshold) for a in members for b in members)
+    # Greedy: a candidate is in the first group it was consistent with, every member before it.
+    for g, group in enumerate(groups):
+        for member in group:
+            for earlier in groups[:g]:
+                before = [c for c in earlier if c.rollout_index < member.rollout_index]
+                assert not all(steps_consistent(step_signature(c.step), step_signature(member.step), threshold) for c in before)
+
+
+def test_consistency_is_only_tested_within_a_record_and_position(monkeypatch):
     pairs = []
-    real = augmentation.signature_similarity
+    real = augmentation.steps_consistent
 
-    def counting(a, b):
+    def counting(a, b, threshold):
         pairs.append((a.text, b.text))
-        return real(a, b)
+        return real(a, b, threshold)
 
-    monkeypatch.setattr(augmentation, "signature_similarity", counting)
+    monkeypatch.setattr(augmentation, "steps_consistent", counting)
     records = []
     for r in range(2):
+        # Within a bucket the steps share one calculation signature (the record and position
+        # numbers); "rollout a" .. "rollout f" keep the texts close, so every test is needed.
         records.append(with_rollouts([
-            rollout([f"record {r} step {j} rollout {i} adds {i * 7 + j}" for j in range(1, 4)], True) for i in range(6)
+            rollout([f"record {r} step {j} rollout {'abcdef'[i]} adds them" for j in range(1, 4)], True) for i in range(6)
         ]))
     list(augment_records(records))
-    assert len(pairs) <= 2 * 3 * (6 * 5 // 2)  # records x positions x k(k-1)/2
+    assert 0 < len(pairs) <= 2 * 3 * (6 * 5 // 2)  # records x positions x k(k-1)/2
     for a, b in pairs:
         assert a.split(" rollout ")[0] == b.split(" rollout ")[0]
 

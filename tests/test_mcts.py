@@ -23,11 +23,13 @@ class FakeWorld:
 
     A prefix on the gold path succeeds with probability `p_good`; a prefix holding a wrong step
     never does. Incorrect rollouts follow the gold path up to the planted error position
-    `error_at` (1-based step index), write "bad" there, then filler until 16 steps.
+    `error_at` (1-based step index), write "bad" there, then filler until 16 steps. With a
+    tuple of positions, the i-th incorrect rollout of a prefix errs at error_at[i % len].
     """
 
     def __init__(self, p_good=0.5, error_at=11, k=8):
-        self.p_good, self.error_at, self.k = p_good, error_at, k
+        self.p_good, self.k = p_good, k
+        self.errors = error_at if isinstance(error_at, tuple) else (error_at,)
         self.calls = []
 
     def success_probability(self, prefix):
@@ -41,10 +43,11 @@ class FakeWorld:
                 steps = GOLD[len(prefix):]
                 out.append(Rollout(steps, "42", True, num_tokens=10 * len(steps)))
             else:
+                error_at = self.errors[(j - n_correct) % len(self.errors)]
                 steps = []
                 for pos in range(len(prefix) + 1, 17):
-                    on_gold = list(prefix) == GOLD[: len(prefix)] and pos < self.error_at
-                    steps.append(GOLD[pos - 1] if on_gold else ("bad" if pos == self.error_at else f"x{pos}"))
+                    on_gold = list(prefix) == GOLD[: len(prefix)] and pos < error_at
+                    steps.append(GOLD[pos - 1] if on_gold else ("bad" if pos == error_at else f"x{pos}"))
                 out.append(Rollout(steps, "0", False, num_tokens=10 * len(steps) + j))
         return out
 
@@ -79,9 +82,10 @@ def test_binary_search_finds_planted_first_error_in_log_probes(error_at):
     probes = len(world.calls) - 1  # minus the root estimate
     assert probes <= math.ceil(math.log2(16))
     zeros = [r for r in result.records if r.mc == 0.0]
-    first = min(zeros, key=lambda r: r.depth)
-    assert (first.step, first.depth) == ("bad", error_at)
+    assert [(r.step, r.depth) for r in zeros] == [("bad", error_at)], "the first error, nothing after it"
     assert all(r.mc > 0 for r in result.records if r.depth < error_at)
+    if error_at == 16:  # the rollout's last step: never probed, recorded with its own outcome
+        assert zeros[0].n_rollouts == 0 and zeros[0].rollouts == []
 
 
 def test_probes_with_mc_between_become_tree_states_and_join_the_pool():
@@ -91,6 +95,100 @@ def test_probes_with_mc_between_become_tree_states_and_join_the_pool():
     assert result.summary.tree_states > 1
     depths = [r.depth for r in result.records]
     assert len(depths) == len(set(zip(depths, [r.step for r in result.records]))), "no step recorded twice"
+
+
+def path_of(record):
+    return " ".join([*record.prefix_steps, record.step])
+
+
+# The prefixes the search requested from the generator, root first, on a world whose incorrect
+# rollouts err at steps 3, 7, 11 and 14, before the records followed Algorithm 1 (commit
+# 2d298cf): which records are emitted must not change what is probed.
+REQUESTED_BEFORE = [
+    "", "g1 g2 bad x4 x5 x6 x7 x8", "g1 g2 bad x4", "g1 g2", "g1 g2 bad", "g1 g2 bad x4 x5 x6 x7 x8 x9",
+    "g1 g2 bad x4 x5 x6", "g1 g2 g3 g4 g5 g6 bad x8 x9", "g1 g2 g3 g4 g5 g6", "g1 g2 g3 g4 g5 g6 bad x8",
+    "g1 g2 g3 g4 g5 g6 bad", "g1 g2 g3 g4 g5 g6 x7 x8 x9 x10 x11", "g1 g2 g3 g4 g5 g6 x7 x8 x9",
+    "g1 g2 g3 g4 g5 g6 x7 x8", "g1 g2 g3 g4 g5 g6 x7", "g1 g2 g3 g4 g5 g6 bad x8 x9 x10 x11", "g1 g2 g3 g4",
+    "g1 g2 g3 g4 x5 x6 x7 x8 x9 x10", "g1 g2 g3 g4 x5 x6 x7", "g1 g2 g3 g4 x5 x6", "g1 g2 g3 g4 x5",
+    "g1 g2 g3 g4 g5 g6 bad x8 x9 x10",
+]
+
+
+@pytest.mark.parametrize("max_rollouts, n_requests", [(10_000, 22), (64, 8)])
+def test_the_record_rules_do_not_change_which_prefixes_are_probed(max_rollouts, n_requests):
+    world = FakeWorld(p_good=0.5, error_at=(3, 7, 11, 14))
+    run_one(world, MCTSConfig(k=8, max_iterations=8, max_rollouts=max_rollouts))
+    assert [" ".join(call[0][1]) for call in world.calls] == REQUESTED_BEFORE[:n_requests]
+
+
+def test_no_record_after_the_first_error_on_a_path():
+    world = FakeWorld(p_good=0.5, error_at=(3, 7, 11, 14))
+    result = run_one(world, MCTSConfig(k=8, max_iterations=8, max_rollouts=10_000))
+    # 21 prefixes probed; kept: the probes with MC > 0 and each search's first error. The
+    # searches that end on a first error recorded before (through the cache) add nothing.
+    assert [(path_of(r), r.mc) for r in result.records] == [
+        ("g1 g2", 0.5), ("g1 g2 bad", 0.0),
+        ("g1 g2 g3 g4 g5 g6", 0.5), ("g1 g2 g3 g4 g5 g6 bad", 0.0),
+        ("g1 g2 g3 g4 g5 g6 x7", 0.0),
+        ("g1 g2 g3 g4", 0.5),
+        ("g1 g2 g3 g4 x5", 0.0),
+    ]
+    zeros = [path_of(r) + " " for r in result.records if r.mc == 0.0]
+    assert not any(path_of(r).startswith(zero) for zero in zeros for r in result.records)
+    assert result.summary.steps_evaluated == len(result.records)
+    assert result.summary.rollouts_spent == 8 * len(world.calls)  # the dropped probes were paid for
+
+
+def test_the_first_error_is_kept_and_the_mc_zero_probes_after_it_are_not():
+    world = FakeWorld(p_good=0.5, error_at=2)
+    result = run_one(world, MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000))
+    probed = [len(call[0][1]) for call in world.calls[1:]]
+    assert probed == [8, 4, 2, 1]  # MC 0, 0, 0 (the first error), 0.5
+    assert [(r.depth, r.step, r.mc, r.n_rollouts) for r in result.records] == [(2, "bad", 0.0, 8), (1, "g1", 0.5, 8)]
+
+
+class RecoveringWorld(FakeWorld):
+    """FakeWorld in which the policy recovers from the error in the given prefixes: they succeed
+    with probability p_good although they hold a wrong step (non-monotone MC values)."""
+
+    def __init__(self, recovered, **kwargs):
+        super().__init__(**kwargs)
+        self.recovered = recovered
+
+    def success_probability(self, prefix):
+        return self.p_good if " ".join(prefix) in self.recovered else super().success_probability(prefix)
+
+
+def test_a_dropped_prefix_reached_again_through_the_cache_stays_unrecorded():
+    world = RecoveringWorld({"g1 bad x3"}, p_good=0.5, error_at=2)
+    result = run_one(world, MCTSConfig(k=8, max_iterations=2, max_rollouts=10_000))
+    # Search 1 (from the root): 8, 4, 2 have MC 0, 1 has 0.5 -> first error "g1 bad"; 8 and 4
+    # are dropped. Search 2 (from the state "g1", same path): 9 and 5 MC 0, 3 MC 0.5 (the
+    # recovery), 4 from the cache (MC 0) -> it resolves at 4, a prefix dropped in search 1, which
+    # stays unrecorded: it lies after "g1 bad".
+    assert [" ".join(call[0][1]) for call in world.calls] == [
+        "", "g1 bad x3 x4 x5 x6 x7 x8", "g1 bad x3 x4", "g1 bad", "g1",
+        "g1 bad x3 x4 x5 x6 x7 x8 x9", "g1 bad x3 x4 x5", "g1 bad x3",
+    ]
+    # The MC > 0 probe after the first error is recorded like any other (docs/mcts.md,
+    # "Non-monotone estimates").
+    assert [(path_of(r), r.mc) for r in result.records] == [("g1 bad", 0.0), ("g1", 0.5), ("g1 bad x3", 0.5)]
+
+
+@pytest.mark.parametrize(
+    "error_at, max_rollouts, kept",
+    [
+        (2, 24, []),  # probes at 8 and 4 (MC 0), then out of budget: the first error is unknown
+        (2, 32, []),  # ... 2 as well: MC 0 but not yet known to be the first error
+        (2, 40, [(2, 0.0), (1, 0.5)]),  # ... and 1 (MC > 0): resolved at 2
+        (11, 24, [(8, 0.5)]),  # 8 (MC > 0, kept), 12 (MC 0, dropped), out of budget
+    ],
+)
+def test_a_search_stopped_by_the_budget_records_no_mc_zero_probe(error_at, max_rollouts, kept):
+    world = FakeWorld(p_good=0.5, error_at=error_at)
+    result = run_one(world, MCTSConfig(k=8, max_iterations=1, max_rollouts=max_rollouts))
+    assert result.summary.rollouts_spent == max_rollouts
+    assert [(r.depth, r.mc) for r in result.records] == kept
 
 
 def test_trivial_problems_are_recorded_but_not_searched():

@@ -5,17 +5,21 @@ the k rollouts that estimated it, each a continuation r_1..r_n of P + [s]. Besid
 own example (P, s, mc_value), every rollout step is reused:
 
 1. Candidates. Rollout i's step r_j becomes the candidate (P + [s] + r_1..r_{j-1}, r_j).
-2. Groups. Within one record, the candidates at the same position j are clustered greedily: a
-   step joins the first group whose representative (first member) it resembles at least
-   ``threshold`` (``pipeline.rollouts.similarity.step_similarity``), else it founds a new group.
+2. Groups. Within one record, the candidates at the same position j are clustered greedily
+   with complete linkage: a step joins the first group in which it is consistent with EVERY
+   member (equal calculation signatures and a Levenshtein ratio >= ``threshold``,
+   ``pipeline.rollouts.similarity.steps_consistent``), else it founds a new group.
 3. Labels. A group whose members all come from correct rollouts is labelled 1, all from
    incorrect rollouts 0, a mixture the record's mc_value. Once a rollout has a step labelled 0,
    its later steps are dropped before they are grouped: they build on an error.
 
-Cost: a bucket of k candidates takes at most k(k-1)/2 similarity calls (each candidate
-against at most one representative per existing group); buckets never mix records or
-positions, so the whole run is O(sum over records of k^2 * rollout length), never all pairs
-of the data set. Every decision is in docs/augmentation.md.
+A record with mc_value 0 is a first error (paper, Algorithm 1): it is one example labelled 0 and
+its rollouts are not reused, since every step of them comes after the error.
+
+Cost: a bucket of k candidates takes at most k(k-1)/2 consistency tests (a candidate is tested
+against at most every candidate before it, each of which sits in one group); buckets never mix
+records or positions, so the whole run is O(sum over records of k^2 * rollout length), never all
+pairs of the data set. Every decision is in docs/augmentation.md.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 from pipeline.records import ORIGIN_AUGMENTED, ORIGIN_MCTS, MCTSRecord, PRMExample
-from pipeline.rollouts.similarity import StepSignature, signature_similarity, step_signature
+from pipeline.rollouts.similarity import CalculationSignature, StepSignature, step_signature, steps_consistent
 
 DEFAULT_SIMILARITY_THRESHOLD = 0.85
 
@@ -76,11 +80,11 @@ def rollout_reuse_candidates(record: MCTSRecord) -> list[Candidate]:
 
 @dataclass
 class StepGroup:
-    """Similar rollout steps at one position of one record, sharing one label.
+    """Consistent rollout steps at one position of one record, sharing one label.
 
     position:    j, the rollout position of every member
     index:       g, the group's rank among the groups of its (record, position), by creation
-    members:     candidates in rollout order; members[0] is the representative
+    members:     candidates in rollout order, every pair of them consistent (``steps_consistent``)
     label:       1.0, 0.0 or the record's mc_value (``group_label``)
     """
 
@@ -93,20 +97,31 @@ class StepGroup:
 def greedy_similarity_groups(
     candidates: Sequence[Candidate], threshold: float = DEFAULT_SIMILARITY_THRESHOLD
 ) -> list[list[Candidate]]:
-    """Greedy clustering of one bucket: each candidate, in order, joins the first group whose
-    representative (first member) has step_similarity >= threshold to it, else founds a group.
-    At most k(k-1)/2 similarity calls for k candidates."""
+    """Greedy complete-linkage clustering of one bucket: each candidate, in order, joins the
+    first group in which it is consistent with every member (``steps_consistent``: equal
+    calculation signatures and Levenshtein ratio >= threshold), else founds a new group; so
+    every pair inside a group is consistent.
+
+    Cost for k candidates: k signatures, and at most k(k-1)/2 consistency tests -- a candidate
+    is tested against at most every candidate before it, each a member of one group; only the
+    groups of its own calculation signature are tried (a dict lookup), the others could not
+    take it. Each test is one signature comparison and one Levenshtein ratio.
+    """
     groups: list[list[Candidate]] = []
-    representatives: list[StepSignature] = []
+    member_signatures: list[list[StepSignature]] = []
+    groups_by_calculation: dict[CalculationSignature, list[int]] = defaultdict(list)
     for candidate in candidates:
         signature = step_signature(candidate.step)
-        for group, representative in zip(groups, representatives):
-            if signature_similarity(representative, signature) >= threshold:
-                group.append(candidate)
+        same_calculation = groups_by_calculation[signature.calculation]
+        for index in same_calculation:
+            if all(steps_consistent(member, signature, threshold) for member in member_signatures[index]):
+                groups[index].append(candidate)
+                member_signatures[index].append(signature)
                 break
         else:
+            same_calculation.append(len(groups))
             groups.append([candidate])
-            representatives.append(signature)
+            member_signatures.append([signature])
     return groups
 
 
@@ -123,9 +138,13 @@ def group_label(members: Sequence[Candidate], mc_value: float) -> float:
 def label_rollout_steps(record: MCTSRecord, threshold: float = DEFAULT_SIMILARITY_THRESHOLD) -> list[StepGroup]:
     """The labelled groups of one MCTS record, position by position.
 
-    A rollout stops contributing after its first step labelled 0: its later steps are dropped
-    before their position is grouped, so they neither become examples nor sway other labels.
+    A record with mc == 0 is a first error: its rollouts continue from an error, so none of
+    their steps is labelled (no groups). Otherwise a rollout stops contributing after its first
+    step labelled 0: its later steps are dropped before their position is grouped, so they
+    neither become examples nor sway other labels.
     """
+    if record.mc == 0.0:
+        return []
     by_position: dict[int, list[Candidate]] = defaultdict(list)
     for candidate in rollout_reuse_candidates(record):
         by_position[candidate.position].append(candidate)

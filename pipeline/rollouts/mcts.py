@@ -15,10 +15,12 @@ Definitions (docs/mcts.md):
   U(s) = c_puct * sqrt(sum_i N(s_i)) / (1 + N(s))  (sum over all tree states).
 - Binary search for the first wrong step of the selected rollout r_1..r_m (its whole
   trajectory is known to be wrong): probe mid = (lo + hi) // 2 with k fresh rollouts;
-  MC == 0 moves left (hi = mid), otherwise right (lo = mid + 1). Every probed step is
-  recorded with its MC value and all its rollouts; a probe with 0 < MC < 1 becomes a tree
-  state whose incorrect rollouts join the pool. The step found (MC == 0) is the first error:
-  recorded with value 0 and not explored further.
+  MC == 0 moves left (hi = mid), otherwise right (lo = mid + 1). A probe with 0 < MC < 1
+  becomes a tree state whose incorrect rollouts join the pool.
+- Records (Algorithm 1, lines 17-22): every probe with MC > 0 (it lies before the first
+  error) and the first error the search resolved (lo == hi), with value 0; nothing after it.
+  MC == 0 probes at a larger index than the first error, and every MC == 0 probe of a search
+  the rollout budget cut short (lo < hi: the first error is unknown), are not recorded.
 """
 
 from __future__ import annotations
@@ -90,24 +92,25 @@ def select_from_pool(pool: list[tuple[TreeState, Rollout]], states: Iterable[Tre
 def search_problem(problem_id: str, question: str, params: MCTSConfig) -> SearchCoroutine:
     """Algorithm 1 for one problem, as a coroutine (see the module docstring)."""
     records: list[MCTSRecord] = []
+    # The MC value of every prefix probed so far, recorded or not: a prefix is never probed
+    # twice. A prefix whose record was dropped lies after a recorded MC == 0 step (the first
+    # error of its search, itself recorded or after one), so it must stay unrecorded even when a
+    # later search reaches it through the cache.
     evaluated: dict[tuple[str, ...], float] = {}
     spent = 0
 
-    def record_step(prefix: tuple[str, ...], rollouts: list[Rollout], mc: float) -> None:
-        records.append(
-            MCTSRecord(
-                problem_id=problem_id,
-                question=question,
-                prefix_steps=list(prefix[:-1]),
-                step=prefix[-1],
-                mc=mc,
-                n_correct=sum(r.correct for r in rollouts),
-                n_rollouts=len(rollouts),
-                rollouts=[r.to_record() for r in rollouts],
-                depth=len(prefix),
-            )
+    def step_record(prefix: tuple[str, ...], rollouts: list[Rollout], mc: float) -> MCTSRecord:
+        return MCTSRecord(
+            problem_id=problem_id,
+            question=question,
+            prefix_steps=list(prefix[:-1]),
+            step=prefix[-1],
+            mc=mc,
+            n_correct=sum(r.correct for r in rollouts),
+            n_rollouts=len(rollouts),
+            rollouts=[r.to_record() for r in rollouts],
+            depth=len(prefix),
         )
-        evaluated[prefix] = mc
 
     root_rollouts: list[Rollout] = yield ()
     spent += len(root_rollouts)
@@ -122,6 +125,7 @@ def search_problem(problem_id: str, question: str, params: MCTSConfig) -> Search
         iterations += 1
         path = state.prefix + tuple(rollout.steps)
         lo, hi = len(state.prefix) + 1, len(path)  # the whole path is wrong: MC(path) == 0
+        probes: list[tuple[int, MCTSRecord]] = []  # (index on the path, record), in probe order
         while lo < hi and spent + params.k <= params.max_rollouts:
             mid = (lo + hi) // 2
             prefix = path[:mid]
@@ -131,7 +135,8 @@ def search_problem(problem_id: str, question: str, params: MCTSConfig) -> Search
                 probe_rollouts = yield prefix
                 spent += len(probe_rollouts)
                 mc = mc_value(probe_rollouts)
-                record_step(prefix, probe_rollouts, mc)
+                evaluated[prefix] = mc
+                probes.append((mid, step_record(prefix, probe_rollouts, mc)))
                 if 0.0 < mc < 1.0:
                     child = TreeState(prefix, mc)
                     states.append(child)
@@ -140,9 +145,14 @@ def search_problem(problem_id: str, question: str, params: MCTSConfig) -> Search
                 hi = mid
             else:
                 lo = mid + 1
-        if lo == hi == len(path) and path not in evaluated:
+        resolved = lo == hi  # else the budget stopped the search: the first error is unknown
+        # Algorithm 1 keeps the steps before the first error and the first error itself (value
+        # 0), nothing after it: an MC == 0 probe is kept only when it is the first error found.
+        records.extend(record for index, record in probes if record.mc > 0.0 or (resolved and index == lo))
+        if resolved and lo == len(path) and path not in evaluated:
             # The first error is the rollout's last step: its value is its own (wrong) outcome.
-            record_step(path, [], 0.0)
+            evaluated[path] = 0.0
+            records.append(step_record(path, [], 0.0))
     summary = MCTSSummary(
         problem_id=problem_id,
         root_mc=root.mc,
