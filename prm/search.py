@@ -35,7 +35,7 @@ from pipeline.steps import join_steps, split_steps
 
 STRATEGIES = ("step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority")
 STEP_STRATEGIES = ("step_best_of_k", "beam")
-AGGREGATIONS = ("last", "min", "prod")
+AGGREGATIONS = ("last", "mean", "min", "prod")
 
 
 @dataclass
@@ -66,7 +66,10 @@ class SearchSettings:
     top_p: float = 1.0
     max_depth: int = 12  # steps before a step-level search gives up
     beam_width: int = 4  # beam only
-    aggregation: str = "min"  # last | min | prod: a partial/whole solution's score
+    # last | mean | min | prod: a partial/whole solution's score. last: U of the last step, which a
+    # PRM trained on Monte Carlo values makes P(correct) of the whole prefix; min and prod can only
+    # fall as steps are added, so they prefer short solutions (docs/search.md)
+    aggregation: str = "last"
     max_step_tokens: int = 48  # one step (step-level strategies)
     max_new_tokens: int = 160  # one whole solution (best_of_n, weighted_vote, majority)
     separator: str = "\n"
@@ -83,7 +86,7 @@ class _Candidate:
 
 
 def aggregate(step_scores: Sequence[float], aggregation: str) -> float:
-    """One score for a solution from its step scores: the last, the min or the product.
+    """One score for a solution from its step scores: the last, the mean, the min or the product.
     A solution without steps scores -inf (it never beats one with steps)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation is {aggregation!r}; expected one of {', '.join(AGGREGATIONS)}")
@@ -91,6 +94,8 @@ def aggregate(step_scores: Sequence[float], aggregation: str) -> float:
         return -math.inf
     if aggregation == "last":
         return float(step_scores[-1])
+    if aggregation == "mean":
+        return math.fsum(step_scores) / len(step_scores)
     if aggregation == "min":
         return float(min(step_scores))
     return float(math.prod(step_scores))

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.config import SearchConfig
 from pipeline.generation.base import Completion, truncate_at_stop
 from pipeline.steps import join_steps, split_steps
 from prm.search import (
     STRATEGIES,
     SearchResult,
+    SearchSettings,
     aggregate,
     bench_batched_search,
     grade_results,
@@ -114,9 +116,10 @@ def test_aggregate():
     assert aggregate([0.5, 0.2, 0.8], "last") == 0.8
     assert aggregate([0.5, 0.2, 0.8], "min") == 0.2
     assert aggregate([0.5, 0.2, 0.8], "prod") == pytest.approx(0.08)
-    assert aggregate([], "min") == float("-inf")
+    assert aggregate([0.5, 0.2, 0.8], "mean") == pytest.approx(0.5)
+    assert aggregate([], "min") == aggregate([], "mean") == float("-inf")
     with pytest.raises(ValueError, match="aggregation"):
-        aggregate([0.5], "mean")
+        aggregate([0.5], "median")
 
 
 def test_step_best_of_k_keeps_the_best_step_until_a_finished_one_wins():
@@ -200,6 +203,21 @@ def test_an_answered_finished_candidate_still_beats_a_lower_continuation():
         assert result.steps == ["a1", "The answer is 2"] and result.finished and result.answer == "2", strategy
 
 
+def test_beam_aggregations_that_do_not_reward_brevity():
+    # width 2: the short "7" (0.7) is kept at depth 1; c1, c2, "8" (0.9, 0.6, 0.9) finishes at
+    # depth 3. min (0.6) and prod (0.486) fall with every step and keep the short wrong answer;
+    # last (0.9) and mean (0.8) take the longer right one.
+    expected = {"min": "7", "prod": "7", "last": "8", "mean": "8"}
+    for aggregation, answer in expected.items():
+        (result,) = run(["QLONG"], "beam", 2, aggregation=aggregation)
+        assert result.finished and result.answer == answer, aggregation
+    # the default (SearchSettings and SearchConfig) is last
+    assert SearchSettings().aggregation == SearchConfig().aggregation == "last"
+    (result,) = search_many(["QLONG"], FakePolicy(), FakePRM(), "beam", 2, prompts=[PROMPTS["QLONG"]],
+                            kind="tiny", beam_width=2)
+    assert result.steps == ["c1", "c2", "The answer is 8"]
+
+
 def test_only_answerless_stops_are_graded_wrong():
     # after a1 every candidate is an answerless stop: the partial a1 comes back unfinished
     for strategy in ("step_best_of_k", "beam"):
@@ -232,7 +250,7 @@ def test_batched_equals_one_problem_at_a_time(strategy):
 def test_one_generate_and_one_score_call_per_depth():
     policy, prm = FakePolicy(), FakePRM()
     results = search_many(["Q1", "Q2"], policy, prm, "beam", 4, prompts=[PROMPTS["Q1"], PROMPTS["Q2"]],
-                          kind="tiny", beam_width=2, max_depth=6)
+                          kind="tiny", beam_width=2, max_depth=6, aggregation="min")
     # depth 1: both roots; depth 2: two partials each (Q2's lead nowhere); depth 3: Q1's two
     assert policy.calls == [(2, 4), (4, 2), (2, 2)]
     assert len(prm.calls) == 3
