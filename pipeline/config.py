@@ -289,7 +289,11 @@ class SearchConfig:
     temperature: float = 0.8
     max_depth: int = 12
     beam_width: int = 4
-    aggregation: str = "min"  # last | min | prod
+    # last | mean | min | prod: a partial or whole solution's score from its step scores. last: the
+    # PRM is trained on Monte Carlo values, so U of the last step estimates P(correct) of the whole
+    # prefix (of the answer, for a finished one) and compares solutions of any length; min and
+    # prod can only fall as steps are added and prefer short solutions (docs/search.md)
+    aggregation: str = "last"
     benchmark: str = "tiny_test"
     benchmark_path: str | None = None
     max_problems: int | None = 100

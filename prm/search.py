@@ -12,9 +12,10 @@ Strategies (docs/search.md has the rules in full):
                     k=1 is pass@1 of a single sample)
 
 Batching: at each depth ONE generate call covers every live partial solution of every problem,
-and ONE score_many call scores every new candidate. A returned solution is finished whenever
-any finished candidate was seen for its problem; otherwise the best partial comes back with
-``finished=False`` (and the stage counts it wrong).
+and ONE score_many call scores every new candidate. A returned solution states an answer
+whenever any finished candidate that states one was seen for its problem; otherwise the best
+partial comes back with ``finished=False``, and only when no partial is left either an
+answerless stop (finished, ``answer=None``). The stage counts both wrong.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pipeline.steps import join_steps, split_steps
 
 STRATEGIES = ("step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority")
 STEP_STRATEGIES = ("step_best_of_k", "beam")
-AGGREGATIONS = ("last", "min", "prod")
+AGGREGATIONS = ("last", "mean", "min", "prod")
 
 
 @dataclass
@@ -44,7 +45,8 @@ class SearchResult:
     steps:            the solution's steps
     step_scores:      PRM score U(s_k|s_{k-1}) of each step ([] for the unguided ``majority``)
     finished:         True when the solution ended (end token, or a step stating a final answer)
-    answer:           extract_answer of the solution (None when unfinished or kind is unknown)
+    answer:           extract_answer of the solution (None when unfinished, when it ended without
+                      stating an answer, or when kind is unknown)
     tokens_generated: policy tokens generated for this problem, discarded candidates included
     """
 
@@ -64,7 +66,10 @@ class SearchSettings:
     top_p: float = 1.0
     max_depth: int = 12  # steps before a step-level search gives up
     beam_width: int = 4  # beam only
-    aggregation: str = "min"  # last | min | prod: a partial/whole solution's score
+    # last | mean | min | prod: a partial/whole solution's score. last: U of the last step, which a
+    # PRM trained on Monte Carlo values makes P(correct) of the whole prefix; min and prod can only
+    # fall as steps are added, so they prefer short solutions (docs/search.md)
+    aggregation: str = "last"
     max_step_tokens: int = 48  # one step (step-level strategies)
     max_new_tokens: int = 160  # one whole solution (best_of_n, weighted_vote, majority)
     separator: str = "\n"
@@ -77,10 +82,11 @@ class _Candidate:
     steps: list[str]
     step_scores: list[float] = field(default_factory=list)
     finished: bool = False
+    answer: str | None = None  # extract_answer of the whole solution, read once it is finished
 
 
 def aggregate(step_scores: Sequence[float], aggregation: str) -> float:
-    """One score for a solution from its step scores: the last, the min or the product.
+    """One score for a solution from its step scores: the last, the mean, the min or the product.
     A solution without steps scores -inf (it never beats one with steps)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation is {aggregation!r}; expected one of {', '.join(AGGREGATIONS)}")
@@ -88,6 +94,8 @@ def aggregate(step_scores: Sequence[float], aggregation: str) -> float:
         return -math.inf
     if aggregation == "last":
         return float(step_scores[-1])
+    if aggregation == "mean":
+        return math.fsum(step_scores) / len(step_scores)
     if aggregation == "min":
         return float(min(step_scores))
     return float(math.prod(step_scores))
@@ -156,10 +164,19 @@ def _states_answer(text: str, s: SearchSettings) -> bool:
     return s.kind is not None and extract_answer(text, s.kind) is not None
 
 
-def _answer(candidate: _Candidate, s: SearchSettings) -> str | None:
-    if not candidate.finished or s.kind is None:
-        return None
-    return extract_answer(join_steps(candidate.steps, s.separator), s.kind)
+def _candidate(steps: list[str], finished: bool, s: SearchSettings) -> _Candidate:
+    """A candidate; a finished one has its whole solution's final answer read once, here."""
+    answer = None
+    if finished and s.kind is not None:
+        answer = extract_answer(join_steps(steps, s.separator), s.kind)
+    return _Candidate(steps, finished=finished, answer=answer)
+
+
+def _answerless(candidate: _Candidate, s: SearchSettings) -> bool:
+    """A finished candidate that states no final answer: the policy ended a partial solution.
+    It is graded wrong whatever the PRM thinks of its steps (its score is that of an unfinished
+    prefix). With kind=None no answer can be read, so no candidate counts as answerless."""
+    return candidate.finished and s.kind is not None and candidate.answer is None
 
 
 def _score_all(prm, questions: Sequence[str], items: list[tuple[int, _Candidate]]) -> None:
@@ -178,10 +195,18 @@ def _best(candidates: Sequence[_Candidate], aggregation: str) -> _Candidate:
     return max(candidates, key=lambda c: aggregate(c.step_scores, aggregation))
 
 
+def _best_of_first_tier(tiers: Sequence[Sequence[_Candidate]], aggregation: str) -> _Candidate | None:
+    """The best candidate of the first non-empty tier (None when every tier is empty)."""
+    for tier in tiers:
+        if tier:
+            return _best(tier, aggregation)
+    return None
+
+
 def _result(candidate: _Candidate | None, tokens: int, s: SearchSettings) -> SearchResult:
     if candidate is None:
         return SearchResult([], [], False, None, tokens)
-    return SearchResult(list(candidate.steps), list(candidate.step_scores), candidate.finished, _answer(candidate, s), tokens)
+    return SearchResult(list(candidate.steps), list(candidate.step_scores), candidate.finished, candidate.answer, tokens)
 
 
 # ----------------------------------------------------------------------------- step-level
@@ -192,19 +217,30 @@ def _step_search(questions, prompts, policy, prm, k: int, width: int, rank_by_la
     ranked by the aggregated score of the whole partial solution).
 
     At each depth every live partial is expanded (the root with k candidates, later partials with
-    k // width each, so a depth costs at most k candidates per problem). The problem's candidates
-    are ranked and the top ``width - (finished already kept)`` take the slots: finished ones are
-    kept as answers, unfinished ones live on. Finished candidates that lose are kept as spares.
-    A problem stops when it has no live partials or at max_depth; it returns the best kept
-    finished candidate, else the best spare, else the best live partial (finished=False).
+    k // width each, so a depth costs at most k candidates per problem). Answerless stops (the
+    policy ended without stating an answer) are set aside as dead ends and never take a slot.
+    The problem's other candidates are ranked and the top ``width - (finished already kept)``
+    take the slots: finished ones are kept as answers, unfinished ones live on. Finished
+    candidates that lose are kept as spares. A problem stops when it has no live partials or at
+    max_depth; it returns the best kept finished candidate, else the best spare, else the best
+    partial of the last depth that had one (finished=False), else the best dead end (answer None).
     """
     n_problems = len(questions)
     live: list[list[_Candidate]] = [[_Candidate([])] for _ in range(n_problems)]
     kept: list[list[_Candidate]] = [[] for _ in range(n_problems)]
     spares: list[list[_Candidate]] = [[] for _ in range(n_problems)]
-    fallback: list[_Candidate | None] = [None] * n_problems
+    last_live: list[list[_Candidate]] = [[] for _ in range(n_problems)]
+    dead_ends: list[list[_Candidate]] = [[] for _ in range(n_problems)]
     tokens = [0] * n_problems
     per_partial = max(1, k // width)
+    if rank_by_last:
+        # the candidate's own step score (its siblings share the prefix); a stop candidate that
+        # adds no step is ranked by the last step of the solution it ends
+        def rank(c: _Candidate) -> float:
+            return c.step_scores[-1]
+    else:
+        def rank(c: _Candidate) -> float:
+            return aggregate(c.step_scores, s.aggregation)
 
     for depth in range(s.max_depth):
         jobs = [(p, partial) for p in range(n_problems) for partial in live[p]]
@@ -231,42 +267,39 @@ def _step_search(questions, prompts, policy, prm, k: int, width: int, rank_by_la
         for p in range(n_problems):
             if not live[p]:
                 continue
-            rank = (lambda c: c.step_scores[-1]) if rank_by_last else (lambda c: aggregate(c.step_scores, s.aggregation))
-            ranked = sorted(by_problem[p], key=rank, reverse=True)  # stable: first seen wins ties
+            dead_ends[p].extend(c for c in by_problem[p] if _answerless(c, s))
+            usable = [c for c in by_problem[p] if not _answerless(c, s)]
+            ranked = sorted(usable, key=rank, reverse=True)  # stable: first seen wins ties
             slots = width - len(kept[p])
             winners, losers = ranked[:slots], ranked[slots:]
             kept[p].extend(c for c in winners if c.finished)
             spares[p].extend(c for c in losers if c.finished)
             live[p] = [c for c in winners if not c.finished]
             if live[p]:
-                fallback[p] = _best(live[p], s.aggregation)
+                last_live[p] = live[p]
 
-    results = []
-    for p in range(n_problems):
-        if kept[p]:
-            chosen = _best(kept[p], s.aggregation)
-        elif spares[p]:
-            chosen = _best(spares[p], s.aggregation)
-        else:
-            chosen = fallback[p]
-        results.append(_result(chosen, tokens[p], s))
-    return results
+    return [
+        _result(_best_of_first_tier([kept[p], spares[p], last_live[p], dead_ends[p]], s.aggregation), tokens[p], s)
+        for p in range(n_problems)
+    ]
 
 
 def _extend(partial: _Candidate, completion, s: SearchSettings) -> _Candidate | None:
     """partial + the step(s) of one completion, or None when it adds nothing usable.
 
     An empty completion that ended with the end token finishes the partial as it is (if it has
-    steps); an empty line is dropped (the step format has no empty steps).
+    steps): a stop candidate, whose answer is read from the whole solution (a live partial states
+    none, so it is usually answerless); an empty line is dropped (the step format has no empty
+    steps).
     """
     new_steps = split_steps(completion.text, s.separator)
     ended = completion.finish_reason == "eos"
     if not new_steps:
         if ended and partial.steps:
-            return _Candidate(list(partial.steps), finished=True)
+            return _candidate(list(partial.steps), True, s)
         return None
     finished = ended or _states_answer(join_steps(new_steps, s.separator), s)
-    return _Candidate(partial.steps + new_steps, finished=finished)
+    return _candidate(partial.steps + new_steps, finished, s)
 
 
 # ----------------------------------------------------------------------------- whole solutions
@@ -284,8 +317,7 @@ def _whole_solution_search(questions, prompts, policy, prm, strategy: str, k: in
     for completions in outputs:
         tokens.append(sum(len(c.token_ids) for c in completions))
         samples.append([
-            _Candidate(split_steps(c.text, s.separator),
-                       finished=c.finish_reason == "eos" or _states_answer(c.text, s))
+            _candidate(split_steps(c.text, s.separator), c.finish_reason == "eos" or _states_answer(c.text, s), s)
             for c in completions
         ])
     if strategy != "majority":
@@ -294,7 +326,7 @@ def _whole_solution_search(questions, prompts, policy, prm, strategy: str, k: in
     results = []
     for p, group in enumerate(samples):
         if strategy == "best_of_n":
-            chosen = _best_finished_first(group, s.aggregation)
+            chosen = _best_answered_first(group, s)
         else:
             weights = None if strategy == "majority" else [aggregate(c.step_scores, s.aggregation) for c in group]
             chosen = _vote(group, weights, s)
@@ -302,15 +334,20 @@ def _whole_solution_search(questions, prompts, policy, prm, strategy: str, k: in
     return results
 
 
-def _best_finished_first(group: Sequence[_Candidate], aggregation: str) -> _Candidate:
-    finished = [c for c in group if c.finished]
-    return _best(finished or group, aggregation)
+def _best_answered_first(group: Sequence[_Candidate], s: SearchSettings) -> _Candidate:
+    """The best finished sample that states an answer, else the best unfinished one, else the best
+    answerless one (the last two are graded wrong alike; an answerless one comes last, as in
+    the step-level search)."""
+    answered = [c for c in group if c.finished and not _answerless(c, s)]
+    unfinished = [c for c in group if not c.finished]
+    answerless = [c for c in group if _answerless(c, s)]
+    return _best_of_first_tier([answered, unfinished, answerless], s.aggregation)
 
 
 def _vote(group: Sequence[_Candidate], weights: Sequence[float] | None, s: SearchSettings) -> _Candidate:
     """The (weighted) majority answer's representative: the best-scored sample of the winning
     bucket (the first one when unweighted). No answer anywhere: best_of_n's (or the first) choice."""
-    answers = [_answer(c, s) for c in group]
+    answers = [c.answer for c in group]
     totals: dict[str, float] = {}
     for i, answer in enumerate(answers):
         if answer is None:
@@ -318,7 +355,7 @@ def _vote(group: Sequence[_Candidate], weights: Sequence[float] | None, s: Searc
         bucket = normalize_answer(answer, s.kind)
         totals[bucket] = totals.get(bucket, 0.0) + (1.0 if weights is None else weights[i])
     if not totals:
-        return group[0] if weights is None else _best_finished_first(group, s.aggregation)
+        return group[0] if weights is None else _best_answered_first(group, s)
     winner = max(totals, key=totals.__getitem__)  # first-seen bucket wins ties
     members = [i for i, a in enumerate(answers) if a is not None and normalize_answer(a, s.kind) == winner]
     if weights is None:
@@ -330,7 +367,8 @@ def _vote(group: Sequence[_Candidate], weights: Sequence[float] | None, s: Searc
 
 
 def grade_results(results: Sequence[SearchResult], golds: Sequence[str], kind: str) -> list[bool]:
-    """Whether each returned solution is correct; an unfinished one always counts as wrong."""
+    """Whether each returned solution is correct; an unfinished one, or one without an answer,
+    always counts as wrong."""
     predictions = [r.answer if r.finished else None for r in results]
     return answers_equal_many(predictions, list(golds), kind)
 

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.config import SearchConfig
 from pipeline.generation.base import Completion, truncate_at_stop
 from pipeline.steps import join_steps, split_steps
-from prm.search import STRATEGIES, SearchResult, aggregate, bench_batched_search, search, search_many
+from prm.search import (
+    STRATEGIES,
+    SearchResult,
+    SearchSettings,
+    aggregate,
+    bench_batched_search,
+    grade_results,
+    search,
+    search_many,
+)
 
 EOS, STOP, LENGTH = "eos", "stop", "length"
 
@@ -33,15 +43,35 @@ TREE_Q2 = {
         ("y1\ny2", LENGTH),  # unfinished, with the best scores of all
     ],
 }
+# Issue #19: a stop candidate (the end token on a partial without an answer) beside continuations.
+TREE_STOP = {  # after a1 the policy may stop with no answer (scored as a1, 0.9) or go on with b1 (0.6)
+    (): [("a1\n", STOP), ("a2\n", STOP)],
+    ("a1",): [("", EOS), ("b1\n", STOP)],
+    ("a1", "b1"): [("The answer is 6", EOS)],
+}
+TREE_ANSWERED = {  # after a1: stop (0.9), an answer (0.8) and a continuation (0.6)
+    (): [("a1\n", STOP)],
+    ("a1",): [("", EOS), ("The answer is 2", EOS), ("b1\n", STOP)],
+}
+TREE_LONG = {  # a short wrong answer (0.7) against a longer right one (0.9, 0.6, 0.9)
+    (): [("The answer is 7", EOS), ("c1\n", STOP)],
+    ("c1",): [("c2\n", STOP)],
+    ("c1", "c2"): [("The answer is 8", EOS)],
+}
+TREE_NO_ANSWER_AFTER_A1 = {(): [("a1\n", STOP)], ("a1",): [("", EOS), ("z1", EOS)]}
+TREE_NO_ANSWER_AT_ALL = {(): [("z1", EOS), ("z2", EOS)]}
+TREE_WHOLE = {(): [("y1\ny2", EOS), ("x2\nThe answer is 4", EOS)]}  # answerless (0.99) vs answered
 SCORES = {
     "a1": 0.9, "a2": 0.5, "a3": 0.7, "a4": 0.1,
     "b1": 0.6, "The answer is 5": 0.4, "d1": 0.95, "d2": 0.3,
     "The answer is 9": 0.8, "e2": 0.25, "The answer is 6": 0.85, "f2": 0.2,
     "x1": 0.9, "x2": 0.8, "x3": 0.6, "x4": 0.5, "The answer is 3": 0.2, "The answer is 4": 0.95,
     "y1": 0.99, "y2": 0.99,
+    "The answer is 2": 0.8, "c1": 0.9, "c2": 0.6, "The answer is 7": 0.7, "The answer is 8": 0.9, "z1": 0.3,
 }
-PROMPTS = {"Q1": "Question: Q1\nAnswer:\n", "Q2": "Question: Q2\nAnswer:\n"}
-TREES = {"Q1": TREE_Q1, "Q2": TREE_Q2}
+TREES = {"Q1": TREE_Q1, "Q2": TREE_Q2, "QSTOP": TREE_STOP, "QANSWERED": TREE_ANSWERED, "QLONG": TREE_LONG,
+         "QNOANSWER1": TREE_NO_ANSWER_AFTER_A1, "QNOANSWER0": TREE_NO_ANSWER_AT_ALL, "QWHOLE": TREE_WHOLE}
+PROMPTS = {q: f"Question: {q}\nAnswer:\n" for q in TREES}
 
 
 class FakePolicy:
@@ -86,9 +116,10 @@ def test_aggregate():
     assert aggregate([0.5, 0.2, 0.8], "last") == 0.8
     assert aggregate([0.5, 0.2, 0.8], "min") == 0.2
     assert aggregate([0.5, 0.2, 0.8], "prod") == pytest.approx(0.08)
-    assert aggregate([], "min") == float("-inf")
+    assert aggregate([0.5, 0.2, 0.8], "mean") == pytest.approx(0.5)
+    assert aggregate([], "min") == aggregate([], "mean") == float("-inf")
     with pytest.raises(ValueError, match="aggregation"):
-        aggregate([0.5], "mean")
+        aggregate([0.5], "median")
 
 
 def test_step_best_of_k_keeps_the_best_step_until_a_finished_one_wins():
@@ -154,6 +185,59 @@ def test_a_finished_candidate_is_preferred_whenever_one_exists():
     assert not result.finished and result.answer is None and result.steps == ["x1"]
 
 
+@pytest.mark.parametrize("aggregation", ["last", "min"])
+def test_an_answerless_stop_never_beats_a_continuation(aggregation):
+    # issue #19: after a1 the stop candidate (no answer, scored as a1: 0.9) used to beat b1 (0.6)
+    # and the search returned ["a1"] with no answer; b1 goes on to state the right answer
+    for strategy, k in (("step_best_of_k", 2), ("step_best_of_k", 4), ("beam", 4)):
+        (result,) = run(["QSTOP"], strategy, k, aggregation=aggregation)
+        assert result.steps == ["a1", "b1", "The answer is 6"], (strategy, k)
+        assert result.finished and result.answer == "6"
+        assert grade_results([result], ["6"], "tiny") == [True]
+
+
+def test_an_answered_finished_candidate_still_beats_a_lower_continuation():
+    # after a1: the answerless stop (0.9) is set aside; "The answer is 2" (0.8) beats b1 (0.6)
+    for strategy, k in (("step_best_of_k", 3), ("beam", 6)):
+        (result,) = run(["QANSWERED"], strategy, k, aggregation="last")
+        assert result.steps == ["a1", "The answer is 2"] and result.finished and result.answer == "2", strategy
+
+
+def test_beam_aggregations_that_do_not_reward_brevity():
+    # width 2: the short "7" (0.7) is kept at depth 1; c1, c2, "8" (0.9, 0.6, 0.9) finishes at
+    # depth 3. min (0.6) and prod (0.486) fall with every step and keep the short wrong answer;
+    # last (0.9) and mean (0.8) take the longer right one.
+    expected = {"min": "7", "prod": "7", "last": "8", "mean": "8"}
+    for aggregation, answer in expected.items():
+        (result,) = run(["QLONG"], "beam", 2, aggregation=aggregation)
+        assert result.finished and result.answer == answer, aggregation
+    # the default (SearchSettings and SearchConfig) is last
+    assert SearchSettings().aggregation == SearchConfig().aggregation == "last"
+    (result,) = search_many(["QLONG"], FakePolicy(), FakePRM(), "beam", 2, prompts=[PROMPTS["QLONG"]],
+                            kind="tiny", beam_width=2)
+    assert result.steps == ["c1", "c2", "The answer is 8"]
+
+
+def test_only_answerless_stops_are_graded_wrong():
+    # after a1 every candidate is an answerless stop: the partial a1 comes back unfinished
+    for strategy in ("step_best_of_k", "beam"):
+        (result,) = run(["QNOANSWER1"], strategy, 2)
+        assert result.steps == ["a1"] and not result.finished and result.answer is None, strategy
+        assert grade_results([result], ["6"], "tiny") == [False]
+    # nothing but answerless stops from the root: one of them comes back, with no answer
+    results = [run(["QNOANSWER0"], strategy, 2)[0] for strategy in STRATEGIES]
+    assert all(r.answer is None and r.steps in (["z1"], ["z2"]) for r in results)
+    assert grade_results(results, ["6"] * len(results), "tiny") == [False] * len(results)
+
+
+def test_best_of_n_prefers_an_answered_sample_over_an_answerless_one():
+    # y1, y2 ended with the end token and no answer (0.99, 0.99); x2, "4" (0.8, 0.95) answers
+    for aggregation in ("last", "min"):
+        for strategy in ("best_of_n", "weighted_vote"):
+            (result,) = run(["QWHOLE"], strategy, 2, aggregation=aggregation)
+            assert result.steps == ["x2", "The answer is 4"] and result.answer == "4", (strategy, aggregation)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_batched_equals_one_problem_at_a_time(strategy):
     questions = ["Q1", "Q2", "Q1"]
@@ -166,7 +250,7 @@ def test_batched_equals_one_problem_at_a_time(strategy):
 def test_one_generate_and_one_score_call_per_depth():
     policy, prm = FakePolicy(), FakePRM()
     results = search_many(["Q1", "Q2"], policy, prm, "beam", 4, prompts=[PROMPTS["Q1"], PROMPTS["Q2"]],
-                          kind="tiny", beam_width=2, max_depth=6)
+                          kind="tiny", beam_width=2, max_depth=6, aggregation="min")
     # depth 1: both roots; depth 2: two partials each (Q2's lead nowhere); depth 3: Q1's two
     assert policy.calls == [(2, 4), (4, 2), (2, 2)]
     assert len(prm.calls) == 3
