@@ -27,3 +27,26 @@ def find_benchmarks_dir() -> Path:
 @pytest.fixture(scope="session")
 def benchmarks_dir() -> Path:
     return find_benchmarks_dir()
+
+
+@pytest.fixture(scope="session")
+def random_tiny_world(tmp_path_factory) -> Path:
+    """A random-init tiny-world policy (policy/), PRM on its backbone (prm/) and 40 training
+    problems (problems_train.jsonl): what the fine-tuning stages read, in seconds, when a test
+    compares runs with each other rather than against a target."""
+    # imported here, not at the top: the offline settings above must come before transformers loads
+    from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
+    from pipeline.problems import write_problems_jsonl
+    from pipeline.tinyworld.model import build_model, save_policy
+    from pipeline.tinyworld.problems import generate_splits
+    from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
+    from prm.model import ProcessRewardModel
+
+    root = tmp_path_factory.mktemp("random_tiny_world")
+    splits = generate_splits(TinyWorldConfig(n_train=40, n_val=4, n_test=4))
+    write_problems_jsonl(splits["train"], root / "problems_train.jsonl")
+    tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
+    model = build_model(BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=3), tokenizer)
+    save_policy(model, tokenizer, root / "policy")
+    ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
+    return root

@@ -24,29 +24,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
-from pipeline.problems import write_problems_jsonl
-from pipeline.tinyworld.model import build_model, save_policy
-from pipeline.tinyworld.problems import generate_splits
-from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
-from prm.model import ProcessRewardModel
-
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    """A random-init tiny-world policy, PRM and training problems (no training needed: the
-    comparison is between runs, not against a target)."""
-    root = tmp_path_factory.mktemp("world")
-    splits = generate_splits(TinyWorldConfig(n_train=40, n_val=4, n_test=4))
-    write_problems_jsonl(splits["train"], root / "problems_train.jsonl")
-    tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
-    model = build_model(BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=3), tokenizer)
-    save_policy(model, tokenizer, root / "policy")
-    ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
-    return root
+def world(random_tiny_world) -> Path:
+    return random_tiny_world
 
 
 def settings(world: Path, stage: str, out: Path, **extra) -> list[str]:

@@ -1,0 +1,110 @@
+"""Fine-tuning with a vLLM sampler: after every update the engine holds the trained weights.
+
+The engine is a fake shaped like vllm.LLM (generate, apply_model, reset_prefix_cache): vLLM is a
+GPU-only extra that never runs here (README, "GPU and vLLM"). What is tested is our side of the
+sync: which weights go in, when, under which names (LoRA merged), that the prefix cache is
+dropped, and that every trajectory is sampled by the weights of the step before it (on-policy).
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import torch
+
+from pipeline.config import GFNConfig, ModelConfig, load_config
+from pipeline.finetune.objectives import build_objective
+from pipeline.finetune.policy import LMPolicy
+from pipeline.finetune.run import add_lora, optimizer_settings
+from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.trainer import FinetuneTrainer
+from pipeline.generation.vllm_backend import VLLMGenerator
+from pipeline.modeling import load_causal_lm, load_tokenizer
+from pipeline.training import TrainingBase, make_accelerator
+
+SOLUTIONS = ["Ann has 3 apples: 3 + 2 = 5.\nThe answer is 5.", "Ann has 3 apples: 3 + 2 = 6.\nThe answer is 6."]
+
+
+class FakeModel:
+    """vLLM's model as apply_model hands it over: load_weights(iterable of (name, tensor))."""
+
+    def __init__(self):
+        self.loads: list[dict[str, torch.Tensor]] = []
+
+    def load_weights(self, weights):
+        self.loads.append({name: tensor.detach().clone() for name, tensor in weights})
+        return set(self.loads[-1])
+
+
+class FakeEngine:
+    def __init__(self):
+        self.model = FakeModel()
+        self.cache_resets = 0
+
+    def get_tokenizer(self):
+        return None
+
+    def apply_model(self, fn):
+        return [fn(self.model)]
+
+    def reset_prefix_cache(self):
+        self.cache_resets += 1
+
+    def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
+        def output(j):
+            return SimpleNamespace(index=j, text=SOLUTIONS[j % 2], token_ids=(1, 2, 3), finish_reason="stop", stop_reason=None)
+
+        return [SimpleNamespace(outputs=[output(j) for j in range(params.n)]) for params in sampling_params]
+
+
+class ConstantScorer:
+    def log_scores_many(self, pairs):
+        return [[-0.5] * len(steps) for _, steps in pairs]
+
+
+def make_trainer(world, tmp_path, lora: bool):
+    config = load_config(None, ["format.use_chat_template=false"])
+    cfg = GFNConfig(loss="tb_vargrad", lr=1e-2, scheduler="constant", warmup_steps=0, num_train_steps=3, questions_per_step=2,
+                    samples_per_question=2, micro_batch_size=8, save_every=0, lora=lora, lora_r=4, lora_alpha=8,
+                    lora_target_modules=["q_proj", "v_proj"])
+    tokenizer = load_tokenizer(str(world / "policy"))
+    model = load_causal_lm(str(world / "policy"), ModelConfig(device="cpu", dtype="float32"), is_trainable=True)
+    if lora:
+        model = add_lora(model, cfg)
+    model.train()
+    engine = FakeEngine()
+    sampler = VLLMGenerator("policy", config, engine=engine, sampling_params_cls=SimpleNamespace)
+    policy = LMPolicy(model, tokenizer, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if lora else None)
+    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size)
+    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), model, optimizer_settings(cfg, 1), tmp_path,
+                        objective=objective, progress=False)
+    policy.prepared(base.model, base.unwrapped)
+    problems = [TrainProblem(f"p{i}", "How many apples?", "Question: How many apples?\nAnswer:\n", "5") for i in range(4)]
+    return FinetuneTrainer(base, TrajectorySampler(policy, ConstantScorer(), problems, "tiny", cfg), objective, cfg, progress=False), engine
+
+
+def test_every_update_reloads_the_engine_and_drops_its_prefix_cache(random_tiny_world, tmp_path):
+    trainer, engine = make_trainer(random_tiny_world, tmp_path, lora=False)
+    start = {k: v.clone() for k, v in trainer.base.unwrapped.state_dict().items()}
+    for step in range(1, 4):
+        trainer.train_step()
+        assert len(engine.model.loads) == step and engine.cache_resets == step
+        loaded = engine.model.loads[-1]
+        live = trainer.base.unwrapped.state_dict()
+        assert loaded.keys() == live.keys()  # the transformers names vLLM's loader expects
+        assert all(torch.equal(loaded[name], live[name]) for name in live)
+    assert not all(torch.equal(start[name], engine.model.loads[-1][name]) for name in start)  # training moved the weights
+    versions = [t.policy_version for t in trainer.objective.buffer.sample(64)]
+    assert set(versions) <= {0, 1, 2}  # each trajectory was sampled by the weights of the step before it
+
+
+def test_lora_adapters_reach_the_engine_merged_into_plain_weight_names(random_tiny_world, tmp_path):
+    trainer, engine = make_trainer(random_tiny_world, tmp_path, lora=True)
+    trainer.train_step()
+    loaded = engine.model.loads[-1]
+    assert not any("lora_" in name or "base_layer" in name or name.startswith("base_model.") for name in loaded)
+    reference = copy.deepcopy(trainer.base.unwrapped).merge_and_unload().state_dict()
+    assert loaded.keys() == reference.keys()
+    for name, value in reference.items():
+        assert torch.allclose(loaded[name], value, atol=1e-6), name
