@@ -9,6 +9,9 @@ Writes: runs/<run>/results.json ({name: {ours_s, reference_s, ratio, machine}}) 
 from __future__ import annotations
 
 import json
+import os
+import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from pipeline.generation.hf import HFGenerator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import write_json_atomic
 from pipeline.modeling import load_causal_lm, load_tokenizer
+from pipeline.problems import write_problems_jsonl
 from pipeline.prompts import prompt_from_config
 from pipeline.rollouts.bench import bench_mcts_batched
 from pipeline.rollouts.mcts import make_rollout_fn
@@ -31,19 +35,23 @@ from pipeline.steps import join_steps
 from pipeline.tinyworld.model import build_model, save_policy
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import train_tokenizer
+from pipeline.training.metrics import MetricsLog
 from prm.bench import bench_one_pass_scoring, bench_prm_training
 from prm.model import ProcessRewardModel
 from prm.scorer import PRMScorer
 from prm.search import bench_batched_search
 from stages.common import log, parse_args, set_threads, stage_dir, timed
 
-GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0}
+GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0,
+         "gfn_step_scaling": 1.6}
 REFERENCES = {
     "generation_shared_prompt": "one generate call per prompt (64 prompts x n=16 x 48 new tokens)",
     "mcts_batched": "one generator call per pending prefix, same k and budget (completions/s ratio)",
     "prm_one_pass": "one forward per step prefix of 8-step solutions",
     "gfn_batched_step": "a batch-1 teacher-forced forward per trajectory (forward + backward)",
     "search_batched": "step-level best-of-k one problem at a time",
+    "gfn_step_scaling": "make gfn in 1 process vs 2 (torchrun), the machine's cores split evenly; ours/reference = s per "
+                        "trajectory; ratio = trajectories/s of 2 over 1 (goal 0.8 x 2 where each process has its own GPU)",
 }
 
 
@@ -58,6 +66,32 @@ def tiny_model(config, out: Path):
     model = build_model(config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
     save_policy(model, tokenizer, out / "model")
     return load_tokenizer(str(out / "model")), load_causal_lm(str(out / "model"), config.model), splits, "random init"
+
+
+def step_scaling(config, model, tokenizer, splits, out: Path, processes: int = 2, steps: int = 6) -> dict:
+    """gfn_step_scaling: `make gfn` (TB-VarGrad, 8 questions x 4 samples a step) in 1 process and in
+    ``processes`` (torchrun, one set of threads each: the cores split evenly), trajectories per
+    second of the main process's steps after the first (median)."""
+    world = out / "scaling"
+    save_policy(model, tokenizer, world / "policy")
+    ProcessRewardModel.from_backbone(model).save_pretrained(world / "prm", tokenizer=tokenizer)
+    write_problems_jsonl(splits["train"][:200], world / "problems_train.jsonl")
+    cores = os.cpu_count() or 1
+    rates = {}
+    for count in (1, processes):
+        run = f"run{count}"
+        overrides = [f"runs_root={world}", f"run={run}", f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}",
+                     f"data.train_path={world / 'problems_train.jsonl'}", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={steps}",
+                     "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"model.device={config.model.device}"]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(count), "--master_port",
+                   str(29400 + os.getpid() % 500 + count), "-m", "stages.train_gfn", "--config", "configs/tiny.yaml", *overrides]
+        threads = str(max(1, cores // count))
+        subprocess.run(command, check=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
+                       stdout=subprocess.DEVNULL)
+        rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()[1:]
+        rates[count] = statistics.median(r["sampled"] / r["seconds"] for r in rows)
+    return {"ours_s": 1 / rates[processes], "reference_s": 1 / rates[1], "ratio": rates[processes] / rates[1], "processes": processes,
+            "trajectories_per_s": {str(k): v for k, v in rates.items()}}
 
 
 def _kept_rows(old: str, header: str, machine: str) -> list[str]:
@@ -94,7 +128,7 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
     for name, r in results.items():
         goal = GOALS.get(name)
         lines.append(f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | "
-                     f"{'>= %.0fx' % goal if goal else '-'} | {REFERENCES[name]} | {machine} |")
+                     f"{f'>= {goal:g}x' if goal else '-'} | {REFERENCES[name]} | {machine} |")
     lines += [
         "",
         training_header.strip("\n"),
@@ -163,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
         results["search_batched"] = bench_batched_search([p.question for p in problems[:16]], generator, prm, "step_best_of_k", k=4,
                                                          prompts=prompts[:16], kind="tiny", temperature=0.0, max_depth=6,
                                                          max_step_tokens=config.generation.max_step_tokens, format_config=config.format)
+        log.info("bench: gfn_step_scaling (1 vs 2 processes)")
+        results["gfn_step_scaling"] = step_scaling(config, model, tokenizer, splits, out)
         for r in results.values():
             r["machine"] = machine
         training = None

@@ -94,6 +94,10 @@ class PPOObjective(torch.nn.Module):
                 terminated = torch.tensor([t.finished for t in chunk], device=old_logp.device)
                 advantages, returns = gae(rewards, values, lp.mask, gamma=self.cfg.gamma, lam=self.cfg.gae_lambda, terminated=terminated)
             old.append([chunk, old_logp, values[:, :-1], advantages, returns, lp.mask])
+        if self.collective.lockstep:  # the same number of forwards on every process (FSDP, ZeRO collectives)
+            for _ in range(self.collective.max(len(old)) - len(old)):
+                with torch.no_grad():
+                    self.policy.logprobs([t.prompt for t in old[-1][0]], [t.steps for t in old[-1][0]], with_grad=False)
         # Normalise advantages over the whole batch of every process (standard PPO practice).
         local = torch.cat([advantages[mask].double().cpu() for *_, advantages, _, mask in old]) if weight else torch.zeros(0, dtype=torch.float64)
         count, total_sum, total_square = self.collective.sum(torch.stack([torch.tensor(float(local.numel()), dtype=torch.float64),

@@ -131,6 +131,10 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], sco
     policy_path = config.resolve(config.model.policy)
     accelerator = make_accelerator(config.model)
     collective = Collective(accelerator)
+    if collective.sharded_parameters and config.generation.backend != "vllm":
+        raise ValueError("under FSDP or DeepSpeed ZeRO-3 no process holds the whole policy between forwards: sample with "
+                         "generation.backend=vllm (each process's engine gets the gathered weights after every update), "
+                         "or train with DDP / ZeRO-2")
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
     reference = None
@@ -150,7 +154,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], sco
     objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective)
     updates = objective.updates_per_rollout
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
-                        updates_per_record=updates, progress=False, desc=stage)
+                        save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage)
     policy.prepared(base.model, base.unwrapped)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     trajectory_sampler = TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg, reference=reference, collective=collective)

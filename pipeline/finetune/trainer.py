@@ -75,7 +75,7 @@ class FinetuneTrainer:
         if not every:
             raise RuntimeError("every sampled solution was empty: the policy stops at s_0")
         micro_batches = self.objective.rollout(fresh, everyone)
-        if self.base.lockstep:  # sharded models: every process runs as many forward passes as the busiest one
+        if collective.lockstep:  # sharded models: every process runs as many forward passes as the busiest one
             count = collective.max(len(micro_batches))
             micro_batches += [self.objective.filler(micro_batches) for _ in range(count - len(micro_batches))]
         updates = self.objective.updates_per_rollout

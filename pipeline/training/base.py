@@ -152,6 +152,9 @@ class TrainingBase:
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.is_main)
 
         deepspeed = getattr(accelerator.state, "deepspeed_plugin", None)
+        if deepspeed is not None and save_every > 0:
+            raise ValueError(f"{desc}: resumable checkpoints are not supported under DeepSpeed (its optimizer state cannot be "
+                             "saved without pickling): set save_every=0, or use the FSDP configs")
         if deepspeed is not None:  # no prepared dataloader to infer these from (accelerate's documented route)
             deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size or 1
             deepspeed.deepspeed_config["gradient_accumulation_steps"] = accelerator.gradient_accumulation_steps
@@ -211,13 +214,6 @@ class TrainingBase:
         return True
 
     # ------------------------------------------------------------------ one update
-
-    @property
-    def lockstep(self) -> bool:
-        """Whether every process must run the same number of forward passes per update: under
-        FSDP and DeepSpeed ZeRO a forward (or backward) is a collective over the processes."""
-        return self.accelerator.num_processes > 1 and self.accelerator.distributed_type in (DistributedType.FSDP,
-                                                                                             DistributedType.DEEPSPEED)
 
     @contextlib.contextmanager
     def accumulating(self, last: bool):
@@ -365,9 +361,6 @@ class TrainingBase:
         """A resumable checkpoint of this step (crash-safe; the newest ``keep_checkpoints`` kept).
         Every process calls it; the main one commits."""
         accelerator = self.accelerator
-        if accelerator.distributed_type == DistributedType.DEEPSPEED:
-            raise RuntimeError("resumable checkpoints are not supported under DeepSpeed (its optimizer state cannot be "
-                               "saved without pickling); set save_every=0, or use the FSDP configs")
         staging = None
         if self.is_main:
             staging = checkpoint.staging_dir(self.checkpoint_root, self.step)

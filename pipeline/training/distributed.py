@@ -13,6 +13,7 @@ from typing import Sequence, TypeVar
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 from pipeline.records import Record
 
@@ -32,6 +33,23 @@ class Collective:
     @property
     def world(self) -> int:
         return self.accelerator.num_processes if self.accelerator is not None else 1
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether every process must run the same number of forward and backward passes of
+        the trained model: under FSDP and DeepSpeed ZeRO they are collectives."""
+        return self.world > 1 and self.accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+    @property
+    def sharded_parameters(self) -> bool:
+        """Whether no process holds the trained model's whole weights between forwards (FSDP,
+        ZeRO-3): generating with it would need every process in lockstep at every token."""
+        if self.world == 1:
+            return False
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            return True
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return plugin is not None and plugin.zero_stage == 3
 
     @property
     def device(self) -> torch.device:
