@@ -339,11 +339,12 @@ def score_samples(
     diversity: dict = {"similarity": {"mean": None, "lo": None, "hi": None, "n_scored": 0}, "vendi": None}
     if embed is not None:
         similarity = semantic_similarity(solutions, embed, n_resamples=settings.bootstrap_resamples, seed=settings.seed)
-        diversity["similarity"] = {key: similarity[key] for key in ("mean", "lo", "hi", "n_scored")}
+        diversity["similarity"] = {key: similarity[key] for key in ("mean", "lo", "hi", "n_scored", "per_problem")}
         diversity["vendi"] = similarity["vendi_mean"]
     for n in DISTINCT_NS:
         diversity[f"distinct_{n}"] = distinct_n_per_problem(texts, n)["mean"]
     diversity["correct_strategies"] = float(np.mean(strategies))
+    diversity["correct_strategies_per_problem"] = strategies  # in problem order: comparisons pair them
     diversity["correct_strategies_solved"] = float(np.mean(solved)) if solved else None
 
     all_rows = [r for rows in sampled.values() for r in rows]
@@ -538,31 +539,55 @@ def run_evaluation(
     return results
 
 
-def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config, metrics: dict | None = None) -> dict:
-    """{"reference": name, "models": {model: {benchmark: paired differences}}} against the model
-    named "base" (else the first evaluated one); empty when fewer than two models ran.
+def paired_differences(reference_records: Sequence[Sample], records: Sequence[Sample], problems: Sequence[Problem], kind_of: KindOf,
+                       config: Config, reference_metrics: dict | None = None, model_metrics: dict | None = None) -> dict:
+    """One model minus a reference on the same problems: the accuracy metrics
+    (paired_accuracy_differences), and where both carry them per problem, the mean PRM reward
+    ("prm_reward"), the mean pairwise similarity of the sampled solutions ("similarity", over the
+    problems scored for both; lower = more diverse) and the distinct correct strategies
+    ("correct_strategies"), each {mean, lo, hi} with a paired bootstrap interval."""
+    n_resamples, seed = config.eval.bootstrap_resamples, config.eval.seed
+    differences = paired_accuracy_differences(reference_records, records, problems, kind_of, n_resamples=n_resamples, seed=seed)
+    reference_metrics, model_metrics = reference_metrics or {}, model_metrics or {}
 
-    metrics: {model: {benchmark: score_samples output}}; where both models carry a PRM reward,
-    the differences also hold "prm_reward": the paired bootstrap CI of the per-problem mean R
-    difference (did fine-tuning raise the PRM reward on these held-out problems).
+    def paired(values_a, values_b, name: str) -> None:
+        pairs = [(a, b) for a, b in zip(values_a, values_b) if a is not None and b is not None]
+        if pairs:
+            mean, lo, hi = bootstrap_ci(np.array([b - a for a, b in pairs]), n_resamples=n_resamples, seed=seed)
+            differences[name] = {"mean": mean, "lo": lo, "hi": hi}
+
+    rewards = [m.get("prm_reward") for m in (reference_metrics, model_metrics)]
+    if all(r and "per_problem" in r for r in rewards):
+        paired(rewards[0]["per_problem"], rewards[1]["per_problem"], "prm_reward")
+    diversities = [m.get("diversity", {}) for m in (reference_metrics, model_metrics)]
+    similarities = [d.get("similarity", {}).get("per_problem") for d in diversities]
+    if all(s is not None for s in similarities):
+        paired(similarities[0], similarities[1], "similarity")
+    strategies = [d.get("correct_strategies_per_problem") for d in diversities]
+    if all(s is not None for s in strategies):
+        paired(strategies[0], strategies[1], "correct_strategies")
+    return differences
+
+
+def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config, metrics: dict | None = None) -> dict:
+    """{"reference": name, "models": {model: {benchmark: paired differences}}, "pairs": {"a_vs_b":
+    {benchmark: a minus b}}} against the model named "base" (else the first evaluated one) and
+    for every pair of eval.pairs that was evaluated (paired_differences); empty when fewer than
+    two models ran.
+
+    metrics: {model: {benchmark: score_samples output}}: the per-problem PRM reward, similarity and
+    strategies the differences beyond accuracy are paired from.
     """
     if len(all_records) < 2:
         return {}
+    metrics = metrics or {}
     reference = "base" if "base" in all_records else next(iter(all_records))
-    models: dict = {}
-    for name, per_bench in all_records.items():
-        if name == reference:
-            continue
-        for bench, records in per_bench.items():
-            if bench in all_records[reference]:
-                differences = paired_accuracy_differences(
-                    all_records[reference][bench], records, benchmarks[bench], kind_of,
-                    n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed,
-                )
-                rewards = [(metrics or {}).get(m, {}).get(bench, {}).get("prm_reward") for m in (reference, name)]
-                if all(r and "per_problem" in r for r in rewards):
-                    values = np.array(rewards[1]["per_problem"]) - np.array(rewards[0]["per_problem"])
-                    mean, lo, hi = bootstrap_ci(values, n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed)
-                    differences["prm_reward"] = {"mean": mean, "lo": lo, "hi": hi}
-                models.setdefault(name, {})[bench] = differences
-    return {"reference": reference, "models": models}
+
+    def compare(model: str, against: str) -> dict:
+        return {bench: paired_differences(all_records[against][bench], records, benchmarks[bench], kind_of, config,
+                                          metrics.get(against, {}).get(bench), metrics.get(model, {}).get(bench))
+                for bench, records in all_records[model].items() if bench in all_records[against]}
+
+    models = {name: compare(name, reference) for name in all_records if name != reference}
+    pairs = {f"{a}_vs_{b}": compare(a, b) for a, b in config.eval.pairs if a in all_records and b in all_records}
+    return {"reference": reference, "models": {m: d for m, d in models.items() if d}, "pairs": pairs}

@@ -145,21 +145,19 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     else:
         lines += ["", "No model was evaluated."]
     comparisons = results.get("comparisons") or {}
+    shown = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS if greedy or key != "greedy_pass@1"]
     if comparisons.get("models"):
         reference = comparisons["reference"]
         lines += ["", f"## Against `{reference}` (paired)", ""]
         lines += [f"Accuracy of each model minus `{reference}`'s on the same problems, in points, with a paired "
                   "95% bootstrap interval (problems resampled once for both models). *higher* / *lower*: the "
                   "interval excludes 0; *no clear change* otherwise.", ""]
-        shown = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS if greedy or key != "greedy_pass@1"]
-        with_reward = any("prm_reward" in d for per_bench in comparisons["models"].values() for d in per_bench.values())
-        table_rows = []
-        for model, per_bench in comparisons["models"].items():
-            for bench, diffs in per_bench.items():
-                row = [model, bench] + [_difference(diffs.get(key)) for key, _ in shown]
-                table_rows.append(row + [_difference(diffs.get("prm_reward"), scale=1, digits=4)] if with_reward else row)
-        lines += _table(["model", "benchmark"] + [title for _, title in shown] + (["mean PRM reward (not in points)"] if with_reward else []),
-                        table_rows)
+        lines += _differences_table({model: per_bench for model, per_bench in comparisons["models"].items()}, shown)
+    if comparisons.get("pairs"):
+        lines += ["", "## Model against model (paired)", ""]
+        lines += ["The first model minus the second (eval.pairs), as above; similarity: mean pairwise cosine of "
+                  "a problem's solutions (lower = more diverse); strategies: distinct correct step sequences per problem.", ""]
+        lines += _differences_table({pair.replace("_vs_", " - "): per_bench for pair, per_bench in comparisons["pairs"].items()}, shown)
     if results["skipped"]:
         lines += ["", "## Skipped models", ""]
         lines += [f"- **{s['model']}**: {s['reason']} (run the stage that trains it, or fix `eval.models.{s['model']}`)"
@@ -168,6 +166,19 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         lines += ["", "## Plots", ""]
         lines += [f"![{name}]({file})" for name, file in plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def _differences_table(compared: dict, shown: list[tuple[str, str]]) -> list[str]:
+    """One row per (compared model(s), benchmark): accuracy differences in points, then the PRM
+    reward, similarity and strategy differences where any row has them."""
+    extras = [("prm_reward", "mean PRM reward (not in points)", 4), ("similarity", "similarity", 3),
+              ("correct_strategies", "correct strategies", 2)]
+    present = [(key, title, digits) for key, title, digits in extras
+               if any(key in diffs for per_bench in compared.values() for diffs in per_bench.values())]
+    rows = [[name, bench] + [_difference(diffs.get(key)) for key, _ in shown]
+            + [_difference(diffs.get(key), scale=1, digits=digits) for key, _, digits in present]
+            for name, per_bench in compared.items() for bench, diffs in per_bench.items()]
+    return _table(["model", "benchmark"] + [title for _, title in shown] + [title for _, title, _ in present], rows)
 
 
 def _grouped_bars(axis, results: dict, value_of, title: str, ylabel: str, scale: float = 1.0) -> None:

@@ -219,6 +219,7 @@ class StepTrainingConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     save_every: int = 20  # steps between resumable checkpoints
     seed: int = 0
+    mode: str = "sync"  # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
 
 
 @dataclass
@@ -239,7 +240,15 @@ class GFNConfig(StepTrainingConfig):
     buffer_priority: str = "softmax"  # softmax | proportional
     buffer_temperature: float = 1.0
     recency_fraction: float = 0.5  # TBA's m
-    replay_fraction: float = 0.5  # replayed trajectories per fresh one in each batch
+    replay_fraction: float = 0.5  # replayed trajectories per fresh one in each batch (sync mode)
+    # asynchronous mode (mode=async; TBA, Bartoldson et al.): searcher actors sample questions_per_step
+    # questions x samples_per_question each round with the newest published weights, into one buffer
+    searchers: int = 2  # searcher actors
+    sync_every: int = 1  # trainer steps between weight publications (TBA's k)
+    async_batch_size: int | None = None  # trajectories per trainer step (None: questions_per_step x samples_per_question)
+    max_staleness: int | None = 16  # trajectories sampled more than this many trainer steps ago are dropped (None: kept)
+    ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
+    searcher_gpus: float = 0.0  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
 
 
 @dataclass
@@ -276,6 +285,7 @@ class EvalConfig:
     greedy: bool = True
     embedder: str | None = None  # None = offline all-MiniLM-L6-v2; paper: sentence-transformers/paraphrase-MiniLM-L6-v2
     prm: str | None = None  # a trained PRM: report each model's mean PRM reward R = prod U on its samples (skipped if absent)
+    pairs: list[list[str]] = field(default_factory=lambda: [["gfn", "ppo"]])  # [a, b]: also report a minus b, paired (Table 4)
     bootstrap_resamples: int = 2000
     seed: int = 0
 
@@ -306,7 +316,7 @@ class Config:
 
     run: str = "demo"
     runs_root: str = "runs"
-    seed: int = 0
+    seed: int = 0  # every section's seed unless the section sets its own (tiny world, training, sampling, evaluation)
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
@@ -397,7 +407,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
 
 
-def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str) -> None:
+def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, explicit: set[str] | None = None) -> None:
+    """Set ``updates`` on the dataclass ``obj``, type-checked; the dotted keys set go into ``explicit``."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for name, value in updates.items():
@@ -409,9 +420,11 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str) -> None:
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {value!r}")
-            _apply(current, value, f"{key}.", where)
+            _apply(current, value, f"{key}.", where, explicit)
         else:
             setattr(obj, name, _coerce(value, tp, key, where))
+            if explicit is not None:
+                explicit.add(key)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -430,8 +443,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults, then the YAML file, then ``key=value`` overrides, all type-checked."""
+    """Defaults, then the YAML file, then ``key=value`` overrides, all type-checked. A section's
+    ``seed`` that neither sets is the top-level ``seed``: ``seed=3`` reseeds the whole pipeline."""
     config = Config()
+    explicit: set[str] = set()
     if path is not None:
         path = Path(path)
         if not path.exists():
@@ -442,13 +457,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
-        _apply(config, data, "", str(path))
+        _apply(config, data, "", str(path), explicit)
     for text in overrides or []:
         keys, value = parse_override(text)
         nested: Any = value
         for name in reversed(keys):
             nested = {name: nested}
-        _apply(config, nested, "", "command line")
+        _apply(config, nested, "", "command line", explicit)
+    for section in dataclasses.fields(config):
+        value = getattr(config, section.name)
+        if dataclasses.is_dataclass(value) and hasattr(value, "seed") and f"{section.name}.seed" not in explicit:
+            value.seed = config.seed
     return config
 
 

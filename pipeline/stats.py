@@ -91,3 +91,33 @@ def mann_whitney_auc(scores: Sequence[float], positive: Sequence[bool]) -> float
     ranks[order] = np.repeat(mean_ranks, counts)
     rank_sum = ranks[positive].sum()
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def grouped_bootstrap_auc(scores: Sequence[float], positive: Sequence[bool], groups: Sequence, n_resamples: int = 1000,
+                          alpha: float = 0.05, seed: int = 0) -> tuple[float, float | None, float | None]:
+    """Mann-Whitney AUC with a percentile-bootstrap interval that resamples groups (problems), not
+    items: a problem's steps are not independent of each other.
+
+    scores, positive, groups: (N,) aligned. Returns (auc, lo, hi); lo and hi are None when fewer
+    than two groups exist, and resamples that lack either class are skipped.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.asarray(positive, dtype=bool)
+    auc = mann_whitney_auc(scores, positive)
+    members: dict = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    blocks = [np.asarray(rows) for rows in members.values()]
+    if len(blocks) < 2:
+        return auc, None, None
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(n_resamples):
+        rows = np.concatenate([blocks[i] for i in rng.integers(0, len(blocks), size=len(blocks))])
+        value = mann_whitney_auc(scores[rows], positive[rows])
+        if not np.isnan(value):
+            values.append(value)
+    if not values:
+        return auc, None, None
+    lo, hi = np.quantile(values, [alpha / 2, 1 - alpha / 2])
+    return auc, float(lo), float(hi)

@@ -375,7 +375,8 @@ def grade_results(results: Sequence[SearchResult], golds: Sequence[str], kind: s
 
 def summarize_search(results: Sequence[SearchResult], golds: Sequence[str], kind: str,
                      n_resamples: int = 2000, seed: int = 0) -> dict:
-    """{accuracy: {mean, lo, hi} (bootstrap over problems), finished_fraction, tokens_per_problem}."""
+    """{accuracy: {mean, lo, hi} (bootstrap over problems), finished_fraction, tokens_per_problem,
+    n_problems, correct: per problem, in order (what a paired comparison of two k needs)}."""
     correct = np.asarray(grade_results(results, golds, kind), dtype=np.float64)
     mean, lo, hi = bootstrap_ci(correct, n_resamples=n_resamples, seed=seed)
     return {
@@ -383,6 +384,7 @@ def summarize_search(results: Sequence[SearchResult], golds: Sequence[str], kind
         "finished_fraction": float(np.mean([r.finished for r in results])),
         "tokens_per_problem": float(np.mean([r.tokens_generated for r in results])),
         "n_problems": len(results),
+        "correct": [bool(c) for c in correct],
     }
 
 

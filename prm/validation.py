@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from pipeline.io import RecordError, read_jsonl, write_json_atomic
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import PRMExample, Problem
-from pipeline.stats import mann_whitney_auc
+from pipeline.stats import grouped_bootstrap_auc, mann_whitney_auc
 from pipeline.steps import split_steps
 from pipeline.tinyworld.problems import arithmetic_errors
 from prm.data import group_records
@@ -155,37 +155,41 @@ def corruption_check(scorer, records: Sequence[PRMExample], max_examples: int = 
 SLIP_CHECKERS: dict[str, Callable[[str], bool]] = {"tiny": lambda step: bool(arithmetic_errors([step]))}
 
 
-def natural_slips(solutions: Sequence[tuple[str, Sequence[str]]], has_slip: Callable[[str], bool]) -> tuple[list, list[bool]]:
+def natural_slips(solutions: Sequence[tuple[str, Sequence[str]]], has_slip: Callable[[str], bool]) -> tuple[list, list[bool], list[str]]:
     """The scored paths and their labels for the natural-slip check.
 
     For every solution (question, steps): its steps up to and including the first one with a
     slip (all of them when none slips). Every step before the first slip is clean after a clean
     prefix (label True); the first slipped step is a slip after a clean prefix (False); steps
     after it are left out (their prefix is already wrong). Returns ([(question, path)], labels
-    with one entry per step of every path, in order)."""
-    paths, labels = [], []
+    with one entry per step of every path, in order, and each step's question)."""
+    paths, labels, questions = [], [], []
     for question, steps in solutions:
         first = next((k for k, step in enumerate(steps) if has_slip(step)), None)
         path = list(steps) if first is None else list(steps[: first + 1])
         if path:
             paths.append((question, path))
             labels.extend([True] * (len(path) if first is None else first) + ([False] if first is not None else []))
-    return paths, labels
+            questions.extend([question] * len(path))
+    return paths, labels, questions
 
 
 def natural_slip_check(scorer, solutions: Sequence[tuple[str, Sequence[str]]], has_slip: Callable[[str], bool]) -> dict:
     """How well the PRM separates the policy's own slips from clean steps after a clean prefix.
 
     solutions: (question, steps) of the policy's own samples on held-out problems
-    Returns {auc (clean above slipped; Mann-Whitney, ties 1/2), n_clean, n_slipped, n_solutions,
-    mean_clean, mean_slipped}; auc is None without both kinds of steps.
+    Returns {auc (clean above slipped; Mann-Whitney, ties 1/2), interval (95%, problems
+    resampled), n_clean, n_slipped, n_solutions, mean_clean, mean_slipped}; auc and interval are
+    None without both kinds of steps.
     """
-    paths, labels = natural_slips(solutions, has_slip)
+    paths, labels, questions = natural_slips(solutions, has_slip)
     scores = np.array([u for row in scorer.score_many(paths) for u in row], dtype=np.float64) if paths else np.zeros(0)
     clean = np.array(labels, dtype=bool)
     n_clean, n_slipped = int(clean.sum()), int((~clean).sum())
+    auc, lo, hi = grouped_bootstrap_auc(scores, clean, questions) if n_clean and n_slipped else (None, None, None)
     return {
-        "auc": mann_whitney_auc(scores, clean) if n_clean and n_slipped else None,
+        "auc": auc,
+        "interval": [lo, hi],
         "n_clean": n_clean,
         "n_slipped": n_slipped,
         "n_solutions": len(solutions),
@@ -339,6 +343,7 @@ def validate_prm(
         report.update({
             "bce": bce,
             "auc": mann_whitney_auc(scores, positive),
+            "auc_interval": list(grouped_bootstrap_auc(scores, positive, [r.problem_id for r in records])[1:]),
             "n_positive": int(positive.sum()),
             "n_negative": int((~positive).sum()),
             "brier": brier_score(scores, labels),

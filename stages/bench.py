@@ -43,7 +43,7 @@ from prm.search import bench_batched_search
 from stages.common import log, parse_args, set_threads, stage_dir, timed
 
 GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0,
-         "gfn_step_scaling": 1.6}
+         "gfn_step_scaling": 1.6, "gfn_async_speedup": 1.5}
 REFERENCES = {
     "generation_shared_prompt": "one generate call per prompt (64 prompts x n=16 x 48 new tokens)",
     "mcts_batched": "one generator call per pending prefix, same k and budget (completions/s ratio)",
@@ -52,6 +52,8 @@ REFERENCES = {
     "search_batched": "step-level best-of-k one problem at a time",
     "gfn_step_scaling": "make gfn in 1 process vs 2 (torchrun), the machine's cores split evenly; ours/reference = s per "
                         "trajectory; ratio = trajectories/s of 2 over 1 (goal 0.8 x 2 where each process has its own GPU)",
+    "gfn_async_speedup": "make gfn gfn.mode=sync vs async (2 searchers, local Ray): seconds to the same number of trainer "
+                         "updates (goal where searchers and trainer have their own devices)",
 }
 
 
@@ -92,6 +94,25 @@ def step_scaling(config, model, tokenizer, splits, out: Path, processes: int = 2
         rates[count] = statistics.median(r["sampled"] / r["seconds"] for r in rows)
     return {"ours_s": 1 / rates[processes], "reference_s": 1 / rates[1], "ratio": rates[processes] / rates[1], "processes": processes,
             "trajectories_per_s": {str(k): v for k, v in rates.items()}}
+
+
+def async_speedup(world: Path, updates: int = 100) -> dict:
+    """gfn_async_speedup: seconds to ``updates`` trainer updates of `make gfn` (TB-VarGrad, 8
+    questions x 4 samples, the step_scaling world), synchronous vs asynchronous (2 searchers on a
+    local Ray instance started by the stage); the sum of the steps' durations, setup excluded."""
+    seconds, rewards = {}, {}
+    for mode in ("sync", "async"):
+        run = f"speed_{mode}"
+        overrides = [f"runs_root={world}", f"run={run}", f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}",
+                     f"data.train_path={world / 'problems_train.jsonl'}", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={updates}",
+                     "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"gfn.mode={mode}"]
+        subprocess.run([sys.executable, "-m", "stages.train_gfn", "--config", "configs/tiny.yaml", *overrides], check=True, timeout=3600,
+                       stdout=subprocess.DEVNULL)
+        rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()
+        seconds[mode] = sum(r["seconds"] for r in rows)
+        rewards[mode] = statistics.mean(r["avg_reward"] for r in rows[-20:])
+    return {"ours_s": seconds["async"], "reference_s": seconds["sync"], "ratio": seconds["sync"] / seconds["async"],
+            "updates": updates, "train_reward_last_20": rewards}
 
 
 def _kept_rows(old: str, header: str, machine: str) -> list[str]:
@@ -199,6 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                          max_step_tokens=config.generation.max_step_tokens, format_config=config.format)
         log.info("bench: gfn_step_scaling (1 vs 2 processes)")
         results["gfn_step_scaling"] = step_scaling(config, model, tokenizer, splits, out)
+        log.info("bench: gfn_async_speedup (synchronous vs asynchronous, 100 updates)")
+        results["gfn_async_speedup"] = async_speedup(out / "scaling")
         for r in results.values():
             r["machine"] = machine
         training = None

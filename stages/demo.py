@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from eval.claims import evaluate_claims
 from eval.evaluate import reports_dir
 from pipeline.config import Config
 from pipeline.contracts import check_run
+from pipeline.io import write_json_atomic
 from stages import augment, bootstrap, evaluate, mcts, search, train_gfn, train_ppo, train_prm
 from stages.common import log, parse_args
 
@@ -46,6 +48,15 @@ def run_stages(argv: list[str], only: list[str] | None = None) -> dict[str, floa
     return seconds
 
 
+def _stopped_by_time(stage_dir: Path) -> bool:
+    """Whether a training stage's wall-clock safety net fired (it says so in its metrics)."""
+    metrics = stage_dir / "metrics.jsonl"
+    if metrics.is_file() and '"stopped_by_time": true' in metrics.read_text(encoding="utf-8"):
+        return True
+    summary = _read_json(stage_dir / "metrics.json") or {}
+    return bool(summary.get("stopped_by_time"))
+
+
 def _read_json(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -63,9 +74,22 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     run_dir = config.run_dir
     reports = reports_dir(config)
     reports.mkdir(parents=True, exist_ok=True)
-    lines = [f"# stepflow demo report (run `{config.run}`)", ""]
+    lines = [f"# stepflow demo report (run `{config.run}`, seed {config.seed})", ""]
     lines += ["Every number below is read from the files the stages wrote under "
               f"`{run_dir}/` and `{reports}/`; rerun `make demo` to regenerate it.", ""]
+    claims = evaluate_claims(run_dir, reports, config.search.benchmark, seed=config.eval.seed)
+    lines += ["## Claims", "", "The paper's claims at the tiny world's scale, each with a 95% interval (eval/claims.py says how "
+              "each is read):", ""]
+    lines += [claim.markdown() for claim in claims] + [""]
+    results_path = reports / "results.json"
+    if results_path.is_file():
+        results = json.loads(results_path.read_text(encoding="utf-8"))
+        results["claims"] = {claim.id: claim.to_json() for claim in claims}
+        write_json_atomic(results_path, results)
+    stopped = [stage for stage in ("bootstrap", "prm", "gfn", "ppo") if _stopped_by_time(run_dir / stage)]
+    if stopped:
+        lines += [f"**WARNING: the wall-clock safety net stopped {', '.join(stopped)} before its step count: these results "
+                  "depend on the machine's speed. Rerun on an idle machine, or raise the time limit.**", ""]
     lines += ["## Stage timings", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {name} | {secs} |" for name, secs in seconds.items()]
     lines += [f"| total | {round(sum(seconds.values()), 1)} |", ""]

@@ -1,7 +1,8 @@
 """make gfn: step-level GFlowNet fine-tuning of the policy (paper 4; SubTB(lambda), TB, TB-VarGrad).
 
 Runs in one process, or across N with ``accelerate launch --num_processes N -m stages.train_gfn``
-(configs/accelerate/: DDP, FSDP, DeepSpeed; docs/gflownet.md, "Scale").
+(configs/accelerate/: DDP, FSDP, DeepSpeed; docs/scale.md); with gfn.mode=async, searcher actors
+on Ray sample and score while this process trains (docs/async.md).
 
 Reads:  the policy (config.model.policy), the PRM (runs/<run>/prm/model), the training problems
 Writes: runs/<run>/gfn/model/ (save_pretrained), metrics.jsonl, training_curves.png,
@@ -10,6 +11,7 @@ Writes: runs/<run>/gfn/model/ (save_pretrained), metrics.jsonl, training_curves.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from pipeline.finetune.run import finetune_policy, preflight
@@ -23,9 +25,10 @@ def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     prm_path = require(config.resolve(config.model.prm), "prm")
     preflight(config, stage)  # before any model is loaded
     out = stage_dir(config, stage)
-    scorer = PRMScorer.from_pretrained(prm_path, config)  # each process its own frozen PRM, on its own GPU
+    # each process (or asynchronous searcher) builds its own frozen PRM, on its own device
+    make_scorer = functools.partial(PRMScorer.from_pretrained, prm_path, config)
     with timed(stage):
-        return finetune_policy(config, stage, training_problems(config), scorer, out)
+        return finetune_policy(config, stage, training_problems(config), make_scorer, out)
 
 
 if __name__ == "__main__":

@@ -92,3 +92,14 @@ def test_saved_config_round_trips(tmp_path):
     save_config(config, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert again.to_dict() == config.to_dict()
+
+
+def test_the_top_level_seed_seeds_every_section_unless_one_sets_its_own(tmp_path):
+    config = load_config(None, ["seed=3", "gfn.seed=11"])
+    seeded = {name: getattr(config, name).seed for name in ("tinyworld", "bootstrap", "augment", "prm", "gfn", "ppo", "eval", "search")}
+    assert seeded == {"tinyworld": 3, "bootstrap": 3, "augment": 3, "prm": 3, "gfn": 11, "ppo": 3, "eval": 3, "search": 3}
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 2\nprm:\n  seed: 0\n")
+    config = load_config(path)
+    assert (config.prm.seed, config.bootstrap.seed) == (0, 2)  # a section's own seed, even 0, is kept
+    assert load_config(None).bootstrap.seed == 0

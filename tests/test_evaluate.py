@@ -343,6 +343,28 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
     assert reward["reweighted_reward"] == pytest.approx(((0.32**2 + 0.4**2) / 0.72 + 0.64) / 2)
 
 
+def test_configured_pairs_compare_diversity_and_strategies_problem_by_problem():
+    from eval.evaluate import compare_to_reference, score_samples
+
+    problems = [Problem(f"tiny-{i}", f"Question {i}?", "1", "tiny") for i in range(3)]
+    config = load_config(None, ["eval.k=3", "eval.greedy=false", "eval.bootstrap_resamples=200", "eval.pairs=[[gfn, ppo]]"])
+    texts = {"ppo": {i: ["a\nThe answer is 1"] * 3 for i in range(3)},  # one strategy, identical solutions
+             "gfn": {i: ["a\nThe answer is 1", "b\nThe answer is 1", "c\nThe answer is 2"] for i in range(3)}}
+
+    def embed(steps):  # one axis per distinct step text: identical solutions have cosine 1, others less
+        vocabulary = sorted(set(steps))
+        return np.array([[1.0 if s == v else 0.0 for v in vocabulary] for s in steps])
+
+    records = {m: evaluate_model(FixedGenerator(t), problems, problem_kind, config, model=m).samples for m, t in texts.items()}
+    metrics = {m: {"tiny": score_samples(r, problems, problem_kind, config, embed=embed)} for m, r in records.items()}
+    comparisons = compare_to_reference({m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config, metrics)
+    pair = comparisons["pairs"]["gfn_vs_ppo"]["tiny"]
+    assert pair["correct_strategies"] == pytest.approx({"mean": 1.0, "lo": 1.0, "hi": 1.0})  # 2 correct strategies vs 1
+    assert pair["similarity"]["hi"] < 0  # gfn's solutions are less alike than ppo's
+    assert pair["pass@1"]["mean"] == pytest.approx(-1 / 3)  # and one in three is wrong
+    assert set(comparisons["models"]) == {"gfn"} and comparisons["reference"] == "ppo"  # no "base": the first model is the reference
+
+
 def test_paired_prm_reward_difference_against_the_reference_model():
     from eval.evaluate import compare_to_reference, score_samples
     from eval.report import render_markdown

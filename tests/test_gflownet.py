@@ -90,6 +90,9 @@ class TabularPolicy(torch.nn.Module):
     def after_update(self, version, weights=None):
         pass  # it samples from its live parameters
 
+    def load_weights(self, state, version):  # an asynchronous searcher's copy
+        self.load_state_dict(state)
+
     def terminal_distribution(self):
         """Exact distribution of the terminal states with at least one step.
 

@@ -313,6 +313,19 @@ def test_auc_matches_brute_force_pair_counting():
         assert mann_whitney_auc(scores, positive) == pytest.approx(brute, abs=1e-12)
 
 
+def test_grouped_bootstrap_auc_resamples_problems_and_brackets_the_auc():
+    from pipeline.stats import grouped_bootstrap_auc
+
+    rng = np.random.default_rng(3)
+    groups = np.repeat(np.arange(30), 6)  # 30 problems of 6 steps
+    positive = rng.random(groups.size) < 0.6
+    scores = positive * 0.5 + rng.random(groups.size)  # informative, not perfect
+    auc, lo, hi = grouped_bootstrap_auc(scores, positive, groups, n_resamples=400, seed=1)
+    assert auc == pytest.approx(mann_whitney_auc(scores, positive)) and lo < auc < hi and 0.5 < lo
+    assert grouped_bootstrap_auc(scores, positive, groups, n_resamples=400, seed=1) == (auc, lo, hi)  # seeded
+    assert grouped_bootstrap_auc(scores, positive, np.zeros_like(groups))[1:] == (None, None)
+
+
 def test_ece_on_a_hand_example():
     scores, labels = [0.05, 0.15, 0.15, 0.95], [0.0, 1.0, 0.0, 1.0]
     # bins [0, .1): |0 - .05| x 1/4; [.1, .2): |.5 - .15| x 2/4; [.9, 1]: |1 - .95| x 1/4
@@ -333,9 +346,9 @@ def test_plus_minus_one_corruption_moves_the_last_result_by_one():
 def test_natural_slips_label_clean_steps_before_the_first_slip_and_drop_what_follows():
     slips = {"3 + 4 = 8", "9 - 1 = 7"}
     solutions = [("q1", ["2 + 2 = 4", "3 + 4 = 8", "8 + 1 = 9"]), ("q2", ["5 + 1 = 6", "6 - 1 = 5"]), ("q3", ["9 - 1 = 7"])]
-    paths, labels = natural_slips(solutions, lambda step: step in slips)
+    paths, labels, questions = natural_slips(solutions, lambda step: step in slips)
     assert paths == [("q1", ["2 + 2 = 4", "3 + 4 = 8"]), ("q2", ["5 + 1 = 6", "6 - 1 = 5"]), ("q3", ["9 - 1 = 7"])]
-    assert labels == [True, False, True, True, False]
+    assert labels == [True, False, True, True, False] and questions == ["q1", "q1", "q2", "q2", "q3"]
 
     class Scores:  # a PRM that scores a slip 0.2, a clean step 0.7, except one clean step 0.1
         def score_many(self, pairs):

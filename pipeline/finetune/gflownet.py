@@ -116,12 +116,21 @@ class GFlowNetObjective(torch.nn.Module):
                 owner = others.setdefault(trajectory.problem_id, len(others) % collective.world)
             if owner == collective.rank:
                 mine.append(trajectory)
-        batch = fresh + mine
-        weight = collective.world / (len(every) + len(replayed))
-        self._update = {"fresh": {id(t) for t in fresh}, "replayed": len(replayed),
+        return self.plan(fresh + mine, collective.world / (len(every) + len(replayed)), fresh=fresh, replayed=len(replayed),
+                         filler=every[:1])
+
+    def plan(self, batch: list[Trajectory], weight: float, fresh: list[Trajectory] | None = None, replayed: int = 0,
+             filler: list[Trajectory] | None = None) -> list[tuple[list[Trajectory], float]]:
+        """Micro-batches (trajectories, weight) of a given batch: what ``rollout`` builds, and
+        what the asynchronous trainer trains on (a batch drawn from the searchers' buffer).
+
+        fresh:  the trajectories the update's metrics are about (default: the whole batch)
+        filler: what a process with an empty batch runs at weight 0 (it must take part)
+        """
+        self._update = {"fresh": {id(t) for t in (batch if fresh is None else fresh)}, "replayed": replayed,
                         "log_pi": [], "terminal_log_r": [], "terminal_log_pterm": [], "ids": []}
         if not batch:
-            return [(every[:1], 0.0)]
+            return [(filler or [], 0.0)]
         key = (lambda t: t.problem_id) if self.cfg.loss == "tb_vargrad" else None
         return [(chunk, weight) for chunk in micro_batches(batch, self.cfg.micro_batch_size, key=key)]
 

@@ -5,8 +5,9 @@ The fine-tuning loop and its objectives talk to a policy through three methods o
 - ``logprobs(prompts, step_lists, with_grad, ...)`` -> ``TrajectoryLogprobs`` from ONE
   teacher-forced forward (pipeline.generation.scoring), always under the current weights;
 - ``after_update(version, weights)`` after every training step (a sampler with its own copy of
-  the weights, such as a colocated vLLM engine, reloads them).
-``LMPolicy`` is the language model; tests use a tabular policy with the same three methods.
+  the weights, such as a colocated vLLM engine, reloads them);
+and an asynchronous searcher's copy also through ``load_weights(state, version)``.
+``LMPolicy`` is the language model; tests use a tabular policy with the same methods.
 """
 
 from __future__ import annotations
@@ -84,14 +85,25 @@ class LMPolicy:
 
     def after_update(self, version: int, weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> None:
         """The weights changed (training step ``version`` is done): a sampler holding a copy
-        reloads them (``weights()``: the full state dict, LoRA adapters merged here)."""
+        reloads them (``weights()``: the trained model's full state dict)."""
         self.version = version
-        if self.sampler is None:
-            return
-        state = weights() if weights is not None else {k: v.detach() for k, v in self.module.state_dict().items()}
-        if self.lora_scaling is not None:
-            state = merge_lora_state_dict(state, self.lora_scaling)
-        self.sampler.load_weights(state)
+        if self.sampler is not None:
+            state = weights() if weights is not None else {k: v.detach() for k, v in self.module.state_dict().items()}
+            self.sampler.load_weights(self.plain_weights(state))
+
+    def plain_weights(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The trained model's state dict as a plain transformers model's: LoRA adapters merged
+        into their base weights (W + alpha/r B A) under the base names."""
+        return merge_lora_state_dict(state, self.lora_scaling) if self.lora_scaling is not None else state
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Sample from now on with ``state`` (plain weights, published by the trainer after
+        training step ``version``): an asynchronous searcher's copy of the policy."""
+        if self.sampler is not None:
+            self.sampler.load_weights(state)
+        else:
+            self.module.load_state_dict(state)
+        self.version = version
 
     def _encode(self, prompt: str, steps: Sequence[str]):
         if prompt not in self._prompt_ids:

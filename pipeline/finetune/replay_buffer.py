@@ -104,6 +104,14 @@ class ReplayBuffer:
             self._counter += 1
         self._evict()
 
+    def forget_before(self, version: int) -> int:
+        """Drop the trajectories sampled by a policy older than ``version`` (asynchronous mode's
+        staleness bound); returns how many were dropped."""
+        stale = [key for key, (_, trajectory) in self._items.items() if trajectory.policy_version < version]
+        for key in stale:
+            del self._items[key]
+        return len(stale)
+
     def _evict(self) -> None:
         excess = len(self._items) - self.capacity
         if excess <= 0:

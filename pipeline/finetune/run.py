@@ -10,10 +10,11 @@ evaluation stage loads it like any other model.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from matplotlib.figure import Figure
@@ -21,6 +22,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
 from pipeline.config import Config, GFNConfig, PPOConfig
+from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler, check_divisible
@@ -34,6 +36,7 @@ from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator,
 from pipeline.training.distributed import Collective
 
 STAGES = ("gfn", "ppo")
+MODES = ("sync", "async")
 
 
 def add_lora(model, cfg):
@@ -105,7 +108,16 @@ def preflight(config: Config, stage: str) -> int:
     if stage not in STAGES:
         raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
     processes = process_count(config.model)  # also gives each process its GPU before anything is loaded on it
-    check_divisible(getattr(config, stage).questions_per_step, processes)
+    cfg = getattr(config, stage)
+    if cfg.mode not in MODES:
+        raise ValueError(f"{stage}.mode must be one of {' | '.join(MODES)}, got {cfg.mode!r}")
+    if cfg.mode == "async":
+        if stage == "ppo":
+            raise ValueError("ppo.mode=async: PPO is on-policy (its ratio and advantages assume the trajectories come from the "
+                             "policy being updated); the asynchronous mode is for the off-policy GFlowNet objectives (make gfn)")
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
+    check_divisible(cfg.questions_per_step, processes)
     backend = config.generation.backend
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -115,40 +127,69 @@ def preflight(config: Config, stage: str) -> int:
     return processes
 
 
-def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], scorer, out_dir: Path, progress: bool = True) -> list[dict]:
-    """Fine-tune config.model.policy with the objective of config.<stage> ("gfn" or "ppo"),
-    in this process or across the processes of ``accelerate launch``.
+def load_reference(config: Config, tokenizer) -> LMPolicy:
+    """The frozen reference policy (the appendix-F prior, KL terms): the starting policy."""
+    frozen = load_causal_lm(config.resolve(config.model.policy), config.model)
+    frozen.requires_grad_(False)
+    return LMPolicy(frozen, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size)
 
-    scorer: the PRM (``log_scores_many([(question, steps), ...])``), e.g. prm.scorer.PRMScorer
+
+def searcher_sampler(config: Config, stage: str, problems: list[dict], make_scorer: Callable, index: int) -> TrajectorySampler:
+    """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
+    policy (the trainer publishes plain weights, LoRA merged), HF generate or its own vLLM engine,
+    the PRM, the reference when the objective needs one, its own question cycle.
+
+    problems: the training problems as JSON (Problem.to_json), rebuilt and validated here
+    """
+    cfg = searcher_config(getattr(config, stage), index)
+    policy_path = config.resolve(config.model.policy)
+    tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
+    model = load_causal_lm(policy_path, config.model)
+    model.requires_grad_(False)
+    sampler = VLLMGenerator(policy_path, config, weight_updates=True) if config.generation.backend == "vllm" else None
+    policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
+                      sampler=sampler)
+    reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
+    problems_with_prompts, kind = train_problems(config, [Problem.from_json(p, "training problems") for p in problems], tokenizer)
+    return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference)
+
+
+def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], make_scorer: Callable, out_dir: Path,
+                    progress: bool = True) -> list[dict]:
+    """Fine-tune config.model.policy with the objective of config.<stage> ("gfn" or "ppo"),
+    in this process or across the processes of ``accelerate launch``; with gfn.mode=async,
+    searcher actors on Ray sample while this process trains (docs/async.md).
+
+    make_scorer: builds the PRM (``log_scores_many([(question, steps), ...])``, e.g.
+                 functools.partial(prm.scorer.PRMScorer.from_pretrained, path, config)); called
+                 here, or in every searcher actor in asynchronous mode (so it must pickle)
     Writes <out_dir>/model/ (+ value_head.safetensors for PPO), metrics.jsonl and
     training_curves.png (main process); checkpoints/ while training. Returns the metrics
     records of this run.
     """
     preflight(config, stage)
     cfg = getattr(config, stage)
+    asynchronous = cfg.mode == "async"
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
     policy_path = config.resolve(config.model.policy)
     accelerator = make_accelerator(config.model)
     collective = Collective(accelerator)
-    if collective.sharded_parameters and config.generation.backend != "vllm":
+    if collective.sharded_parameters and config.generation.backend != "vllm" and not asynchronous:
         raise ValueError("under FSDP or DeepSpeed ZeRO-3 no process holds the whole policy between forwards: sample with "
                          "generation.backend=vllm (each process's engine gets the gathered weights after every update), "
                          "or train with DDP / ZeRO-2")
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
-    reference = None
-    if needs_reference(cfg):
-        frozen = load_causal_lm(policy_path, config.model)
-        frozen.requires_grad_(False)
-        reference = LMPolicy(frozen, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size)
+    # asynchronous searchers store the reference's log-probs with each trajectory: the trainer needs no reference
+    reference = load_reference(config, tokenizer) if needs_reference(cfg) and not asynchronous else None
     if cfg.lora and not hasattr(model, "peft_config"):
         model = add_lora(model, cfg)
     # Full fine-tuning of a bf16/fp16 model: float32 master weights, the forward autocast to the
     # half dtype (and the saved model cast back to it).
     half_dtype = upcast_trainable(model)
     model.train()
-    sampler = VLLMGenerator(policy_path, config, colocate=True) if config.generation.backend == "vllm" else None
+    sampler = VLLMGenerator(policy_path, config, colocate=True) if config.generation.backend == "vllm" and not asynchronous else None
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
                       autocast_dtype=half_dtype, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if cfg.lora else None)
     objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective)
@@ -157,8 +198,16 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], sco
                         save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage)
     policy.prepared(base.model, base.unwrapped)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
-    trajectory_sampler = TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg, reference=reference, collective=collective)
-    history = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress).train()
+    if asynchronous:
+        make_sampler = functools.partial(searcher_sampler, config, stage, [p.to_json() for p in problems], make_scorer)
+        trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
+        trainer = AsyncFinetuneTrainer(base, trainer_sampler, objective, cfg, make_sampler,
+                                       export=lambda: policy.plain_weights(base.full_state_dict()), run_name=config.run, progress=progress)
+    else:
+        trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference,
+                                               collective=collective)
+        trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
+    history = trainer.train()
     state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:
         save_policy(base.unwrapped, tokenizer, out_dir / "model", dtype=half_dtype, state_dict=state_dict)

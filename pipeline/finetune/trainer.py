@@ -44,13 +44,24 @@ class FinetuneTrainer:
         """Load the newest checkpoint (if any); the policy's sampler gets the weights it holds."""
         state = self.base.resume()
         if state is not None:
-            self.sampler.load_state_dict(state["sampler"])
+            self.load_loop_state(state)
             self.sampler.policy.after_update(self.step, self.base.full_state_dict)
         return state is not None
 
+    def loop_state(self) -> dict:
+        """What a checkpoint holds besides the base's state: the question cycle."""
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_loop_state(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+
+    def prepare(self) -> None:
+        """Before the first step: resume from the newest checkpoint, if any."""
+        self.resume()
+
     def train(self) -> list[dict]:
         """Train to cfg.num_train_steps (resuming from the newest checkpoint); returns the records logged."""
-        self.resume()
+        self.prepare()
         bar = tqdm(total=self.cfg.num_train_steps, initial=self.step, desc=f"{self.objective.name} steps", dynamic_ncols=True,
                    disable=not (self.progress and self.base.is_main))
         history = []
@@ -60,7 +71,7 @@ class FinetuneTrainer:
             bar.update(1)
             bar.set_postfix(loss=f"{record.get('loss', float('nan')):.3g}", reward=f"{record['avg_reward']:.3f}")
             if self.cfg.save_every and self.step % self.cfg.save_every == 0 and self.step < self.cfg.num_train_steps:
-                self.base.save_checkpoint({"sampler": self.sampler.state_dict()})
+                self.base.save_checkpoint(self.loop_state())
         bar.close()
         return history
 
@@ -74,10 +85,21 @@ class FinetuneTrainer:
         every = [t for part in everyone for t in part]
         if not every:
             raise RuntimeError("every sampled solution was empty: the policy stops at s_0")
-        micro_batches = self.objective.rollout(fresh, everyone)
+        totals, grad_norm = self.update(self.objective.rollout(fresh, everyone))
+        self.sampler.policy.after_update(step + 1, self.base.full_state_dict)
+        counts = collective.sum(torch.tensor([info["sampled"], info["empty_solutions"]], dtype=torch.float64))
+        record = self.record(step + 1, lr, every, totals, grad_norm, start)
+        record.update(sampled=int(counts[0]), empty_solutions=int(counts[1]))
+        self.base.log(record)
+        return record
+
+    def update(self, micro_batches: list) -> tuple[dict[str, float], float | None]:
+        """The objective's optimizer steps on this process's micro-batches: (its loss terms,
+        summed over micro-batches and averaged over the steps; the last gradient norm)."""
+        collective = self.sampler.collective
         if collective.lockstep:  # sharded models: every process runs as many forward passes as the busiest one
             count = collective.max(len(micro_batches))
-            micro_batches += [self.objective.filler(micro_batches) for _ in range(count - len(micro_batches))]
+            micro_batches = micro_batches + [self.objective.filler(micro_batches) for _ in range(count - len(micro_batches))]
         updates = self.objective.updates_per_rollout
         totals: dict[str, float] = {}
         grad_norm = None
@@ -89,24 +111,26 @@ class FinetuneTrainer:
                 for name, value in metrics.items():
                     totals[name] = totals.get(name, 0.0) + value / updates
             grad_norm = self.base.optimizer_step()
-        self.sampler.policy.after_update(step + 1, self.base.full_state_dict)
+        return totals, grad_norm
+
+    def record(self, step: int, lr: float, trajectories: list[Trajectory], totals: dict[str, float], grad_norm: float | None,
+               start: float) -> dict:
+        """One metrics record: the trained trajectories' statistics, every process's loss terms
+        and the objective's summary."""
+        collective = self.sampler.collective
         names = sorted(totals)
-        summed = collective.sum(torch.tensor([totals[n] for n in names] + [info["sampled"], info["empty_solutions"]], dtype=torch.float64))
-        record = {
-            "step": step + 1,
+        summed = collective.sum(torch.tensor([totals[n] for n in names], dtype=torch.float64)) if names else []
+        return {
+            "step": step,
             "lr": lr,
-            "avg_reward": float(np.mean([math.exp(t.log_reward) for t in every])),
-            "avg_log_reward": float(np.mean([t.log_reward for t in every])),
-            "accuracy": float(np.mean([t.answer_flags[-1] == CORRECT_ANSWER for t in every])),
-            "finished_fraction": float(np.mean([t.finished for t in every])),
-            "solution_length": float(np.mean([len(t.steps) for t in every])),
+            "avg_reward": float(np.mean([math.exp(t.log_reward) for t in trajectories])),
+            "avg_log_reward": float(np.mean([t.log_reward for t in trajectories])),
+            "accuracy": float(np.mean([t.answer_flags[-1] == CORRECT_ANSWER for t in trajectories])),
+            "finished_fraction": float(np.mean([t.finished for t in trajectories])),
+            "solution_length": float(np.mean([len(t.steps) for t in trajectories])),
             "seconds": time.monotonic() - start,
-            "sampled": int(summed[-2]),
-            "empty_solutions": int(summed[-1]),
             # each process's loss terms are weighted world / batch: their sum over processes is world x the batch mean
             **{name: float(summed[i]) / collective.world for i, name in enumerate(names)},
             "grad_norm": grad_norm,
             **self.objective.summary(),
         }
-        self.base.log(record)
-        return record

@@ -73,16 +73,18 @@ class VLLMGenerator:
     model_path: hub id or folder of the model
     config:     the pipeline Config (generation.vllm_*, model.dtype, model.trust_remote_code, seed)
     adapter:    optional peft LoRA adapter folder, served with a LoRARequest
+    weight_updates: its weights will be replaced with ``load_weights`` (a fine-tuning sampler):
+                the engine core runs in this process so that ``apply_model`` reaches the model
+                without pickling anything
     colocate:   the engine shares this process (and its GPU) with a trainer that refreshes its
-                weights with ``load_weights`` after every optimizer step: vLLM's
+                weights after every optimizer step: as weight_updates, plus vLLM's
                 "external_launcher" executor under ``accelerate launch`` (one engine per
-                process, tensor parallel size 1), its engine core in-process so that
-                ``apply_model`` reaches the model without pickling anything
+                process, tensor parallel size 1)
     engine, sampling_params_cls: inject a fake engine (tests); by default vllm.LLM / SamplingParams
     """
 
-    def __init__(self, model_path: str, config, adapter: str | None = None, *, colocate: bool = False, engine=None,
-                 sampling_params_cls=None, progress: bool = False):
+    def __init__(self, model_path: str, config, adapter: str | None = None, *, weight_updates: bool = False, colocate: bool = False,
+                 engine=None, sampling_params_cls=None, progress: bool = False):
         self.model_path = model_path
         self.adapter = adapter
         self.progress = progress
@@ -105,8 +107,9 @@ class VLLMGenerator:
             if adapter:
                 kwargs["enable_lora"] = True
                 kwargs["max_lora_rank"] = _adapter_rank(adapter)
-            if colocate:
+            if weight_updates or colocate:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: apply_model needs no pickling
+            if colocate:
                 kwargs.update(tensor_parallel_size=1, distributed_executor_backend="external_launcher")
             engine = vllm.LLM(**kwargs)
             sampling_params_cls = vllm.SamplingParams

@@ -55,6 +55,10 @@ class Collective:
     def device(self) -> torch.device:
         return self.accelerator.device if self.accelerator is not None else torch.device("cpu")
 
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.accelerator.wait_for_everyone()
+
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` added over all processes (a copy on the run's device)."""
         values = values.to(self.device)

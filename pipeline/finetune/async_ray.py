@@ -1,0 +1,288 @@
+"""Trajectory Balance with Asynchrony (TBA, Bartoldson et al.) on Ray: `make gfn` with gfn.mode=async.
+
+Who does what (docs/async.md):
+- searcher actors (gfn.searchers of them): each holds its own copy of the policy (HF generate or
+  a vLLM engine), the PRM scorer and, when needed, the frozen reference; round after round it
+  samples questions_per_step questions x samples_per_question solutions with the newest weights
+  it has, scores them and sends them, tagged with that weights version, to the store;
+- the store actor: the project's prioritized replay buffer (recency fraction m plus
+  reward-priority draws); it drops trajectories older than gfn.max_staleness trainer steps;
+- the weights actor: the newest published weights (an object in Ray's object store) and a stop flag;
+- the trainer (this process, or every process of an accelerate group): the same training base,
+  objective and update as the synchronous mode, on batches drawn from the store, re-scored under
+  the current policy; every gfn.sync_every steps it publishes its weights.
+
+Only off-policy objectives (SubTB, TB, TB-VarGrad) may train on trajectories from older
+policies; PPO in this mode is refused before anything starts. Trajectories travel between
+processes as JSON text, weights as tensors in Ray's object store. A searcher that dies is
+restarted by Ray and rejoins; a trainer that dies resumes from its checkpoint, which holds the
+buffer (it is persisted, not refilled). Ray is an optional extra: it is imported inside the
+functions that need it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Callable
+
+import torch
+
+from pipeline.finetune.replay_buffer import ReplayBuffer
+from pipeline.finetune.sampling import TrajectorySampler
+from pipeline.finetune.trainer import FinetuneTrainer
+from pipeline.records import Trajectory
+
+log = logging.getLogger("stepflow.async")
+
+MakeSampler = Callable[[int], TrajectorySampler]  # searcher index -> its sampler (built inside the actor)
+POLL_SECONDS = 0.05
+
+
+def searcher_config(cfg, index: int):
+    """A searcher's copy of the section: its own seed, so searchers walk different question cycles."""
+    return dataclasses.replace(cfg, seed=cfg.seed + 7919 * (index + 1))
+
+
+# ----------------------------------------------------------------------------- the actors (plain classes; ray.remote at start)
+
+
+class WeightStore:
+    """The newest published weights: (version, [object ref]); and whether the run is over."""
+
+    def __init__(self):
+        self.version, self.refs, self.stopped = -1, None, False
+
+    def publish(self, version: int, refs: list) -> None:
+        self.version, self.refs = version, refs  # refs: a list, so the object is passed by reference
+
+    def latest(self, known: int) -> tuple[int, list | None, bool]:
+        """(version, refs if newer than ``known`` else None, stopped)."""
+        return self.version, (self.refs if self.version > known else None), self.stopped
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class TrajectoryStore:
+    """The replay buffer every searcher fills and the trainer draws from (one per run)."""
+
+    def __init__(self, buffer_kwargs: dict):
+        self.buffer = ReplayBuffer(**buffer_kwargs)
+        self.added, self.dropped, self.per_searcher = 0, 0, {}
+        self.started = time.monotonic()
+
+    def add(self, payload: str, searcher: int) -> int:
+        trajectories = [Trajectory.from_json(obj, f"trajectories from searcher {searcher}") for obj in json.loads(payload)]
+        self.buffer.add(trajectories)
+        self.added += len(trajectories)
+        self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(trajectories)
+        return len(self.buffer)
+
+    def sample(self, n: int, now: int, max_staleness: int | None) -> str:
+        if max_staleness is not None:
+            self.dropped += self.buffer.forget_before(now - max_staleness)
+        return json.dumps([t.to_json() for t in self.buffer.sample(n)] if len(self.buffer) else [])
+
+    def stats(self) -> dict:
+        return {"size": len(self.buffer), "added": self.added, "dropped_stale": self.dropped,
+                "per_searcher": dict(self.per_searcher), "seconds": time.monotonic() - self.started}
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer.state_dict(), "added": self.added, "dropped": self.dropped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+        self.added, self.dropped = state["added"], state["dropped"]
+
+
+class Searcher:
+    """Samples and scores round after round with the newest weights it can get."""
+
+    def __init__(self, index: int, make_sampler: MakeSampler, store, weights):
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        self.index, self.store, self.weights = index, store, weights
+        self.sampler = make_sampler(index)
+        self.version = -1
+
+    def run(self) -> int:
+        """Until the run stops: returns the number of rounds sampled."""
+        import ray  # the optional extra (we run inside a Ray worker)
+
+        rounds = 0
+        while True:
+            version, refs, stopped = ray.get(self.weights.latest.remote(self.version))
+            if stopped:
+                return rounds
+            if refs is not None:
+                self.sampler.policy.load_weights(ray.get(refs[0]), version)
+                self.version = version
+            if self.version < 0:  # nothing published yet
+                time.sleep(POLL_SECONDS)
+                continue
+            trajectories, _ = self.sampler.sample(rounds, version=self.version)
+            # waiting for the store's answer bounds how far a searcher runs ahead of it
+            ray.get(self.store.add.remote(json.dumps([t.to_json() for t in trajectories]), self.index))
+            rounds += 1
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+class AsyncFinetuneTrainer(FinetuneTrainer):
+    """The synchronous trainer's update and bookkeeping on batches drawn from the searchers' store.
+
+    make_sampler: builds a searcher's sampler inside its actor (picklable: a module-level function
+                  or functools.partial of one)
+    export:       the trainer's current weights as the searchers load them (plain, LoRA merged)
+    """
+
+    def __init__(self, base, sampler, objective, cfg, make_sampler: MakeSampler, export: Callable[[], dict],
+                 run_name: str = "stepflow", progress: bool = True):
+        super().__init__(base, sampler, objective, cfg, progress=progress)
+        if not getattr(objective, "off_policy", False):
+            raise ValueError(f"{objective.name} is on-policy: mode=async trains on trajectories of older policies "
+                             "(use gfn.loss=subtb | tb | tb_vargrad)")
+        self.make_sampler, self.export, self.run_name = make_sampler, export, run_name
+        self.batch_size = cfg.async_batch_size or cfg.questions_per_step * cfg.samples_per_question
+        self.store = self.weights = None
+        self.searchers: list = []
+        self.runs: list = []
+        self.restarts = 0
+        self._started_ray = False
+        self._window = (0, time.monotonic())
+
+    # ------------------------------------------------------------------ actors
+
+    def start(self) -> None:
+        """Connect to Ray (a local instance by default, cfg.ray_address otherwise) and start (main
+        process) or find (other processes) the actors of this run."""
+        import ray  # the optional extra (extra `distributed`)
+
+        if not ray.is_initialized():
+            threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+            ray.init(address=self.cfg.ray_address, namespace=f"stepflow-{self.run_name}", include_dashboard=False,
+                     log_to_driver=False, runtime_env={"env_vars": threads})
+            self._started_ray = True
+        collective = self.sampler.collective
+        names = {"store": "store", "weights": "weights"}
+        if self.base.is_main:
+            buffer = {"capacity": self.cfg.buffer_size, "priority": self.cfg.buffer_priority, "temperature": self.cfg.buffer_temperature,
+                      "recency_fraction": self.cfg.recency_fraction, "seed": self.cfg.seed}
+            self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
+            self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote()
+            searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=-1)(Searcher)
+            self.searchers = [searcher.remote(i, self.make_sampler, self.store, self.weights) for i in range(self.cfg.searchers)]
+        collective.barrier()
+        if not self.base.is_main:
+            self.store, self.weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
+
+    def publish(self) -> None:
+        """The trainer's weights, as of its current step, for every searcher (main process)."""
+        import ray  # the optional extra (extra `distributed`)
+
+        state = self.export()
+        if self.base.is_main:
+            cpu = {name: value.detach().to("cpu") for name, value in state.items()}
+            ray.get(self.weights.publish.remote(self.step, [ray.put(cpu)]))
+
+    def keep_searching(self) -> None:
+        """Start every searcher's loop; restart the loop of one that died (Ray restarts the actor)."""
+        import ray  # the optional extra (extra `distributed`)
+
+        if not self.base.is_main:
+            return
+        if not self.runs:
+            self.runs = [s.run.remote() for s in self.searchers]
+            return
+        done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
+        for ref in done:
+            index = self.runs.index(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self.restarts += 1
+                log.warning("async: searcher %d died; Ray restarts it and it rejoins", index)
+            self.runs[index] = self.searchers[index].run.remote()
+
+    def stop(self) -> None:
+        import ray  # the optional extra (extra `distributed`)
+
+        if self.base.is_main and self.weights is not None:
+            ray.get(self.weights.stop.remote())
+            ray.wait(self.runs, num_returns=len(self.runs), timeout=60)
+            for actor in [*self.searchers, self.store, self.weights]:
+                ray.kill(actor)
+        self.sampler.collective.barrier()
+        if self._started_ray:
+            ray.shutdown()
+
+    # ------------------------------------------------------------------ the loop
+
+    def loop_state(self) -> dict:
+        """A checkpoint holds the whole buffer: a restarted trainer resumes with it."""
+        import ray  # the optional extra (extra `distributed`)
+
+        return {"store": ray.get(self.store.state_dict.remote()) if self.base.is_main else None}
+
+    def load_loop_state(self, state: dict) -> None:
+        self._resumed_store = state["store"]
+
+    def prepare(self) -> None:
+        """Start the actors, resume (the buffer too), publish the weights, set the searchers going."""
+        import ray  # the optional extra (extra `distributed`)
+
+        self._resumed_store = None
+        self.start()
+        self.resume()
+        if self.base.is_main and self._resumed_store is not None:
+            ray.get(self.store.load_state_dict.remote(self._resumed_store))
+        self.publish()
+        self.keep_searching()
+        self._window = (ray.get(self.store.stats.remote())["added"], time.monotonic())
+
+    def train(self) -> list[dict]:
+        try:
+            return super().train()
+        finally:
+            self.stop()
+
+    def train_step(self) -> dict:
+        import ray  # the optional extra (extra `distributed`)
+
+        start = time.monotonic()
+        step, lr = self.step, self.base.lr
+        collective = self.sampler.collective
+        share = self.batch_size // collective.world
+        batch: list[Trajectory] = []
+        while len(batch) < share:  # the store is still filling up (first steps, or every trajectory too stale)
+            self.keep_searching()
+            payload = ray.get(self.store.sample.remote(share, step, self.cfg.max_staleness))
+            batch = [Trajectory.from_json(obj, "trajectories from the store") for obj in json.loads(payload)]
+            if len(batch) < share:
+                batch = []
+                time.sleep(POLL_SECONDS)
+        totals, grad_norm = self.update(self.objective.plan(batch, collective.world / (share * collective.world)))
+        staleness = torch.tensor([step - t.policy_version for t in batch], dtype=torch.float64)
+        record = self.record(step + 1, lr, batch, totals, grad_norm, start)
+        stats = ray.get(self.store.stats.remote())
+        added, since = self._window
+        now = time.monotonic()
+        summed = collective.sum(torch.stack([staleness.sum(), torch.tensor(float(len(batch)), dtype=torch.float64)]))
+        record.update({
+            "staleness_mean": float(summed[0] / summed[1]),
+            "staleness_max": int(collective.max(int(staleness.max()))),
+            "searcher_trajectories_per_s": (stats["added"] - added) / max(now - since, 1e-9),
+            "buffer_size": stats["size"],
+            "dropped_stale": stats["dropped_stale"],
+            "searcher_restarts": self.restarts,
+        })
+        self._window = (stats["added"], now)
+        self.base.log(record)
+        if self.step % self.cfg.sync_every == 0:
+            self.publish()
+        self.keep_searching()
+        return record

@@ -1,0 +1,167 @@
+"""The asynchronous mode (TBA on Ray): searcher actors fill the store, the trainer draws from it.
+
+A local Ray instance with two searcher actors, on the enumerable environment of
+tests/test_gflownet.py (exact R/Z known) and through the stage CLI on a random tiny world. Every
+test shuts Ray down, also on failure, and is bounded in time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from pipeline.config import GFNConfig, ModelConfig  # noqa: E402
+from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config  # noqa: E402
+from pipeline.finetune.objectives import build_objective  # noqa: E402
+from pipeline.finetune.run import optimizer_settings  # noqa: E402
+from pipeline.finetune.sampling import TrainProblem, TrajectorySampler  # noqa: E402
+from pipeline.training import TrainingBase, checkpoint, make_accelerator  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+from test_gflownet import KnownScorer, TabularPolicy, jsd, target_distribution  # noqa: E402
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray instance whose workers can import this test's modules; always shut down."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def every_step_answers(step, kind):
+    return step
+
+
+def all_correct(texts, golds, kind):
+    return [True] * len(texts)
+
+
+def tabular_sampler(cfg, index):
+    """A searcher's sampler (built inside its actor): its own tabular policy, the known scores."""
+    return TrajectorySampler(TabularPolicy(), KnownScorer(), [TrainProblem("p0", "q", "q", "1")], "tiny", searcher_config(cfg, index),
+                             extract=every_step_answers, grade=all_correct)
+
+
+def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None):
+    torch.manual_seed(0)
+    policy = TabularPolicy()
+    objective = build_objective(cfg, policy, hidden_size=8)
+    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), policy, optimizer_settings(cfg, 1), out,
+                        objective=objective, objective_lr=objective.lr, save_every=cfg.save_every, progress=False)
+    sampler = TrajectorySampler(policy, None, [TrainProblem("p0", "q", "q", "1")], "tiny", cfg)
+
+    class Trainer(AsyncFinetuneTrainer):
+        def prepare(self):
+            super().prepare()
+            self.restored = self._resumed_store  # what the checkpoint gave back to the store
+
+        def train_step(self):
+            if self.step == interrupt_at:
+                raise KeyboardInterrupt  # the trainer process dies here
+            if self.step == kill_searcher_at:
+                ray.kill(self.searchers[0], no_restart=False)  # Ray restarts it
+            return super().train_step()
+
+    export = lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()}  # noqa: E731
+    return Trainer(base, sampler, objective, cfg, functools.partial(tabular_sampler, cfg), export, progress=False), policy
+
+
+def tabular_config(**overrides) -> GFNConfig:
+    settings = dict(loss="tb_vargrad", lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=250, questions_per_step=1,
+                    samples_per_question=16, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0, mode="async",
+                    searchers=2, sync_every=1, max_staleness=4, buffer_size=200)
+    return GFNConfig(**{**settings, **overrides})
+
+
+@pytest.mark.slow
+def test_async_searchers_learn_the_reward_proportional_distribution(local_ray, tmp_path):
+    cfg = tabular_config()
+    trainer, policy = tabular_trainer(cfg, tmp_path)
+    before = jsd(policy.terminal_distribution(), target_distribution())
+    history = trainer.train()
+    after = jsd(policy.terminal_distribution(), target_distribution())
+    assert len(history) == 250 and after <= 0.05 and after < before / 10, (before, after)
+    # off-policy but bounded: nothing older than max_staleness trainer steps is trained on
+    assert max(h["staleness_max"] for h in history) <= cfg.max_staleness
+    assert all(h["searcher_trajectories_per_s"] >= 0 for h in history) and history[-1]["buffer_size"] > 0
+
+
+@pytest.mark.slow
+def test_a_killed_searcher_is_restarted_and_training_goes_on(local_ray, tmp_path):
+    cfg = tabular_config(num_train_steps=30)
+    trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=10)
+    history = trainer.train()
+    assert [h["step"] for h in history] == list(range(1, 31))
+    assert history[-1]["searcher_restarts"] >= 1
+
+
+@pytest.mark.slow
+def test_a_restarted_trainer_resumes_with_its_buffer(local_ray, tmp_path):
+    cfg = tabular_config(num_train_steps=12, save_every=4, max_staleness=None)
+    first, _ = tabular_trainer(cfg, tmp_path, interrupt_at=6)
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    saved = checkpoint.read_state(tmp_path / "checkpoints" / "step-00000004", "trainer")["loop"]["store"]
+    assert len(saved["buffer"]["items"]) > 0  # the buffer is persisted with the checkpoint (JSON)
+    second, _ = tabular_trainer(cfg, tmp_path)
+    history = second.train()
+    assert second.restored == saved  # and given back to the store before the searchers start again
+    assert [h["step"] for h in history] == list(range(5, 13))  # resumed after step 4
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 13))
+
+
+def test_ppo_is_refused_in_async_mode():
+    from pipeline.config import load_config
+    from pipeline.finetune.run import preflight
+
+    with pytest.raises(ValueError, match="PPO is on-policy"):
+        preflight(load_config(REPO / "configs" / "tiny.yaml", ["ppo.mode=async"]), "ppo")
+    with pytest.raises(ValueError, match="mode must be one of sync | async"):
+        preflight(load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=later"]), "gfn")
+
+
+@pytest.mark.slow
+def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path):
+    world = random_tiny_world
+    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
+            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "generation.max_new_tokens=24",
+            "gfn.mode=async", "gfn.loss=tb_vargrad", "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4",
+            "gfn.searchers=2", "gfn.save_every=2", "gfn.max_staleness=3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    assert process.returncode == 0, out[-4000:]
+    gfn = tmp_path / "a" / "gfn"
+    for name in ("model/config.json", "model/model.safetensors", "metrics.jsonl", "training_curves.png"):
+        assert (gfn / name).exists(), name
+    assert not (gfn / "checkpoints").exists()
+    records = [json.loads(line) for line in (gfn / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for record in records:
+        assert {"loss", "avg_reward", "proportionality_gap", "staleness_mean", "staleness_max", "buffer_size"} <= set(record)
+        assert 0 <= record["staleness_max"] <= 3 and math.isfinite(record["loss"])

@@ -1,0 +1,66 @@
+"""The demo's claims: read from hand-made stage outputs, each verdict as the issue defines it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from eval.claims import CLAIM_IDS, evaluate_claims
+
+
+def diff(mean, lo, hi):
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def write_run(tmp_path, *, auc=0.85, slip=0.82, search_gain=1, reward=diff(0.01, 0.002, 0.02), greedy=diff(0.0, -0.05, 0.05),
+              similarity=diff(-0.01, -0.02, -0.005), strategies=diff(0.3, 0.1, 0.5)):
+    run, reports = tmp_path / "runs" / "r", tmp_path / "reports" / "r"
+    (run / "prm").mkdir(parents=True)
+    (run / "search").mkdir()
+    reports.mkdir(parents=True)
+    (run / "prm" / "validation.json").write_text(json.dumps({
+        "auc": auc, "auc_interval": [auc - 0.03, auc + 0.03], "natural_slip": {"auc": slip, "interval": [slip - 0.04, slip + 0.04]}}))
+    rows = []
+    for strategy in ("majority", "step_best_of_k", "beam", "weighted_vote"):
+        for k in (1, 4, 16):
+            correct = [i < 40 + (search_gain * 20 if k == 16 else 0) for i in range(100)]  # k=16 solves 20 more problems
+            rows.append({"strategy": strategy, "k": k, "correct": correct})
+    (run / "search" / "results.json").write_text(json.dumps({"rows": rows}))
+    pair = {"similarity": similarity, "correct_strategies": strategies, "pass@1": diff(0.01, -0.02, 0.04)}
+    results = {"comparisons": {"reference": "base", "models": {"gfn": {"tiny_test": {
+        "prm_reward": reward, "greedy_pass@1": greedy, "pass@1": diff(0.01, -0.03, 0.05)}}}, "pairs": {"gfn_vs_ppo": {"tiny_test": pair}}}}
+    (reports / "results.json").write_text(json.dumps(results))
+    return run, reports
+
+
+def test_every_claim_holds_on_outputs_that_show_it(tmp_path):
+    claims = evaluate_claims(*write_run(tmp_path))
+    assert [c.id for c in claims] == list(CLAIM_IDS)
+    assert all(c.holds for c in claims), [c.markdown() for c in claims]
+    line = re.compile(r"^- [a-z_]+: (holds|fails): [+-]?[0-9.e+-]+( \[[-+0-9.e]+, [-+0-9.e]+\])? \(.+\)$")
+    assert all(line.match(c.markdown()) for c in claims), [c.markdown() for c in claims]
+    assert claims[0].markdown().startswith("- prm_auc: holds: 0.85 [0.82, 0.88] (held-out step AUC >= 0.8")
+    assert claims[2].to_json()["holds"] and claims[2].value == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("change,failing", [
+    ({"auc": 0.79}, "prm_auc"),
+    ({"slip": 0.6}, "prm_natural_slip_auc"),
+    ({"search_gain": 0}, "search_rises_with_k"),
+    ({"reward": diff(0.01, -0.001, 0.02)}, "gfn_reward_higher"),
+    ({"greedy": diff(-0.08, -0.15, -0.01)}, "gfn_accuracy_not_lower"),
+    ({"similarity": diff(-0.01, -0.02, 0.001)}, "gfn_more_diverse_than_ppo"),
+    ({"strategies": diff(0.0, -0.1, 0.1)}, "gfn_more_diverse_than_ppo"),
+])
+def test_each_claim_fails_when_its_evidence_does(tmp_path, change, failing):
+    claims = {c.id: c for c in evaluate_claims(*write_run(tmp_path, **change))}
+    assert not claims[failing].holds
+    assert all(c.holds for claim_id, c in claims.items() if claim_id != failing)
+
+
+def test_missing_stage_outputs_make_every_claim_fail_and_say_so(tmp_path):
+    claims = evaluate_claims(tmp_path / "none", tmp_path / "none")
+    assert [c.holds for c in claims] == [False] * len(CLAIM_IDS)
+    assert "not measured" in claims[0].comparison and "no rows" in claims[2].comparison
