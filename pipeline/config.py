@@ -249,6 +249,7 @@ class GFNConfig(StepTrainingConfig):
     max_staleness: int | None = 16  # trajectories sampled more than this many trainer steps ago are dropped (None: kept)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
     searcher_gpus: float = 0.0  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
+    weight_transport: str = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)
 
 
 @dataclass

@@ -60,6 +60,21 @@ def tabular_sampler(cfg, index):
                              extract=every_step_answers, grade=all_correct)
 
 
+def wait_for_rejoin(trainer, index: int, after: int, seconds: float = 120.0) -> None:
+    """Until searcher ``index``, restarted by Ray (a new worker process: seconds), samples with
+    weights published after step ``after``; the trainer publishes meanwhile, as it does every step."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if ray.get(trainer.searchers[index].status.remote(), timeout=10)["version"] > after:
+                return
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # still restarting
+        trainer.publish()
+        time.sleep(0.5)
+    raise TimeoutError(f"searcher {index} did not rejoin within {seconds} s")
+
+
 def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None):
     torch.manual_seed(0)
     policy = TabularPolicy()
@@ -77,8 +92,15 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
             if self.step == interrupt_at:
                 raise KeyboardInterrupt  # the trainer process dies here
             if self.step == kill_searcher_at:
-                ray.kill(self.searchers[0], no_restart=False)  # Ray restarts it
+                ray.kill(self.searchers[0], no_restart=False)  # Ray restarts it; training goes on meanwhile
+            if kill_searcher_at is not None and self.step == cfg.num_train_steps - 1:
+                wait_for_rejoin(self, 0, after=kill_searcher_at)  # before the last step, it must be back
             return super().train_step()
+
+        def stop(self):
+            if self.searchers:  # before the actors go
+                self.last_status = ray.get([searcher.status.remote() for searcher in self.searchers], timeout=60)
+            super().stop()
 
     export = lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()}  # noqa: E731
     return Trainer(base, sampler, objective, cfg, functools.partial(tabular_sampler, cfg), export, progress=False), policy
@@ -105,12 +127,17 @@ def test_async_searchers_learn_the_reward_proportional_distribution(local_ray, t
 
 
 @pytest.mark.slow
-def test_a_killed_searcher_is_restarted_and_training_goes_on(local_ray, tmp_path):
-    cfg = tabular_config(num_train_steps=30)
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_a_killed_searcher_is_restarted_and_training_goes_on(local_ray, tmp_path, transport):
+    cfg = tabular_config(num_train_steps=30, weight_transport=transport)
     trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=10)
     history = trainer.train()
     assert [h["step"] for h in history] == list(range(1, 31))
     assert history[-1]["searcher_restarts"] >= 1
+    # every searcher, the restarted one too, samples with weights published after the restart
+    assert all(status["version"] > 10 for status in trainer.last_status), trainer.last_status
+    expected = "gloo" if transport == "collective" else None  # collective on CPU: gloo
+    assert all(status["channel"] == expected for status in trainer.last_status), trainer.last_status
 
 
 @pytest.mark.slow

@@ -7,14 +7,16 @@ Who does what (docs/async.md):
   it has, scores them and sends them, tagged with that weights version, to the store;
 - the store actor: the project's prioritized replay buffer (recency fraction m plus
   reward-priority draws); it drops trajectories older than gfn.max_staleness trainer steps;
-- the weights actor: the newest published weights (an object in Ray's object store) and a stop flag;
+- the weights actor: the newest published weights (an object in Ray's object store, or with
+  gfn.weight_transport=collective only their version: the tensors then go over a two-member
+  NCCL or gloo group per searcher, pipeline.finetune.weight_transport) and a stop flag;
 - the trainer (this process, or every process of an accelerate group): the same training base,
   objective and update as the synchronous mode, on batches drawn from the store, re-scored under
   the current policy; every gfn.sync_every steps it publishes its weights.
 
 Only off-policy objectives (SubTB, TB, TB-VarGrad) may train on trajectories from older
 policies; PPO in this mode is refused before anything starts. Trajectories travel between
-processes as JSON text, weights as tensors in Ray's object store. A searcher that dies is
+processes as JSON text, weights as tensors (object store or collective). A searcher that dies is
 restarted by Ray and rejoins; a trainer that dies resumes from its checkpoint, which holds the
 buffer (it is persisted, not refilled). Ray is an optional extra: it is imported inside the
 functions that need it.
@@ -26,6 +28,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from typing import Callable
 
@@ -34,6 +37,7 @@ import torch
 from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
+from pipeline.finetune.weight_transport import Spec, WeightChannel, backend_for, check_transport, state_spec
 from pipeline.records import Trajectory
 
 log = logging.getLogger("stepflow.async")
@@ -72,7 +76,7 @@ class TrajectoryStore:
 
     def __init__(self, buffer_kwargs: dict):
         self.buffer = ReplayBuffer(**buffer_kwargs)
-        self.added, self.dropped, self.per_searcher = 0, 0, {}
+        self.added, self.dropped, self.per_searcher, self.restarts = 0, 0, {}, 0
         self.started = time.monotonic()
 
     def add(self, payload: str, searcher: int) -> int:
@@ -82,6 +86,10 @@ class TrajectoryStore:
         self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(trajectories)
         return len(self.buffer)
 
+    def count_restart(self, searcher: int) -> None:
+        self.restarts += 1
+        log.warning("async: searcher %d was restarted by Ray and rejoins", searcher)
+
     def sample(self, n: int, now: int, max_staleness: int | None) -> str:
         if max_staleness is not None:
             self.dropped += self.buffer.forget_before(now - max_staleness)
@@ -89,7 +97,7 @@ class TrajectoryStore:
 
     def stats(self) -> dict:
         return {"size": len(self.buffer), "added": self.added, "dropped_stale": self.dropped,
-                "per_searcher": dict(self.per_searcher), "seconds": time.monotonic() - self.started}
+                "per_searcher": dict(self.per_searcher), "restarts": self.restarts, "seconds": time.monotonic() - self.started}
 
     def state_dict(self) -> dict:
         return {"buffer": self.buffer.state_dict(), "added": self.added, "dropped": self.dropped}
@@ -100,13 +108,51 @@ class TrajectoryStore:
 
 
 class Searcher:
-    """Samples and scores round after round with the newest weights it can get."""
+    """Samples and scores round after round with the newest weights it can get.
+
+    A threaded actor (two calls at a time): while ``run`` samples, the trainer's ``join`` and
+    ``receive`` calls take collective weights into a staging slot that ``run`` picks up at the
+    start of its next round.
+    """
 
     def __init__(self, index: int, make_sampler: MakeSampler, store, weights):
+        import ray  # the optional extra (we run inside a Ray worker)
+
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         self.index, self.store, self.weights = index, store, weights
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            store.count_restart.remote(index)
         self.sampler = make_sampler(index)
         self.version = -1
+        self.channel: WeightChannel | None = None
+        self.spec: Spec = []
+        self.staged: tuple[int, dict] | None = None
+        self.lock = threading.Lock()
+
+    def join(self, host: str, port: int, backend: str, spec: Spec, version: int) -> None:
+        """Open the collective channel the trainer listens on, and take the weights it sends first."""
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = WeightChannel(host, port, backend).connect()
+        self.spec = [tuple(entry) for entry in spec]
+        self.receive(version)
+
+    def receive(self, version: int) -> None:
+        """The trainer's weights of ``version``, over the collective channel, staged for the next round."""
+        if self.channel is None:
+            raise RuntimeError(f"searcher {self.index} has no weights channel (it was restarted): the trainer opens a new one")
+        state = self.channel.receive(self.spec, "cuda" if self.channel.backend == "nccl" else "cpu", version)
+        with self.lock:
+            self.staged = (version, state)
+
+    def status(self) -> dict:
+        """The weights version this searcher samples with, and how its weights reach it."""
+        return {"version": self.version, "channel": self.channel.backend if self.channel is not None else None}
+
+    def _take_staged(self) -> tuple[int, dict] | None:
+        with self.lock:
+            staged, self.staged = self.staged, None
+        return staged
 
     def run(self) -> int:
         """Until the run stops: returns the number of rounds sampled."""
@@ -120,6 +166,10 @@ class Searcher:
             if refs is not None:
                 self.sampler.policy.load_weights(ray.get(refs[0]), version)
                 self.version = version
+            staged = self._take_staged()
+            if staged is not None:
+                self.sampler.policy.load_weights(staged[1], staged[0])
+                self.version = staged[0]
             if self.version < 0:  # nothing published yet
                 time.sleep(POLL_SECONDS)
                 continue
@@ -130,6 +180,13 @@ class Searcher:
 
 
 # ----------------------------------------------------------------------------- the trainer
+
+
+def ended(answer) -> Callable[[], bool]:
+    """Whether a Ray call has ended (before its peer's handshake, that means it failed)."""
+    import ray  # the optional extra (extra `distributed`)
+
+    return lambda: bool(ray.wait([answer], timeout=0)[0])
 
 
 class AsyncFinetuneTrainer(FinetuneTrainer):
@@ -148,10 +205,11 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                              "(use gfn.loss=subtb | tb | tb_vargrad)")
         self.make_sampler, self.export, self.run_name = make_sampler, export, run_name
         self.batch_size = cfg.async_batch_size or cfg.questions_per_step * cfg.samples_per_question
+        check_transport(cfg.weight_transport)
         self.store = self.weights = None
         self.searchers: list = []
+        self.channels: list[WeightChannel | None] = []
         self.runs: list = []
-        self.restarts = 0
         self._started_ray = False
         self._window = (0, time.monotonic())
 
@@ -174,39 +232,74 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                       "recency_fraction": self.cfg.recency_fraction, "seed": self.cfg.seed}
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
             self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote()
-            searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=-1)(Searcher)
+            searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=-1, max_concurrency=2)(Searcher)
             self.searchers = [searcher.remote(i, self.make_sampler, self.store, self.weights) for i in range(self.cfg.searchers)]
+            self.channels = [None] * len(self.searchers)
         collective.barrier()
         if not self.base.is_main:
             self.store, self.weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
 
     def publish(self) -> None:
-        """The trainer's weights, as of its current step, for every searcher (main process)."""
+        """The trainer's weights, as of its current step, for every searcher (sent by the main process)."""
         import ray  # the optional extra (extra `distributed`)
 
-        state = self.export()
-        if self.base.is_main:
+        state = self.export()  # every process: exporting may gather shards
+        if not self.base.is_main:
+            return
+        if self.cfg.weight_transport == "object_store":
             cpu = {name: value.detach().to("cpu") for name, value in state.items()}
             ray.get(self.weights.publish.remote(self.step, [ray.put(cpu)]))
+            return
+        trainer_device = self.base.accelerator.device
+        backend = backend_for(trainer_device) if self.cfg.searcher_gpus else "gloo"  # NCCL: GPU to GPU
+        device = trainer_device if backend == "nccl" else "cpu"
+        state = {name: value.detach().to(device) for name, value in state.items()}
+        ray.get(self.weights.publish.remote(self.step, None))
+        for index in range(len(self.searchers)):
+            self.send_weights(index, state, backend)
+
+    def send_weights(self, index: int, state: dict, backend: str) -> None:
+        """Collective transport: ``state`` to searcher ``index`` over its channel, or over a new one
+        when it has none (the first publication) or its other end is gone (Ray restarted the
+        searcher). A searcher that cannot be reached now gets the weights at the next publication."""
+        import ray  # the optional extra (extra `distributed`)
+
+        searcher = self.searchers[index]
+        for _ in range(2):
+            fresh, channel = self.channels[index] is None, self.channels[index]
+            try:
+                if fresh:
+                    channel = WeightChannel.host(ray.util.get_node_ip_address(), backend)
+                    answer = searcher.join.remote(*channel.address, state_spec(state), self.step)
+                    channel.connect(gone=ended(answer))
+                    self.channels[index] = channel
+                else:
+                    answer = searcher.receive.remote(self.step)
+                channel.send(state, self.step, gone=ended(answer))
+                ray.get(answer)
+                return
+            except (RuntimeError, OSError, ray.exceptions.RayError) as error:
+                channel.close()
+                self.channels[index] = None
+                if fresh:
+                    log.warning("async: no weights channel to searcher %d yet (%s); it gets the weights at the next publication",
+                                index, str(error).splitlines()[0] if str(error) else type(error).__name__)
+                    return
 
     def keep_searching(self) -> None:
-        """Start every searcher's loop; restart the loop of one that died (Ray restarts the actor)."""
+        """Start every searcher's loop (main process) and surface an error raised inside one. A
+        searcher that dies is restarted by Ray (max_restarts=-1), and so is its loop
+        (max_task_retries=-1): training goes on with the others meanwhile."""
         import ray  # the optional extra (extra `distributed`)
 
         if not self.base.is_main:
             return
         if not self.runs:
-            self.runs = [s.run.remote() for s in self.searchers]
+            self.runs = [s.run.options(max_task_retries=-1).remote() for s in self.searchers]
             return
         done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
         for ref in done:
-            index = self.runs.index(ref)
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self.restarts += 1
-                log.warning("async: searcher %d died; Ray restarts it and it rejoins", index)
-            self.runs[index] = self.searchers[index].run.remote()
+            ray.get(ref)  # a loop ends before the stop only with an error in it: raised here
 
     def stop(self) -> None:
         import ray  # the optional extra (extra `distributed`)
@@ -216,6 +309,9 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             ray.wait(self.runs, num_returns=len(self.runs), timeout=60)
             for actor in [*self.searchers, self.store, self.weights]:
                 ray.kill(actor)
+            for channel in self.channels:
+                if channel is not None:
+                    channel.close()
         self.sampler.collective.barrier()
         if self._started_ray:
             ray.shutdown()
@@ -278,7 +374,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             "searcher_trajectories_per_s": (stats["added"] - added) / max(now - since, 1e-9),
             "buffer_size": stats["size"],
             "dropped_stale": stats["dropped_stale"],
-            "searcher_restarts": self.restarts,
+            "searcher_restarts": stats["restarts"],
         })
         self._window = (stats["added"], now)
         self.base.log(record)

@@ -27,6 +27,7 @@ from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler, check_divisible
 from pipeline.finetune.trainer import FinetuneTrainer
+from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS
 from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
@@ -117,6 +118,7 @@ def preflight(config: Config, stage: str) -> int:
                              "policy being updated); the asynchronous mode is for the off-policy GFlowNet objectives (make gfn)")
         if importlib.util.find_spec("ray") is None:
             raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
+        check_transport(cfg.weight_transport)
     check_divisible(cfg.questions_per_step, processes)
     backend = config.generation.backend
     if backend not in BACKENDS:
