@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
                 temperature=config.mcts.temperature, top_p=config.mcts.top_p,
                 max_new_tokens=config.generation.max_new_tokens, separator=config.format.separator,
                 grade_many=grade_many, extract_answer=extract_answer, seed=config.seed,
+                problem_ids=[p.problem_id for p in todo],
             )
             bar = tqdm(total=len(todo), desc="mcts problems", unit="problem", dynamic_ncols=True)
             rollouts_total = [0]
