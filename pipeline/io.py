@@ -72,11 +72,17 @@ def _json_objects(path: Path) -> Iterator[tuple[int, dict]]:
             yield line_no, obj
 
 
+def _tmp_name(path: Path) -> Path:
+    """A temporary name beside ``path``, distinct per process (two processes of a sharded stage
+    may write the same file; readers skip names starting with TMP_PREFIX)."""
+    return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")
+
+
 def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
     """Write a whole JSONL file atomically (temporary file, fsync, rename). Returns the count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    tmp = _tmp_name(path)
     count = 0
     with tmp.open("w", encoding="utf-8") as handle:
         for record in records:
@@ -94,17 +100,21 @@ def write_records_atomic(path: str | Path, records: Iterable[Record]) -> int:
     return write_jsonl_atomic(path, (record.to_json() for record in records))
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write one JSON document atomically."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file atomically (temporary file, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    tmp = _tmp_name(path)
     with tmp.open("w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=2, ensure_ascii=False)
-        handle.write("\n")
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write one JSON document atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def fsync_path(path: Path) -> None:
