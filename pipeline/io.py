@@ -348,7 +348,7 @@ def shard_problems(shard: Path) -> list[str]:
     try:
         problems = read_json(shard / SHARD_PROBLEMS, "shard's problem list")
     except RecordError as error:
-        raise _damaged(shard, str(error).split(": ", 1)[1]) from None
+        raise _damaged(shard, str(error).replace(f"{shard}{os.sep}", "")) from None
     if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems) or len(set(problems)) != len(problems):
         raise _damaged(shard, f"{SHARD_PROBLEMS} is not a list of distinct problem ids")
     if not (shard / SHARD_MANIFEST).exists():
@@ -356,7 +356,7 @@ def shard_problems(shard: Path) -> list[str]:
     try:
         manifest = read_json(shard / SHARD_MANIFEST, "shard manifest")
     except RecordError as error:
-        raise _damaged(shard, str(error).split(": ", 1)[1]) from None
+        raise _damaged(shard, str(error).replace(f"{shard}{os.sep}", "")) from None
     if not isinstance(manifest, dict) or manifest.get("format_version") != SHARD_FORMAT or not isinstance(manifest.get("files"), dict):
         raise _damaged(shard, f"{SHARD_MANIFEST} is not a format-{SHARD_FORMAT} shard manifest")
     if manifest.get("problems") != problems:

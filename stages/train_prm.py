@@ -75,12 +75,14 @@ def main(argv: list[str] | None = None) -> dict:
             require(model_dir, "prm")
         else:
             model_dir = out / "model"
-            finished = finished_model(out, "prm", config.prm.retrain, dataclasses.asdict(config.prm))
+            settings = dataclasses.asdict(config.prm)
+            finished = None if config.prm.retrain else finished_model(out, "prm", False, settings)
             if finished is not None and (out / "summary.json").is_file():
                 return read_json(out / "summary.json", "PRM summary")  # trained and validated: nothing left to do
             if finished is None:
-                (out / "summary.json").unlink(missing_ok=True)  # it described an earlier model
                 train_records = require_records(augment / "prm_train.jsonl", PRMExample, "augment")
+                finished_model(out, "prm", config.prm.retrain, settings)  # retrain: the old model goes once the inputs are known good
+                (out / "summary.json").unlink(missing_ok=True)  # it described an earlier model
                 result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
         if int(os.environ.get("RANK", "0")) != 0:
             return result  # under accelerate launch, validation runs once, on the main process

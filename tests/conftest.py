@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.io import release_stage_locks as release_held_locks
+
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,3 +29,11 @@ def find_benchmarks_dir() -> Path:
 @pytest.fixture(scope="session")
 def benchmarks_dir() -> Path:
     return find_benchmarks_dir()
+
+
+@pytest.fixture(autouse=True)
+def release_stage_locks():
+    """A stage main called in-process keeps its run folder's lock until the process ends (the demo
+    runs every stage in one process); between tests, let them go."""
+    yield
+    release_held_locks()
