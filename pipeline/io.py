@@ -120,8 +120,23 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
 
 def _tmp_name(path: Path) -> Path:
     """A temporary name beside ``path``, distinct per process (two processes of a sharded stage
-    may write the same file; readers skip names starting with TMP_PREFIX)."""
+    may write the same file; readers skip names starting with TMP_PREFIX). Temporary files of
+    ``path`` left by processes that died (killed mid-write) are removed."""
+    for stale in path.parent.glob(f"{TMP_PREFIX}*-{path.name}"):
+        pid = stale.name[len(TMP_PREFIX):-len(path.name) - 1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
     return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:

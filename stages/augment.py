@@ -1,7 +1,9 @@
 """make augment: similarity-grouped augmentation of the MCTS data (paper 3.2, Figure 1).
 
 Reads:  runs/<run>/mcts/shards/part-*/records.jsonl
-Writes: runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (split by problem), stats.json
+Writes: runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (split by problem, in problem-id order), stats.json
+Refuses damaged or copied shards (pipeline.io.verified_shards), shards that hold no records, an
+empty split, and shards that make mcts is still writing; a refusal leaves earlier outputs as they are.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def main(argv: list[str] | None = None) -> dict:
                 problem_ids.add(record.problem_id)
                 yield record
 
-        records = read_stream(shards, "records", MCTSRecord)
+        # in problem order (stable: a problem's records keep their order), so the output depends on
+        # the records alone, not on the order problems finished in or how a kill split the run
+        records = sorted(read_stream(shards, "records", MCTSRecord), key=lambda record: record.problem_id)
         examples = list(augment_records(counted(records), threshold=cfg.similarity_threshold, include_mcts=cfg.include_mcts))
         if n_mcts == 0:
             raise SystemExit(f"{shards}: the MCTS shards hold no records; nothing to augment (the outputs in {out} are left as they are)")
