@@ -11,8 +11,9 @@ Paper defaults are in configs/paper/*.yaml; the defaults here are the tiny world
 
 Loading is bounded and checked before anything is written (docs/reliability.md):
 - YAML aliases (``*name``) are refused where they are read, before any expansion (a few hundred
-  bytes of nested aliases expand to gigabytes); files over 1 MiB and nesting deeper than the
-  parser's stack are refused too; values quoted in errors are cut to a few dozen characters;
+  bytes of nested aliases expand to gigabytes); files over 64 KiB, overrides over 16 KiB and
+  nesting deeper than the parser's stack are refused too (parsing stays under about a second);
+  values quoted in errors are cut to a few dozen characters;
 - every numeric field declares its range (``bounded(default, ge=..., gt=..., le=..., lt=...)``,
   finite unless declared otherwise); a value outside it is an error naming the key, the value,
   the range and the file (or "command line") that set it;
@@ -399,7 +400,8 @@ class Config:
 
 
 _EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-MAX_CONFIG_BYTES = 1 << 20  # a config is a few kilobytes; anything near this is not one
+MAX_CONFIG_BYTES = 64 << 10  # a config is a few kilobytes (configs/: 2-3 KB); PyYAML parses ~70 KB/s of nested flow lists
+MAX_OVERRIDE_CHARS = 16 << 10
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SHARD = re.compile(r"\d+/\d+")
 _SHOW = reprlib.Repr()  # (3.11's Repr takes no keyword arguments)
@@ -509,6 +511,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar/list)."""
     if "=" not in text:
         raise ConfigError(f"command line: override {_show(text)} is not of the form key=value")
+    if len(text) > MAX_OVERRIDE_CHARS:
+        raise ConfigError(f"command line: override {_show(text)} has {len(text)} characters; at most {MAX_OVERRIDE_CHARS}")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
