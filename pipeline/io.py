@@ -25,6 +25,7 @@ restarted stage skips those, so no record is ever written twice. Several process
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -625,8 +626,8 @@ class StageLock:
                             f"Wait for it to finish or stop it; a lock whose process has died is taken over automatically") from None
         previous = self._holder()
         if previous.get("pid") not in (None, os.getpid()):
-            log.warning("%s: took over %s from process %s on host %s, which is no longer running", self.what, self.path,
-                        previous.get("pid"), previous.get("host"))
+            log.warning("%s: took over %s from process %s on host %s, which ended without releasing it (killed, or crashed)",
+                        self.what, self.path, previous.get("pid"), previous.get("host"))
         os.ftruncate(fd, 0)
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "launch": launch,
                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -663,6 +664,7 @@ class StageLock:
 
 
 _HELD: dict[Path, StageLock] = {}
+_AT_EXIT: list = []
 
 
 def acquire_stage_lock(path: str | Path, what: str) -> StageLock:
@@ -670,6 +672,8 @@ def acquire_stage_lock(path: str | Path, what: str) -> StageLock:
     until release_stage_locks() or the process ends."""
     key = Path(path).resolve()
     if key not in _HELD:
+        if not _AT_EXIT:
+            _AT_EXIT.append(atexit.register(release_stage_locks))  # a clean exit (errors included) leaves nothing to take over
         _HELD[key] = StageLock(key, what).acquire()
     return _HELD[key]
 
