@@ -1,6 +1,6 @@
 """Fault injection: SIGKILL mcts, augment, prm and gfn at random points, restart them, and check the
 final outputs equal an uninterrupted run's (issue #25; the figures in docs/reliability.md come
-from this test, run with STEPFLOW_FAULT_REPORT=<file>).
+from this test, run with STEPFLOW_FAULT_REPORT=<file> and STEPFLOW_FAULT_SEED=<n>).
 
 Two run folders share one tiny world (a random-init policy built from a config, its problems):
 "straight" runs each stage once; "killed" runs each stage, SIGKILLs it at a random moment after it
@@ -151,7 +151,7 @@ def test_sigkilled_stages_restart_to_the_outputs_of_an_uninterrupted_run(world, 
     context.set_forkserver_preload([module for module, _ in STAGES.values()] + [__name__])
     harness = Harness(context)
     runs = tmp_path / "runs"
-    rng = random.Random(SEED)
+    rng = random.Random(int(os.environ.get("STEPFLOW_FAULT_SEED", SEED)))  # another seed: other kill points
     report: dict[str, dict] = {}
     started = time.monotonic()
 

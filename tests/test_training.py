@@ -279,3 +279,26 @@ def test_the_code_never_unpickles():
                         r"torch\.load\((?![^)]*weights_only\s*=\s*True)"):
             offenders += [f"{path.relative_to(root)}: {m.group(0).strip()}" for m in re.finditer(pattern, text, re.MULTILINE)]
     assert offenders == []
+
+
+def test_trimming_metrics_is_atomic_and_drops_a_line_a_kill_cut_short(tmp_path, monkeypatch):
+    import os
+
+    from pipeline.training.metrics import MetricsLog
+
+    log_file = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (1, 2, 3):
+        log_file.write({"step": step, "loss": 1.0 / step})
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 4, "lo')  # SIGKILL mid-append
+    log_file.trim(2)
+    assert [r["step"] for r in log_file.read()] == [1, 2]
+    log_file.write({"step": 3, "loss": 0.3})
+
+    def killed(*args, **kwargs):  # SIGKILL inside the trim's write: the old file must survive whole
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        log_file.trim(1)
+    assert [r["step"] for r in log_file.read()] == [1, 2, 3]
