@@ -73,8 +73,9 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
     stage's config section now; keys that differ from the ones the model was trained with are
     named in the log."""
     model = out / "model"
+    main = launch_id()[0] == 0  # under a launch every process decides alike; only rank 0 removes or moves
     if retrain:
-        if model.exists() or (out / CHECKPOINTS).exists():
+        if main and (model.exists() or (out / CHECKPOINTS).exists()):
             log.info("%s: %s.retrain=true: removing %s and its checkpoints, training afresh", stage, stage, model)
             shutil.rmtree(model, ignore_errors=True)
             shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
@@ -85,12 +86,13 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
     try:
         manifest = verify_manifest(model)
     except FolderError as error:  # damaged, or written before models had a manifest: kept aside, not deleted
-        aside = model.with_name(f"model.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
-        model.rename(aside)
-        log.warning("%s: %s is not a finished model (%s); moved to %s, training again (from its checkpoints if any)", stage,
-                    model, error, aside.name)
+        if main:
+            aside = model.with_name(f"model.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+            model.rename(aside)
+            log.warning("%s: %s is not a finished model (%s); moved to %s, training again (from its checkpoints if any)", stage,
+                        model, error, aside.name)
         return None
-    if (out / CHECKPOINTS).exists():
+    if main and (out / CHECKPOINTS).exists():
         shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
     before = manifest.get("settings") or {}
     changed = sorted(k for k in set(before) | set(settings) if k != "retrain" and before.get(k) != settings.get(k))
