@@ -156,7 +156,7 @@ def train_prm(
         unwrapped.save_pretrained(staging, tokenizer=tokenizer, state_dict=state_dict, dtype=_save_dtype(config.model))
         commit_folder(staging, output_dir / "model", steps=result["steps"], settings=dataclasses.asdict(cfg))
     # The resumable state only serves an interrupted run (for a 7B model it is ~12 bytes a
-    # parameter); once model/ is written it goes, and a rerun trains afresh.
+    # parameter); once model/ is written it goes (make prm started again then says it is finished).
     base.finish()
     metrics = {
         "steps": result["steps"],

@@ -93,13 +93,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 def mcts_settings(config) -> dict:
     """What the records depend on: the policy (and its weights), the search parameters, the
-    problems and the step format. Not: shard, max_active, problems_per_commit, max_problems."""
+    problems and the step format. Not: shard, max_active, problems_per_commit, max_problems,
+    data.lenient."""
     policy = config.resolve(config.model.policy)
     search = {k: v for k, v in dataclasses.asdict(config.mcts).items() if k not in ("shard", "max_active", "problems_per_commit", "max_problems")}
     return {
         "policy": policy, "policy_fingerprint": _fingerprint_if_local(policy),
         "policy_adapter": config.resolve(config.model.policy_adapter), "mcts": search, "seed": config.seed,
-        "data": {k: config.resolve(v) if k == "train_path" else v for k, v in dataclasses.asdict(config.data).items() if not k.startswith("validation")},
+        # not data.lenient: skipping malformed problem records changes no other problem's records
+        "data": {k: config.resolve(v) if k == "train_path" else v for k, v in dataclasses.asdict(config.data).items()
+                 if not k.startswith("validation") and k != "lenient"},
         "train_fingerprint": _fingerprint_if_local(config.resolve(config.data.train_path)),
         "format": dataclasses.asdict(config.format), "max_new_tokens": config.generation.max_new_tokens,
     }
