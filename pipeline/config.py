@@ -134,7 +134,8 @@ class DataConfig:
     validation_limit: int | None = bounded(None, ge=1)
     problem_sources: list[str] = field(default_factory=list)  # OpenMathInstruct-2 filter, e.g. [augmented_math]
     # skip malformed problem records (counted, and reported once loading ends) instead of
-    # stopping at the first one with its file, line and field
+    # stopping at the first one with its file, line and field; every stage that loads problems
+    # or benchmarks (mcts, prm, gfn, ppo, eval, search) follows it
     lenient: bool = False
 
 
