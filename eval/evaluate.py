@@ -91,7 +91,7 @@ def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
             f"benchmark {name!r}: file {source.path} not found "
             f"(eval.benchmark_paths.{name}, or the stage that writes it has not run)"
         )
-    problems = load_benchmark(source.loader, path=source.path, limit=config.eval.max_problems)
+    problems = load_benchmark(source.loader, path=source.path, limit=config.eval.max_problems, lenient=config.data.lenient)
     if not problems:
         raise ValueError(f"benchmark {name!r} ({source.path or 'hub'}): no problems")
     return problems

@@ -8,12 +8,25 @@ values of the wrong type are errors naming the key and the file (or "command lin
 String fields may contain ``{run_dir}``, replaced by ``<runs_root>/<run>`` when resolved, so
 a stage finds the artifacts of the stages before it without hard-coded paths.
 Paper defaults are in configs/paper/*.yaml; the defaults here are the tiny world's.
+
+Loading is bounded and checked before anything is written (docs/reliability.md):
+- YAML aliases (``*name``) are refused where they are read, before any expansion (a few hundred
+  bytes of nested aliases expand to gigabytes); files over 64 KiB, overrides over 16 KiB and
+  nesting deeper than the parser's stack are refused too (parsing stays under about a second);
+  values quoted in errors are cut to a few dozen characters;
+- every numeric field declares its range (``bounded(default, ge=..., gt=..., le=..., lt=...)``,
+  finite unless declared otherwise); a value outside it is an error naming the key, the value,
+  the range and the file (or "command line") that set it;
+- ``run`` is one plain folder name and ``runs_root`` a relative path that stays below the
+  working folder, unless it is given as an absolute path (the user's explicit choice).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -22,9 +35,48 @@ from typing import Any
 
 import yaml
 
+from pipeline.io import write_text_atomic
+
 
 class ConfigError(ValueError):
     """A config file or override that does not match the typed schema."""
+
+
+# ----------------------------------------------------------------------------- ranges
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts: finite numbers within the bounds (None: unbounded)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def contains(self, value: float) -> bool:
+        return (math.isfinite(value) and (self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def __str__(self) -> str:
+        parts = [f"{op} {bound:.12g}" for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+                 if bound is not None]
+        return " and ".join(parts) if parts else "any finite number"
+
+
+_RANGE_KEY = "range"
+SEED_MAX = 2**32 - 1  # numpy's seeds (accelerate's set_seed seeds numpy too)
+
+
+def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A numeric config field with its declared range, e.g. ``k: int = bounded(16, ge=1)``;
+    None (for an optional field) is always accepted, a list's items are checked one by one."""
+    return field(default=default, default_factory=default_factory, metadata={_RANGE_KEY: Range(ge, gt, le, lt)})
+
+
+def seed_field(default: int = 0) -> Any:
+    return bounded(default, ge=0, le=SEED_MAX)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -42,7 +94,7 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
     attn_implementation: str | None = None  # None = transformers' default; "eager" is faster for tiny CPU models
-    torch_threads: int = 0  # 0 = leave torch's default
+    torch_threads: int = bounded(0, ge=0)  # 0 = leave torch's default
 
 
 @dataclass
@@ -50,13 +102,13 @@ class GenerationConfig:
     """The generation backend shared by every stage that samples."""
 
     backend: str = "hf"  # hf | vllm
-    batch_size: int = 256  # HF backend: sequences decoded together (prompts x n)
-    max_new_tokens: int = 160  # a whole solution
-    max_step_tokens: int = 48  # one step (step-level search)
-    top_p: float = 1.0
-    vllm_tensor_parallel_size: int = 1
-    vllm_gpu_memory_utilization: float = 0.85
-    vllm_max_model_len: int | None = None
+    batch_size: int = bounded(256, ge=1)  # HF backend: sequences decoded together (prompts x n)
+    max_new_tokens: int = bounded(160, ge=1)  # a whole solution
+    max_step_tokens: int = bounded(48, ge=1)  # one step (step-level search)
+    top_p: float = bounded(1.0, gt=0, le=1)
+    vllm_tensor_parallel_size: int = bounded(1, ge=1)
+    vllm_gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)
+    vllm_max_model_len: int | None = bounded(None, ge=1)
     vllm_enable_prefix_caching: bool = True
 
 
@@ -67,7 +119,7 @@ class FormatConfig:
     separator: str = "\n"  # paper E.1.1: "\n", empty lines dropped
     prompt_template: str = "Question: {question}\nAnswer:\n"  # used when the tokenizer has no chat template
     use_chat_template: bool = True  # use the tokenizer's chat template when it has one
-    num_few_shot: int = 0  # few-shot exemplars prepended to plain-text prompts
+    num_few_shot: int = bounded(0, ge=0)  # few-shot exemplars prepended to plain-text prompts
 
 
 @dataclass
@@ -76,26 +128,30 @@ class DataConfig:
 
     train: str = "problems"  # a pipeline.problems benchmark name (paper: openmathinstruct2)
     train_path: str | None = "{run_dir}/bootstrap/problems_train.jsonl"
-    train_limit: int | None = None  # paper: 10000
+    train_limit: int | None = bounded(None, ge=1)  # paper: 10000
     validation: str = "problems"
     validation_path: str | None = "{run_dir}/bootstrap/problems_val.jsonl"
-    validation_limit: int | None = None
+    validation_limit: int | None = bounded(None, ge=1)
     problem_sources: list[str] = field(default_factory=list)  # OpenMathInstruct-2 filter, e.g. [augmented_math]
+    # skip malformed problem records (counted, and reported once loading ends) instead of
+    # stopping at the first one with its file, line and field; every stage that loads problems
+    # or benchmarks (mcts, prm, gfn, ppo, eval, search) follows it
+    lenient: bool = False
 
 
 @dataclass
 class TinyWorldConfig:
     """Synthetic multi-step arithmetic word problems (pipeline.tinyworld)."""
 
-    seed: int = 0
-    n_train: int = 6000
-    n_val: int = 200
-    n_test: int = 200
-    max_operand: int = 15
-    max_result: int = 75
-    min_ops: int = 2
-    max_ops: int = 4
-    swap_fraction: float = 0.5  # problems whose gold solution uses the other valid step order
+    seed: int = seed_field()
+    n_train: int = bounded(6000, ge=1)
+    n_val: int = bounded(200, ge=1)
+    n_test: int = bounded(200, ge=1)
+    max_operand: int = bounded(15, ge=1)
+    max_result: int = bounded(75, ge=1)
+    min_ops: int = bounded(2, ge=1)
+    max_ops: int = bounded(4, ge=1)  # >= min_ops
+    swap_fraction: float = bounded(0.5, ge=0, le=1)  # problems whose gold solution uses the other valid step order
 
 
 @dataclass
@@ -103,97 +159,99 @@ class BootstrapConfig:
     """The from-scratch base policy of the tiny world (stages.bootstrap, docs/tinyworld.md)."""
 
     architecture: str = "llama"  # a transformers config family (Llama-style keeps the tokenizer as trained)
-    vocab_size: int = 512  # BPE vocabulary cap (the tiny world's text needs about 420)
-    hidden_size: int = 192
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 256
-    train_seconds: float = 240.0  # wall-clock safety net: a run still training then stops, with a loud warning
-    max_train_steps: int = 100000  # optimizer steps: what bounds the run
-    batch_size: int = 32
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    save_every: int = 0  # optimizer steps between resumable checkpoints (0: only the final model)
-    torch_threads: int = 0  # threads while training (0 = model.torch_threads / torch's default)
-    seed: int = 0
-    eval_problems: int = 200  # held-out test problems for the greedy-accuracy report
-    eval_samples: int = 4  # samples per problem at sample_temperature (sampled accuracy, pass@k, maj@k)
-    sample_temperature: float = 0.6
-    mc_problems: int = 8  # problems whose sampled step prefixes get Monte Carlo values
-    mc_rollouts: int = 16  # continuations per prefix
+    vocab_size: int = bounded(512, ge=1)  # BPE vocabulary cap (the tiny world's text needs about 420)
+    hidden_size: int = bounded(192, ge=1)
+    num_layers: int = bounded(4, ge=1)
+    num_heads: int = bounded(4, ge=1)
+    intermediate_size: int = bounded(512, ge=1)
+    max_position_embeddings: int = bounded(256, ge=1)
+    train_seconds: float = bounded(240.0, gt=0)  # wall-clock safety net: a run still training then stops, with a loud warning
+    max_train_steps: int = bounded(100000, ge=1)  # optimizer steps: what bounds the run
+    batch_size: int = bounded(32, ge=1)
+    lr: float = bounded(3e-3, gt=0)
+    min_lr_ratio: float = bounded(0.1, ge=0, le=1)  # the cosine ends at lr * min_lr_ratio
+    warmup_steps: int = bounded(50, ge=0)
+    weight_decay: float = bounded(0.01, ge=0)
+    grad_clip: float = bounded(1.0, ge=0)  # 0: no clipping
+    save_every: int = bounded(0, ge=0)  # optimizer steps between resumable checkpoints (0: only the final model)
+    torch_threads: int = bounded(0, ge=0)  # threads while training (0 = model.torch_threads / torch's default)
+    seed: int = seed_field()
+    eval_problems: int = bounded(200, ge=0)  # held-out test problems for the greedy-accuracy report
+    eval_samples: int = bounded(4, ge=1)  # samples per problem at sample_temperature (sampled accuracy, pass@k, maj@k)
+    sample_temperature: float = bounded(0.6, ge=0)
+    mc_problems: int = bounded(8, ge=0)  # problems whose sampled step prefixes get Monte Carlo values
+    mc_rollouts: int = bounded(16, ge=0)  # continuations per prefix
+    retrain: bool = False  # train again even when bootstrap/ holds a model made with this config
 
 
 @dataclass
 class MCTSConfig:
     """OmegaPRM-style rollout data generation (paper 3.1, appendix E.1)."""
 
-    k: int = 16  # rollouts per MC estimate (paper: 96)
-    temperature: float = 0.6
-    top_p: float = 1.0
-    alpha: float = 0.5  # Q = alpha^(1-MC) * beta^(len/L)
-    beta: float = 0.9
-    length_scale: float = 500.0  # L, in tokens
-    c_puct: float = 0.125
-    max_iterations: int = 4  # selections per problem
-    max_rollouts: int = 160  # rollout budget per problem
+    k: int = bounded(16, ge=1)  # rollouts per MC estimate (paper: 96)
+    temperature: float = bounded(0.6, ge=0)
+    top_p: float = bounded(1.0, gt=0, le=1)
+    alpha: float = bounded(0.5, gt=0, le=1)  # Q = alpha^(1-MC) * beta^(len/L)
+    beta: float = bounded(0.9, gt=0, le=1)
+    length_scale: float = bounded(500.0, gt=0)  # L, in tokens
+    c_puct: float = bounded(0.125, ge=0)
+    max_iterations: int = bounded(4, ge=0)  # selections per problem
+    max_rollouts: int = bounded(160, ge=1)  # rollout budget per problem
     search_trivial: bool = False  # also search problems with MC(root) of 0 or 1
-    max_problems: int | None = 60
+    max_problems: int | None = bounded(60, ge=1)
     shard: str = "0/1"  # i/n: this process handles problems with index % n == i
-    problems_per_commit: int = 8
+    problems_per_commit: int = bounded(8, ge=1)
     # problems in flight at once: bounds one round's generator call to max_active x k rollouts
     # (memory) and lets finished problems be committed while later ones start
-    max_active: int | None = 256
+    max_active: int | None = bounded(256, ge=1)
 
 
 @dataclass
 class AugmentConfig:
     """Similarity-grouped augmentation (paper 3.2)."""
 
-    similarity_threshold: float = 0.85
+    similarity_threshold: float = bounded(0.85, ge=0, le=1)
     include_mcts: bool = True
-    val_fraction: float = 0.1
-    seed: int = 0
+    val_fraction: float = bounded(0.1, gt=0, lt=1)  # both splits must hold problems
+    seed: int = seed_field()
 
 
 @dataclass
 class PRMConfig:
     """PRM training and validation (paper 3.3, appendix E.2-E.5; docs/prm.md)."""
 
-    lr: float = 1e-3  # paper: 8e-6
-    batch_size: int = 32  # sequences per optimizer step, all processes together (paper: 144 examples)
-    micro_batch_size: int = 32  # sequences per forward and process; accumulation = batch_size / (micro x processes)
-    weight_decay: float = 0.01  # AdamW; never on biases and norm weights
-    epochs: float = 2.0  # paper: 1; fractions allowed
-    warmup_ratio: float = 0.05  # share of optimizer steps with linear warmup
+    lr: float = bounded(1e-3, gt=0)  # paper: 8e-6
+    batch_size: int = bounded(32, ge=1)  # sequences per optimizer step, all processes together (paper: 144 examples)
+    micro_batch_size: int = bounded(32, ge=1)  # sequences per forward and process; accumulation = batch_size / (micro x processes)
+    weight_decay: float = bounded(0.01, ge=0)  # AdamW; never on biases and norm weights
+    epochs: float = bounded(2.0, gt=0)  # paper: 1; fractions allowed
+    warmup_ratio: float = bounded(0.05, ge=0, le=1)  # share of optimizer steps with linear warmup
     scheduler: str = "cosine"  # cosine | linear | constant (after warmup)
-    max_grad_norm: float = 1.0  # gradient clipping
-    max_length: int = 512  # tokens; labels of steps ending beyond it are dropped (and counted)
+    max_grad_norm: float = bounded(1.0, ge=0)  # gradient clipping (0: none)
+    max_length: int = bounded(512, ge=2)  # tokens; labels of steps ending beyond it are dropped (and counted)
     group_by_length: bool = False  # length-bucketed micro-batches: less padding, but label-homogeneous batches (docs/prm.md)
     merge_prefixes: bool = True  # records whose path is a prefix of another share one sequence
     kind: str | None = None  # prompt kind (tiny | math | gsm8k | sat); None = the training problems' kind
     lora: bool = False  # LoRA on the backbone; the saved model has the adapters merged
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    lora_r: int = bounded(16, ge=1)
+    lora_alpha: int = bounded(32, ge=1)
+    lora_dropout: float = bounded(0.05, ge=0, lt=1)
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile through accelerate (GPU: 1.6x training throughput on Qwen2-0.5B shapes, docs/prm.md)
-    seed: int = 0
-    log_every: int = 10  # optimizer steps between metrics lines
-    save_every: int = 0  # optimizer steps between resumable checkpoints (0: only the final model)
-    resume: bool = True  # continue from <output>/checkpoints/last when it exists
+    seed: int = seed_field()
+    log_every: int = bounded(10, ge=1)  # optimizer steps between metrics lines
+    save_every: int = bounded(0, ge=0)  # optimizer steps between resumable checkpoints (0: only the final model)
+    resume: bool = True  # continue from the newest good checkpoint under <output>/checkpoints when there is one
+    retrain: bool = False  # train again even when prm/model/ holds a finished model (it is replaced once the new one is done)
     eval_only: bool = False  # stages.train_prm: validate the model at model.prm, train nothing
-    corrupt_examples: int = 200  # E.4 check: correct steps whose result is altered (+1..9 and +-1)
-    natural_slip_problems: int = 200  # held-out problems (data.validation) the policy samples for the natural-slip AUC (0: off)
-    natural_slip_samples: int = 4  # samples per problem
-    natural_slip_temperature: float = 0.6
+    corrupt_examples: int = bounded(200, ge=0)  # E.4 check: correct steps whose result is altered (+1..9 and +-1)
+    natural_slip_problems: int = bounded(200, ge=0)  # held-out problems (data.validation) the policy samples for the natural-slip AUC (0: off)
+    natural_slip_samples: int = bounded(4, ge=1)  # samples per problem
+    natural_slip_temperature: float = bounded(0.6, ge=0)
     prm800k_path: str | None = None  # PRM800K-format file for first-error accuracy
-    score_batch_size: int = 64  # sequences per scorer forward
-    calibration_bins: int = 10  # equal-width bins of the expected calibration error
+    score_batch_size: int = bounded(64, ge=1)  # sequences per scorer forward
+    calibration_bins: int = bounded(10, ge=1)  # equal-width bins of the expected calibration error
 
 
 @dataclass
@@ -201,24 +259,25 @@ class StepTrainingConfig:
     """What every fine-tuning objective's section has: the loop, sampling, optimiser and LoRA.
     Each objective reads only its own section (gfn or ppo)."""
 
-    lr: float = 5e-4  # paper: 5e-6
+    lr: float = bounded(5e-4, gt=0)  # paper: 5e-6
     scheduler: str = "cosine"  # cosine | linear | constant, after warmup
-    warmup_steps: int = 5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0  # paper: 1.0
-    num_train_steps: int = 40
-    questions_per_step: int = 8
-    samples_per_question: int = 4  # K; questions_per_step x K = the paper's batch of 144
-    micro_batch_size: int = 32  # trajectories per teacher-forced forward
-    temperature: float = 0.6  # sampling temperature (paper 0.6)
-    min_steps: int = 1  # samples with fewer steps are dropped (stopping at s_0 is not an action)
+    warmup_steps: int = bounded(5, ge=0)
+    weight_decay: float = bounded(0.0, ge=0)
+    grad_clip: float = bounded(1.0, ge=0)  # paper: 1.0 (0: no clipping)
+    num_train_steps: int = bounded(40, ge=1)
+    questions_per_step: int = bounded(8, ge=1)
+    samples_per_question: int = bounded(4, ge=1)  # K; questions_per_step x K = the paper's batch of 144
+    micro_batch_size: int = bounded(32, ge=1)  # trajectories per teacher-forced forward
+    temperature: float = bounded(0.6, gt=0)  # sampling temperature (paper 0.6)
+    min_steps: int = bounded(1, ge=0)  # samples with fewer steps are dropped (stopping at s_0 is not an action)
     lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    lora_r: int = bounded(16, ge=1)
+    lora_alpha: int = bounded(32, ge=1)
+    lora_dropout: float = bounded(0.05, ge=0, lt=1)
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    save_every: int = 20  # steps between resumable checkpoints
-    seed: int = 0
+    save_every: int = bounded(20, ge=0)  # steps between resumable checkpoints (0: none)
+    seed: int = seed_field()
+    retrain: bool = False  # train again even when <stage>/model/ holds a finished model (it is replaced once the new one is done)
     mode: str = "sync"  # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
 
 
@@ -227,28 +286,28 @@ class GFNConfig(StepTrainingConfig):
     """Step-level GFlowNet fine-tuning (paper 4, appendices F-H)."""
 
     loss: str = "subtb"  # subtb | tb | tb_vargrad
-    lam: float = 1.0  # SubTB lambda
-    reward_temperature: float = 1.0  # log R is multiplied by 1/this
-    reference_prior_coef: float = 0.0  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
-    outcome_coef: float = 0.0  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
-    outcome_floor: float = 0.01
-    unfinished_log_reward: float = -10.0  # added to log R(s) when s's last step states no final answer (s_0 too)
-    kl_coef: float = 0.0  # TB-VarGrad: KL to the frozen reference
+    lam: float = bounded(1.0, ge=0)  # SubTB lambda
+    reward_temperature: float = bounded(1.0, gt=0)  # log R is multiplied by 1/this
+    reference_prior_coef: float = bounded(0.0, ge=0)  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
+    outcome_coef: float = bounded(0.0, ge=0)  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
+    outcome_floor: float = bounded(0.01, gt=0, le=1)
+    unfinished_log_reward: float = bounded(-10.0, le=0)  # added to log R(s) when s's last step states no final answer (s_0 too)
+    kl_coef: float = bounded(0.0, ge=0)  # TB-VarGrad: KL to the frozen reference
     learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
-    log_z_lr: float = 1e-2
-    buffer_size: int = 1000  # paper: 1000
+    log_z_lr: float = bounded(1e-2, gt=0)
+    buffer_size: int = bounded(1000, ge=0)  # paper: 1000
     buffer_priority: str = "softmax"  # softmax | proportional
-    buffer_temperature: float = 1.0
-    recency_fraction: float = 0.5  # TBA's m
-    replay_fraction: float = 0.5  # replayed trajectories per fresh one in each batch (sync mode)
+    buffer_temperature: float = bounded(1.0, gt=0)
+    recency_fraction: float = bounded(0.5, ge=0, le=1)  # TBA's m
+    replay_fraction: float = bounded(0.5, ge=0)  # replayed trajectories per fresh one in each batch (sync mode)
     # asynchronous mode (mode=async; TBA, Bartoldson et al.): searcher actors sample questions_per_step
     # questions x samples_per_question each round with the newest published weights, into one buffer
-    searchers: int = 2  # searcher actors
-    sync_every: int = 1  # trainer steps between weight publications (TBA's k)
-    async_batch_size: int | None = None  # trajectories per trainer step (None: questions_per_step x samples_per_question)
-    max_staleness: int | None = 16  # trajectories sampled more than this many trainer steps ago are dropped (None: kept)
+    searchers: int = bounded(2, ge=1)  # searcher actors
+    sync_every: int = bounded(1, ge=1)  # trainer steps between weight publications (TBA's k)
+    async_batch_size: int | None = bounded(None, ge=1)  # trajectories per trainer step (None: questions_per_step x samples_per_question)
+    max_staleness: int | None = bounded(16, ge=0)  # trajectories sampled more than this many trainer steps ago are dropped (None: kept)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
-    searcher_gpus: float = 0.0  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
+    searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
     weight_transport: str = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)
 
 
@@ -256,15 +315,15 @@ class GFNConfig(StepTrainingConfig):
 class PPOConfig(StepTrainingConfig):
     """PPO baseline with step-level PRM rewards (paper 5, appendix D)."""
 
-    clip: float = 0.2
-    value_coef: float = 0.5
-    entropy_coef: float = 0.01
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
-    kl_coef: float = 0.0  # KL penalty to the frozen reference, folded into step rewards
+    clip: float = bounded(0.2, gt=0)
+    value_coef: float = bounded(0.5, ge=0)
+    entropy_coef: float = bounded(0.01, ge=0)
+    gamma: float = bounded(1.0, ge=0, le=1)
+    gae_lambda: float = bounded(0.95, ge=0, le=1)
+    kl_coef: float = bounded(0.0, ge=0)  # KL penalty to the frozen reference, folded into step rewards
     step_reward: str = "score"  # score: r_k = U (paper) | log_score: r_k = log U, return log R (no gain from extra steps)
-    unfinished_reward: float = -1.0  # added to the last step's reward when it states no final answer
-    ppo_epochs: int = 2
+    unfinished_reward: float = bounded(-1.0, le=0)  # added to the last step's reward when it states no final answer
+    ppo_epochs: int = bounded(2, ge=1)
 
 
 @dataclass
@@ -273,7 +332,7 @@ class EvalConfig:
 
     benchmarks: list[str] = field(default_factory=lambda: ["tiny_test"])  # names in pipeline.problems / tiny
     benchmark_paths: dict[str, str] = field(default_factory=dict)  # name -> local file
-    max_problems: int | None = 100
+    max_problems: int | None = bounded(100, ge=1)
     models: dict[str, str] = field(
         default_factory=lambda: {
             "base": "{run_dir}/bootstrap/model",
@@ -281,14 +340,14 @@ class EvalConfig:
             "gfn": "{run_dir}/gfn/model",
         }
     )
-    k: int = 8  # samples per problem
-    temperature: float = 0.6
+    k: int = bounded(8, ge=1)  # samples per problem
+    temperature: float = bounded(0.6, ge=0)
     greedy: bool = True
     embedder: str | None = None  # None = offline all-MiniLM-L6-v2; paper: sentence-transformers/paraphrase-MiniLM-L6-v2
     prm: str | None = None  # a trained PRM: report each model's mean PRM reward R = prod U on its samples (skipped if absent)
     pairs: list[list[str]] = field(default_factory=lambda: [["gfn", "ppo"]])  # [a, b]: also report a minus b, paired (Table 4)
-    bootstrap_resamples: int = 2000
-    seed: int = 0
+    bootstrap_resamples: int = bounded(2000, ge=1)
+    seed: int = seed_field()
 
 
 @dataclass
@@ -296,10 +355,10 @@ class SearchConfig:
     """PRM-guided search at inference (paper 3.4, Figure 2)."""
 
     strategies: list[str] = field(default_factory=lambda: ["step_best_of_k", "beam", "best_of_n", "weighted_vote"])
-    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    temperature: float = 0.8
-    max_depth: int = 12
-    beam_width: int = 4
+    ks: list[int] = bounded(default_factory=lambda: [1, 2, 4, 8, 16], ge=1)
+    temperature: float = bounded(0.8, ge=0)
+    max_depth: int = bounded(12, ge=1)
+    beam_width: int = bounded(4, ge=1)
     # last | mean | min | prod: a partial or whole solution's score from its step scores. last: the
     # PRM is trained on Monte Carlo values, so U of the last step estimates P(correct) of the whole
     # prefix (of the answer, for a finished one) and compares solutions of any length; min and
@@ -307,8 +366,8 @@ class SearchConfig:
     aggregation: str = "last"
     benchmark: str = "tiny_test"
     benchmark_path: str | None = None
-    max_problems: int | None = 100
-    seed: int = 0
+    max_problems: int | None = bounded(100, ge=1)
+    seed: int = seed_field()
 
 
 @dataclass
@@ -316,8 +375,8 @@ class Config:
     """The whole pipeline's configuration."""
 
     run: str = "demo"
-    runs_root: str = "runs"
-    seed: int = 0  # every section's seed unless the section sets its own (tiny world, training, sampling, evaluation)
+    runs_root: str = "runs"  # relative: below the working folder; absolute: anywhere (explicit)
+    seed: int = seed_field()  # every section's seed unless the section sets its own (tiny world, training, sampling, evaluation)
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
@@ -353,6 +412,41 @@ class Config:
 
 
 _EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+MAX_CONFIG_BYTES = 64 << 10  # a config is a few kilobytes (configs/: 2-3 KB); PyYAML parses ~70 KB/s of nested flow lists
+MAX_OVERRIDE_CHARS = 16 << 10
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SHARD = re.compile(r"\d+/\d+")
+_SHOW = reprlib.Repr()  # (3.11's Repr takes no keyword arguments)
+_SHOW.maxlevel, _SHOW.maxtuple, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxset = 2, 4, 4, 4, 4
+_SHOW.maxstring, _SHOW.maxlong, _SHOW.maxother = 60, 40, 60
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, at most a few dozen characters whatever its size (reprlib
+    stops early: it never formats the whole of a huge nested value)."""
+    return _SHOW.repr(value)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases when it meets one, before anything is expanded: a
+    409-byte file of nested aliases ("billion laughs") would otherwise expand to 10^9 values in
+    every consumer that walks them (the type check, repr, save_config). A config never needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"the alias *{event.anchor} is not allowed: configs do not use YAML "
+                                              "anchors and aliases (write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _yaml_load(text: str) -> Any:
+    """yaml.safe_load without aliases; RecursionError (nesting deeper than the parser's stack)
+    becomes a YAMLError."""
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
 
 
 def _type_name(tp: Any) -> str:
@@ -366,24 +460,23 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(value, arg, key, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {value!r}")
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {_show(value)}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: {key} expects a list, got {value!r}")
+            raise ConfigError(f"{where}: {key} expects a list, got {_show(value)}")
         return [_coerce(v, item_tp, f"{key}[{i}]", where) for i, v in enumerate(value)]
     if origin is dict:
         key_tp, val_tp = typing.get_args(tp)
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: {key} expects a mapping, got {value!r}")
+            raise ConfigError(f"{where}: {key} expects a mapping, got {_show(value)}")
         return {
             _coerce(k, key_tp, f"{key}.<key>", where): _coerce(v, val_tp, f"{key}.{k}", where)
             for k, v in value.items()
@@ -405,75 +498,129 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             return value
     elif tp is Any:
         return value
-    raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {_show(value)} ({type(value).__name__})")
 
 
-def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, explicit: set[str] | None = None) -> None:
-    """Set ``updates`` on the dataclass ``obj``, type-checked; the dotted keys set go into ``explicit``."""
+def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: dict[str, str]) -> None:
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for name, value in updates.items():
         key = f"{prefix}{name}"
         if name not in names:
-            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(sorted(names))})")
+            raise ConfigError(f"{where}: unknown key '{_show(key)}' (known: {', '.join(sorted(names))})")
         tp = hints[name]
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {value!r}")
-            _apply(current, value, f"{key}.", where, explicit)
+                raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {_show(value)}")
+            _apply(current, value, f"{key}.", where, sources)
         else:
             setattr(obj, name, _coerce(value, tp, key, where))
-            if explicit is not None:
-                explicit.add(key)
+            sources[key] = where
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar/list)."""
     if "=" not in text:
-        raise ConfigError(f"command line: override {text!r} is not of the form key=value")
+        raise ConfigError(f"command line: override {_show(text)} is not of the form key=value")
+    if len(text) > MAX_OVERRIDE_CHARS:
+        raise ConfigError(f"command line: override {_show(text)} has {len(text)} characters; at most {MAX_OVERRIDE_CHARS}")
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"command line: override {text!r} has an empty key")
+        raise ConfigError(f"command line: override {_show(text)} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+        value = _yaml_load(raw) if raw.strip() != "" else ""
+    except yaml.composer.ComposerError as exc:  # an alias: refused, not read as a string
+        raise ConfigError(f"command line: {key}: {exc.problem}") from None
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
 
 
+def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
+    """Every numeric field within its declared range (``bounded``), and the few rules that span
+    fields; raises ConfigError "<file>: <key> = <value> is out of range: expected <range>"."""
+    sources = sources or {}
+
+    def fail(key: str, message: str) -> None:
+        raise ConfigError(f"{sources.get(key, 'default')}: {key} {message}")
+
+    def walk(obj: Any, prefix: str) -> None:
+        for spec in dataclasses.fields(obj):
+            value, key = getattr(obj, spec.name), f"{prefix}{spec.name}"
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{key}.")
+                continue
+            allowed = spec.metadata.get(_RANGE_KEY)
+            if allowed is None or value is None:
+                continue
+            for index, item in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(item, (int, float)) and not isinstance(item, bool) and not allowed.contains(item):
+                    shown = f"[{index}] = {_show(item)}" if isinstance(value, list) else f"= {_show(item)}"
+                    fail(key, f"{shown} is out of range: expected {allowed}")
+
+    walk(config, "")
+    if config.tinyworld.min_ops > config.tinyworld.max_ops:
+        fail("tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}")
+    shard = config.mcts.shard
+    if not _SHARD.fullmatch(shard) or not 0 <= int(shard.split("/")[0]) < int(shard.split("/")[1]):
+        fail("mcts.shard", f"= {_show(shard)}: expected i/n with 0 <= i < n (e.g. 0/4)")
+
+
+def check_run_location(config: Config, sources: dict[str, str] | None = None) -> None:
+    """``run`` is one plain folder name; ``runs_root`` is absolute (the user's explicit choice) or
+    a relative path without '..' (it stays below the working folder). Checked at load time, so a
+    stage writes nothing (not even config.yaml) outside the runs folder."""
+    sources = sources or {}
+    if not _RUN_NAME.fullmatch(config.run):
+        raise ConfigError(f"{sources.get('run', 'default')}: run = {_show(config.run)}: expected one folder name "
+                          "(letters, digits, '.', '_', '-'; not starting with '.'), so the run stays inside runs_root")
+    root = Path(config.runs_root)
+    if not config.runs_root.strip() or (not root.is_absolute() and ".." in root.parts):
+        raise ConfigError(f"{sources.get('runs_root', 'default')}: runs_root = {_show(config.runs_root)}: a relative runs_root "
+                          "may not leave the working folder ('..'); give an absolute path to put runs elsewhere")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults, then the YAML file, then ``key=value`` overrides, all type-checked. A section's
-    ``seed`` that neither sets is the top-level ``seed``: ``seed=3`` reseeds the whole pipeline."""
+    """Defaults, then the YAML file, then ``key=value`` overrides, all type- and range-checked. A
+    section's ``seed`` that neither sets is the top-level ``seed``: ``seed=3`` reseeds the whole pipeline."""
     config = Config()
-    explicit: set[str] = set()
+    sources: dict[str, str] = {}
     if path is not None:
         path = Path(path)
-        if not path.exists():
+        if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size} bytes; a config file may hold at most {MAX_CONFIG_BYTES}")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            data = _yaml_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{path}: not valid YAML: {str(exc)[:500]}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
-        _apply(config, data, "", str(path), explicit)
+        _apply(config, data, "", str(path), sources)
     for text in overrides or []:
         keys, value = parse_override(text)
         nested: Any = value
         for name in reversed(keys):
             nested = {name: nested}
-        _apply(config, nested, "", "command line", explicit)
+        _apply(config, nested, "", "command line", sources)
     for section in dataclasses.fields(config):
         value = getattr(config, section.name)
-        if dataclasses.is_dataclass(value) and hasattr(value, "seed") and f"{section.name}.seed" not in explicit:
+        if dataclasses.is_dataclass(value) and hasattr(value, "seed") and f"{section.name}.seed" not in sources:
             value.seed = config.seed
+            if "seed" in sources:
+                sources[f"{section.name}.seed"] = sources["seed"]
+    check_ranges(config, sources)
+    check_run_location(config, sources)
     return config
 
 
 def save_config(config: Config, path: str | Path) -> None:
-    """Write the resolved config beside a stage's outputs."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    """Write the resolved config beside a stage's outputs (atomically: processes of a sharded
+    stage write the same folder)."""
+    write_text_atomic(path, yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True))

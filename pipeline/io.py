@@ -11,17 +11,29 @@ temporary name, fsyncs every file, then renames the folder: a rename is atomic, 
 sees either the whole shard or none of it. A process killed mid-commit leaves only a
 ``.tmp-*`` folder, which readers ignore and the next writer removes.
 
+Each shard also holds ``manifest.json`` (written last): its problems and, per file, the bytes,
+the sha256 and the number of records. Readers (``verified_shards``) check every shard against
+it and refuse, naming the shard, one whose file is missing, emptied or changed, one without its
+problems list, and two shards listing the same problem (a copied shard folder).
+
 Resuming: ``completed_problem_ids(directory)`` lists every problem in a committed shard; a
 restarted stage skips those, so no record is ever written twice. Several processes
 (``shard=i/n``) write into one directory with distinct tags.
+
+``StageLock``: one writer per run folder and stage (a lock file holding the PID and host).
 """
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -31,6 +43,19 @@ R = TypeVar("R", bound=Record)
 
 SHARD_PREFIX = "part"
 TMP_PREFIX = ".tmp-"
+SHARD_MANIFEST = "manifest.json"
+SHARD_PROBLEMS = "problems.json"
+SHARD_FORMAT = 1
+
+log = logging.getLogger("stepflow.io")
+
+
+class ShardError(ValueError):
+    """A damaged or inconsistent shard folder (the message names it and what is wrong)."""
+
+
+class LockError(RuntimeError):
+    """Another process holds the lock of this run folder and stage."""
 
 
 def read_jsonl(path: str | Path, validate: Callable[[dict, str, int], None] | None = None) -> Iterator[dict]:
@@ -58,25 +83,68 @@ def read_records(path: str | Path, record_type: type[R]) -> Iterator[R]:
 
 
 def _json_objects(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, JSON object) for every non-empty line; blank lines still count."""
-    with path.open("r", encoding="utf-8", errors="strict") as handle:
-        for line_no, line in enumerate(handle, start=1):
+    """(line number, JSON object) for every non-empty line; blank lines still count. Bytes that
+    are not UTF-8, bad JSON and nesting too deep for the parser are RecordErrors naming the line."""
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RecordError(f"{path}:{line_no}: not valid UTF-8 (byte {exc.start} of the line: {raw[exc.start:exc.start + 4]!r})") from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+            except RecursionError:
+                raise RecordError(f"{path}:{line_no}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise RecordError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
             yield line_no, obj
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    """One JSON document; a missing, non-UTF-8 or malformed file raises RecordError naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise RecordError(f"{path}: missing ({what})") from None
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{path}: not valid UTF-8 (byte {exc.start}); the {what} is damaged") from None
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); the {what} is damaged") from None
+    except RecursionError:
+        raise RecordError(f"{path}: JSON nested too deeply; the {what} is damaged") from None
+
+
+def _tmp_name(path: Path) -> Path:
+    """A temporary name beside ``path``, distinct per process (two processes of a sharded stage
+    may write the same file; readers skip names starting with TMP_PREFIX). Temporary files of
+    ``path`` left by processes that died (killed mid-write) are removed."""
+    for stale in path.parent.glob(f"{TMP_PREFIX}*-{path.name}"):
+        pid = stale.name[len(TMP_PREFIX):-len(path.name) - 1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
     """Write a whole JSONL file atomically (temporary file, fsync, rename). Returns the count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    tmp = _tmp_name(path)
     count = 0
     with tmp.open("w", encoding="utf-8") as handle:
         for record in records:
@@ -94,17 +162,21 @@ def write_records_atomic(path: str | Path, records: Iterable[Record]) -> int:
     return write_jsonl_atomic(path, (record.to_json() for record in records))
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write one JSON document atomically."""
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file atomically (temporary file, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}")
+    tmp = _tmp_name(path)
     with tmp.open("w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=2, ensure_ascii=False)
-        handle.write("\n")
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write one JSON document atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def fsync_path(path: Path) -> None:
@@ -122,31 +194,237 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+# ----------------------------------------------------------------------------- folders with a manifest
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+_FULL_HASH_BYTES = 64 << 20  # larger files: size + sha256 of the first and last MiB
+STAGING_PREFIX = ".staging-"
+
+
+class FolderError(ValueError):
+    """A model or checkpoint folder whose files are missing, damaged or unreadable (names the file)."""
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file; of a file over 64 MiB, of its first and last MiB (with its size, checked
+    apart, that catches truncation and a different file without reading gigabytes)."""
+    digest = hashlib.sha256()
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        if size <= _FULL_HASH_BYTES:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        else:
+            digest.update(handle.read(1 << 20))
+            handle.seek(-(1 << 20), 2)
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path, **extra: Any) -> dict:
+    """fsync every file under ``directory`` and write ``manifest.json`` (each file's relative path,
+    bytes and sha256, plus ``extra``) last, fsynced."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+        fsync_path(path)
+        files[path.relative_to(directory).as_posix()] = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+    manifest = {"format_version": MANIFEST_FORMAT, **extra, "files": files}
+    with (directory / MANIFEST).open("w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    for folder in {directory, *(p.parent for p in directory.rglob("*"))}:
+        fsync_path(folder)
+    return manifest
+
+
+def verify_manifest(directory: Path) -> dict:
+    """The manifest of a folder after checking every file it lists (size and sha256); raises
+    FolderError naming the folder and the first file that does not match."""
+    directory = Path(directory)
+    try:
+        manifest = read_json(directory / MANIFEST, "manifest")
+    except RecordError as error:
+        raise FolderError(f"{directory}: no readable {MANIFEST} ({str(error).split(': ', 1)[1]})") from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != MANIFEST_FORMAT or not isinstance(manifest.get("files"), dict):
+        version = manifest.get("format_version") if isinstance(manifest, dict) else None
+        raise FolderError(f"{directory}: {MANIFEST} has format {version!r}, expected {MANIFEST_FORMAT}")
+    for name, expected in manifest["files"].items():
+        file = directory / name
+        if not file.is_file():
+            raise FolderError(f"{directory}: {name} is missing")
+        if file.stat().st_size != expected["bytes"]:
+            raise FolderError(f"{directory}: {name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}")
+        if file_digest(file) != expected["sha256"]:
+            raise FolderError(f"{directory}: {name} does not match its sha256 in the manifest")
+    return manifest
+
+
+def staging_folder(final: Path) -> Path:
+    """A fresh, empty staging folder beside ``final`` (what commit_folder renames into place)."""
+    final = Path(final)
+    staging = final.parent / f"{STAGING_PREFIX}{final.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def commit_folder(staging: Path, final: Path, **extra: Any) -> Path:
+    """Write the manifest of ``staging`` and rename it to ``final`` (one atomic rename). A folder
+    already at ``final`` (a retrained model) is renamed aside first and removed after, so ``final``
+    is at every moment either absent or whole."""
+    staging, final = Path(staging), Path(final)
+    write_manifest(staging, **extra)
+    aside = final.parent / f"{STAGING_PREFIX}replaced-{final.name}"
+    shutil.rmtree(aside, ignore_errors=True)
+    if final.exists():
+        os.rename(final, aside)
+    os.rename(staging, final)
+    fsync_path(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+    return final
+
+
+def is_committed_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder committed by commit_folder whose files all match its manifest."""
+    try:
+        verify_manifest(Path(path))
+        return True
+    except FolderError:
+        return False
+
+
+def check_safetensors(path: Path) -> None:
+    """A safetensors file's header is readable and its tensors fit in the file (a truncated or
+    damaged file raises FolderError naming it, instead of safetensors' bare "invalid header length")."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if length < 2 or 8 + length > size:
+            raise FolderError(f"{path}: not a complete safetensors file ({size} bytes; header length {length}): truncated or damaged")
+        try:
+            header = json.loads(handle.read(length).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise FolderError(f"{path}: its safetensors header is not valid JSON: damaged") from None
+    ends = [entry["data_offsets"][1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict) and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2]
+    if 8 + length + max(ends, default=0) != size:
+        raise FolderError(f"{path}: its header describes {8 + length + max(ends, default=0)} bytes but the file has {size}: "
+                          "truncated or damaged")
+
+
+def check_model_folder(path: str | Path) -> None:
+    """Before a model folder is loaded: with a manifest, every file matches it; without one (a
+    hub download, an older run), every safetensors file is whole and every JSON file parses.
+    Raises FolderError naming the file. A hub id (no such folder) is left to the loader."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return
+    if (directory / MANIFEST).exists():
+        verify_manifest(directory)
+        return
+    for file in sorted(directory.rglob("*.safetensors")):
+        check_safetensors(file)
+    for file in sorted(directory.rglob("*.json")):
+        try:
+            read_json(file, "model file")
+        except RecordError as error:
+            raise FolderError(str(error)) from None
+
+
 def committed_shards(directory: str | Path) -> list[Path]:
-    """Committed shard folders of a directory, in a stable order."""
+    """Committed shard folders of a directory, in a stable order (not checked: see verified_shards)."""
     directory = Path(directory)
     if not directory.exists():
         return []
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(SHARD_PREFIX + "-"))
 
 
+def _shard_file_digest(path: Path) -> tuple[int, str, int]:
+    """(bytes, sha256, non-empty lines) of a file."""
+    digest, size, lines = hashlib.sha256(), 0, 0
+    with path.open("rb") as handle:
+        for line in handle:
+            digest.update(line)
+            size += len(line)
+            lines += bool(line.strip())
+    return size, digest.hexdigest(), lines
+
+
+def _damaged(shard: Path, problem: str) -> ShardError:
+    return ShardError(f"{shard}: {problem}. The shard is damaged; move it out of {shard.parent} (its problems are then "
+                      f"searched again) or restore it from a copy")
+
+
+def shard_problems(shard: Path) -> list[str]:
+    """The problems of one committed shard, after checking its files against its manifest."""
+    try:
+        problems = read_json(shard / SHARD_PROBLEMS, "shard's problem list")
+    except RecordError as error:
+        raise _damaged(shard, str(error).replace(f"{shard}{os.sep}", "")) from None
+    if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems) or len(set(problems)) != len(problems):
+        raise _damaged(shard, f"{SHARD_PROBLEMS} is not a list of distinct problem ids")
+    if not (shard / SHARD_MANIFEST).exists():
+        return problems  # written before manifests existed: nothing more to check
+    try:
+        manifest = read_json(shard / SHARD_MANIFEST, "shard manifest")
+    except RecordError as error:
+        raise _damaged(shard, str(error).replace(f"{shard}{os.sep}", "")) from None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != SHARD_FORMAT or not isinstance(manifest.get("files"), dict):
+        raise _damaged(shard, f"{SHARD_MANIFEST} is not a format-{SHARD_FORMAT} shard manifest")
+    if manifest.get("problems") != problems:
+        raise _damaged(shard, f"{SHARD_PROBLEMS} does not list the problems of {SHARD_MANIFEST}")
+    for name, expected in manifest["files"].items():
+        file = shard / name
+        if not file.is_file():
+            raise _damaged(shard, f"{name} is missing (the manifest lists it with {expected.get('records')} records)")
+        size, sha256, records = _shard_file_digest(file)
+        if (size, sha256) != (expected.get("bytes"), expected.get("sha256")):
+            raise _damaged(shard, f"{name} holds {records} records in {size} bytes; the manifest says "
+                                  f"{expected.get('records')} records in {expected.get('bytes')} bytes (or another sha256)")
+    return problems
+
+
+def verified_shards(directory: str | Path) -> list[tuple[Path, list[str]]]:
+    """(shard, its problems) for every committed shard, each checked against its manifest; a
+    problem listed by two shards (a copied shard folder) is an error naming both."""
+    owner: dict[str, Path] = {}
+    shards = []
+    for shard in committed_shards(directory):
+        problems = shard_problems(shard)
+        for problem in problems:
+            if problem in owner:
+                raise ShardError(f"{shard} and {owner[problem]} both hold problem {problem!r}: a shard was copied or written "
+                                 f"twice. Reading both would duplicate its records; move one of them out of {shard.parent}")
+            owner[problem] = shard
+        shards.append((shard, problems))
+    return shards
+
+
 def read_stream(directory: str | Path, stream: str, record_type: type[R]) -> Iterator[R]:
     """Every record of one stream across the committed shards of a directory, validated as
-    ``record_type`` (errors name the shard file and line)."""
-    for shard in committed_shards(directory):
+    ``record_type`` (errors name the shard file and line); the shards are checked first
+    (``verified_shards``), and every record must belong to a problem its shard lists."""
+    for shard, problems in verified_shards(directory):
         path = shard / f"{stream}.jsonl"
-        if path.exists():
-            yield from read_records(path, record_type)
+        if not path.exists():
+            continue
+        listed = set(problems)
+        for line_no, obj in _json_objects(path):
+            record = record_type.from_json(obj, f"{path}:{line_no}")
+            problem_id = getattr(record, "problem_id", None)
+            if problem_id is not None and problem_id not in listed:
+                raise _damaged(shard, f"{stream}.jsonl line {line_no} belongs to problem {problem_id!r}, which {SHARD_PROBLEMS} does not list")
+            yield record
 
 
 def completed_problem_ids(directory: str | Path) -> set[str]:
-    """Problems whose records are committed (each shard lists its problems in ``problems.json``)."""
-    done: set[str] = set()
-    for shard in committed_shards(directory):
-        manifest = shard / "problems.json"
-        if manifest.exists():
-            done.update(json.loads(manifest.read_text(encoding="utf-8")))
-    return done
+    """Problems whose records are committed (each shard lists its problems in ``problems.json``;
+    every shard is checked, see verified_shards)."""
+    return {problem for _, problems in verified_shards(directory) for problem in problems}
 
 
 class ShardWriter:
@@ -204,8 +482,16 @@ class ShardWriter:
                     handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
-        with (tmp / "problems.json").open("w", encoding="utf-8") as handle:
+        with (tmp / SHARD_PROBLEMS).open("w", encoding="utf-8") as handle:
             json.dump(self._problems, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        files = {}
+        for stream in self._buffer:
+            size, sha256, records = _shard_file_digest(tmp / f"{stream}.jsonl")
+            files[f"{stream}.jsonl"] = {"bytes": size, "sha256": sha256, "records": records}
+        with (tmp / SHARD_MANIFEST).open("w", encoding="utf-8") as handle:
+            json.dump({"format_version": SHARD_FORMAT, "problems": self._problems, "files": files}, handle, indent=1)
             handle.flush()
             os.fsync(handle.fileno())
         fsync_path(tmp)
@@ -268,7 +554,9 @@ def check_settings(directory: str | Path, settings: dict, what: str) -> None:
     directory = Path(directory)
     path = directory / "settings.json"
     if path.exists():
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = read_json(path, "settings file")
+        if not isinstance(old, dict):
+            raise RecordError(f"{path}: expected a JSON object of settings, got {type(old).__name__}; the settings file is damaged")
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         if changed:
             raise SystemExit(
@@ -280,3 +568,139 @@ def check_settings(directory: str | Path, settings: dict, what: str) -> None:
         raise SystemExit(f"{directory}: {what} holds records but no settings.json (written by an older version); "
                          f"move or delete it, or use another run name")
     write_json_atomic(path, settings)
+
+
+# ----------------------------------------------------------------------------- one writer per stage
+
+
+def launch_id() -> tuple[int, int]:
+    """(rank, launch): under ``accelerate launch`` / torchrun (WORLD_SIZE > 1) every process of one
+    launch has the launcher as its parent, so the parent's PID names the launch; a lone process
+    is its own launch."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:
+        return int(os.environ.get("RANK", "0") or 0), os.getppid()
+    return 0, os.getpid()
+
+
+class StageLock:
+    """One writer per run folder and stage: an exclusive ``flock`` on ``path``, which holds the
+    holder's PID, host and launch.
+
+    A second process (a user starting the same ``make`` twice) gets LockError at once, naming the
+    holder. The kernel drops the lock when its process dies however it dies, so a lock left by a
+    dead process is simply taken over (the log says so: the file still names it). Under a
+    multi-process launch only rank 0 takes the lock; every other rank waits until the file names
+    its own launch (its parent PID on this host) and refuses to go on when it names another
+    launch. Locks are re-entrant within a process (``acquire_stage_lock``): the demo runs every
+    stage in one process, and tests call a stage's main twice.
+    """
+
+    WAIT_FOR_RANK0_S = 60.0
+
+    def __init__(self, path: str | Path, what: str):
+        self.path, self.what = Path(path), what
+        self.fd: int | None = None
+
+    def _holder(self) -> dict:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+            holder = json.loads(text) if text.strip() else {}
+            return holder if isinstance(holder, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> "StageLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rank, launch = launch_id()
+        if rank != 0:
+            return self._wait_for_launch(launch)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = self._holder()
+            raise LockError(f"{self.what}: another process is writing this stage of this run: {self.path} is held by process "
+                            f"{holder.get('pid', '?')} on host {holder.get('host', '?')} (since {holder.get('started', '?')}). "
+                            f"Wait for it to finish or stop it; a lock whose process has died is taken over automatically") from None
+        previous = self._holder()
+        if previous.get("pid") not in (None, os.getpid()):
+            log.warning("%s: took over %s from process %s on host %s, which ended without releasing it (killed, or crashed)",
+                        self.what, self.path, previous.get("pid"), previous.get("host"))
+        os.ftruncate(fd, 0)
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "launch": launch,
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        os.fsync(fd)
+        self.fd = fd
+        return self
+
+    def _wait_for_launch(self, launch: int) -> "StageLock":
+        host = socket.gethostname()
+        start = time.monotonic()
+        while True:
+            holder = self._holder()
+            if holder.get("launch") == launch and holder.get("host") == host:
+                return self
+            waited = time.monotonic() - start
+            if holder.get("host") not in (None, host) and waited > 10:
+                log.warning("%s: %s is held on host %s: a multi-node launch, not checked from this node", self.what, self.path,
+                            holder.get("host"))
+                return self
+            if waited > self.WAIT_FOR_RANK0_S:
+                raise LockError(f"{self.what}: {self.path} names process {holder.get('pid', '?')} of launch "
+                                f"{holder.get('launch', '?')} on {holder.get('host', '?')}, not this launch ({launch}): another run "
+                                "of this stage holds the run folder")
+            time.sleep(0.1)
+
+    def release(self) -> None:
+        """Release (a clean end: the file is emptied, so the next holder has nothing to take over)."""
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+_HELD: dict[Path, StageLock] = {}
+_AT_EXIT: list = []
+
+
+def acquire_stage_lock(path: str | Path, what: str) -> StageLock:
+    """The lock at ``path`` for this process (taken once, then returned again: re-entrant); held
+    until release_stage_locks() or the process ends."""
+    key = Path(path).resolve()
+    if key not in _HELD:
+        if not _AT_EXIT:
+            _AT_EXIT.append(atexit.register(release_stage_locks))  # a clean exit (errors included) leaves nothing to take over
+        _HELD[key] = StageLock(key, what).acquire()
+    return _HELD[key]
+
+
+def release_stage_locks() -> None:
+    """Release every lock this process holds (a stage main that returns normally)."""
+    while _HELD:
+        _HELD.popitem()[1].release()
+
+
+def held_locks(directory: str | Path, pattern: str) -> list[dict]:
+    """The holders of the locks matching ``pattern`` in ``directory`` that some live process holds
+    right now (probed with a non-blocking shared flock)."""
+    held = []
+    for path in sorted(Path(directory).glob(pattern)):
+        if Path(path).resolve() in _HELD:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            holder = StageLock(path, "")._holder()
+            held.append({**holder, "path": str(path)})
+        finally:
+            os.close(fd)
+    return held

@@ -19,6 +19,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from pipeline.config import ModelConfig
+from pipeline.io import check_model_folder
 
 # What save_pretrained writes as tokenizer_class for a tokenizer built from a `tokenizers`
 # object: "PreTrainedTokenizerFast" before transformers 5, "TokenizersBackend" (its v5 name) now.
@@ -60,6 +61,7 @@ def _saved_tokenizer_class(path: str) -> str | None:
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """The tokenizer saved at ``path`` (hub id or folder), with a pad token (eos when it has none)."""
+    check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
     if _saved_tokenizer_class(path) in GENERIC_TOKENIZER_CLASSES:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     else:
@@ -77,6 +79,7 @@ def load_causal_lm(path: str, model_config: ModelConfig, adapter: str | None = N
     Honours model_config.device, dtype, attn_implementation and trust_remote_code. The model is
     returned in eval mode; with an adapter it is a peft model (trainable when ``is_trainable``).
     """
+    check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
     device = resolve_device(model_config.device)
     dtype = resolve_dtype(model_config.dtype, device)
     kwargs = {"dtype": dtype, "trust_remote_code": model_config.trust_remote_code}

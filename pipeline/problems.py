@@ -5,10 +5,14 @@ JSONL problems contract of DESIGN.md. A loader reads a local file (JSONL, or a J
 given a path, and otherwise the benchmark's Hugging Face hub copy through ``datasets`` (imported
 only then). Field layouts, hub ids and every mapping decision are in docs/data.md, "Benchmarks".
 
-A malformed record (bad JSON, a missing or ill-typed field, an answer that cannot be extracted)
-raises ``RecordError`` (a ValueError) naming the file, the line and the field. With
-``lenient=True`` such records are skipped instead, and one warning on the ``pipeline.problems``
-logger gives their count and the first error.
+A malformed record (bytes that are not UTF-8, bad or too deeply nested JSON, a missing or
+ill-typed field, an answer that cannot be extracted or is not what the benchmark holds, e.g. a
+GSM8K answer that is not a number or a MATH level outside 1-5, an id that is neither a string nor
+an integer, a problem id seen before) raises ``RecordError`` (a ValueError) naming the file, the
+line and the field. With ``lenient=True`` (``data.lenient`` in the config) such records are
+skipped instead, and one warning on the ``pipeline.problems`` logger gives their count and the
+first error once loading ends. An empty input, or one where no problem is left, is an error
+either way.
 """
 
 from __future__ import annotations
@@ -137,31 +141,48 @@ Row = tuple[str, Any, "RecordError | None"]
 
 
 def _read_local(path: str | Path) -> Iterator[Row]:
-    """The records of a local JSONL file, or of a JSON file holding one array of records."""
+    """The records of a local JSONL file, or of a JSON file holding one array of records. An empty
+    file (nothing but whitespace) is an error."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark file not found: {path}")
-    with path.open("r", encoding="utf-8") as handle:
+    with path.open("rb") as handle:
         head = handle.read(4096).lstrip()
         handle.seek(0)
-        if head.startswith("["):
+        if head.startswith(b"["):
             try:
-                records = json.load(handle)
+                records = json.loads(handle.read().decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise RecordError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
             except json.JSONDecodeError as exc:
                 raise RecordError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+            except RecursionError:
+                raise RecordError(f"{path}: JSON nested too deeply") from None
+            if not records:
+                raise RecordError(f"{path}: no records (an empty JSON array)")
             for i, record in enumerate(records):
                 yield f"{path}: item {i}", record, None
             return
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
+        found = False
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
                 continue
+            found = True
             where = f"{path}:{line_no}"
             try:
-                record = json.loads(line)
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                yield where, None, RecordError(f"{where}: not valid UTF-8 (byte {exc.start} of the line)")
+                continue
             except json.JSONDecodeError as exc:
                 yield where, None, RecordError(f"{where}: not valid JSON ({exc.msg})")
                 continue
+            except RecursionError:
+                yield where, None, RecordError(f"{where}: JSON nested too deeply")
+                continue
             yield where, record, None
+        if not found:
+            raise RecordError(f"{path}: no records (an empty file)")
 
 
 def _read_hub(hub_id: str, config: str | None, split: str, *, streaming: bool = False) -> Iterator[Row]:
@@ -186,34 +207,46 @@ def _collect(
     """Convert rows to problems (``to_problem(record, where, index)``), filter, stop at ``limit``.
 
     ``index`` counts every row, malformed ones included, so ids do not shift when a record is
-    skipped or a filter is applied.
+    skipped or a filter is applied. A problem id met twice is a malformed record. No problem at
+    all (an empty input, every record malformed, none passing the filter) is an error.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"{loader}: limit must be >= 0, got {limit}")
     problems: list[Problem] = []
-    skipped, first_error = 0, None
+    skipped, first_error, rows_seen, source = 0, None, 0, None
+    first_seen: dict[str, str] = {}
     if limit == 0:
         return problems
     for index, (where, record, error) in enumerate(rows):
+        rows_seen += 1
+        source = source or where.rsplit(":", 1)[0]
         try:
             if error is not None:
                 raise error
             if not isinstance(record, dict):
                 raise RecordError(f"{where}: expected a JSON object, got {type(record).__name__}")
             problem = to_problem(record, where, index)
+            if keep is not None and not keep(problem):
+                continue
+            if problem.problem_id in first_seen:
+                raise RecordError(f"{where}: field 'problem_id': {problem.problem_id!r} appears twice (first at "
+                                  f"{first_seen[problem.problem_id]}); problem ids must be unique")
         except RecordError as exc:
             if not lenient:
                 raise
             skipped += 1
             first_error = first_error or exc
             continue
-        if keep is not None and not keep(problem):
-            continue
+        first_seen[problem.problem_id] = where
         problems.append(problem)
         if limit is not None and len(problems) >= limit:
             break
     if skipped:
-        log.warning("%s: skipped %d malformed record(s) (lenient=True); first: %s", loader, skipped, first_error)
+        log.warning("%s: skipped %d malformed record(s) of %d (lenient=True); first: %s", loader, skipped, rows_seen, first_error)
+    if not problems:
+        why = ("no records" if rows_seen == 0 else f"all {rows_seen} records were malformed" if skipped == rows_seen
+               else f"none of the {rows_seen} records passed the filter")
+        raise RecordError(f"{loader}: {source or 'the input'}: no problems ({why})")
     return problems
 
 
@@ -235,14 +268,17 @@ def _text(record: dict, name: str, where: str) -> str:
 
 # ----------------------------------------------------------------------------- GSM8K
 
+_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)")
+
 
 def _gsm8k_problem(split: str) -> Callable[[dict, str, int], Problem]:
     def convert(record: dict, where: str, index: int) -> Problem:
         question = _text(record, "question", where)
         solution = _text(record, "answer", where)
         answer = gsm8k_final_answer(solution)
-        if answer is None:
-            raise RecordError(f"{where}: field 'answer': expected a solution ending in '#### <number>'")
+        if answer is None or not _NUMBER.fullmatch(answer):
+            raise RecordError(f"{where}: field 'answer': expected a solution ending in '#### <number>'"
+                              + (f", got '#### {answer[:40]}'" if answer is not None else ""))
         return Problem(f"gsm8k-{split}-{index}", question, answer, "gsm8k", {"solution": solution})
 
     return convert
@@ -269,6 +305,8 @@ def _math_level(record: dict, where: str) -> int | None:
     """'Level 5' or 5 -> 5; MATH has a few 'Level ?' (train split): None, kept unless filtered."""
     value = _require(record, "level", where, (str, int), "'Level N' or an integer")
     if isinstance(value, int):
+        if not 1 <= value <= 5:
+            raise RecordError(f"{where}: field 'level': expected a level from 1 to 5, got {value}")
         return value
     match = _LEVEL.match(value)
     if match:
@@ -338,6 +376,8 @@ def _math500_problem(record: dict, where: str, index: int) -> Problem:
         "subject": _text(record, "subject", where),
         "unique_id": _text(record, "unique_id", where),
     }
+    if not 1 <= meta["level"] <= 5:
+        raise RecordError(f"{where}: field 'level': expected a level from 1 to 5, got {meta['level']}")
     if isinstance(record.get("solution"), str):
         meta["solution"] = record["solution"]
     return Problem(f"math500-{index}", question, answer, "math500", meta)
@@ -368,6 +408,8 @@ def _sat32_problem(record: dict, where: str, index: int) -> Problem:
     options = parse_options_string(_require(record, "options", where, str, "a string"), where)
     answer = _choice_answer(_require(record, "Answer", where, str, "an option letter"), options, where, "Answer")
     record_id = record.get("id", index)
+    if isinstance(record_id, bool) or not (isinstance(record_id, int) or (isinstance(record_id, str) and record_id.strip())):
+        raise RecordError(f"{where}: field 'id': expected a non-empty string or an integer, got {type(record_id).__name__}")
     return Problem(f"sat_math-{record_id}", question, answer, "sat_math", {"options": options, "id": record_id})
 
 
@@ -502,16 +544,8 @@ def load_openmathinstruct2(
 def load_problems_jsonl(path: str | Path, *, limit: int | None = None, lenient: bool = False) -> list[Problem]:
     """Problems-contract records {problem_id, question, answer, source, meta} (JSONL or JSON array),
     each validated by ``Problem.from_json``; problem ids must be unique."""
-    seen: set[str] = set()
-
-    def convert(record: dict, where: str, index: int) -> Problem:
-        problem = Problem.from_json(record, where)
-        if problem.problem_id in seen:
-            raise RecordError(f"{where}: field 'problem_id': {problem.problem_id!r} appears twice")
-        seen.add(problem.problem_id)
-        return problem
-
-    return _collect(_read_local(path), convert, loader="load_problems_jsonl", lenient=lenient, limit=limit)
+    return _collect(_read_local(path), lambda record, where, index: Problem.from_json(record, where), loader="load_problems_jsonl",
+                    lenient=lenient, limit=limit)
 
 
 # ----------------------------------------------------------------------------- dispatch

@@ -37,6 +37,7 @@ from transformers import AutoModel
 from transformers.dynamic_module_utils import custom_object_save
 
 from pipeline.config import FormatConfig
+from pipeline.io import check_model_folder
 from pipeline.modeling import merge_lora_state_dict, resolve_device, resolve_dtype
 
 PRM_CONFIG_NAME = "prm_config.json"
@@ -212,6 +213,7 @@ class ProcessRewardModel(nn.Module):
         info_path = directory / PRM_CONFIG_NAME
         if not info_path.exists():
             raise FileNotFoundError(f"{directory} is not a saved PRM: {PRM_CONFIG_NAME} is missing")
+        check_model_folder(directory)  # damaged files are named here (prm_config.json, head, backbone)
         raw = json.loads(info_path.read_text(encoding="utf-8"))
         known = {f for f in PRMInfo.__dataclass_fields__}
         info = PRMInfo(**{k: v for k, v in raw.items() if k in known})
@@ -245,6 +247,7 @@ def load_backbone(path: str, model_config, device: torch.device | str | None = N
     AutoModel rather than pipeline.modeling.load_causal_lm: it skips the lm_head, which for a
     7B model with a 152k vocabulary is half a gigabyte the PRM never uses.
     """
+    check_model_folder(path)
     device = torch.device(device) if device is not None else resolve_device(model_config.device)
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(model_config.dtype, device), "trust_remote_code": model_config.trust_remote_code}
     if model_config.attn_implementation:

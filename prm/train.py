@@ -7,13 +7,15 @@ biases and norm weights), linear warmup then cosine / linear / constant, clippin
 DeepSpeed; configs/accelerate/, docs/prm.md).
 
 Runs on the project's one training base (pipeline.training). Outputs under ``output_dir``:
-model/ (the final PRM, PRMScorer.from_pretrained loads it), metrics.jsonl (step, loss, lr,
+model/ (the final PRM, PRMScorer.from_pretrained loads it; written aside and committed by one rename with a
+manifest), metrics.jsonl (step, loss, lr,
 examples/s, tokens/s, epoch), checkpoints/step-<n>/ (crash-safe resumable state every
 ``save_every`` steps, removed once model/ is written).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from accelerate.utils import set_seed
 from torch import Tensor
 
+from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
 from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
 from prm.data import PRMCollator, PRMDataset, iter_training_batches, pad_token_id, sorted_batches
@@ -148,10 +151,12 @@ def train_prm(
     accelerator.wait_for_everyone()
     unwrapped: ProcessRewardModel = base.unwrapped
     state_dict = accelerator.get_state_dict(base.model)
-    if base.is_main:
-        unwrapped.save_pretrained(output_dir / "model", tokenizer=tokenizer, state_dict=state_dict, dtype=_save_dtype(config.model))
+    if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
+        staging = staging_folder(output_dir / "model")
+        unwrapped.save_pretrained(staging, tokenizer=tokenizer, state_dict=state_dict, dtype=_save_dtype(config.model))
+        commit_folder(staging, output_dir / "model", steps=result["steps"], settings=dataclasses.asdict(cfg))
     # The resumable state only serves an interrupted run (for a 7B model it is ~12 bytes a
-    # parameter); once model/ is written it goes, and a rerun trains afresh.
+    # parameter); once model/ is written it goes (make prm started again then says it is finished).
     base.finish()
     metrics = {
         "steps": result["steps"],

@@ -1,7 +1,9 @@
 """make augment: similarity-grouped augmentation of the MCTS data (paper 3.2, Figure 1).
 
 Reads:  runs/<run>/mcts/shards/part-*/records.jsonl
-Writes: runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (split by problem), stats.json
+Writes: runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (split by problem, in problem-id order), stats.json
+Refuses damaged or copied shards (pipeline.io.verified_shards), shards that hold no records, an
+empty split, and shards that make mcts is still writing; a refusal leaves earlier outputs as they are.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from pipeline.io import committed_shards, read_stream, write_json_atomic, write_records_atomic
 from pipeline.records import MCTSRecord
 from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem
-from stages.common import log, parse_args, stage_dir, timed
+from stages.common import log, parse_args, require_finished, stage_dir, timed
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -21,21 +23,35 @@ def main(argv: list[str] | None = None) -> dict:
     shards = config.stage_dir("mcts") / "shards"
     if not committed_shards(shards):
         raise SystemExit(f"missing input {shards}: run `make mcts` first (same CONFIG and RUN)")
+    require_finished(config, "mcts")
     cfg = config.augment
     with timed("augment"):
         start = time.monotonic()
-        n_mcts = 0
+        # every shard is checked against its manifest first (pipeline.io.verified_shards); errors
+        # name the shard, or the shard file and line
+        n_mcts, problem_ids = 0, set()
 
         def counted(records):
             nonlocal n_mcts
             for record in records:
                 n_mcts += 1
+                problem_ids.add(record.problem_id)
                 yield record
 
-        records = read_stream(shards, "records", MCTSRecord)  # errors name the shard file and line
+        # in problem order (stable: a problem's records keep their order), so the output depends on
+        # the records alone, not on the order problems finished in or how a kill split the run
+        records = sorted(read_stream(shards, "records", MCTSRecord), key=lambda record: record.problem_id)
         examples = list(augment_records(counted(records), threshold=cfg.similarity_threshold, include_mcts=cfg.include_mcts))
+        if n_mcts == 0:
+            raise SystemExit(f"{shards}: the MCTS shards hold no records; nothing to augment (the outputs in {out} are left as they are)")
         train = [e for e in examples if not is_validation_problem(e.problem_id, cfg.val_fraction, cfg.seed)]
         val = [e for e in examples if is_validation_problem(e.problem_id, cfg.val_fraction, cfg.seed)]
+        problems = len(problem_ids)
+        for name, split in (("training", train), ("validation", val)):
+            if not split:  # checked before anything is written: a good earlier output is never replaced by an empty one
+                raise SystemExit(f"augment: the {name} split is empty ({len(examples)} examples of {problems} problems, "
+                                 f"augment.val_fraction={cfg.val_fraction}); search more problems (mcts.max_problems) or "
+                                 f"change augment.val_fraction. The outputs in {out} are left as they are")
         write_records_atomic(out / "prm_train.jsonl", train)
         write_records_atomic(out / "prm_val.jsonl", val)
         stats = augmentation_stats(examples, n_mcts)

@@ -1,10 +1,12 @@
-"""What every stage CLI shares: argument parsing, config loading, run folders, timing."""
+"""What every stage CLI shares: argument parsing, config loading, run folders (locked: one writer
+per run folder and stage), checked stage inputs, timing."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,7 +14,10 @@ from pathlib import Path
 import torch
 
 from pipeline.config import Config, load_config, save_config
+from pipeline.io import FolderError, acquire_stage_lock, held_locks, launch_id, read_records, verify_manifest
 from pipeline.problems import load_benchmark
+from pipeline.records import Record
+from pipeline.training.base import CHECKPOINTS
 
 log = logging.getLogger("stepflow")
 
@@ -27,12 +32,73 @@ def parse_args(stage: str, argv: list[str] | None = None) -> Config:
     return load_config(args.config, args.overrides)
 
 
-def stage_dir(config: Config, stage: str) -> Path:
-    """runs/<run>/<stage>/, created, with the resolved config saved in it."""
+def stage_dir(config: Config, stage: str, lock: str = ".lock", save: bool = True) -> Path:
+    """runs/<run>/<stage>/, created and locked for this process (``lock``: the lock file's name in
+    it; a second process on the same run and stage stops at once with pipeline.io.LockError), with
+    the resolved config saved in it (``save``). The run's location was checked when the config
+    loaded, so nothing is written outside the runs folder."""
     path = config.stage_dir(stage)
     path.mkdir(parents=True, exist_ok=True)
-    save_config(config, path / "config.yaml")
+    acquire_stage_lock(path / lock, f"make {stage} in {config.run_dir}")
+    if save and launch_id()[0] == 0:
+        save_config(config, path / "config.yaml")
     return path
+
+
+def require_finished(config: Config, stage: str) -> None:
+    """Refuse to read a stage's outputs while a process is still writing them (its lock is held)."""
+    running = held_locks(config.stage_dir(stage), ".lock*")
+    if running:
+        holder = running[0]
+        raise SystemExit(f"make {stage} is still running in {config.run_dir} (process {holder.get('pid', '?')} on "
+                         f"{holder.get('host', '?')}): wait for it to finish before reading its outputs")
+
+
+def require_records(path: Path, record_type: type[Record], produced_by: str) -> list:
+    """A stage's input JSONL of typed records: it must exist and hold at least one record (an
+    empty file is a damaged or failed earlier stage, never something to train or validate on)."""
+    records = list(read_records(require(path, produced_by), record_type))
+    if not records:
+        raise SystemExit(f"{path}: no records (an empty file). Run `make {produced_by}` again (same CONFIG and RUN); "
+                         "if it writes an empty file again, its own log says why")
+    return records
+
+
+def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict | None:
+    """The manifest of ``out/model`` when the training stage that writes it has finished (the
+    folder was committed whole and checks out), unless ``retrain``: then the old model and any
+    checkpoints are removed and None is returned (train afresh). Leftover checkpoints of a
+    finished run (a kill between the commit and their removal) are removed; a model folder that
+    does not check out is moved aside (never deleted) and training starts again. ``settings``: the
+    stage's config section now; keys that differ from the ones the model was trained with are
+    named in the log."""
+    model = out / "model"
+    main = launch_id()[0] == 0  # under a launch every process decides alike; only rank 0 removes or moves
+    if retrain:
+        if main and (model.exists() or (out / CHECKPOINTS).exists()):
+            log.info("%s: %s.retrain=true: removing %s and its checkpoints, training afresh", stage, stage, model)
+            shutil.rmtree(model, ignore_errors=True)
+            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+        return None
+    if not model.exists():
+        return None
+    try:
+        manifest = verify_manifest(model)
+    except FolderError as error:  # damaged, or written before models had a manifest: kept aside, not deleted
+        if main:
+            aside = model.with_name(f"model.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+            model.rename(aside)
+            log.warning("%s: %s is not a finished model (%s); moved to %s, training again (from its checkpoints if any)", stage,
+                        model, error, aside.name)
+        return None
+    if main and (out / CHECKPOINTS).exists():
+        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+    before = manifest.get("settings") or {}
+    changed = sorted(k for k in set(before) | set(settings) if k != "retrain" and before.get(k) != settings.get(k))
+    log.info("%s: finished: %s holds the trained model (%s steps); %s.retrain=true trains it again%s", stage, model,
+             manifest.get("steps", "?"), stage, f" (settings changed since: {', '.join(changed)})" if before and changed else "")
+    return manifest
 
 
 def set_threads(config: Config) -> None:
@@ -69,7 +135,7 @@ def validation_problems(config: Config):
 
 
 def _problems(name: str, path: str | None, limit: int | None, config: Config):
-    kwargs = {"path": path, "limit": limit}
+    kwargs = {"path": path, "limit": limit, "lenient": config.data.lenient}
     if config.data.problem_sources:
         kwargs["problem_sources"] = config.data.problem_sources
     return load_benchmark(name, **kwargs)

@@ -20,6 +20,7 @@ from eval.evaluate import reports_dir, run_evaluation
 from eval.report import write_report
 from pipeline.config import save_config
 from pipeline.generation import build_generator
+from pipeline.io import acquire_stage_lock
 from pipeline.modeling import resolve_device
 from prm.scorer import PRMScorer
 from stages.common import log, parse_args, set_threads, timed
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(config)
     out = reports_dir(config)
     out.mkdir(parents=True, exist_ok=True)
+    acquire_stage_lock(out / ".lock", f"make eval for run {config.run}")  # one writer per reports folder
     save_config(config, out / "config.yaml")
     with timed("eval"):
         embed = load_embedder(config.eval.embedder, device=str(resolve_device(config.model.device)))

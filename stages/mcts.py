@@ -3,6 +3,9 @@
 Reads:  the training problems (config.data), the policy (config.model.policy)
 Writes: runs/<run>/mcts/shards/part-*/{records,summaries}.jsonl  (resumable, shard=i/n)
         runs/<run>/mcts/stats.json
+One process per shard (lock file mcts/.lock-shard-<i>of<n>); a damaged shard (missing or changed
+files, no problems list, a copy of another) stops the run with its name instead of being searched
+again or read twice (pipeline.io.verified_shards).
 """
 
 from __future__ import annotations
@@ -15,7 +18,16 @@ from tqdm import tqdm
 
 from pipeline.generation import build_generator
 from pipeline.grading import extract_answer, grade_many
-from pipeline.io import ShardWriter, check_settings, completed_problem_ids, parse_shard, path_fingerprint, read_stream, write_json_atomic
+from pipeline.io import (
+    ShardWriter,
+    check_settings,
+    completed_problem_ids,
+    held_locks,
+    parse_shard,
+    path_fingerprint,
+    read_stream,
+    write_json_atomic,
+)
 from pipeline.prompts import prompt_from_config
 from pipeline.records import MCTSRecord, MCTSSummary
 from pipeline.rollouts.mcts import make_rollout_fn, run_mcts
@@ -25,9 +37,14 @@ from stages.common import log, parse_args, set_threads, stage_dir, timed, traini
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("mcts", argv)
     set_threads(config)
-    out = stage_dir(config, "mcts")
-    shards = out / "shards"
     shard_index, shard_count = parse_shard(config.mcts.shard)
+    # One process per shard: `mcts.shard=i/n` runs n processes on this folder by design.
+    out = stage_dir(config, "mcts", lock=f".lock-shard-{shard_index}of{shard_count}")
+    other_splits = [h for h in held_locks(out, ".lock-shard-*") if not h["path"].endswith(f"of{shard_count}")]
+    if other_splits:
+        raise SystemExit(f"mcts: {other_splits[0]['path']} is held by process {other_splits[0].get('pid', '?')}: a run split "
+                         f"another way than {shard_count} shards is searching this folder; both would search the same problems")
+    shards = out / "shards"
     with timed("mcts"):
         problems = training_problems(config)
         if config.mcts.max_problems is not None:
@@ -49,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
                 temperature=config.mcts.temperature, top_p=config.mcts.top_p,
                 max_new_tokens=config.generation.max_new_tokens, separator=config.format.separator,
                 grade_many=grade_many, extract_answer=extract_answer, seed=config.seed,
+                problem_ids=[p.problem_id for p in todo],
             )
             bar = tqdm(total=len(todo), desc="mcts problems", unit="problem", dynamic_ncols=True)
             rollouts_total = [0]
@@ -75,13 +93,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 def mcts_settings(config) -> dict:
     """What the records depend on: the policy (and its weights), the search parameters, the
-    problems and the step format. Not: shard, max_active, problems_per_commit, max_problems."""
+    problems and the step format. Not: shard, max_active, problems_per_commit, max_problems,
+    data.lenient."""
     policy = config.resolve(config.model.policy)
     search = {k: v for k, v in dataclasses.asdict(config.mcts).items() if k not in ("shard", "max_active", "problems_per_commit", "max_problems")}
     return {
         "policy": policy, "policy_fingerprint": _fingerprint_if_local(policy),
         "policy_adapter": config.resolve(config.model.policy_adapter), "mcts": search, "seed": config.seed,
-        "data": {k: config.resolve(v) if k == "train_path" else v for k, v in dataclasses.asdict(config.data).items() if not k.startswith("validation")},
+        # not data.lenient: skipping malformed problem records changes no other problem's records
+        "data": {k: config.resolve(v) if k == "train_path" else v for k, v in dataclasses.asdict(config.data).items()
+                 if not k.startswith("validation") and k != "lenient"},
         "train_fingerprint": _fingerprint_if_local(config.resolve(config.data.train_path)),
         "format": dataclasses.asdict(config.format), "max_new_tokens": config.generation.max_new_tokens,
     }

@@ -34,12 +34,12 @@ def search_problems(config):
     held-out file)."""
     name, path = config.search.benchmark, config.resolve(config.search.benchmark_path)
     if path is not None:
-        problems = load_benchmark("problems" if name == "tiny_test" else name, path)
+        problems = load_benchmark("problems" if name == "tiny_test" else name, path, lenient=config.data.lenient)
     else:
         source = resolve_benchmark(config, name)
         if name == "tiny_test":
             require(source.path, "bootstrap")
-        problems = load_benchmark(source.loader, source.path)
+        problems = load_benchmark(source.loader, source.path, lenient=config.data.lenient)
     if config.search.max_problems is not None:
         problems = problems[: config.search.max_problems]
     if not problems:

@@ -7,16 +7,20 @@ on Ray sample and score while this process trains (docs/async.md).
 Reads:  the policy (config.model.policy), the PRM (runs/<run>/prm/model), the training problems
 Writes: runs/<run>/gfn/model/ (save_pretrained), metrics.jsonl, training_curves.png,
         checkpoints/step-<n>/ (every gfn.save_every steps; a rerun resumes from the newest good one)
+Started again once finished (model/ committed whole), it says so and returns the logged metrics;
+gfn.retrain=true (ppo.retrain for make ppo) trains afresh.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 
 from pipeline.finetune.run import finetune_policy, preflight
+from pipeline.training.metrics import MetricsLog
 from prm.scorer import PRMScorer
-from stages.common import parse_args, require, set_threads, stage_dir, timed, training_problems
+from stages.common import finished_model, parse_args, require, require_finished, set_threads, stage_dir, timed, training_problems
 
 
 def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
@@ -25,6 +29,10 @@ def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     prm_path = require(config.resolve(config.model.prm), "prm")
     preflight(config, stage)  # before any model is loaded
     out = stage_dir(config, stage)
+    cfg = getattr(config, stage)
+    if finished_model(out, stage, cfg.retrain, dataclasses.asdict(cfg)) is not None:
+        return MetricsLog(out / "metrics.jsonl").read()
+    require_finished(config, "prm")
     # each process (or asynchronous searcher) builds its own frozen PRM, on its own device
     make_scorer = functools.partial(PRMScorer.from_pretrained, prm_path, config)
     with timed(stage):

@@ -5,21 +5,36 @@ Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl; the backbone (config.
 Writes: runs/<run>/prm/model/ (the PRM), metrics.jsonl, validation.json, calibration.png,
         config.yaml; checkpoints/step-<n>/ every prm.save_every steps (a rerun resumes from the newest good one)
 With prm.eval_only=true: validates the PRM at config.model.prm, trains nothing.
+Started again once finished (model/ committed whole, summary.json written) it says so and returns;
+prm.retrain=true trains afresh. An empty prm_train.jsonl or prm_val.jsonl is an error.
 Multi-GPU: ``accelerate launch --config_file configs/accelerate/ddp.yaml -m stages.train_prm ...``
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
 from pipeline.generation import build_generator
-from pipeline.io import read_records, write_json_atomic
+from pipeline.io import read_json, write_json_atomic
 from pipeline.records import PRMExample
 from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import SLIP_CHECKERS, policy_solutions, validate_prm, write_validation
-from stages.common import log, parse_args, require, set_threads, stage_dir, timed, training_problems, validation_problems
+from stages.common import (
+    finished_model,
+    log,
+    parse_args,
+    require,
+    require_finished,
+    require_records,
+    set_threads,
+    stage_dir,
+    timed,
+    training_problems,
+    validation_problems,
+)
 
 
 def prm_kind(config) -> str:
@@ -51,16 +66,24 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(config)
     out = stage_dir(config, "prm")
     augment = config.stage_dir("augment")
+    require_finished(config, "augment")
     with timed("prm"):
-        val_records = list(read_records(require(augment / "prm_val.jsonl", "augment"), PRMExample))
+        val_records = require_records(augment / "prm_val.jsonl", PRMExample, "augment")
         result: dict = {}
         if config.prm.eval_only:
             model_dir = config.resolve(config.model.prm)
             require(model_dir, "prm")
         else:
-            train_records = list(read_records(require(augment / "prm_train.jsonl", "augment"), PRMExample))
-            result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
             model_dir = out / "model"
+            settings = dataclasses.asdict(config.prm)
+            finished = None if config.prm.retrain else finished_model(out, "prm", False, settings)
+            if finished is not None and (out / "summary.json").is_file():
+                return read_json(out / "summary.json", "PRM summary")  # trained and validated: nothing left to do
+            if finished is None:
+                train_records = require_records(augment / "prm_train.jsonl", PRMExample, "augment")
+                finished_model(out, "prm", config.prm.retrain, settings)  # retrain: the old model goes once the inputs are known good
+                (out / "summary.json").unlink(missing_ok=True)  # it described an earlier model
+                result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
         if int(os.environ.get("RANK", "0")) != 0:
             return result  # under accelerate launch, validation runs once, on the main process
         scorer = PRMScorer.from_pretrained(model_dir, config)

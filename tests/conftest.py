@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.io import release_stage_locks as release_held_locks
+
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,3 +52,11 @@ def random_tiny_world(tmp_path_factory) -> Path:
     save_policy(model, tokenizer, root / "policy")
     ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
     return root
+
+
+@pytest.fixture(autouse=True)
+def release_stage_locks():
+    """A stage main called in-process keeps its run folder's lock until the process ends (the demo
+    runs every stage in one process); between tests, let them go."""
+    yield
+    release_held_locks()

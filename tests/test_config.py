@@ -103,3 +103,138 @@ def test_the_top_level_seed_seeds_every_section_unless_one_sets_its_own(tmp_path
     config = load_config(path)
     assert (config.prm.seed, config.bootstrap.seed) == (0, 2)  # a section's own seed, even 0, is kept
     assert load_config(None).bootstrap.seed == 0
+
+
+# ----------------------------------------------------------------------------- hostile configs (issue #25)
+
+
+def alias_bomb(levels: int = 8, width: int = 9) -> str:
+    """A 'billion laughs' YAML value: level i lists level i-1 `width` times, each level defined
+    inside the first item of the next (so the first item is already huge): 9^9 strings in
+    360 bytes. Before the fix, as a section it hung config loading past 35 s, as one value it
+    returned a 312 MB error message after 4 s (measured; docs/reliability.md)."""
+    if levels == 0:
+        return "&a0 [" + ",".join(["lol"] * width) + "]"
+    return f"&a{levels} [" + alias_bomb(levels - 1, width) + f",*a{levels - 1}" * (width - 1) + "]"
+
+
+@pytest.mark.parametrize("where", ["file", "section", "value", "override"])
+def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_message(tmp_path, where):
+    import time
+
+    bomb = alias_bomb()
+    text = {"file": f"{bomb}\n", "section": f"search: {bomb}\n", "value": f"search:\n  ks: {bomb}\n", "override": "run: x\n"}[where]
+    assert len(text.encode()) < 400
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_config(path, [f"search.ks={bomb}"] if where == "override" else [])
+    assert time.monotonic() - start < 1.0
+    assert "alias *a0 is not allowed" in str(info.value) and len(str(info.value)) < 800
+    assert (str(path) if where != "override" else "command line") in str(info.value)
+
+
+def test_error_messages_cut_huge_values(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("mcts:\n  k: [" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"] * 100_000) + "]\n")  # 3.4 MB of nested lists
+    with pytest.raises(ConfigError, match=r"big\.yaml: 3\d{6} bytes; a config file may hold at most 65536"):
+        load_config(path)  # over the size limit: refused before parsing
+    with pytest.raises(ConfigError, match="characters; at most 16384"):
+        load_config(None, ["mcts.k=" + "[" + ", ".join(["[1, 2, 3]"] * 5000) + "]"])
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["mcts.k=" + "[" + ", ".join(["[1, 2, 3]"] * 1000) + "]"])
+    assert "mcts.k expects int" in str(info.value) and len(str(info.value)) < 300
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["mcts.shard=" + "x" * 10_000])
+    assert len(str(info.value)) < 400
+
+
+def test_deep_nesting_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("mcts: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(ConfigError, match="deep.yaml"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override,key,expected", [
+    ("mcts.max_problems=-5", "mcts.max_problems", ">= 1"),
+    ("prm.epochs=0", "prm.epochs", "> 0"),
+    ("prm.epochs=-1", "prm.epochs", "> 0"),
+    ("prm.batch_size=0", "prm.batch_size", ">= 1"),
+    ("augment.val_fraction=1.5", "augment.val_fraction", "> 0 and < 1"),
+    ("mcts.k=0", "mcts.k", ">= 1"),
+    ("prm.micro_batch_size=0", "prm.micro_batch_size", ">= 1"),
+    ("gfn.num_train_steps=-3", "gfn.num_train_steps", ">= 1"),
+    ("generation.top_p=.nan", "generation.top_p", "> 0 and <= 1"),
+    ("gfn.lr=.inf", "gfn.lr", "> 0"),
+    ("search.ks=[1, 0]", "search.ks", ">= 1"),
+    ("seed=-1", "seed", ">= 0 and <= 4294967295"),
+])
+def test_values_out_of_range_name_key_value_range_and_source(tmp_path, override, key, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    message = str(info.value)
+    assert message.startswith("command line: ") and key in message and f"expected {expected}" in message, message
+    path = tmp_path / "c.yaml"
+    section, name = (key.split(".") + [None])[:2]
+    value = override.split("=", 1)[1]
+    path.write_text(f"{section}:\n  {name}: {value}\n" if name else f"{section}: {value}\n")
+    with pytest.raises(ConfigError, match=f"^{path}: {key}"):
+        load_config(path)
+
+
+def test_every_numeric_field_declares_a_range_and_every_default_is_in_it():
+    import dataclasses
+    import typing
+
+    from pipeline.config import check_ranges
+
+    def walk(obj, prefix):
+        for spec in dataclasses.fields(obj):
+            value = getattr(obj, spec.name)
+            if dataclasses.is_dataclass(value):
+                yield from walk(value, f"{prefix}{spec.name}.")
+                continue
+            hint = typing.get_type_hints(type(obj))[spec.name]
+            names = str(hint)
+            if any(t in names for t in ("int", "float")) and "str" not in names:
+                yield f"{prefix}{spec.name}", spec.metadata.get("range")
+
+    fields = dict(walk(Config(), ""))
+    assert len(fields) > 90
+    assert [key for key, declared in fields.items() if declared is None] == []
+    check_ranges(Config())  # the defaults are valid
+    for path in sorted(p for p in (REPO / "configs").rglob("*.yaml") if "accelerate" not in p.parts):
+        load_config(path)  # and so are the shipped configs (load_config checks ranges)
+
+
+def test_min_ops_above_max_ops_and_bad_shards_are_errors():
+    with pytest.raises(ConfigError, match="tinyworld.max_ops"):
+        load_config(None, ["tinyworld.min_ops=5", "tinyworld.max_ops=3"])
+    for shard in ("3/2", "a/b", "1"):
+        with pytest.raises(ConfigError, match="mcts.shard"):
+            load_config(None, [f"mcts.shard={shard}"])
+
+
+@pytest.mark.parametrize("override", ["run=/abs/path", "run=../../x", "run=a/b", "run=..", "run=.hidden", "run=",
+                                      "runs_root=../elsewhere", "runs_root=runs/../../x", "runs_root="])
+def test_run_and_runs_root_cannot_escape_the_runs_folder(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_config(None, [override])
+
+
+def test_an_absolute_runs_root_is_the_users_explicit_choice(tmp_path):
+    config = load_config(None, [f"runs_root={tmp_path}", "run=r"])
+    assert config.run_dir == tmp_path / "r"
+
+
+def test_a_stage_writes_nothing_when_the_run_escapes(tmp_path, monkeypatch):
+    from stages.common import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    with pytest.raises(ConfigError):
+        parse_args("augment", ["--config", str(REPO / "configs" / "tiny.yaml"), "run=../../x"])
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["work"]

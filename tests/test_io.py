@@ -151,3 +151,143 @@ def test_resume_guard_refuses_records_made_with_other_settings(tmp_path):
     (shards / "settings.json").unlink()
     with pytest.raises(SystemExit, match="no settings.json"):
         check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
+
+
+# ----------------------------------------------------------------------------- hostile inputs (issue #25)
+
+
+def test_invalid_utf8_and_deep_nesting_name_file_and_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": "caf\xe9"}\n')
+    with pytest.raises(RecordError, match=r"x\.jsonl:2: not valid UTF-8"):
+        list(read_jsonl(path))
+    path.write_text('{"a": 1}\n{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(RecordError, match=r"x\.jsonl:2: JSON nested too deeply"):
+        list(read_jsonl(path))
+
+
+def write_shards(directory, problems=("p1", "p2", "p3", "p4"), per_shard=2):
+    with ShardWriter(directory, tag="0of1", commit_every=per_shard) as writer:
+        for pid in problems:
+            writer.add(pid, records=[example(pid), PRMExample(pid, "q", [], "t", 0.0, "mcts")], summaries=[Problem(pid, "q", "1", "tiny")])
+    return sorted(directory.glob("part-*"))
+
+
+def test_shards_carry_a_manifest_and_a_damaged_one_is_named(tmp_path):
+    import shutil
+
+    from pipeline.io import ShardError
+
+    shards = write_shards(tmp_path / "s")
+    manifest = json.loads((shards[0] / "manifest.json").read_text())
+    assert manifest["problems"] == ["p1", "p2"] and manifest["files"]["records.jsonl"]["records"] == 4
+    assert len(list(read_stream(tmp_path / "s", "records", PRMExample))) == 8
+
+    def damaged(change, match):
+        target = tmp_path / f"case-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(tmp_path / "s", target)
+        change(sorted(target.glob("part-*")))
+        with pytest.raises(ShardError, match=match):
+            completed_problem_ids(target)
+        with pytest.raises(ShardError, match=match):
+            list(read_stream(target, "records", PRMExample))
+
+    # the issue's cases: a lost problem list (its problems were searched again), a deleted or
+    # emptied records file (augment wrote 0 examples), a copied shard folder (duplicated records)
+    damaged(lambda s: (s[0] / "problems.json").unlink(), r"part-0of1-00000: problems\.json: missing .*damaged")
+    damaged(lambda s: (s[1] / "records.jsonl").unlink(), r"part-0of1-00001: records\.jsonl is missing")
+    damaged(lambda s: (s[1] / "records.jsonl").write_text(""), r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 4")
+    damaged(lambda s: shutil.copytree(s[0], s[0].with_name("part-0of1-00007")), r"part-0of1-00007 and .*part-0of1-00000 both hold problem 'p1'")
+    damaged(lambda s: (s[0] / "problems.json").write_text("{oops"), r"part-0of1-00000: .*not valid JSON")
+    damaged(lambda s: (s[0] / "manifest.json").write_text("[]"), r"part-0of1-00000: manifest\.json is not a format-1")
+    # a shard from before manifests: still readable
+    (shards[0] / "manifest.json").unlink()
+    assert completed_problem_ids(tmp_path / "s") == {"p1", "p2", "p3", "p4"}
+
+
+def test_a_corrupt_settings_file_is_named(tmp_path):
+    from pipeline.io import check_settings
+
+    (tmp_path / "settings.json").write_text('{"policy": ')
+    with pytest.raises(RecordError, match=r"settings\.json:1: not valid JSON .*settings file is damaged"):
+        check_settings(tmp_path, {"policy": "a"}, "the MCTS run")
+
+
+HOLDER = """
+import sys, time
+from pipeline.io import StageLock
+StageLock(sys.argv[1], "test").acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_writer_stops_at_once_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
+    import logging
+
+    from pipeline.io import LockError, StageLock, held_locks
+
+    lock = tmp_path / "prm" / ".lock"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        start = time.monotonic()
+        with pytest.raises(LockError, match=rf"held by process {holder.pid} on host "):
+            StageLock(lock, "make prm").acquire()
+        assert time.monotonic() - start < 1.0
+        assert [h["pid"] for h in held_locks(lock.parent, ".lock*")] == [holder.pid]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    with caplog.at_level(logging.WARNING, logger="stepflow.io"):
+        taken = StageLock(lock, "make prm").acquire()  # the holder died (SIGKILL): its lock is free
+    assert f"from process {holder.pid}" in caplog.text and "ended without releasing it" in caplog.text
+    assert json.loads(lock.read_text())["pid"] == os.getpid()
+    taken.release()
+    assert lock.read_text() == "" and held_locks(lock.parent, ".lock*") == []
+
+
+def test_under_a_launch_only_rank_0_locks_and_the_other_ranks_check_it_is_theirs(tmp_path, monkeypatch):
+    import socket
+
+    from pipeline.io import LockError, StageLock
+
+    lock = tmp_path / ".lock"
+    lock.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "launch": os.getppid()}))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert StageLock(lock, "make prm").acquire().fd is None  # our launch (same parent) holds it: go on
+    lock.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "launch": os.getppid() + 1}))
+    monkeypatch.setattr(StageLock, "WAIT_FOR_RANK0_S", 0.3)
+    with pytest.raises(LockError, match="not this launch"):
+        StageLock(lock, "make prm").acquire()
+
+
+def test_model_folders_commit_whole_and_damaged_files_are_named(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from pipeline.io import FolderError, check_model_folder, commit_folder, is_committed_folder, staging_folder
+
+    final = tmp_path / "model"
+    staging = staging_folder(final)
+    save_file({"w": torch.ones(64, 64)}, str(staging / "model.safetensors"))
+    (staging / "config.json").write_text('{"a": 1}')
+    commit_folder(staging, final, steps=3)
+    assert is_committed_folder(final) and not staging.exists()
+    check_model_folder(final)
+    data = (final / "model.safetensors").read_bytes()
+    (final / "model.safetensors").write_bytes(data[:1000])
+    with pytest.raises(FolderError, match=r"model: model\.safetensors has 1000 bytes, the manifest says"):
+        check_model_folder(final)
+    (final / "manifest.json").unlink()  # no manifest (a hub download): the header is checked
+    with pytest.raises(FolderError, match=r"model\.safetensors: its header describes .* bytes but the file has 1000"):
+        check_model_folder(final)
+    (final / "model.safetensors").write_bytes(data[:5])
+    with pytest.raises(FolderError, match=r"model\.safetensors: not a complete safetensors file"):
+        check_model_folder(final)
+    (final / "model.safetensors").write_bytes(data)
+    (final / "config.json").write_text("{")
+    with pytest.raises(FolderError, match=r"config\.json:1: not valid JSON"):
+        check_model_folder(final)

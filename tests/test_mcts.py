@@ -10,6 +10,7 @@ from pipeline.rollouts.mcts import (
     TreeState,
     make_rollout_fn,
     mc_value,
+    probe_seed,
     run_mcts,
     select_from_pool,
     selection_score,
@@ -272,13 +273,70 @@ def test_make_rollout_fn_grades_and_splits_in_one_generator_call():
     assert mc_value(out[0]) == 0.5
 
 
+class SeededGenerator:
+    """Completions drawn from the per-prompt seed only (prompt i's sample j from seed[i] + j), as
+    the real backends do: 1-4 steps, then an answer that is right one time in two."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, stop=None, seed=None):
+        import random
+
+        assert isinstance(seed, list) and len(seed) == len(prompts)
+        self.calls += 1
+        out = []
+        for s in seed:
+            completions = []
+            for j in range(n):
+                rng = random.Random(s + j)
+                steps = [f"s{rng.randint(0, 2)} = {rng.randint(0, 2)}" for _ in range(rng.randint(1, 4))]
+                text = "\n".join(steps + [f"The answer is {2 if rng.random() < 0.5 else 3}"]) + "\n"
+                completions.append(FakeCompletion(text))
+            out.append(completions)
+        return out
+
+
+def seeded_mcts(problem_ids, max_active, seed=0):
+    """Every record (as JSON) of run_mcts over ``problem_ids`` with the seeded generator, by problem."""
+    grade_many = lambda texts, golds, kind: [t.strip().endswith(f"is {g}") for t, g in zip(texts, golds)]
+    extract = lambda text, kind: text.strip().rsplit(" ", 1)[-1]
+    fn = make_rollout_fn(SeededGenerator(), [f"Q {pid}\n" for pid in problem_ids], ["2"] * len(problem_ids), "tiny", k=4,
+                         temperature=0.6, top_p=1.0, max_new_tokens=16, separator="\n", grade_many=grade_many,
+                         extract_answer=extract, seed=seed, problem_ids=problem_ids)
+    results = []
+    params = MCTSConfig(k=4, max_iterations=3, max_rollouts=40, search_trivial=True)
+    run_mcts([(pid, "q") for pid in problem_ids], params, fn, results.append, max_active=max_active)
+    return {r.summary.problem_id: ([x.to_json() for x in r.records], r.summary.to_json()) for r in results}
+
+
+def test_a_problems_rollouts_depend_only_on_the_problem_not_on_what_ran_before_or_beside_it():
+    ids = [f"p{i}" for i in range(6)]
+    whole = seeded_mcts(ids, max_active=3)
+    assert sum(len(records) for records, _ in whole.values()) > 6  # the searches did run
+    # resumed after the first two problems were committed: the rest start at other positions,
+    # in other rounds, next to other problems
+    resumed = {**seeded_mcts(ids[:2], max_active=3), **seeded_mcts(ids[2:], max_active=3)}
+    assert resumed == whole
+    assert seeded_mcts(ids[::-1], max_active=1) == whole  # order and batching do not matter either
+    assert seeded_mcts(ids, max_active=3, seed=1) != whole  # the config seed does
+
+
+def test_probe_seeds_differ_per_probe_and_leave_room_for_k_samples():
+    seeds = {probe_seed(0, pid, prefix) for pid in ("a", "b") for prefix in [(), ("x",), ("x", "y"), ("y",)]}
+    assert len(seeds) == 8 and all(0 <= s < 2**62 for s in seeds)
+    assert probe_seed(0, "a", ("x",)) == probe_seed(0, "a", ["x"]) != probe_seed(1, "a", ("x",))
+
+
 # ----------------------------------------------------------------------------- the stage
 
 
 @pytest.mark.slow
 def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp_path):
-    """make mcts on a tiny-world model: SIGKILL after the first commit, restart, and every
-    problem's records are there exactly once and satisfy the mcts contract."""
+    """make mcts on a tiny-world model: SIGKILL after the first commits, restart, and every
+    problem's records are there exactly once, satisfy the mcts contract, and are the records an
+    uninterrupted run writes (per-probe random streams: a problem's search does not depend on what
+    ran before it)."""
     import json
     import os
     import signal
@@ -303,12 +361,14 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     save_policy(model, tokenizer, tmp_path / "policy")
     write_problems_jsonl(splits["train"], tmp_path / "train.jsonl")
     argv = [sys.executable, "-m", "stages.mcts", "--config", str(repo / "configs" / "tiny.yaml"),
-            f"runs_root={tmp_path / 'runs'}", "run=k", f"model.policy={tmp_path / 'policy'}",
+            f"runs_root={tmp_path / 'runs'}", f"model.policy={tmp_path / 'policy'}",
             f"data.train_path={tmp_path / 'train.jsonl'}", "generation.max_new_tokens=40",
             "mcts.k=4", "mcts.max_problems=24", "mcts.max_iterations=2", "mcts.max_rollouts=24",
             "mcts.search_trivial=true", "mcts.problems_per_commit=1", "mcts.max_active=2"]
     env = {**os.environ, "PYTHONPATH": str(repo), "TQDM_DISABLE": "1"}
     shards = tmp_path / "runs" / "k" / "mcts" / "shards"
+    subprocess.run(argv + ["run=u"], env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    argv.append("run=k")
     proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and len(completed_problem_ids(shards)) < 3:
@@ -319,7 +379,7 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     assert 0 < len(first) < 24, f"the stage must be killed mid-run; stderr: {proc.stderr.read().decode()[-2000:]}"
     proc.stderr.close()
 
-    subprocess.run(argv, env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv, env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     summaries = list(read_stream(shards, "summaries", MCTSSummary))
     assert sorted(s.problem_id for s in summaries) == sorted(p.problem_id for p in splits["train"])
     records = list(read_stream(shards, "records", MCTSRecord))
@@ -330,3 +390,12 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     assert check_files(sorted(shards.glob("part-*/records.jsonl")), MCTSRecord) == []
     stats = json.loads((shards.parent / "stats.json").read_text())
     assert stats["problems"] == 24 and stats["steps_evaluated"] == len(records)
+
+    def by_problem(stream, record_type, run):
+        records = [r.to_json() for r in read_stream(tmp_path / "runs" / run / "mcts" / "shards", stream, record_type)]
+        return sorted(records, key=lambda r: json.dumps(r, sort_keys=True))
+
+    assert by_problem("records", MCTSRecord, "k") == by_problem("records", MCTSRecord, "u")
+    uninterrupted = by_problem("summaries", MCTSSummary, "u")
+    assert by_problem("summaries", MCTSSummary, "k") == uninterrupted
+    assert len({json.dumps(s["root_rollouts"]) for s in uninterrupted}) == 24  # sampled text: the streams matter

@@ -139,6 +139,17 @@ def test_save_and_reload_give_identical_scores(tokenizer, tmp_path):
     reloaded = PRMScorer.from_pretrained(tmp_path / "prm", config)
     assert reloaded.kind == "tiny" and reloaded.format_config.prompt_template == FORMAT.prompt_template
     assert reloaded.score_many(solutions) == before
+    # damaged files are named, not reported as a bare JSONDecodeError or "invalid header length"
+    from pipeline.io import FolderError
+
+    (tmp_path / "prm" / "prm_config.json").write_text('{"kind": ')
+    with pytest.raises(FolderError, match=r"prm_config\.json:1: not valid JSON"):
+        PRMScorer.from_pretrained(tmp_path / "prm", config)
+    model.save_pretrained(tmp_path / "prm", tokenizer=tokenizer)
+    weights = tmp_path / "prm" / "backbone" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:409])
+    with pytest.raises(FolderError, match=r"backbone/model\.safetensors: .*truncated"):
+        PRMScorer.from_pretrained(tmp_path / "prm", config)
 
 
 def test_lora_adapters_are_merged_on_save(tokenizer, tmp_path):
@@ -433,6 +444,15 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     assert report["corruption"]["corruption"] == "1to9" and report["corruption_pm1"]["corruption"] == "pm1"
     again = stage.main(args + ["prm.eval_only=true", "prm.corrupt_examples=0"])
     assert "train" not in again and again["validation"]["bce"] == pytest.approx(report["bce"], abs=1e-6)
+    # started again, the finished stage says so and trains nothing (it used to retrain from step 0)
+    metrics_before = (out / "metrics.jsonl").read_bytes()
+    assert stage.main(args) == json.loads((out / "summary.json").read_text())
+    assert (out / "metrics.jsonl").read_bytes() == metrics_before and json.loads((out / "model" / "manifest.json").read_text())["steps"] == 5
+    # an empty validation file is refused by name, before anything loads (it gave NaN validation, exit 0)
+    (run_dir / "augment" / "prm_val.jsonl").write_text("")
+    with pytest.raises(SystemExit, match=r"prm_val\.jsonl: no records"):
+        stage.main(args + ["prm.retrain=true"])
+    assert (out / "model" / "manifest.json").exists()  # nothing removed: the error came first
 
 
 

@@ -422,3 +422,100 @@ def test_hub_openmathinstruct2_streams(fake_hub):
     problems = load_openmathinstruct2(problem_sources=["gsm8k"], limit=3)
     assert len(problems) == 3 and {p.meta["problem_source"] for p in problems} == {"gsm8k"}
     assert hub.calls == [("nvidia/OpenMathInstruct-2", None, "train_1M", True)]
+
+
+# ----------------------------------------------------------------------------- hostile inputs (issue #25)
+
+MATH_RECORD = {"problem": "p", "solution": "so \\boxed{3}", "level": "Level 2", "type": "Algebra"}
+
+
+@pytest.mark.parametrize("name,loader", [("gsm8k", load_gsm8k), ("math", load_math), ("math500", load_math500),
+                                         ("sat32", load_sat_math), ("problems", load_problems_jsonl),
+                                         ("omi2", load_openmathinstruct2)])
+@pytest.mark.parametrize("content", ["", "\n\n  \n", "[]"])
+def test_an_empty_input_is_an_error(tmp_path, name, loader, content):
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text(content)
+    with pytest.raises(RecordError, match=rf"{name}\.jsonl: no records"):
+        loader(path)
+
+
+def test_invalid_utf8_and_deep_nesting_name_the_line_and_lenient_skips_them(tmp_path, caplog):
+    good = json.dumps({"question": "q?", "answer": "so #### 5"}).encode()
+    path = tmp_path / "g.jsonl"
+    path.write_bytes(good + b"\n" + b'{"question": "caf\xe9", "answer": "#### 1"}\n' + b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n" + good + b"\n")
+    with pytest.raises(RecordError, match=r"g\.jsonl:2: not valid UTF-8"):
+        load_gsm8k(path)
+    path.write_bytes(good + b"\n" + b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    with pytest.raises(RecordError, match=r"g\.jsonl:2: JSON nested too deeply"):
+        load_gsm8k(path)
+    path.write_bytes(good + b"\n" + b'{"question": "caf\xe9", "answer": "#### 1"}\n' + b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n" + good + b"\n")
+    with caplog.at_level(logging.WARNING, logger="pipeline.problems"):
+        problems = load_gsm8k(path, lenient=True)
+    assert [p.problem_id for p in problems] == ["gsm8k-test-0", "gsm8k-test-3"]
+    assert "skipped 2 malformed record(s) of 4" in caplog.text and "g.jsonl:2: not valid UTF-8" in caplog.text
+    (tmp_path / "bad.jsonl").write_bytes(b"\xff\xfe\n")
+    with pytest.raises(RecordError, match=r"no problems \(all 1 records were malformed\)"):
+        load_gsm8k(tmp_path / "bad.jsonl", lenient=True)
+
+
+def test_duplicate_ids_are_errors(tmp_path):
+    math = _write_lines(tmp_path / "math.jsonl", [json.dumps({**MATH_RECORD, "idx": 7}), json.dumps({**MATH_RECORD, "idx": 7})])
+    with pytest.raises(RecordError, match=r"math\.jsonl:2: field 'problem_id': 'math-test-7' appears twice \(first at .*math\.jsonl:1\)"):
+        load_math(math)
+    sat = {"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": "x1"}
+    path = _write_lines(tmp_path / "sat.jsonl", [json.dumps(sat), json.dumps(sat)])
+    with pytest.raises(RecordError, match=r"sat\.jsonl:2: field 'problem_id': 'sat_math-x1' appears twice"):
+        load_sat_math(path)
+    assert len(load_sat_math(path, lenient=True)) == 1  # lenient: the repeat is a counted skip
+
+
+@pytest.mark.parametrize("record,message", [
+    ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": {"x": [1, 2]}}, r"field 'id': expected a non-empty string or an integer, got dict"),
+    ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": True}, r"field 'id'"),
+    ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": " "}, r"field 'id'"),
+])
+def test_sat_ids_must_be_strings_or_integers(tmp_path, record, message):
+    with pytest.raises(RecordError, match=rf"sat\.jsonl:1: {message}"):
+        load_sat_math(_write_lines(tmp_path / "sat.jsonl", [json.dumps(record)]))
+
+
+@pytest.mark.parametrize("answer", ["banana", "12 apples", "", "1/2", "$5"])
+def test_gsm8k_answers_must_be_numbers(tmp_path, answer):
+    path = _write_lines(tmp_path / "g.jsonl", [json.dumps({"question": "q?", "answer": f"so #### {answer}"})])
+    with pytest.raises(RecordError, match=r"g\.jsonl:1: field 'answer': expected a solution ending in '#### <number>'"):
+        load_gsm8k(path)
+
+
+@pytest.mark.parametrize("number", ["-3", "1,000", "2.5", "+7"])
+def test_gsm8k_numeric_answers_load(tmp_path, number):
+    path = _write_lines(tmp_path / "g.jsonl", [json.dumps({"question": "q?", "answer": f"so #### {number}"})])
+    assert load_gsm8k(path)[0].answer == number.replace(",", "")
+
+
+@pytest.mark.parametrize("level", [-3, 0, 6, 99, "Level 9"])
+def test_math_levels_outside_1_to_5_are_errors(tmp_path, level):
+    path = _write_lines(tmp_path / "m.jsonl", [json.dumps({**MATH_RECORD, "level": level})])
+    with pytest.raises(RecordError, match=r"m\.jsonl:1: field 'level'"):
+        load_math(path)
+    if isinstance(level, int):
+        m500 = _write_lines(tmp_path / "m500.jsonl", [json.dumps({"problem": "p", "answer": "3", "level": level, "subject": "s", "unique_id": "u"})])
+        with pytest.raises(RecordError, match=r"m500\.jsonl:1: field 'level': expected a level from 1 to 5"):
+            load_math500(m500)
+
+
+def test_a_filter_that_leaves_nothing_is_an_error(tmp_path):
+    path = _write_lines(tmp_path / "m.jsonl", [json.dumps(MATH_RECORD)])
+    with pytest.raises(RecordError, match=r"m\.jsonl: no problems \(none of the 1 records passed the filter\)"):
+        load_math_level5(path)
+
+
+def test_data_lenient_reaches_the_stages_loader(tmp_path):
+    from pipeline.config import load_config
+    from stages.common import training_problems
+
+    good = {"problem_id": "p1", "question": "q", "answer": "1", "source": "tiny"}
+    path = _write_lines(tmp_path / "train.jsonl", [json.dumps(good), "{oops", json.dumps({**good, "problem_id": "p2"})])
+    with pytest.raises(RecordError, match=r"train\.jsonl:2: not valid JSON"):
+        training_problems(load_config(None, [f"data.train_path={path}"]))
+    assert [p.problem_id for p in training_problems(load_config(None, [f"data.train_path={path}", "data.lenient=true"]))] == ["p1", "p2"]

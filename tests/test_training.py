@@ -193,3 +193,112 @@ def test_a_checkpoint_of_another_model_is_refused_with_a_clear_error(tmp_path):
     other = TrainingBase(make_accelerator(CPU), torch.nn.Linear(5, 1), OptimizerSettings(lr=0.1, total_steps=4), tmp_path, progress=False)
     with pytest.raises(checkpoint.CheckpointError, match="written by another model or config"):
         other.resume()
+
+
+# ----------------------------------------------------------------------------- hostile run folders (issue #25)
+
+
+def test_when_no_checkpoint_is_usable_training_restarts_from_step_0_and_says_so(tmp_path, caplog):
+    x, y = regression_data()
+    straight = make_base(tmp_path / "straight")
+    straight.fit(batches(x, y, 16), mse)
+    killed = make_base(tmp_path / "killed", save_every=4)
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit(batches(x, y, 16), lambda model, batch: (_ for _ in ()).throw(KeyboardInterrupt) if killed.step == 9 else mse(model, batch))
+    root = tmp_path / "killed" / "checkpoints"
+    for directory in checkpoint.committed(root):  # every checkpoint damaged (a full disk, a bad copy)
+        (directory / "optimizer.safetensors").write_bytes(b"\0" * 8)
+    resumed = make_base(tmp_path / "killed", save_every=4)
+    with caplog.at_level(logging.WARNING):
+        assert resumed.resume() is None and resumed.step == 0
+    assert caplog.text.count("checkpoint skipped") == 2 and "training restarts from step 0" in caplog.text
+    resumed.fit(batches(x, y, 16), mse)  # no crash loop: the run completes, and as an uninterrupted one does
+    for p, q in zip(straight.unwrapped.parameters(), resumed.unwrapped.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_checkpoint_whose_manifest_checks_out_but_cannot_be_read_falls_back(tmp_path, caplog, monkeypatch):
+    x, y = regression_data()
+    base = make_base(tmp_path, save_every=4)
+    base.fit(batches(x, y, 16, stop=9), mse)
+    assert [p.name for p in checkpoint.committed(tmp_path / "checkpoints")] == ["step-00000004", "step-00000008"]
+    real = checkpoint.read_state
+
+    def unreadable_newest(directory, name):
+        if directory.name == "step-00000008" and name == "optimizer":
+            raise checkpoint.CheckpointError(f"{directory}: cannot read {name} (simulated)")
+        return real(directory, name)
+
+    monkeypatch.setattr(checkpoint, "read_state", unreadable_newest)
+    resumed = make_base(tmp_path, save_every=4)
+    with caplog.at_level(logging.WARNING):
+        assert resumed.resume() == {} and resumed.step == 4
+    assert "step-00000008: cannot read optimizer (simulated)" in caplog.text
+
+
+PAYLOAD = """
+import os, pickle
+class Bomb:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+"""
+
+
+def test_nothing_in_a_run_folder_is_ever_unpickled(tmp_path):
+    import pickle
+
+    x, y = regression_data()
+    base = make_base(tmp_path, save_every=4)
+    base.fit(batches(x, y, 16, stop=5), mse)
+    marker = tmp_path / "PWNED"
+    namespace: dict = {}
+    exec(PAYLOAD.format(marker=marker), namespace)
+    bomb = pickle.dumps(namespace["Bomb"]())
+    newest = checkpoint.committed(tmp_path / "checkpoints")[-1]
+    for name in ("optimizer.pkl", "trainer.pkl", "rng_state.pth", "pytorch_model.bin"):  # planted beside the real files
+        (newest / name).write_bytes(bomb)
+    planted = tmp_path / "checkpoints" / "step-99999999"  # and a whole fake newer checkpoint
+    planted.mkdir()
+    (planted / "optimizer.pkl").write_bytes(bomb)
+    resumed = make_base(tmp_path, save_every=4)
+    assert resumed.resume() == {} and resumed.step == 4  # the planted files are not in the manifest: ignored, or the folder skipped
+    assert not marker.exists()
+
+
+def test_the_code_never_unpickles():
+    """No module of ours imports pickle, calls torch.load without weights_only=True, or loads numpy
+    arrays with allow_pickle: run folders hold safetensors and JSON only."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for path in sorted(p for folder in ("pipeline", "prm", "eval", "stages") for p in (root / folder).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for pattern in (r"^\s*(import|from)\s+(c?pickle|dill|joblib|cloudpickle)\b", r"allow_pickle\s*=\s*True", r"weights_only\s*=\s*False",
+                        r"torch\.load\((?![^)]*weights_only\s*=\s*True)"):
+            offenders += [f"{path.relative_to(root)}: {m.group(0).strip()}" for m in re.finditer(pattern, text, re.MULTILINE)]
+    assert offenders == []
+
+
+def test_trimming_metrics_is_atomic_and_drops_a_line_a_kill_cut_short(tmp_path, monkeypatch):
+    import os
+
+    from pipeline.training.metrics import MetricsLog
+
+    log_file = MetricsLog(tmp_path / "metrics.jsonl")
+    for step in (1, 2, 3):
+        log_file.write({"step": step, "loss": 1.0 / step})
+    with (tmp_path / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 4, "lo')  # SIGKILL mid-append
+    log_file.trim(2)
+    assert [r["step"] for r in log_file.read()] == [1, 2]
+    log_file.write({"step": 3, "loss": 0.3})
+
+    def killed(*args, **kwargs):  # SIGKILL inside the trim's write: the old file must survive whole
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        log_file.trim(1)
+    assert [r["step"] for r in log_file.read()] == [1, 2, 3]

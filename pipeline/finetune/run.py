@@ -10,6 +10,7 @@ evaluation stage loads it like any other model.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -30,6 +31,7 @@ from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS
 from pipeline.generation.vllm_backend import VLLMGenerator
+from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
@@ -211,10 +213,12 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
     history = trainer.train()
     state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part
-    if base.is_main:
-        save_policy(base.unwrapped, tokenizer, out_dir / "model", dtype=half_dtype, state_dict=state_dict)
+    if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
+        staging = staging_folder(out_dir / "model")
+        save_policy(base.unwrapped, tokenizer, staging, dtype=half_dtype, state_dict=state_dict)
         if stage == "ppo":
-            save_file({k: v.contiguous() for k, v in objective.value_head.state_dict().items()}, str(out_dir / "model" / "value_head.safetensors"))
+            save_file({k: v.contiguous() for k, v in objective.value_head.state_dict().items()}, str(staging / "value_head.safetensors"))
+        commit_folder(staging, out_dir / "model", steps=base.step, settings=dataclasses.asdict(cfg))
         plot_training_curves(out_dir / "metrics.jsonl", out_dir / "training_curves.png", f"{stage} training")
     # The checkpoints only serve an interrupted run; left behind, a later `make gfn` in the same
     # run folder would resume from them (a policy trained against an older PRM) instead of training afresh.

@@ -25,6 +25,8 @@ Definitions (docs/mcts.md):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Sequence
@@ -216,6 +218,19 @@ def run_mcts(
             progress(sum(len(r) for r in results), finished)
 
 
+def probe_seed(seed: int, problem_id: str, prefix: Sequence[str]) -> int:
+    """The random stream of one probe: a 62-bit integer drawn from (seed, problem id, prefix).
+
+    A search probes each prefix of its problem at most once (``evaluated``), so every probe of a
+    run has its own stream, and a problem's rollouts depend on nothing but the problem: not on
+    which problems ran before it or beside it in a round, so a resumed run (or another
+    ``mcts.shard`` split, or another ``max_active``) writes the records an uninterrupted run
+    writes. The generator's sample j draws from stream + j; 62 bits leave room for that.
+    """
+    text = json.dumps([int(seed), str(problem_id), list(prefix)], ensure_ascii=False)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little") >> 2
+
+
 def make_rollout_fn(
     generator,
     prompts: Sequence[str],
@@ -229,20 +244,26 @@ def make_rollout_fn(
     grade_many: Callable[[list[str], list[str], str], list[bool]],
     extract_answer: Callable[[str, str], str | None],
     seed: int = 0,
+    problem_ids: Sequence[str] | None = None,
 ) -> RolloutFn:
     """Rollouts through the one generation interface: all requests of a round in one call.
 
     The prompt of a request is the problem's prompt followed by its prefix in the step format;
     each of the k completions is split into steps and graded against the problem's gold.
+    Each request draws from its own stream, ``probe_seed(seed, problem id, prefix)`` (one seed per
+    prompt of the call), so its rollouts do not depend on the rest of the round.
+    problem_ids: the id of each prompt's problem; None: the prompt's index stands for it (only
+    for a caller whose list of prompts is the same on every run).
     """
-    calls = {"n": 0}
+    if problem_ids is not None and len(problem_ids) != len(prompts):
+        raise ValueError(f"make_rollout_fn: {len(problem_ids)} problem ids for {len(prompts)} prompts")
+    ids = [str(i) for i in range(len(prompts))] if problem_ids is None else list(problem_ids)
 
     def rollout_fn(requests: list[tuple[int, tuple[str, ...]]]) -> list[list[Rollout]]:
         texts = [prompts[i] + join_steps(prefix, separator) for i, prefix in requests]
-        calls["n"] += 1
         completions = generator.generate(
             texts, n=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-            seed=seed + calls["n"],
+            seed=[probe_seed(seed, ids[i], prefix) for i, prefix in requests],
         )
         flat_texts, flat_golds = [], []
         for (i, prefix), outs in zip(requests, completions):

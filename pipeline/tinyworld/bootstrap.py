@@ -34,9 +34,9 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
-def build_base_policy(config, out: Path, progress: bool = True) -> tuple[dict, dict]:
+def build_base_policy(config, out: Path, progress: bool = True, settings: dict | None = None) -> tuple[dict, dict]:
     """Problems -> tokenizer -> model -> training -> bootstrap/model/. Returns (training metrics,
-    the problem splits)."""
+    the problem splits). ``settings``: recorded in the model's manifest (what the model was made with)."""
     boot = config.bootstrap
     splits = generate_splits(config.tinyworld)
     for name, problems in splits.items():
@@ -49,7 +49,7 @@ def build_base_policy(config, out: Path, progress: bool = True) -> tuple[dict, d
     log.info("bootstrap: %d parameters, vocabulary %d, %d training examples", count_parameters(model), len(tokenizer), len(examples))
 
     with torch_threads(boot.torch_threads):
-        stats = train_language_model(model, tokenizer, examples, boot, out, config.model, progress=progress)
+        stats = train_language_model(model, tokenizer, examples, boot, out, config.model, progress=progress, settings=settings)
     log.info("bootstrap: %d steps (%.2f epochs) in %.0f s, final loss %.3f; saved %s", stats.steps, stats.epochs, stats.seconds,
              stats.final_loss, out / "model")
     metrics = {

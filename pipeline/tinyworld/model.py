@@ -24,6 +24,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
+from pipeline.io import commit_folder, staging_folder
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory
 from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
@@ -162,10 +163,11 @@ def optimizer_settings(cfg) -> OptimizerSettings:
 
 
 def train_language_model(model, tokenizer, examples: Sequence[TrainingExample], cfg, out_dir: str | Path, model_config,
-                         progress: bool = True) -> TrainStats:
+                         progress: bool = True, settings: dict | None = None) -> TrainStats:
     """Train ``model`` on ``examples`` for cfg.max_train_steps optimizer steps on the training
     base (cfg.train_seconds is only a safety net that stops a far too slow run, loudly), then
-    save it with its tokenizer to <out_dir>/model.
+    save it with its tokenizer to <out_dir>/model (written aside and committed by one rename, with a
+    manifest recording ``settings``).
 
     Batches: one epoch at a time, ``length_grouped_batches`` with Random(cfg.seed); a checkpoint
     every cfg.save_every steps (0: none) holds that generator and the epoch's remaining batches,
@@ -194,8 +196,10 @@ def train_language_model(model, tokenizer, examples: Sequence[TrainingExample], 
 
     result = base.fit(batches(), loss_fn, loop_state=lambda: {"rng": rng.getstate(), "pending": pending})
     model.eval()
-    if base.is_main:
-        save_policy(base.unwrapped, tokenizer, Path(out_dir) / "model")
+    if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
+        staging = staging_folder(Path(out_dir) / "model")
+        save_policy(base.unwrapped, tokenizer, staging)
+        commit_folder(staging, Path(out_dir) / "model", steps=result["steps"], settings=settings)
     base.finish()
     losses = [record["loss"] for record in base.metrics.read()]
     return TrainStats(

@@ -102,6 +102,13 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (OSError, ValueError, RuntimeError) as error:  # safetensors' own errors do not name the file
+        raise checkpoint.CheckpointError(f"{path.parent}: cannot read {path.name} ({error})") from error
+
+
 class TrainingBase:
     """Optimizer, schedule, clipping, accumulation, checkpoints, metrics and progress of one run.
 
@@ -393,21 +400,33 @@ class TrainingBase:
     def resume(self) -> dict | None:
         """Load the newest good checkpoint under out_dir/checkpoints: trainable parameters,
         optimizer, objective, RNG states and step; trims metrics.jsonl to that step. Returns the
-        loop state saved with it, or None when there is none (metrics.jsonl then starts empty)."""
+        loop state saved with it, or None when there is none (metrics.jsonl then starts empty).
+        A checkpoint that fails its manifest or cannot be read is reported and the one before it
+        used; with none left, training restarts from step 0 and the log says so."""
         accelerator = self.accelerator
         if self.is_main:
             checkpoint.remove_staging(self.checkpoint_root)
         accelerator.wait_for_everyone()
-        directory = checkpoint.latest(self.checkpoint_root)
-        if directory is None:
+        loaded = None
+        for directory in reversed(checkpoint.committed(self.checkpoint_root)):
+            try:  # read everything before applying anything: a bad file leaves the model untouched
+                checkpoint.verify(directory)
+                loaded = (directory, checkpoint.read_state(directory, "trainer"), _read_tensors(directory / "model.safetensors"),
+                          checkpoint.read_state(directory, "optimizer"),
+                          checkpoint.read_state(directory, "objective") if self.objective is not None else None)
+                break
+            except checkpoint.CheckpointError as error:
+                log.warning("%s: checkpoint skipped: %s", self.desc, error)
+        if loaded is None:
+            if checkpoint.committed(self.checkpoint_root):
+                log.warning("%s: no usable checkpoint in %s: training restarts from step 0", self.desc, self.checkpoint_root)
             self.metrics.trim(0)
             return None
-        trainer = checkpoint.read_state(directory, "trainer")
-        saved = load_file(str(directory / "model.safetensors"))
+        directory, trainer, saved, optimizer_state, objective_state = loaded
         self._load_model_tensors(saved, directory)
-        self._load_optimizer_state(checkpoint.read_state(directory, "optimizer"))
+        self._load_optimizer_state(optimizer_state)
         if self.objective is not None:
-            self.objective.load_state_dict(checkpoint.read_state(directory, "objective"))
+            self.objective.load_state_dict(objective_state)
         rank_rng = f"rng-rank{accelerator.process_index}"
         if checkpoint.has_state(directory, rank_rng):
             checkpoint.restore_rng(checkpoint.read_state(directory, rank_rng))

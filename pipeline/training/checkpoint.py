@@ -12,7 +12,6 @@ and a flat dict of tensors.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -25,15 +24,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.io import fsync_path
+from pipeline.io import FolderError, fsync_path, verify_manifest, write_manifest
 
 log = logging.getLogger("stepflow.checkpoint")
 
-MANIFEST = "manifest.json"
 PREFIX = "step-"
 STAGING = ".staging-"
-FORMAT_VERSION = 1
-_FULL_HASH_BYTES = 64 << 20  # larger files: size + sha256 of the first and last MiB
 
 
 class CheckpointError(RuntimeError):
@@ -110,20 +106,6 @@ def restore_rng(state: dict) -> None:
 # ----------------------------------------------------------------------------- files
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        if size <= _FULL_HASH_BYTES:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        else:
-            digest.update(handle.read(1 << 20))
-            handle.seek(-(1 << 20), 2)
-            digest.update(handle.read())
-    return digest.hexdigest()
-
-
 def write_json(path: Path, obj: Any) -> None:
     with path.open("w", encoding="utf-8") as handle:
         json.dump(obj, handle, ensure_ascii=False, allow_nan=True)
@@ -171,11 +153,7 @@ def staging_dir(root: Path, step: int) -> Path:
 def commit(staging: Path, step: int, keep: int = 2) -> Path:
     """Write the manifest of every file in ``staging``, rename it to ``step-<step>``, keep the
     newest ``keep`` committed checkpoints. Returns the committed folder."""
-    files = sorted(p for p in staging.iterdir() if p.is_file() and p.name != MANIFEST)
-    manifest = {"format_version": FORMAT_VERSION, "step": step,
-                "files": {p.name: {"bytes": p.stat().st_size, "sha256": _digest(p)} for p in files}}
-    write_json(staging / MANIFEST, manifest)
-    fsync_path(staging)
+    write_manifest(staging, step=step)
     final = staging.parent / f"{PREFIX}{step:08d}"
     if final.exists():
         shutil.rmtree(final)
@@ -198,22 +176,10 @@ def committed(root: Path) -> list[Path]:
 def verify(directory: Path) -> dict:
     """The manifest of a committed checkpoint, after checking every file it lists; raises
     CheckpointError naming the folder and the first problem."""
-    path = directory / MANIFEST
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{directory}: no readable {MANIFEST} ({error})") from error
-    if manifest.get("format_version") != FORMAT_VERSION or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{directory}: {MANIFEST} has format {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
-    for name, expected in manifest["files"].items():
-        file = directory / name
-        if not file.is_file():
-            raise CheckpointError(f"{directory}: {name} is missing")
-        if file.stat().st_size != expected["bytes"]:
-            raise CheckpointError(f"{directory}: {name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}")
-        if _digest(file) != expected["sha256"]:
-            raise CheckpointError(f"{directory}: {name} does not match its sha256 in the manifest")
-    return manifest
+        return verify_manifest(directory)
+    except FolderError as error:
+        raise CheckpointError(str(error)) from None
 
 
 def latest(root: Path) -> Path | None:

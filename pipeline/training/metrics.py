@@ -7,7 +7,18 @@ checkpoint it resumed from, so the file never holds a step twice.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+from pipeline.io import write_text_atomic
+
+
+def _step(line: str) -> float:
+    """A record's step; a line a kill cut short mid-append has none, and is dropped by trim."""
+    try:
+        return json.loads(line).get("step", 0)
+    except ValueError:
+        return math.inf
 
 
 class MetricsLog:
@@ -23,8 +34,9 @@ class MetricsLog:
             self.path.unlink()
             return
         kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= keep_through_step]
-        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+                if line.strip() and _step(line) <= keep_through_step]
+        # replaced in one rename: a kill while trimming must not leave the file empty or cut
+        write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def write(self, record: dict) -> None:
         if not self.enabled:

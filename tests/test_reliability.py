@@ -1,0 +1,184 @@
+"""Stages against damaged, inconsistent or concurrent run folders (issue #25; docs/reliability.md).
+
+Each test builds the run folder a stage reads (synthetic MCTS shards, a tiny problems file), damages
+it as the issue's campaign did, and checks that the stage stops with an error naming what is wrong,
+before it loads a model and without touching its earlier outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.io import LockError, ShardError, ShardWriter, check_settings, commit_folder, staging_folder
+from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary, Problem
+from pipeline.training import checkpoint
+from stages import augment, mcts, train_prm
+from stages.common import finished_model
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEMS = [f"tiny-train-{i:05d}" for i in range(24)]  # 1 of them in the validation split (augment.val_fraction 0.1)
+
+
+def args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=r",
+            f"data.train_path={tmp_path / 'train.jsonl'}", f"model.policy={tmp_path / 'no-policy'}", *extra]
+
+
+def mcts_record(pid: str, depth: int) -> MCTSRecord:
+    rollouts = [MCTSRollout(["3 + 4 = 7", "The answer is 7"], "7", True), MCTSRollout(["3 + 4 = 8", "The answer is 8"], "8", False)]
+    return MCTSRecord(pid, f"question {pid}", [f"step {i}" for i in range(depth)], f"step {depth}", 0.5, 1, 2, rollouts, depth + 1)
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run folder holding committed MCTS shards (6 shards of 4 problems) and their settings."""
+    with (tmp_path / "train.jsonl").open("w") as handle:
+        for pid in PROBLEMS:
+            handle.write(json.dumps(Problem(pid, f"question {pid}", "7", "tiny").to_json()) + "\n")
+    config = load_config(REPO / "configs" / "tiny.yaml", args(tmp_path)[2:])
+    shards = config.stage_dir("mcts") / "shards"
+    check_settings(shards, mcts.mcts_settings(config), "the MCTS run")
+    with ShardWriter(shards, tag="0of1", commit_every=4) as writer:
+        for pid in PROBLEMS:
+            records = [mcts_record(pid, depth) for depth in range(2)]
+            summary = MCTSSummary(pid, 0.5, 1, records[0].rollouts, True, 1, len(records), 4, 2)
+            writer.add(pid, records=records, summaries=[summary])
+    return tmp_path, config, shards
+
+
+def outputs(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.glob("prm_*.jsonl"))}
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("delete problems.json", r"part-0of1-00001: problems\.json: missing"),
+    ("delete records.jsonl", r"part-0of1-00001: records\.jsonl is missing"),
+    ("empty records.jsonl", r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 8"),
+    ("copy a shard folder", r"part-0of1-00009 and .*part-0of1-00001 both hold problem 'tiny-train-00004'"),
+    ("truncate records.jsonl", r"part-0of1-00001: records\.jsonl holds 4 records"),
+])
+def test_augment_refuses_damaged_shards_and_keeps_its_outputs(run, damage, match):
+    tmp_path, config, shards = run
+    first = augment.main(args(tmp_path))
+    assert first["train_examples"] > 0 and first["val_examples"] > 0
+    before = outputs(config.stage_dir("augment"))
+    shard = shards / "part-0of1-00001"
+    if damage == "delete problems.json":
+        (shard / "problems.json").unlink()
+    elif damage == "delete records.jsonl":
+        (shard / "records.jsonl").unlink()
+    elif damage == "empty records.jsonl":
+        (shard / "records.jsonl").write_text("")
+    elif damage == "copy a shard folder":
+        shutil.copytree(shard, shards / "part-0of1-00009")
+    else:
+        lines = (shard / "records.jsonl").read_text().splitlines(keepends=True)
+        (shard / "records.jsonl").write_text("".join(lines[:4]))
+    with pytest.raises(ShardError, match=match):
+        augment.main(args(tmp_path))
+    assert outputs(config.stage_dir("augment")) == before  # prm_train.jsonl was overwritten with 0 examples before
+
+
+def test_mcts_refuses_a_damaged_shard_instead_of_searching_its_problems_again(run):
+    tmp_path, _, shards = run
+    (shards / "part-0of1-00002" / "problems.json").unlink()
+    # the policy does not exist: the error must come before any model is loaded
+    with pytest.raises(ShardError, match=r"part-0of1-00002: problems\.json: missing .*searched again"):
+        mcts.main(args(tmp_path))
+
+
+def test_augment_refuses_empty_inputs_and_empty_splits(run):
+    tmp_path, config, shards = run
+    augment.main(args(tmp_path))
+    before = outputs(config.stage_dir("augment"))
+    with pytest.raises(SystemExit, match=r"the validation split is empty .*augment\.val_fraction=0\.01"):
+        augment.main(args(tmp_path, "augment.val_fraction=0.01"))
+    for shard in sorted(shards.glob("part-*")):  # shards that hold no records at all
+        shutil.rmtree(shard)
+    with ShardWriter(shards, tag="0of1") as writer:
+        writer.add("tiny-train-00000", records=[], summaries=[MCTSSummary("tiny-train-00000", 0.0, 0, [], False, 0, 0, 4, 1)])
+    with pytest.raises(SystemExit, match="the MCTS shards hold no records"):
+        augment.main(args(tmp_path))
+    assert outputs(config.stage_dir("augment")) == before
+
+
+HOLDER = """
+import sys, time
+from pipeline.io import StageLock
+StageLock(sys.argv[1], "test").acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def hold(lock: Path) -> subprocess.Popen:
+    """Another process holding ``lock`` (a user's first `make`), until killed."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_a_second_process_on_a_stage_stops_at_once_and_writes_nothing(run):
+    tmp_path, config, _ = run
+    for stage, module, lock in (("prm", train_prm, ".lock"), ("augment", augment, ".lock"), ("mcts", mcts, ".lock-shard-0of1")):
+        folder = config.stage_dir(stage)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.yaml").unlink(missing_ok=True)
+        holder = hold(folder / lock)
+        try:
+            with pytest.raises(LockError, match=rf"another process is writing this stage of this run: .*held by process {holder.pid}"):
+                module.main(args(tmp_path))
+            assert not (folder / "config.yaml").exists()
+            if stage == "mcts":  # shard=i/n processes share the folder by design, but not with another split
+                with pytest.raises(SystemExit, match="split another way than 2 shards"):
+                    mcts.main(args(tmp_path, "mcts.shard=1/2"))
+        finally:
+            holder.kill()
+            holder.wait(timeout=30)
+
+
+def test_a_stage_does_not_read_what_the_stage_before_is_still_writing(run):
+    tmp_path, config, _ = run
+    holder = hold(config.stage_dir("mcts") / ".lock-shard-0of1")
+    try:
+        with pytest.raises(SystemExit, match=rf"make mcts is still running in .* \(process {holder.pid} "):
+            augment.main(args(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def fake_model(out: Path, steps: int = 3, settings: dict | None = None) -> Path:
+    staging = staging_folder(out / "model")
+    (staging / "config.json").write_text("{}")
+    return commit_folder(staging, out / "model", steps=steps, settings=settings or {"lr": 1.0})
+
+
+def test_a_finished_stage_is_recognised_and_retrains_only_when_asked(tmp_path, caplog):
+    import logging
+
+    out = tmp_path / "gfn"
+    assert finished_model(out, "gfn", False, {"lr": 1.0}) is None  # nothing there: train
+    fake_model(out)
+    (out / "checkpoints" / "step-00000002").mkdir(parents=True)  # killed after the commit, before the cleanup
+    with caplog.at_level(logging.INFO):
+        assert finished_model(out, "gfn", False, {"lr": 2.0})["steps"] == 3
+    assert "gfn: finished" in caplog.text and "settings changed since: lr" in caplog.text and "gfn.retrain=true" in caplog.text
+    assert not (out / "checkpoints").exists()
+    (out / "model" / "config.json").write_text('{"x": 1}')  # damaged: set aside, never deleted, and trained again
+    assert finished_model(out, "gfn", False, {"lr": 1.0}) is None
+    assert not (out / "model").exists() and len(list(out.glob("model.set-aside-*"))) == 1
+    fake_model(out)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    checkpoint.commit(checkpoint.staging_dir(out / "checkpoints", 2), 2)
+    assert finished_model(out, "gfn", True, {"lr": 1.0}) is None  # retrain: afresh
+    assert not (out / "model").exists() and not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
