@@ -27,6 +27,12 @@ class ConfigError(ValueError):
     """A config file or override that does not match the typed schema."""
 
 
+# Fields that take one of a few names (checked where they are set, naming the file or the command line).
+REPORT_TO = ("none", "tensorboard", "wandb", "all")  # experiment trackers (pipeline/training/tracking.py)
+PRM_FORMATS = ("auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm")  # docs/prm.md, "Other PRMs"
+CHOICES = {"report_to": REPORT_TO, "model.prm_format": PRM_FORMATS}
+
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -37,7 +43,10 @@ class ModelConfig:
     policy: str = "{run_dir}/bootstrap/model"  # paper: meta-llama/Llama-3.2-3B-Instruct (or 3.1-8B)
     policy_adapter: str | None = None  # optional peft adapter on top of `policy`
     prm_backbone: str = "{run_dir}/bootstrap/model"  # paper: Qwen/Qwen2.5-Math-7B
-    prm: str = "{run_dir}/prm/model"  # the trained PRM the later stages score with
+    prm: str = "{run_dir}/prm/model"  # the trained PRM the later stages score with (or a third-party PRM: hub id or path)
+    # how to read the PRM a stage loads (model.prm; eval.prm in make eval): auto (sniffed from its folder) | stepflow |
+    # token_classification (TRL's PRMTrainer) | math_shepherd | qwen_prm (docs/prm.md, "Other PRMs")
+    prm_format: str = "auto"
     trust_remote_code: bool = False  # never on unless you trust the repository
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
@@ -307,6 +316,7 @@ class Config:
     run: str = "demo"
     runs_root: str = "runs"
     seed: int = 0
+    report_to: str = "none"  # experiment trackers of every trainer: none | tensorboard | wandb | all (extra `tracking`)
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
@@ -411,7 +421,10 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str) -> None:
                 raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {value!r}")
             _apply(current, value, f"{key}.", where)
         else:
-            setattr(obj, name, _coerce(value, tp, key, where))
+            value = _coerce(value, tp, key, where)
+            if key in CHOICES and value not in CHOICES[key]:
+                raise ConfigError(f"{where}: {key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
+            setattr(obj, name, value)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -30,7 +30,7 @@ from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
-from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator, process_count
+from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
 from pipeline.training.distributed import Collective
 
 STAGES = ("gfn", "ppo")
@@ -129,7 +129,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], sco
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
     policy_path = config.resolve(config.model.policy)
-    accelerator = make_accelerator(config.model)
+    tracking = Tracking.from_config(config, stage, out_dir)  # before any model loads: a missing tracker package fails here
+    accelerator = make_accelerator(config.model, tracking=tracking)
     collective = Collective(accelerator)
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
@@ -150,7 +151,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], sco
     objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective)
     updates = objective.updates_per_rollout
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
-                        updates_per_record=updates, progress=False, desc=stage)
+                        updates_per_record=updates, progress=False, desc=stage, tracking=tracking)
     policy.prepared(base.model, base.unwrapped)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     trajectory_sampler = TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg, reference=reference, collective=collective)
