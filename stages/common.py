@@ -13,6 +13,7 @@ import torch
 
 from pipeline.config import Config, load_config, save_config
 from pipeline.problems import load_benchmark
+from prm.formats import is_hub_id
 
 log = logging.getLogger("stepflow")
 
@@ -46,6 +47,15 @@ def require(path: Path, produced_by: str) -> Path:
     if not Path(path).exists():
         raise SystemExit(f"missing input {path}: run `make {produced_by}` first (same CONFIG and RUN)")
     return Path(path)
+
+
+def require_prm(path: str | Path) -> str:
+    """The PRM a stage scores with: a hub id as it is (prm.formats.load_scorer fetches it), a
+    local folder only when it exists (else: which target makes it)."""
+    path = str(path)
+    if not is_hub_id(path):
+        require(Path(path), "prm")
+    return path
 
 
 @contextmanager

@@ -3,7 +3,7 @@
 Runs in one process, or across N with ``accelerate launch --num_processes N -m stages.train_gfn``
 (configs/accelerate/: DDP, FSDP, DeepSpeed; docs/gflownet.md, "Scale").
 
-Reads:  the policy (config.model.policy), the PRM (runs/<run>/prm/model), the training problems
+Reads:  the policy (config.model.policy), the PRM (config.model.prm: runs/<run>/prm/model, or another PRM), the training problems
 Writes: runs/<run>/gfn/model/ (save_pretrained), metrics.jsonl, training_curves.png,
         checkpoints/step-<n>/ (every gfn.save_every steps; a rerun resumes from the newest good one)
 """
@@ -13,17 +13,17 @@ from __future__ import annotations
 import sys
 
 from pipeline.finetune.run import finetune_policy, preflight
-from prm.scorer import PRMScorer
-from stages.common import parse_args, require, set_threads, stage_dir, timed, training_problems
+from prm.formats import load_scorer
+from stages.common import parse_args, require_prm, set_threads, stage_dir, timed, training_problems
 
 
 def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     config = parse_args(f"train_{stage}", argv)
     set_threads(config)
-    prm_path = require(config.resolve(config.model.prm), "prm")
+    prm_path = require_prm(config.resolve(config.model.prm))
     preflight(config, stage)  # before any model is loaded
     out = stage_dir(config, stage)
-    scorer = PRMScorer.from_pretrained(prm_path, config)  # each process its own frozen PRM, on its own GPU
+    scorer = load_scorer(prm_path, config)  # ours or another format (model.prm_format); each process its own frozen PRM, on its own GPU
     with timed(stage):
         return finetune_policy(config, stage, training_problems(config), scorer, out)
 

@@ -16,10 +16,11 @@ import sys
 from pipeline.generation import build_generator
 from pipeline.io import read_records, write_json_atomic
 from pipeline.records import PRMExample
+from prm.formats import load_scorer
 from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import SLIP_CHECKERS, policy_solutions, validate_prm, write_validation
-from stages.common import log, parse_args, require, set_threads, stage_dir, timed, training_problems, validation_problems
+from stages.common import log, parse_args, require, require_prm, set_threads, stage_dir, timed, training_problems, validation_problems
 
 
 def prm_kind(config) -> str:
@@ -55,16 +56,16 @@ def main(argv: list[str] | None = None) -> dict:
         val_records = list(read_records(require(augment / "prm_val.jsonl", "augment"), PRMExample))
         result: dict = {}
         if config.prm.eval_only:
-            model_dir = config.resolve(config.model.prm)
-            require(model_dir, "prm")
+            model_dir = require_prm(config.resolve(config.model.prm))
+            scorer = load_scorer(model_dir, config)  # ours or another format (model.prm_format)
         else:
             train_records = list(read_records(require(augment / "prm_train.jsonl", "augment"), PRMExample))
             result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
             model_dir = out / "model"
+            scorer = PRMScorer.from_pretrained(model_dir, config)
         if int(os.environ.get("RANK", "0")) != 0:
             return result  # under accelerate launch, validation runs once, on the main process
-        scorer = PRMScorer.from_pretrained(model_dir, config)
-        samples, has_slip = natural_slip_samples(config, scorer.kind)
+        samples, has_slip = natural_slip_samples(config, scorer.kind or prm_kind(config))
         report = validate_prm(
             scorer, val_records, bins=config.prm.calibration_bins, corrupt_examples=config.prm.corrupt_examples,
             prm800k_path=config.resolve(config.prm.prm800k_path), seed=config.prm.seed, merge_prefixes=config.prm.merge_prefixes,
