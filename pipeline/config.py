@@ -172,6 +172,10 @@ class AugmentConfig:
 class PRMConfig:
     """PRM training and validation (paper 3.3, appendix E.2-E.5; docs/prm.md)."""
 
+    # training and held-out records: ours (make augment) or PRM800K-format human labels (docs/prm.md)
+    train_path: str = "{run_dir}/augment/prm_train.jsonl"
+    val_path: str = "{run_dir}/augment/prm_val.jsonl"
+    prm800k_neutral_label: float = 1.0  # the label of a PRM800K rating 0 (1 -> 1.0, -1 -> 0.0)
     lr: float = 1e-3  # paper: 8e-6
     batch_size: int = 32  # sequences per optimizer step, all processes together (paper: 144 examples)
     micro_batch_size: int = 32  # sequences per forward and process; accumulation = batch_size / (micro x processes)

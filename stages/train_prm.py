@@ -1,6 +1,7 @@
 """make prm: train the process reward model on the augmented step labels, then validate it.
 
-Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl; the backbone (config.model.prm_backbone);
+Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (prm.train_path / prm.val_path: our records, or PRM800K-format
+        human labels, prm/prm800k.py); the backbone (config.model.prm_backbone);
         for the natural-slip check, the policy (config.model.policy) and held-out problems (data.validation*)
 Writes: runs/<run>/prm/model/ (the PRM), metrics.jsonl, validation.json, calibration.png,
         config.yaml; checkpoints/step-<n>/ every prm.save_every steps (a rerun resumes from the newest good one)
@@ -14,9 +15,9 @@ import os
 import sys
 
 from pipeline.generation import build_generator
-from pipeline.io import read_records, write_json_atomic
-from pipeline.records import PRMExample
+from pipeline.io import write_json_atomic
 from prm.formats import load_scorer
+from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import SLIP_CHECKERS, policy_solutions, validate_prm, write_validation
@@ -51,20 +52,20 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse_args("train_prm", argv)
     set_threads(config)
     out = stage_dir(config, "prm")
-    augment = config.stage_dir("augment")
     with timed("prm"):
-        val_records = list(read_records(require(augment / "prm_val.jsonl", "augment"), PRMExample))
+        cfg = config.prm
+        val_records = read_training_records(require(config.resolve(cfg.val_path), "augment"), cfg.prm800k_neutral_label)
         result: dict = {}
-        if config.prm.eval_only:
+        if cfg.eval_only:
             model_dir = require_prm(config.resolve(config.model.prm))
-            scorer = load_scorer(model_dir, config)  # ours or another format (model.prm_format)
         else:
-            train_records = list(read_records(require(augment / "prm_train.jsonl", "augment"), PRMExample))
+            train_records = read_training_records(require(config.resolve(cfg.train_path), "augment"), cfg.prm800k_neutral_label)
             result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
             model_dir = out / "model"
-            scorer = PRMScorer.from_pretrained(model_dir, config)
         if int(os.environ.get("RANK", "0")) != 0:
             return result  # under accelerate launch, validation runs once, on the main process
+        # eval_only: ours or another format (model.prm_format); after training: the PRM just trained
+        scorer = load_scorer(model_dir, config) if cfg.eval_only else PRMScorer.from_pretrained(model_dir, config)
         samples, has_slip = natural_slip_samples(config, scorer.kind or prm_kind(config))
         report = validate_prm(
             scorer, val_records, bins=config.prm.calibration_bins, corrupt_examples=config.prm.corrupt_examples,
