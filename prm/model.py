@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATIO
 from pipeline.config import FormatConfig
 from pipeline.modeling import merge_lora_state_dict, resolve_device, resolve_dtype
 from prm.model_card import write_model_card
+
+log = logging.getLogger("stepflow.prm")
 
 PRM_CONFIG_NAME = "prm_config.json"
 HEAD_NAME = "head.safetensors"
@@ -219,6 +222,8 @@ class ProcessRewardModel(nn.Module):
             base_config.save_pretrained(directory)
             info.update(layout=LAYOUT_TOKEN_CLASSIFICATION, score_head=head_name, transformers_class=class_name)
         else:
+            log.warning("prm: %s has no transformers token-classification class matching its weights; saved as backbone/ + "
+                        "head.safetensors, which only stepflow loads", type(base).__name__)
             (directory / BACKBONE_DIR).mkdir(exist_ok=True)
             save_torch_state_dict(backbone_sd, directory / BACKBONE_DIR, max_shard_size="5GB")
             base_config.architectures = [type(base).__name__]

@@ -15,6 +15,7 @@ import torch
 from test_prm import arithmetic_records, make_prm, make_tokenizer, tiny_config
 
 from pipeline.config import BootstrapConfig, ConfigError, FormatConfig, TinyWorldConfig, load_config
+from pipeline.finetune.run import preflight
 from pipeline.problems import write_problems_jsonl
 from pipeline.tinyworld.bootstrap import build_base_policy
 from pipeline.tinyworld.model import build_model, save_policy
@@ -173,6 +174,8 @@ def test_report_to_is_checked_and_a_missing_tracker_names_the_extra(monkeypatch,
     monkeypatch.setattr(tracking_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"report_to=all needs tensorboard and wandb.*pip install -e '\.\[tracking\]'"):
         Tracking("all", tmp_path)
+    with pytest.raises(ImportError, match="report_to=wandb needs wandb"):  # gfn / ppo: before the PRM or the policy loads
+        preflight(load_config(None, ["report_to=wandb", "model.device=cpu"]), "gfn")
 
 
 def test_flat_config_gives_scalars_for_hparams():

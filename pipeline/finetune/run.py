@@ -32,6 +32,7 @@ from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
 from pipeline.training.distributed import Collective
+from pipeline.training.tracking import tracker_names
 
 STAGES = ("gfn", "ppo")
 
@@ -100,7 +101,8 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
 def preflight(config: Config, stage: str) -> int:
     """What can be checked before any model is loaded (clear errors, not a crash halfway):
     the stage, questions_per_step against the number of processes (under ``accelerate launch``
-    each process samples a whole share of the questions), and the sampling backend's package.
+    each process samples a whole share of the questions), the sampling backend's package and the
+    trackers' (report_to).
     Returns the number of processes."""
     if stage not in STAGES:
         raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
@@ -112,6 +114,7 @@ def preflight(config: Config, stage: str) -> int:
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError("generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
                          "or use generation.backend=hf")
+    tracker_names(config.report_to)
     return processes
 
 
@@ -129,7 +132,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], sco
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
     policy_path = config.resolve(config.model.policy)
-    tracking = Tracking.from_config(config, stage, out_dir)  # before any model loads: a missing tracker package fails here
+    tracking = Tracking.from_config(config, stage, out_dir)  # the trackers of report_to
     accelerator = make_accelerator(config.model, tracking=tracking)
     collective = Collective(accelerator)
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
