@@ -12,10 +12,10 @@ STAGE = $(PY) -m stages
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench clean-venv
+.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench export-trl clean-venv
 
 help:
-	@echo "make demo | make test | make bootstrap mcts augment prm gfn ppo eval search bench  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+	@echo "make demo | make test | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,9 @@ eval: $(VENV)
 
 search: $(VENV)
 	$(STAGE).search --config $(CONFIG) run=$(RUN) $(ARGS)
+
+export-trl: $(VENV)
+	$(STAGE).export_trl --config $(CONFIG) run=$(RUN) $(ARGS)
 
 bench: $(VENV)
 	$(STAGE).bench --config $(CONFIG) run=bench $(ARGS)

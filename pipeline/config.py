@@ -79,6 +79,15 @@ def seed_field(default: int = 0) -> Any:
     return bounded(default, ge=0, le=SEED_MAX)
 
 
+# Fields that take one of a few names (checked where they are set, naming the file or the command line).
+REPORT_TO = ("none", "tensorboard", "wandb", "all")  # experiment trackers (pipeline/training/tracking.py)
+PRM_FORMATS = ("auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm")  # docs/prm.md, "Other PRMs"
+TRAINING_MODES = ("sync", "async")  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
+WEIGHT_TRANSPORTS = ("object_store", "collective")  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
+CHOICES = {"report_to": REPORT_TO, "model.prm_format": PRM_FORMATS, "gfn.mode": TRAINING_MODES, "ppo.mode": TRAINING_MODES,
+           "gfn.weight_transport": WEIGHT_TRANSPORTS}
+
+
 # ----------------------------------------------------------------------------- sections
 
 
@@ -89,7 +98,10 @@ class ModelConfig:
     policy: str = "{run_dir}/bootstrap/model"  # paper: meta-llama/Llama-3.2-3B-Instruct (or 3.1-8B)
     policy_adapter: str | None = None  # optional peft adapter on top of `policy`
     prm_backbone: str = "{run_dir}/bootstrap/model"  # paper: Qwen/Qwen2.5-Math-7B
-    prm: str = "{run_dir}/prm/model"  # the trained PRM the later stages score with
+    prm: str = "{run_dir}/prm/model"  # the trained PRM the later stages score with (or a third-party PRM: hub id or path)
+    # how to read the PRM a stage loads (model.prm; eval.prm in make eval): auto (sniffed from its folder) | stepflow |
+    # token_classification (TRL's PRMTrainer) | math_shepherd | qwen_prm (docs/prm.md, "Other PRMs")
+    prm_format: str = "auto"
     trust_remote_code: bool = False  # never on unless you trust the repository
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
@@ -220,6 +232,10 @@ class AugmentConfig:
 class PRMConfig:
     """PRM training and validation (paper 3.3, appendix E.2-E.5; docs/prm.md)."""
 
+    # training and held-out records: ours (make augment) or PRM800K-format human labels (docs/prm.md)
+    train_path: str = "{run_dir}/augment/prm_train.jsonl"
+    val_path: str = "{run_dir}/augment/prm_val.jsonl"
+    prm800k_neutral_label: float = bounded(1.0, ge=0, le=1)  # the label of a PRM800K rating 0 (1 -> 1.0, -1 -> 0.0)
     lr: float = bounded(1e-3, gt=0)  # paper: 8e-6
     batch_size: int = bounded(32, ge=1)  # sequences per optimizer step, all processes together (paper: 144 examples)
     micro_batch_size: int = bounded(32, ge=1)  # sequences per forward and process; accumulation = batch_size / (micro x processes)
@@ -377,6 +393,7 @@ class Config:
     run: str = "demo"
     runs_root: str = "runs"  # relative: below the working folder; absolute: anywhere (explicit)
     seed: int = seed_field()  # every section's seed unless the section sets its own (tiny world, training, sampling, evaluation)
+    report_to: str = "none"  # experiment trackers of every trainer: none | tensorboard | wandb | all (extra `tracking`)
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
@@ -515,7 +532,10 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: 
                 raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {_show(value)}")
             _apply(current, value, f"{key}.", where, sources)
         else:
-            setattr(obj, name, _coerce(value, tp, key, where))
+            value = _coerce(value, tp, key, where)
+            if key in CHOICES and value not in CHOICES[key]:
+                raise ConfigError(f"{where}: {key} must be one of {', '.join(CHOICES[key])}, got {_show(value)}")
+            setattr(obj, name, value)
             sources[key] = where
 
 

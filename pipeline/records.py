@@ -466,6 +466,7 @@ class MCTSSummary(Record):
 
 ORIGIN_MCTS = "mcts"
 ORIGIN_AUGMENTED = "augmented"
+ORIGIN_HUMAN = "human"  # a human step rating (PRM800K, prm/prm800k.py)
 
 
 @dataclass(frozen=True)
@@ -473,14 +474,15 @@ class PRMExample(Record):
     """One PRM training label: ``step`` after ``prefix_steps`` leads to a correct answer with
     probability ``label``. origin "mcts": an MCTS record's own step, labelled with its mc (no
     group_id); "augmented": a rollout step labelled by its similarity group, whose id
-    "<problem_id>:<record key>:<position>:<group index>" it carries (docs/augmentation.md)."""
+    "<problem_id>:<record key>:<position>:<group index>" it carries (docs/augmentation.md); "human":
+    a human step rating mapped to a label (PRM800K, docs/prm.md)."""
 
     problem_id: str = field(metadata=rules(non_empty=True))
     question: str
     prefix_steps: list[str]
     step: str = field(metadata=rules(non_empty=True))
     label: float = field(metadata=rules(within=(0, 1)))
-    origin: str = field(metadata=rules(one_of=(ORIGIN_MCTS, ORIGIN_AUGMENTED)))
+    origin: str = field(metadata=rules(one_of=(ORIGIN_MCTS, ORIGIN_AUGMENTED, ORIGIN_HUMAN)))
     group_id: str | None = field(default=None, metadata=rules(omit_if_none=True))
 
     @property

@@ -9,12 +9,20 @@ the LAST token of every step (its separator), so one causal forward pass scores 
 A step's score sees only the prompt and the steps up to it (causal attention), so it equals the
 score of that prefix scored on its own.
 
-On disk (``save_pretrained``)::
+On disk (``save_pretrained``), a standard transformers token-classification model, so
+``AutoModelForTokenClassification.from_pretrained(folder)`` loads it (TRL, search-and-learn, a
+user's own code) and gives the same step scores, read at each step's last token::
 
-    backbone/         the transformers base model (AutoModel class, safetensors, sharded at 5 GB)
-    head.safetensors  weight (1, hidden) and bias (1,), float32
-    prm_config.json   format (separator, prompt template, ...), kind, base model and architecture
-    tokenizer files   when a tokenizer is given
+    config.json        the backbone's config, architectures = [<Arch>ForTokenClassification], 2 labels
+    model*.safetensors the backbone's weights under its base-model prefix, and the 2-class head
+                       (float32): row 0 zero, row 1 our head, so softmax(logits)[1] = sigmoid(w.h + b)
+    prm_config.json    format (separator, prompt template, ...), kind, base model and architecture
+    README.md          the model card: how to score a solution with transformers alone
+    tokenizer files    when a tokenizer is given
+
+An architecture transformers has no token-classification class for (or remote code) is saved
+in the first layout instead, which only this project reads: backbone/ (AutoModel) +
+head.safetensors + prm_config.json. Both load with ``ProcessRewardModel.from_pretrained``.
 
 LoRA adapters are merged into the saved backbone weights (merge_lora_state_dict), so a
 saved PRM loads with plain transformers and needs no peft at scoring time.
@@ -24,6 +32,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,20 +41,27 @@ from typing import Any
 import torch
 from huggingface_hub import save_torch_state_dict
 from peft import LoraConfig, get_peft_model
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from transformers import AutoModel
+from transformers import AutoModel, AutoModelForTokenClassification
 from transformers.dynamic_module_utils import custom_object_save
+from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
 
 from pipeline.config import FormatConfig
 from pipeline.io import check_model_folder
 from pipeline.modeling import merge_lora_state_dict, resolve_device, resolve_dtype
+from prm.model_card import write_model_card
+
+log = logging.getLogger("stepflow.prm")
 
 PRM_CONFIG_NAME = "prm_config.json"
 HEAD_NAME = "head.safetensors"
 BACKBONE_DIR = "backbone"
-FORMAT_VERSION = 1
-
+FORMAT_VERSION = 2  # 1: backbone/ + head.safetensors only; 2: token-classification layout (or 1's, see layout)
+LAYOUT_TOKEN_CLASSIFICATION = "token_classification"
+LAYOUT_BACKBONE_AND_HEAD = "backbone_and_head"
+ID2LABEL = {0: "wrong", 1: "correct"}
 
 
 @dataclass
@@ -168,17 +185,20 @@ class ProcessRewardModel(nn.Module):
         state_dict: dict[str, Tensor] | None = None,
         dtype: torch.dtype | None = None,
     ) -> Path:
-        """Write backbone/ (safetensors), head.safetensors and prm_config.json (+ tokenizer).
+        """Write the PRM as a transformers token-classification model (config.json + safetensors,
+        sharded at 5 GB), prm_config.json and the model card (+ tokenizer); the backbone/ +
+        head.safetensors layout where transformers has no token-classification class for it.
 
         state_dict: this module's full state dict when it must come from elsewhere (a gathered
                     FSDP/DeepSpeed one: ``accelerator.get_state_dict(model)``); default: own.
         dtype:      cast the backbone's floating weights to it (the head stays float32).
         """
         directory = Path(directory)
-        (directory / BACKBONE_DIR).mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        remove_saved_weights(directory)  # a rerun into the same folder must not leave the other layout's files behind
         full = state_dict if state_dict is not None else self.state_dict()
         backbone_sd = {k[len("backbone."):]: v for k, v in full.items() if k.startswith("backbone.")}
-        head_sd = {k[len("head."):]: v for k, v in full.items() if k.startswith("head.")}
+        head_sd = {k[len("head."):]: v.detach().float().cpu().contiguous() for k, v in full.items() if k.startswith("head.")}
         if any(".lora_" in k for k in backbone_sd):
             backbone_sd = merge_lora_state_dict(backbone_sd, self.info.extra["lora_scaling"])
         backbone_sd = {
@@ -186,29 +206,46 @@ class ProcessRewardModel(nn.Module):
             for k, v in backbone_sd.items()
         }
         base = base_transformer(self.backbone)
-        save_torch_state_dict(backbone_sd, directory / BACKBONE_DIR, max_shard_size="5GB")
         base_config = copy.deepcopy(base.config)
-        base_config.architectures = [type(base).__name__]
         if dtype is not None:
             base_config.dtype = dtype
-        base_config.save_pretrained(directory / BACKBONE_DIR)
-        if getattr(base, "_auto_class", None) is not None:  # trust_remote_code models need their code beside the weights
-
-            custom_object_save(base, directory / BACKBONE_DIR, config=base_config)
-        save_file({k: v.detach().float().cpu().contiguous() for k, v in head_sd.items()}, str(directory / HEAD_NAME))
+        layout = token_classification_layout(base, set(backbone_sd))
         info = asdict(self.info)
         info["base_architecture"] = info["base_architecture"] or type(base).__name__
+        if layout is not None:
+            class_name, prefix, head_name = layout
+            weights = {f"{prefix}.{k}": v for k, v in backbone_sd.items()}
+            weights[f"{head_name}.weight"], weights[f"{head_name}.bias"] = two_class_head(head_sd["weight"], head_sd["bias"])
+            save_torch_state_dict(weights, directory, max_shard_size="5GB")
+            base_config.architectures = [class_name]
+            base_config.num_labels = len(ID2LABEL)
+            base_config.id2label, base_config.label2id = dict(ID2LABEL), {v: k for k, v in ID2LABEL.items()}
+            base_config.save_pretrained(directory)
+            info.update(layout=LAYOUT_TOKEN_CLASSIFICATION, score_head=head_name, transformers_class=class_name)
+        else:
+            log.warning("prm: %s has no transformers token-classification class matching its weights; saved as backbone/ + "
+                        "head.safetensors, which only stepflow loads", type(base).__name__)
+            (directory / BACKBONE_DIR).mkdir(exist_ok=True)
+            save_torch_state_dict(backbone_sd, directory / BACKBONE_DIR, max_shard_size="5GB")
+            base_config.architectures = [type(base).__name__]
+            base_config.save_pretrained(directory / BACKBONE_DIR)
+            if getattr(base, "_auto_class", None) is not None:  # trust_remote_code models need their code beside the weights
+                custom_object_save(base, directory / BACKBONE_DIR, config=base_config)
+            save_file(head_sd, str(directory / HEAD_NAME))
+            info.update(layout=LAYOUT_BACKBONE_AND_HEAD)
         info["format_version"] = FORMAT_VERSION
         info["hidden_size"] = self.config.hidden_size
         info["lora_merged"] = self.has_lora
         (directory / PRM_CONFIG_NAME).write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if tokenizer is not None:
             tokenizer.save_pretrained(str(directory))
+        write_model_card(directory, self.info, layout[0] if layout is not None else None, tokenizer)
         return directory
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, model_config=None) -> "ProcessRewardModel":
-        """Reload a saved PRM on model_config's device and dtype (ModelConfig; None: CPU float32)."""
+        """Reload a saved PRM (either layout) on model_config's device and dtype (ModelConfig;
+        None: CPU float32). The head is read in float32 from the file, whatever the dtype."""
         directory = Path(directory)
         info_path = directory / PRM_CONFIG_NAME
         if not info_path.exists():
@@ -223,12 +260,78 @@ class ProcessRewardModel(nn.Module):
             kwargs["trust_remote_code"] = model_config.trust_remote_code
             if model_config.attn_implementation:
                 kwargs["attn_implementation"] = model_config.attn_implementation
-        backbone = AutoModel.from_pretrained(str(directory / BACKBONE_DIR), **kwargs)
-        head_sd = load_file(str(directory / HEAD_NAME))
+        if (directory / BACKBONE_DIR).is_dir():
+            backbone = AutoModel.from_pretrained(str(directory / BACKBONE_DIR), **kwargs)
+            head_sd = load_file(str(directory / HEAD_NAME))
+        else:
+            # the token-classification checkpoint's base model (transformers strips the prefix and
+            # reports the score head as unused: it is read below, in float32)
+            backbone = AutoModel.from_pretrained(str(directory), **kwargs)
+            head_name = raw.get("score_head", "score")
+            two_class = read_tensors(directory, [f"{head_name}.weight", f"{head_name}.bias"])
+            weight, bias = two_class[f"{head_name}.weight"].float(), two_class[f"{head_name}.bias"].float()
+            head_sd = {"weight": (weight[1] - weight[0]).unsqueeze(0), "bias": (bias[1] - bias[0]).unsqueeze(0)}
         head = nn.Linear(head_sd["weight"].shape[1], 1)
         head.load_state_dict(head_sd)
         model = cls(backbone, info, head=head)
         return model.to(device).eval()
+
+
+def two_class_head(weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """Our head (weight (1, H), bias (1,)) as a 2-class one whose softmax gives the same score:
+    logits (0, z) -> softmax[1] = e^z / (1 + e^z) = sigmoid(z). Row 0 is zero; float32."""
+    zeros = torch.zeros_like(weight, dtype=torch.float32)
+    return torch.cat([zeros, weight.float()]).contiguous(), torch.cat([torch.zeros(1), bias.float()]).contiguous()
+
+
+def token_classification_layout(base: nn.Module, backbone_keys: set[str]) -> tuple[str, str, str] | None:
+    """(class name, base-model prefix, head name) of the transformers token-classification model
+    of ``base``'s architecture whose weights are exactly the backbone's plus one Linear head with
+    a bias; None when transformers has none (or the model is remote code)."""
+    config = base.config
+    if getattr(config, "auto_map", None) or config.model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        return None
+    probe_config = copy.deepcopy(config)
+    probe_config.num_labels = len(ID2LABEL)
+    try:
+        with torch.device("meta"):  # the structure only: no memory, no init cost
+            probe = AutoModelForTokenClassification.from_config(probe_config)
+    except Exception:  # an architecture whose classification class cannot be built from this config
+        return None
+    prefix = probe.base_model_prefix
+    keys = set(probe.state_dict())
+    inside = {k[len(prefix) + 1:] for k in keys if k.startswith(prefix + ".")}
+    outside = keys - {f"{prefix}.{k}" for k in inside}
+    heads = {k.rsplit(".", 1)[0] for k in outside}
+    if inside != backbone_keys or len(heads) != 1:
+        return None
+    head = heads.pop()
+    if outside != {f"{head}.weight", f"{head}.bias"}:
+        return None
+    return type(probe).__name__, prefix, head
+
+
+def remove_saved_weights(directory: Path) -> None:
+    """Delete the weight files either layout writes (before a save into the same folder)."""
+    shutil.rmtree(directory / BACKBONE_DIR, ignore_errors=True)
+    for path in [directory / HEAD_NAME, directory / "config.json", *directory.glob("model*.safetensors"),
+                 directory / "model.safetensors.index.json"]:
+        path.unlink(missing_ok=True)
+
+
+def read_tensors(directory: Path, names: list[str]) -> dict[str, Tensor]:
+    """Named tensors of a (possibly sharded) safetensors checkpoint, as stored."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = {name: directory / weight_map[name] for name in names}
+    else:
+        files = {name: directory / "model.safetensors" for name in names}
+    tensors = {}
+    for name, path in files.items():
+        with safe_open(str(path), framework="pt") as handle:
+            tensors[name] = handle.get_tensor(name)
+    return tensors
 
 
 def _device_and_dtype(model_config) -> tuple[torch.device, torch.dtype]:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
-from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
+from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 from prm.data import PRMCollator, PRMDataset, iter_training_batches, pad_token_id, sorted_batches
 from prm.model import ProcessRewardModel, new_prm
 
@@ -87,7 +87,8 @@ def train_prm(
     cfg = config.prm
     output_dir = Path(output_dir)
     kind = kind or cfg.kind or (model.info.kind if model is not None else "math")
-    accelerator = make_accelerator(config.model, compile=cfg.compile)
+    tracking = Tracking.from_config(config, "prm", output_dir)  # before any model loads: a missing tracker package fails here
+    accelerator = make_accelerator(config.model, compile=cfg.compile, tracking=tracking)
     world = accelerator.num_processes
     accumulation = max(1, round(cfg.batch_size / (cfg.micro_batch_size * world)))
     accelerator.gradient_accumulation_steps = accumulation
@@ -119,7 +120,7 @@ def train_prm(
     settings = OptimizerSettings(lr=cfg.lr, total_steps=total_steps, weight_decay=cfg.weight_decay, schedule=cfg.scheduler,
                                  warmup_steps=int(round(cfg.warmup_ratio * total_steps)), max_grad_norm=cfg.max_grad_norm)
     base = TrainingBase(accelerator, model, settings, output_dir, micro_batch_size=cfg.micro_batch_size, save_every=cfg.save_every,
-                        log_every=cfg.log_every, progress=progress, desc="prm")
+                        log_every=cfg.log_every, progress=progress, desc="prm", tracking=tracking)
     if cfg.resume:
         base.resume()
     else:

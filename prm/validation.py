@@ -228,7 +228,7 @@ class LabelledSolution:
         return next((k for k, rating in enumerate(self.ratings) if rating == -1), None)
 
 
-def _prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, int | None, bool]:
+def prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, int | None, bool]:
     """(text, rating, last): the step the solution path takes at this position."""
     where = f"{path}:{line_no}: field 'label.steps[{index}]"
     if not isinstance(step, dict) or not isinstance(step.get("completions"), list):
@@ -280,7 +280,7 @@ def load_prm800k(path: str | Path) -> list[LabelledSolution]:
         line_no = line[0]
         steps, ratings = [], []
         for index, step in enumerate(obj["label"]["steps"]):
-            text, rating, last = _prm800k_step(step, str(path), line_no, index)
+            text, rating, last = prm800k_step(step, str(path), line_no, index)
             steps.append(text)
             ratings.append(rating)
             if last:

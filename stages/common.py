@@ -10,6 +10,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -18,6 +19,7 @@ from pipeline.io import FolderError, acquire_stage_lock, held_locks, launch_id, 
 from pipeline.problems import load_benchmark
 from pipeline.records import Record
 from pipeline.training.base import CHECKPOINTS
+from prm.formats import is_hub_id
 
 log = logging.getLogger("stepflow")
 
@@ -54,10 +56,12 @@ def require_finished(config: Config, stage: str) -> None:
                          f"{holder.get('host', '?')}): wait for it to finish before reading its outputs")
 
 
-def require_records(path: Path, record_type: type[Record], produced_by: str) -> list:
-    """A stage's input JSONL of typed records: it must exist and hold at least one record (an
-    empty file is a damaged or failed earlier stage, never something to train or validate on)."""
-    records = list(read_records(require(path, produced_by), record_type))
+def require_records(path: Path, read: type[Record] | Callable[[Path], list], produced_by: str) -> list:
+    """A stage's input JSONL of records (``read``: a record type, or a function reading the file):
+    it must exist and hold at least one record (an empty file is a damaged or failed earlier
+    stage, never something to train or validate on)."""
+    path = require(path, produced_by)
+    records = list(read_records(path, read)) if isinstance(read, type) else read(path)
     if not records:
         raise SystemExit(f"{path}: no records (an empty file). Run `make {produced_by}` again (same CONFIG and RUN); "
                          "if it writes an empty file again, its own log says why")
@@ -112,6 +116,15 @@ def require(path: Path, produced_by: str) -> Path:
     if not Path(path).exists():
         raise SystemExit(f"missing input {path}: run `make {produced_by}` first (same CONFIG and RUN)")
     return Path(path)
+
+
+def require_prm(path: str | Path) -> str:
+    """The PRM a stage scores with: a hub id as it is (prm.formats.load_scorer fetches it), a
+    local folder only when it exists (else: which target makes it)."""
+    path = str(path)
+    if not is_hub_id(path):
+        require(Path(path), "prm")
+    return path
 
 
 @contextmanager

@@ -22,21 +22,22 @@ from pipeline.config import save_config
 from pipeline.generation import build_generator
 from pipeline.io import acquire_stage_lock
 from pipeline.modeling import resolve_device
-from prm.scorer import PRMScorer
+from prm.formats import is_hub_id, load_scorer
 from stages.common import log, parse_args, set_threads, timed
 
 __all__ = ["main", "reports_dir"]
 
 
 def load_prm_scores(config):
-    """PRMScorer.score_many of the PRM at eval.prm, or None (not configured, or not trained yet)."""
+    """score_many of the PRM at eval.prm (ours, or another format: model.prm_format), or None
+    (not configured, or not trained yet)."""
     path = config.resolve(config.eval.prm)
     if path is None:
         return None
-    if not Path(path).exists():
+    if not Path(path).exists() and not is_hub_id(path):
         log.warning("eval: no PRM at %s (eval.prm); mean PRM reward not reported", path)
         return None
-    return PRMScorer.from_pretrained(path, config).score_many
+    return load_scorer(path, config).score_many
 
 
 def main(argv: list[str] | None = None) -> dict:

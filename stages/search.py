@@ -21,9 +21,9 @@ from pipeline.generation import build_generator
 from pipeline.io import write_json_atomic
 from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config, question_text
-from prm.scorer import PRMScorer
+from prm.formats import load_scorer
 from prm.search import STRATEGIES, search_many, summarize_search
-from stages.common import log, parse_args, require, set_threads, stage_dir, timed
+from stages.common import log, parse_args, require, require_prm, set_threads, stage_dir, timed
 
 BASELINE = "majority"
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"search: problems mix answer kinds {sorted(kinds)}; run one benchmark at a time")
         kind = kinds.pop()
         policy = build_generator(config)
-        prm = PRMScorer.from_pretrained(require(Path(config.resolve(config.model.prm)), "prm"), config)
+        prm = load_scorer(require_prm(config.resolve(config.model.prm)), config)  # ours or another format (model.prm_format)
         questions = [question_text(p.question, p.meta.get("options")) for p in problems]
         prompts = [prompt_from_config(p.question, kind, policy.tokenizer, config.format, p.meta.get("options")) for p in problems]
         golds = [p.answer for p in problems]

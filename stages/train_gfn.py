@@ -4,7 +4,7 @@ Runs in one process, or across N with ``accelerate launch --num_processes N -m s
 (configs/accelerate/: DDP, FSDP, DeepSpeed; docs/scale.md); with gfn.mode=async, searcher actors
 on Ray sample and score while this process trains (docs/async.md).
 
-Reads:  the policy (config.model.policy), the PRM (runs/<run>/prm/model), the training problems
+Reads:  the policy (config.model.policy), the PRM (config.model.prm: runs/<run>/prm/model, or another PRM), the training problems
 Writes: runs/<run>/gfn/model/ (save_pretrained), metrics.jsonl, training_curves.png,
         checkpoints/step-<n>/ (every gfn.save_every steps; a rerun resumes from the newest good one)
 Started again once finished (model/ committed whole), it says so and returns the logged metrics;
@@ -19,22 +19,23 @@ import sys
 
 from pipeline.finetune.run import finetune_policy, preflight
 from pipeline.training.metrics import MetricsLog
-from prm.scorer import PRMScorer
-from stages.common import finished_model, parse_args, require, require_finished, set_threads, stage_dir, timed, training_problems
+from prm.formats import load_scorer
+from stages.common import finished_model, parse_args, require_finished, require_prm, set_threads, stage_dir, timed, training_problems
 
 
 def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     config = parse_args(f"train_{stage}", argv)
     set_threads(config)
-    prm_path = require(config.resolve(config.model.prm), "prm")
+    prm_path = require_prm(config.resolve(config.model.prm))
     preflight(config, stage)  # before any model is loaded
     out = stage_dir(config, stage)
     cfg = getattr(config, stage)
     if finished_model(out, stage, cfg.retrain, dataclasses.asdict(cfg)) is not None:
         return MetricsLog(out / "metrics.jsonl").read()
     require_finished(config, "prm")
-    # each process (or asynchronous searcher) builds its own frozen PRM, on its own device
-    make_scorer = functools.partial(PRMScorer.from_pretrained, prm_path, config)
+    # each process (or asynchronous searcher) builds its own frozen PRM, on its own device: ours or
+    # another format (model.prm_format)
+    make_scorer = functools.partial(load_scorer, prm_path, config)
     with timed(stage):
         return finetune_policy(config, stage, training_problems(config), make_scorer, out)
 

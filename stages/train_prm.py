@@ -1,6 +1,7 @@
 """make prm: train the process reward model on the augmented step labels, then validate it.
 
-Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl; the backbone (config.model.prm_backbone);
+Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (prm.train_path / prm.val_path: our records, or PRM800K-format
+        human labels, prm/prm800k.py); the backbone (config.model.prm_backbone);
         for the natural-slip check, the policy (config.model.policy) and held-out problems (data.validation*)
 Writes: runs/<run>/prm/model/ (the PRM), metrics.jsonl, validation.json, calibration.png,
         config.yaml; checkpoints/step-<n>/ every prm.save_every steps (a rerun resumes from the newest good one)
@@ -13,12 +14,14 @@ Multi-GPU: ``accelerate launch --config_file configs/accelerate/ddp.yaml -m stag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 
 from pipeline.generation import build_generator
 from pipeline.io import read_json, write_json_atomic
-from pipeline.records import PRMExample
+from prm.formats import load_scorer
+from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import SLIP_CHECKERS, policy_solutions, validate_prm, write_validation
@@ -26,8 +29,8 @@ from stages.common import (
     finished_model,
     log,
     parse_args,
-    require,
     require_finished,
+    require_prm,
     require_records,
     set_threads,
     stage_dir,
@@ -65,14 +68,15 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse_args("train_prm", argv)
     set_threads(config)
     out = stage_dir(config, "prm")
-    augment = config.stage_dir("augment")
     require_finished(config, "augment")
+    cfg = config.prm
+    # our records (make augment) or PRM800K-format human labels, whichever each file holds
+    read = functools.partial(read_training_records, neutral_label=cfg.prm800k_neutral_label)
     with timed("prm"):
-        val_records = require_records(augment / "prm_val.jsonl", PRMExample, "augment")
+        val_records = require_records(config.resolve(cfg.val_path), read, "augment")
         result: dict = {}
-        if config.prm.eval_only:
-            model_dir = config.resolve(config.model.prm)
-            require(model_dir, "prm")
+        if cfg.eval_only:
+            model_dir = require_prm(config.resolve(config.model.prm))
         else:
             model_dir = out / "model"
             settings = dataclasses.asdict(config.prm)
@@ -80,14 +84,15 @@ def main(argv: list[str] | None = None) -> dict:
             if finished is not None and (out / "summary.json").is_file():
                 return read_json(out / "summary.json", "PRM summary")  # trained and validated: nothing left to do
             if finished is None:
-                train_records = require_records(augment / "prm_train.jsonl", PRMExample, "augment")
+                train_records = require_records(config.resolve(cfg.train_path), read, "augment")
                 finished_model(out, "prm", config.prm.retrain, settings)  # retrain: the old model goes once the inputs are known good
                 (out / "summary.json").unlink(missing_ok=True)  # it described an earlier model
                 result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
         if int(os.environ.get("RANK", "0")) != 0:
             return result  # under accelerate launch, validation runs once, on the main process
-        scorer = PRMScorer.from_pretrained(model_dir, config)
-        samples, has_slip = natural_slip_samples(config, scorer.kind)
+        # eval_only: ours or another format (model.prm_format); after training: the PRM just trained
+        scorer = load_scorer(model_dir, config) if cfg.eval_only else PRMScorer.from_pretrained(model_dir, config)
+        samples, has_slip = natural_slip_samples(config, scorer.kind or prm_kind(config))
         report = validate_prm(
             scorer, val_records, bins=config.prm.calibration_bins, corrupt_examples=config.prm.corrupt_examples,
             prm800k_path=config.resolve(config.prm.prm800k_path), seed=config.prm.seed, merge_prefixes=config.prm.merge_prefixes,

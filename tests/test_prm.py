@@ -435,7 +435,8 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
             "generation.max_new_tokens=24"]
     result = stage.main(args)
     out = run_dir / "prm"
-    for name in ("model/prm_config.json", "model/head.safetensors", "metrics.jsonl", "validation.json", "calibration.png", "config.yaml"):
+    for name in ("model/prm_config.json", "model/config.json", "model/model.safetensors", "model/README.md", "metrics.jsonl",
+                 "validation.json", "calibration.png", "config.yaml"):
         assert (out / name).exists(), name
     assert result["train"]["steps"] == 5
     report = json.loads((out / "validation.json").read_text())

@@ -157,7 +157,7 @@ SUMMARY_JSON = RECORDS[5].to_json()
         (PRMExample, _set(PRM_JSON, ("label",), 1.5), "field 'label': expected a number in [0, 1], got float 1.5"),
         (MCTSRecord, _set(MCTS_JSON, ("mc",), -0.5), "field 'mc': expected a number in [0, 1], got float -0.5"),
         (MCTSRecord, _set(MCTS_JSON, ("n_correct",), -1), "field 'n_correct': expected an integer >= 0, got int -1"),
-        (PRMExample, _set(PRM_JSON, ("origin",), "human"), "field 'origin': expected one of 'mcts', 'augmented', got str \"human\""),
+        (PRMExample, _set(PRM_JSON, ("origin",), "judge"), "field 'origin': expected one of 'mcts', 'augmented', 'human', got str \"judge\""),
         (PRMExample, _set(PRM_JSON, ("step",), "  "), "field 'step': expected a non-empty string, got str \"  \""),
         (Problem, {**RECORDS[0].to_json(), "source": "aime"}, "field 'source': expected one of 'agieval_sat_math', 'gsm8k'"),
         (Sample, _set(SAMPLE_JSON, ("step_scores", 1), 2), "field 'step_scores[1]': expected a number in [0, 1], got int 2"),

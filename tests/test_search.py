@@ -303,7 +303,7 @@ def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch):
     write_problems_jsonl([Problem("p1", "Q1", "6", "tiny"), Problem("p2", "Q2", "4", "tiny")], path)
     (tmp_path / "prm").mkdir()
     monkeypatch.setattr(stage, "build_generator", lambda config: FakePolicy())
-    monkeypatch.setattr(stage.PRMScorer, "from_pretrained", classmethod(lambda cls, p, c: FakePRM()))
+    monkeypatch.setattr(stage, "load_scorer", lambda path, config: FakePRM())
     summary = stage.main([
         "--config", "configs/tiny.yaml", f"runs_root={tmp_path}", "run=t", f"model.prm={tmp_path}/prm",
         "search.benchmark=problems", f"search.benchmark_path={path}", "search.ks=[1,4]",

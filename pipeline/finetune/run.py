@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
-from pipeline.config import Config, GFNConfig, PPOConfig
+from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
@@ -35,11 +35,11 @@ from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
-from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator, process_count
+from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
 from pipeline.training.distributed import Collective
+from pipeline.training.tracking import tracker_names
 
 STAGES = ("gfn", "ppo")
-MODES = ("sync", "async")
 
 
 def add_lora(model, cfg):
@@ -106,14 +106,15 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
 def preflight(config: Config, stage: str) -> int:
     """What can be checked before any model is loaded (clear errors, not a crash halfway):
     the stage, questions_per_step against the number of processes (under ``accelerate launch``
-    each process samples a whole share of the questions), and the sampling backend's package.
+    each process samples a whole share of the questions), the sampling backend's package and the
+    trackers' (report_to).
     Returns the number of processes."""
     if stage not in STAGES:
         raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
     processes = process_count(config.model)  # also gives each process its GPU before anything is loaded on it
     cfg = getattr(config, stage)
-    if cfg.mode not in MODES:
-        raise ValueError(f"{stage}.mode must be one of {' | '.join(MODES)}, got {cfg.mode!r}")
+    if cfg.mode not in TRAINING_MODES:
+        raise ValueError(f"{stage}.mode must be one of {' | '.join(TRAINING_MODES)}, got {cfg.mode!r}")
     if cfg.mode == "async":
         if stage == "ppo":
             raise ValueError("ppo.mode=async: PPO is on-policy (its ratio and advantages assume the trajectories come from the "
@@ -128,6 +129,7 @@ def preflight(config: Config, stage: str) -> int:
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError("generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
                          "or use generation.backend=hf")
+    tracker_names(config.report_to)
     return processes
 
 
@@ -177,7 +179,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
     policy_path = config.resolve(config.model.policy)
-    accelerator = make_accelerator(config.model)
+    tracking = Tracking.from_config(config, stage, out_dir)  # the trackers of report_to
+    accelerator = make_accelerator(config.model, tracking=tracking)
     collective = Collective(accelerator)
     if collective.sharded_parameters and config.generation.backend != "vllm" and not asynchronous:
         raise ValueError("under FSDP or DeepSpeed ZeRO-3 no process holds the whole policy between forwards: sample with "
@@ -199,7 +202,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective)
     updates = objective.updates_per_rollout
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
-                        save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage)
+                        save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage, tracking=tracking)
     policy.prepared(base.model, base.unwrapped)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:

@@ -19,15 +19,16 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-TRANSPORTS = ("object_store", "collective")  # gfn.weight_transport: Ray's object store, or this module
+from pipeline.config import WEIGHT_TRANSPORTS
+
 Spec = list[tuple[str, list[int], str]]  # (name, shape, dtype name) per tensor, in sending order
 TIMEOUT = datetime.timedelta(minutes=10)  # a peer that is gone fails the send or receive after at most this
 POLL_SECONDS = 0.05
 
 
 def check_transport(name: str) -> str:
-    if name not in TRANSPORTS:
-        raise ValueError(f"gfn.weight_transport must be one of {' | '.join(TRANSPORTS)}, got {name!r}")
+    if name not in WEIGHT_TRANSPORTS:
+        raise ValueError(f"gfn.weight_transport must be one of {' | '.join(WEIGHT_TRANSPORTS)}, got {name!r}")
     return name
 
 

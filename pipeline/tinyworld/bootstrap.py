@@ -18,6 +18,7 @@ from pipeline.problems import write_problems_jsonl
 from pipeline.tinyworld.model import build_model, count_parameters, train_language_model, training_examples
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
+from pipeline.training import Tracking
 
 log = logging.getLogger("stepflow.bootstrap")
 
@@ -38,6 +39,7 @@ def build_base_policy(config, out: Path, progress: bool = True, settings: dict |
     """Problems -> tokenizer -> model -> training -> bootstrap/model/. Returns (training metrics,
     the problem splits). ``settings``: recorded in the model's manifest (what the model was made with)."""
     boot = config.bootstrap
+    tracking = Tracking.from_config(config, "bootstrap", out)  # a missing tracker package fails before anything is built
     splits = generate_splits(config.tinyworld)
     for name, problems in splits.items():
         write_problems_jsonl(problems, out / f"problems_{name}.jsonl")
@@ -49,7 +51,8 @@ def build_base_policy(config, out: Path, progress: bool = True, settings: dict |
     log.info("bootstrap: %d parameters, vocabulary %d, %d training examples", count_parameters(model), len(tokenizer), len(examples))
 
     with torch_threads(boot.torch_threads):
-        stats = train_language_model(model, tokenizer, examples, boot, out, config.model, progress=progress, settings=settings)
+        stats = train_language_model(model, tokenizer, examples, boot, out, config.model, progress=progress, settings=settings,
+                                     tracking=tracking)
     log.info("bootstrap: %d steps (%.2f epochs) in %.0f s, final loss %.3f; saved %s", stats.steps, stats.epochs, stats.seconds,
              stats.final_loss, out / "model")
     metrics = {

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from pipeline.io import commit_folder, staging_folder
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory
-from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
+from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 
 IGNORE_INDEX = -100
 
@@ -163,7 +163,7 @@ def optimizer_settings(cfg) -> OptimizerSettings:
 
 
 def train_language_model(model, tokenizer, examples: Sequence[TrainingExample], cfg, out_dir: str | Path, model_config,
-                         progress: bool = True, settings: dict | None = None) -> TrainStats:
+                         progress: bool = True, settings: dict | None = None, tracking: Tracking | None = None) -> TrainStats:
     """Train ``model`` on ``examples`` for cfg.max_train_steps optimizer steps on the training
     base (cfg.train_seconds is only a safety net that stops a far too slow run, loudly), then
     save it with its tokenizer to <out_dir>/model (written aside and committed by one rename, with a
@@ -172,11 +172,12 @@ def train_language_model(model, tokenizer, examples: Sequence[TrainingExample], 
     Batches: one epoch at a time, ``length_grouped_batches`` with Random(cfg.seed); a checkpoint
     every cfg.save_every steps (0: none) holds that generator and the epoch's remaining batches,
     so a resumed run sees the same batches as an uninterrupted one. Metrics go to
-    <out_dir>/metrics.jsonl every LOG_EVERY steps.
+    <out_dir>/metrics.jsonl every LOG_EVERY steps, and to the experiment trackers of ``tracking``.
     """
     pad_id = tokenizer.pad_token_id
-    base = TrainingBase(make_accelerator(model_config), model, optimizer_settings(cfg), out_dir, save_every=cfg.save_every,
-                        max_seconds=cfg.train_seconds, log_every=LOG_EVERY, progress=progress, desc="bootstrap")
+    base = TrainingBase(make_accelerator(model_config, tracking=tracking), model, optimizer_settings(cfg), out_dir,
+                        save_every=cfg.save_every, max_seconds=cfg.train_seconds, log_every=LOG_EVERY, progress=progress,
+                        desc="bootstrap", tracking=tracking)
     rng = random.Random(cfg.seed)
     pending: list[list[int]] = []
     state = base.resume()

@@ -12,7 +12,8 @@ PRM, GFlowNet and PPO fine-tuning) shares, built on accelerate's Accelerator.
 - checkpoints: the trainable parameters, the optimizer, the objective, the RNG states and the
   loop's own JSON state, written crash-safe (``pipeline.training.checkpoint``); ``resume`` loads
   the newest good one and trims metrics.jsonl to it;
-- metrics.jsonl through ``MetricsLog`` (main process only) and a progress bar;
+- metrics.jsonl through ``MetricsLog`` (main process only), the same records to the experiment
+  trackers of ``report_to`` (TensorBoard, W&B: ``pipeline.training.tracking``) and a progress bar;
 - a wall-clock cap that is only a safety net: every run is bounded by its step count, and a run
   the cap stops says so loudly in the log and in its metrics (its result then depends on the
   machine's speed).
@@ -48,6 +49,7 @@ from pipeline.modeling import resolve_device
 from pipeline.training import checkpoint
 from pipeline.training.metrics import MetricsLog
 from pipeline.training.schedule import check_schedule, learning_rate
+from pipeline.training.tracking import Tracking
 
 log = logging.getLogger("stepflow.training")
 
@@ -85,12 +87,14 @@ def process_count(model_config) -> int:
     return PartialState(cpu=resolve_device(model_config.device).type == "cpu").num_processes
 
 
-def make_accelerator(model_config, accumulation: int = 1, compile: bool = False) -> Accelerator:
+def make_accelerator(model_config, accumulation: int = 1, compile: bool = False, tracking: Tracking | None = None) -> Accelerator:
     """The Accelerator of one trainer (device from model.device; every process of an
-    ``accelerate launch`` gets its own GPU)."""
+    ``accelerate launch`` gets its own GPU). ``tracking``: its trackers become ``log_with``
+    (pass the same object to TrainingBase, which starts them)."""
     device = resolve_device(model_config.device)
     return Accelerator(mixed_precision=mixed_precision(model_config), cpu=device.type == "cpu",
-                       dynamo_backend="inductor" if compile else "no", gradient_accumulation_steps=max(1, accumulation))
+                       dynamo_backend="inductor" if compile else "no", gradient_accumulation_steps=max(1, accumulation),
+                       log_with=tracking.trackers if tracking is not None and tracking.trackers else None)
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -120,6 +124,8 @@ class TrainingBase:
                  with rate ``objective_lr`` (default settings.lr), checkpointed with the model
     updates_per_record: optimizer steps per logged "step" (PPO: ppo_epochs per training step),
                  so that resuming trims metrics.jsonl to the right record
+    tracking:    the experiment trackers (``Tracking``; the one given to make_accelerator): every
+                 metrics record goes to them too, started at the first one, closed by finish()
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class TrainingBase:
         updates_per_record: int = 1,
         progress: bool = True,
         desc: str = "train",
+        tracking: Tracking | None = None,
     ):
         check_schedule(settings.schedule)
         self.accelerator = accelerator
@@ -157,6 +164,7 @@ class TrainingBase:
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.is_main)
+        self.tracking = tracking
 
         deepspeed = getattr(accelerator.state, "deepspeed_plugin", None)
         if deepspeed is not None and save_every > 0:
@@ -337,10 +345,13 @@ class TrainingBase:
                 "loss": last_loss, "counts": total_counts, "stopped_by_time": self.stopped_by_time}
 
     def log(self, record: dict) -> None:
-        """One metrics record (main process); adds the safety-net flag once it has fired."""
+        """One metrics record (main process) to metrics.jsonl and the trackers; adds the
+        safety-net flag once it has fired."""
         if self.stopped_by_time:
             record = {**record, "stopped_by_time": True}
         self.metrics.write(record)
+        if self.tracking is not None:
+            self.tracking.log(self.accelerator, record)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -458,7 +469,10 @@ class TrainingBase:
         self.optimizer.load_state_dict(state)
 
     def finish(self) -> None:
-        """Once the final model is written: the resumable state only served an interrupted run."""
+        """Once the final model is written: the resumable state only served an interrupted run;
+        the trackers are closed."""
+        if self.tracking is not None:
+            self.tracking.finish(self.accelerator)
         self.accelerator.wait_for_everyone()
         if self.is_main:
             checkpoint.remove_all(self.checkpoint_root)

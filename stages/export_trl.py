@@ -1,0 +1,37 @@
+"""make export-trl: the PRM data of `make augment` as TRL's stepwise-supervision dataset.
+
+Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (or the files at prm.train_path /
+        prm.val_path: our PRM records or PRM800K-format human labels)
+Writes: runs/<run>/export/trl/prm_train.jsonl, prm_val.jsonl ({prompt, completions, labels,
+        soft_labels, problem_id} per line), stats.json
+
+    datasets.load_dataset("json", data_files={"train": ".../prm_train.jsonl", "test": ".../prm_val.jsonl"})
+
+gives what trl.PRMTrainer takes (step_separator = format.separator). Library: prm.trl_export.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pipeline.io import write_json_atomic
+from prm.prm800k import read_training_records
+from prm.trl_export import write_stepwise_dataset
+from stages.common import log, parse_args, require, stage_dir, timed
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_args("export_trl", argv)
+    out = stage_dir(config, "export") / "trl"
+    stats = {}
+    with timed("export_trl"):
+        for name, source in (("prm_train", config.prm.train_path), ("prm_val", config.prm.val_path)):
+            records = read_training_records(require(config.resolve(source), "augment"), config.prm.prm800k_neutral_label)
+            stats[name] = write_stepwise_dataset(records, out / f"{name}.jsonl", config.format.separator)
+        write_json_atomic(out / "stats.json", stats)
+        log.info("export_trl: %s -> %s", stats, out)
+    return stats
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
