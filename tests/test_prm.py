@@ -146,9 +146,9 @@ def test_save_and_reload_give_identical_scores(tokenizer, tmp_path):
     with pytest.raises(FolderError, match=r"prm_config\.json:1: not valid JSON"):
         PRMScorer.from_pretrained(tmp_path / "prm", config)
     model.save_pretrained(tmp_path / "prm", tokenizer=tokenizer)
-    weights = tmp_path / "prm" / "backbone" / "model.safetensors"
+    weights = tmp_path / "prm" / "model.safetensors"  # the token-classification layout: one weights file
     weights.write_bytes(weights.read_bytes()[:409])
-    with pytest.raises(FolderError, match=r"backbone/model\.safetensors: .*truncated"):
+    with pytest.raises(FolderError, match=r"prm/model\.safetensors: .*truncated"):
         PRMScorer.from_pretrained(tmp_path / "prm", config)
 
 
