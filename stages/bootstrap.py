@@ -33,7 +33,7 @@ INPUT_SECTIONS = ("tinyworld", "bootstrap", "format")
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("bootstrap", argv)
-    set_threads(config)
+    set_threads(config, "bootstrap")
     out = stage_dir(config, "bootstrap", save=False)  # locked; config.yaml is compared before it is replaced
     if is_done(out, config) and not config.bootstrap.retrain:
         log.info("bootstrap: finished: %s already holds a model trained with this config; bootstrap.retrain=true trains it again", out)

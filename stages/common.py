@@ -105,10 +105,20 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
     return manifest
 
 
-def set_threads(config: Config) -> None:
+def set_threads(config: Config, stage: str) -> int:
+    """Give torch model.torch_threads threads (0: torch's default, one per core) and log the count
+    this stage runs with, beside what governs how idle threads wait (docs/demo.md, "Threads").
+    The count is part of the result: matrix products split their sums by thread, so another count
+    gives other rounding, hence other weights; a config that pins it gives the same weights on any
+    machine."""
     if config.model.torch_threads > 0:
         torch.set_num_threads(config.model.torch_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    threads = torch.get_num_threads()
+    log.info("%s: %d torch threads (model.torch_threads=%d, %d CPUs; OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s)", stage, threads,
+             config.model.torch_threads, os.cpu_count() or 0, os.environ.get("OMP_WAIT_POLICY", "unset"),
+             os.environ.get("GOMP_SPINCOUNT", "unset"))
+    return threads
 
 
 def require(path: Path, produced_by: str) -> Path:

@@ -42,7 +42,7 @@ def load_prm_scores(config):
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("evaluate", argv)
-    set_threads(config)
+    set_threads(config, "eval")
     out = reports_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     acquire_stage_lock(out / ".lock", f"make eval for run {config.run}")  # one writer per reports folder

@@ -36,7 +36,7 @@ from stages.common import log, parse_args, set_threads, stage_dir, timed, traini
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("mcts", argv)
-    set_threads(config)
+    set_threads(config, "mcts")
     shard_index, shard_count = parse_shard(config.mcts.shard)
     # One process per shard: `mcts.shard=i/n` runs n processes on this folder by design.
     out = stage_dir(config, "mcts", lock=f".lock-shard-{shard_index}of{shard_count}")

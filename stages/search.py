@@ -58,7 +58,7 @@ def search_settings(config, kind: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("search", argv)
-    set_threads(config)
+    set_threads(config, "search")
     out = stage_dir(config, "search")
     unknown = [s for s in config.search.strategies if s not in STRATEGIES]
     if unknown:

@@ -25,7 +25,7 @@ from stages.common import finished_model, parse_args, require_finished, require_
 
 def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     config = parse_args(f"train_{stage}", argv)
-    set_threads(config)
+    set_threads(config, stage)
     prm_path = require_prm(config.resolve(config.model.prm))
     preflight(config, stage)  # before any model is loaded
     out = stage_dir(config, stage)

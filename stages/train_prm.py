@@ -66,7 +66,7 @@ def natural_slip_samples(config, kind: str):
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("train_prm", argv)
-    set_threads(config)
+    set_threads(config, "prm")
     out = stage_dir(config, "prm")
     require_finished(config, "augment")
     cfg = config.prm

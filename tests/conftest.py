@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.io import release_stage_locks as release_held_locks
 
@@ -52,6 +53,15 @@ def random_tiny_world(tmp_path_factory) -> Path:
     save_policy(model, tokenizer, root / "policy")
     ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
     return root
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """A stage main called in-process sets torch's thread count from model.torch_threads for the
+    whole process (stages.common.set_threads); give the next test the count it had."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

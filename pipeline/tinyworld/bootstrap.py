@@ -51,6 +51,8 @@ def build_base_policy(config, out: Path, progress: bool = True, settings: dict |
     log.info("bootstrap: %d parameters, vocabulary %d, %d training examples", count_parameters(model), len(tokenizer), len(examples))
 
     with torch_threads(boot.torch_threads):
+        if boot.torch_threads > 0:
+            log.info("bootstrap: training with %d torch threads (bootstrap.torch_threads)", torch.get_num_threads())
         stats = train_language_model(model, tokenizer, examples, boot, out, config.model, progress=progress, settings=settings,
                                      tracking=tracking)
     log.info("bootstrap: %d steps (%.2f epochs) in %.0f s, final loss %.3f; saved %s", stats.steps, stats.epochs, stats.seconds,
