@@ -2,8 +2,9 @@
 
 Reads:  the tiny world (config.tinyworld/bootstrap); the policy at config.model.policy when it
         exists (e.g. RUN=demo after `make bootstrap`), else the same architecture at random init
-Writes: runs/<run>/results.json ({name: {ours_s, reference_s, ratio, machine}}) and
-        docs/benchmarks.md (the table, with the machine each figure came from)
+Writes: runs/<run>/results.json ({name: {ours_s, reference_s, ratio, machine}}, and
+        threads_under_contention) and docs/benchmarks.md (the tables, with the machine each
+        figure came from)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from pipeline.bench import machine_description
-from pipeline.config import MCTSConfig
+from pipeline.config import MCTSConfig, save_config
 from pipeline.finetune.bench import bench_gfn_step
 from pipeline.finetune.losses import subtb_loss
 from pipeline.finetune.policy import LMPolicy
@@ -32,6 +33,8 @@ from pipeline.prompts import prompt_from_config
 from pipeline.rollouts.bench import bench_mcts_batched
 from pipeline.rollouts.mcts import make_rollout_fn
 from pipeline.steps import join_steps
+from pipeline.tinyworld.bench import SETTINGS
+from pipeline.tinyworld.bench import contention as thread_contention
 from pipeline.tinyworld.model import build_model, save_policy
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import train_tokenizer
@@ -128,11 +131,13 @@ def _kept_rows(old: str, header: str, machine: str) -> list[str]:
     return [row for row in table[2:] if row.rstrip(" |").rsplit("|", 1)[-1].strip() != machine]
 
 
-def write_markdown(results: dict, path: Path, model_note: str, machine: str, training: list[dict] | None = None) -> None:
+def write_markdown(results: dict, path: Path, model_note: str, machine: str, training: list[dict] | None = None,
+                   contention: dict | None = None) -> None:
     """docs/benchmarks.md: this machine's rows replace its earlier ones; other machines' rows
     (a GPU run's beside a CPU run's) and the hand-written notes after '## Notes' are kept."""
     old = path.read_text() if path.exists() else ""
     ratio_header, training_header = "\n## Batched vs one at a time\n", "\n## PRM training throughput\n"
+    threads_header = "\n## Threads under contention\n"
     lines = [
         "# Benchmarks",
         "",
@@ -166,6 +171,21 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
         mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "peak unknown"
         lines.append(f"| {row['tokens_per_s']:.0f} | {row['achieved_tflops']:.1f} | {mfu} | {row['seq_len']:.0f} | "
                      f"{row['micro_batch_size']} x {row['batch_size'] // row['micro_batch_size']} | {row['compile']} | {machine} |")
+    lines += [
+        "",
+        threads_header.strip("\n"),
+        "",
+        "The tiny world's bootstrap training step (pipeline/tinyworld/bench.py): optimizer steps/s alone, and beside a",
+        "competitor (the same job with torch's defaults: a thread per core, OpenMP's spinning wait) started first;",
+        "slowdown = alone / shared. model.torch_threads in configs/tiny.yaml comes from this table (docs/demo.md, \"Threads\").",
+        "",
+        "| setting | alone (steps/s) | beside a competitor (steps/s) | slowdown | competitor beside it (steps/s) | machine |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += _kept_rows(old, threads_header, machine)
+    for name, row in (contention or {}).items():
+        lines.append(f"| {name} | {row['alone_steps_per_s']:.1f} | {row['shared_steps_per_s']:.1f} | {row['slowdown']:.2f}x | "
+                     f"{row['competitor_steps_per_s']:.1f} | {machine} |")
     marker = "\n## Notes\n"
     notes = old[old.index(marker):] if marker in old else ""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +194,7 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("bench", argv)
-    set_threads(config)
+    set_threads(config, "bench")
     out = stage_dir(config, "bench").parent
     machine = machine_description()
     results = {}
@@ -222,6 +242,10 @@ def main(argv: list[str] | None = None) -> dict:
         results["gfn_step_scaling"] = step_scaling(config, model, tokenizer, splits, out)
         log.info("bench: gfn_async_speedup (synchronous vs asynchronous, 100 updates)")
         results["gfn_async_speedup"] = async_speedup(out / "scaling")
+        log.info("bench: threads under contention (%d settings, alone and beside a competitor)", len(SETTINGS))
+        save_config(config, out / "contention_config.yaml")
+        contention = thread_contention(str(out / "contention_config.yaml"))
+        log.info("bench: threads under contention: %s", json.dumps(contention))
         for r in results.values():
             r["machine"] = machine
         training = None
@@ -234,7 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
             for row in training:
                 results[f"prm_training_{'compiled' if row['compile'] else 'eager'}"] = {**row, "machine": machine}
     write_json_atomic(config.run_dir / "results.json", results)
-    write_markdown({k: v for k, v in results.items() if k in GOALS}, Path("docs") / "benchmarks.md", note, machine, training)
+    results["threads_under_contention"] = {"machine": machine, "settings": contention}
+    write_markdown({k: v for k, v in results.items() if k in GOALS}, Path("docs") / "benchmarks.md", note, machine, training, contention)
     log.info("bench: %s", json.dumps({k: round(v["ratio"], 2) if "ratio" in v else v for k, v in results.items()}))
     return results
 

@@ -1,7 +1,10 @@
 """make bench's bookkeeping: the MFU formula against a real model's parameter count, and
-docs/benchmarks.md keeping other machines' rows (the benchmarks themselves measure, never tested for time)."""
+docs/benchmarks.md keeping other machines' rows, the thread probes' protocol (the benchmarks themselves
+measure, never tested for time)."""
 
 from __future__ import annotations
+
+import pytest
 
 
 def test_training_flops_count_the_decoder_block_matrices():
@@ -25,12 +28,32 @@ def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_
     result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0}
     training = {"tokens_per_s": 1000.0, "achieved_tflops": 1.0, "mfu": 0.5, "seq_len": 10.0, "micro_batch_size": 4, "batch_size": 8,
                 "compile": True}
-    write_markdown({"prm_one_pass": result(1.0)}, path, "random init", "GPU-A", [training])
+    threads = lambda rate: {"1 thread": {"alone_steps_per_s": rate, "shared_steps_per_s": rate / 2, "slowdown": 2.0,
+                                         "competitor_steps_per_s": 7.0}}
+    write_markdown({"prm_one_pass": result(1.0)}, path, "random init", "GPU-A", [training], threads(30.0))
     path.write_text(path.read_text() + "\n## Notes\n\nhand-written note\n")
-    write_markdown({"prm_one_pass": result(3.0)}, path, "random init", "CPU-B")
-    write_markdown({"prm_one_pass": result(5.0)}, path, "random init", "CPU-B")
+    write_markdown({"prm_one_pass": result(3.0)}, path, "random init", "CPU-B", contention=threads(10.0))
+    write_markdown({"prm_one_pass": result(5.0)}, path, "random init", "CPU-B", contention=threads(12.0))
     text = path.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| prm_one_pass")]
     assert len(rows) == 2 and rows[0].endswith("| GPU-A |") and "| 5.000 |" in rows[1] and rows[1].endswith("| CPU-B |")
     assert "| 1000 | 1.0 | 50.0% | 10 | 4 x 2 | True | GPU-A |" in text
     assert text.count("hand-written note") == 1
+    thread_rows = [line for line in text.splitlines() if line.startswith("| 1 thread")]
+    assert thread_rows == ["| 1 thread | 30.0 | 15.0 | 2.00x | 7.0 | GPU-A |", "| 1 thread | 12.0 | 6.0 | 2.00x | 7.0 | CPU-B |"]
+
+
+@pytest.mark.slow
+def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
+    """The contention benchmark's probes run in their own processes, wait for each other after
+    warming up, and each report a rate; a probe that dies before its window is an error, not a hang."""
+    from pipeline.config import load_config, save_config
+    from pipeline.tinyworld.bench import measure_together
+
+    config = load_config("configs/tiny.yaml", ["tinyworld.n_train=200", "tinyworld.n_val=4", "tinyworld.n_test=4",
+                                               "bootstrap.hidden_size=32", "bootstrap.intermediate_size=64", "bootstrap.num_layers=1"])
+    save_config(config, tmp_path / "probe.yaml")
+    rates = measure_together([(1, {}), (1, {"OMP_WAIT_POLICY": "PASSIVE"})], str(tmp_path / "probe.yaml"), seconds=0.5, timeout=240)
+    assert len(rates) == 2 and all(rate > 0 for rate in rates)
+    with pytest.raises(RuntimeError, match="before its timed window"):
+        measure_together([(1, {})], str(tmp_path / "missing.yaml"), seconds=0.5, timeout=240)
