@@ -115,7 +115,7 @@ def set_threads(config: Config, stage: str) -> int:
         torch.set_num_threads(config.model.torch_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threads = torch.get_num_threads()
-    log.info("%s: %d torch threads (model.torch_threads=%d, %d CPUs; OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s)", stage, threads,
+    log.info("%s: torch threads: %d (model.torch_threads=%d, %d CPUs; OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s)", stage, threads,
              config.model.torch_threads, os.cpu_count() or 0, os.environ.get("OMP_WAIT_POLICY", "unset"),
              os.environ.get("GOMP_SPINCOUNT", "unset"))
     return threads

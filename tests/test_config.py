@@ -238,3 +238,18 @@ def test_a_stage_writes_nothing_when_the_run_escapes(tmp_path, monkeypatch):
     with pytest.raises(ConfigError):
         parse_args("augment", ["--config", str(REPO / "configs" / "tiny.yaml"), "run=../../x"])
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["work"]
+
+
+def test_a_stage_runs_with_the_configured_thread_count_and_logs_it(caplog):
+    """The thread count changes the weights, so tiny.yaml pins it (docs/demo.md, "Threads"); every
+    stage applies it and says which count it runs with (the autouse fixture restores torch's)."""
+    import torch
+
+    from stages.common import set_threads
+
+    pinned = load_config(REPO / "configs" / "tiny.yaml").model.torch_threads
+    assert pinned == 1
+    with caplog.at_level("INFO", logger="stepflow"):
+        assert set_threads(load_config(None, ["model.torch_threads=3"]), "mcts") == 3
+    assert torch.get_num_threads() == 3
+    assert "mcts: torch threads: 3 (model.torch_threads=3," in caplog.text
