@@ -176,7 +176,7 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
         threads_header.strip("\n"),
         "",
         "The tiny world's bootstrap training step (pipeline/tinyworld/bench.py): optimizer steps/s alone, and beside a",
-        "competitor (the same job with torch's defaults: a thread per core, OpenMP's spinning wait) started first;",
+        "competitor (the same job with torch's defaults: a thread per core, OpenMP's spinning wait), timed over one window;",
         "slowdown = alone / shared. model.torch_threads in configs/tiny.yaml comes from this table (docs/demo.md, \"Threads\").",
         "",
         "| setting | alone (steps/s) | beside a competitor (steps/s) | slowdown | competitor beside it (steps/s) | machine |",
