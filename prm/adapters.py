@@ -72,12 +72,26 @@ class AdapterScorer(StepScorer):
     """What the adapters share: a frozen transformers model, its tokenizer, batching by length.
     A subclass gives ``encode`` (ids, read positions) and ``step_logits`` (model output -> logits)."""
 
+    auto_class = AutoModel  # the transformers class its checkpoints load with
+
     def __init__(self, model, tokenizer, batch_size: int = 64, device: str | torch.device | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = max(1, int(batch_size))
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.pad_token_id = pad_token_id(tokenizer)
+
+    @classmethod
+    def load(cls, path: str, config) -> tuple:
+        """(model, tokenizer) of a checkpoint: ``cls.auto_class`` with config.model's dtype, device,
+        attention and trust_remote_code."""
+        kwargs, device = model_kwargs(config.model)
+        model = cls.auto_class.from_pretrained(path, **kwargs).to(device)
+        return model, load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
+
+    @classmethod
+    def from_pretrained(cls, path: str, config) -> "AdapterScorer":
+        return cls(*cls.load(path, config), batch_size=config.prm.score_batch_size)
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
         raise NotImplementedError
@@ -106,12 +120,11 @@ class TokenClassificationScorer(AdapterScorer):
         if not self.separator_ids:
             raise ValueError(f"the step separator {separator!r} encodes to no tokens")
 
+    auto_class = AutoModelForTokenClassification
+
     @classmethod
     def from_pretrained(cls, path: str, config) -> "TokenClassificationScorer":
-        kwargs, device = model_kwargs(config.model)
-        model = AutoModelForTokenClassification.from_pretrained(path, **kwargs).to(device)
-        tokenizer = load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
-        return cls(model, tokenizer, separator=config.format.separator, batch_size=config.prm.score_batch_size)
+        return cls(*cls.load(path, config), separator=config.format.separator, batch_size=config.prm.score_batch_size)
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
         ids = list(self.tokenizer(question, add_special_tokens=False)["input_ids"])
@@ -138,12 +151,7 @@ class MathShepherdScorer(AdapterScorer):
         self.tag_id = single_token(tokenizer, tag, "step tag")
         self.good_id, self.bad_id = single_token(tokenizer, good, "good token"), single_token(tokenizer, bad, "bad token")
 
-    @classmethod
-    def from_pretrained(cls, path: str, config) -> "MathShepherdScorer":
-        kwargs, device = model_kwargs(config.model)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
-        tokenizer = load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
-        return cls(model, tokenizer, batch_size=config.prm.score_batch_size)
+    auto_class = AutoModelForCausalLM
 
     def text(self, question: str, steps: Sequence[str]) -> str:
         """The model's input text (a tag already in the text is removed: it would be read as a step)."""
@@ -171,12 +179,7 @@ class QwenPRMScorer(AdapterScorer):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("a qwen_prm PRM's tokenizer needs a chat template (the steps go in the assistant turn)")
 
-    @classmethod
-    def from_pretrained(cls, path: str, config) -> "QwenPRMScorer":
-        kwargs, device = model_kwargs(config.model)
-        model = AutoModel.from_pretrained(path, **kwargs).to(device)
-        tokenizer = load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
-        return cls(model, tokenizer, batch_size=config.prm.score_batch_size)
+    auto_class = AutoModel
 
     def text(self, question: str, steps: Sequence[str]) -> str:
         answer = "".join(step.replace(self.separator, "") + self.separator for step in steps)

@@ -55,6 +55,16 @@ def random_tiny_world(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models on 2 busy cores run many times faster on one thread (DESIGN.md); a module that
+    trains them says `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def restore_torch_threads():
     """A stage main called in-process sets torch's thread count from model.torch_threads for the

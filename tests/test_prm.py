@@ -62,13 +62,7 @@ def make_prm(tokenizer, seed: int = 0, hidden: int = 32) -> ProcessRewardModel:
     return ProcessRewardModel(LlamaModel(config), PRMInfo.from_format(FORMAT, "tiny"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models on 2 busy cores run many times faster on one thread (DESIGN.md)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,11 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 from test_prm import arithmetic_records, make_prm, make_tokenizer, tiny_config
 
-from pipeline.config import BootstrapConfig, ConfigError, FormatConfig, TinyWorldConfig, load_config
+from pipeline.config import ConfigError, load_config
 from pipeline.finetune.run import preflight
-from pipeline.problems import write_problems_jsonl
 from pipeline.tinyworld.bootstrap import build_base_policy
-from pipeline.tinyworld.model import build_model, save_policy
-from pipeline.tinyworld.problems import generate_splits
-from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
 from pipeline.training import tracking as tracking_module
 from pipeline.training.tracking import Tracking, flat_config, tracker_names
 from prm.model import ProcessRewardModel
@@ -33,12 +28,7 @@ event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.ev
                                         reason="tensorboard is in the dev extra: pip install -e '.[dev]'")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def read_metrics(directory) -> list[dict]:
@@ -193,21 +183,9 @@ def test_no_tracker_by_default_writes_nothing_more(tmp_path):
 # ----------------------------------------------------------------------------- every trainer
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A random-init tiny-world policy and PRM with a few training problems (as in test_distributed_finetune)."""
-    root = tmp_path_factory.mktemp("world")
-    splits = generate_splits(TinyWorldConfig(n_train=16, n_val=4, n_test=4))
-    write_problems_jsonl(splits["train"], root / "problems_train.jsonl")
-    tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
-    model = build_model(BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=3), tokenizer)
-    save_policy(model, tokenizer, root / "policy")
-    ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
-    return root
-
-
 @pytest.mark.parametrize("stage", ["gfn", "ppo"])
-def test_fine_tuning_reports_to_tensorboard(world, tmp_path, stage):
+def test_fine_tuning_reports_to_tensorboard(random_tiny_world, tmp_path, stage):
+    world = random_tiny_world
     args = {"runs_root": tmp_path, "run": "tb", "report_to": "tensorboard", "model.policy": world / "policy", "model.prm": world / "prm",
             "data.train_path": world / "problems_train.jsonl", "generation.max_new_tokens": 16, "generation.batch_size": 8,
             f"{stage}.num_train_steps": 2, f"{stage}.questions_per_step": 2, f"{stage}.samples_per_question": 2,

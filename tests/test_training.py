@@ -18,12 +18,7 @@ from pipeline.training import OptimizerSettings, TrainingBase, checkpoint, learn
 CPU = ModelConfig(device="cpu", dtype="float32")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- schedule
