@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.grading import extract_answer
-from pipeline.io import RecordError, write_records_atomic
+from pipeline.io import RecordError, read_json, write_records_atomic
 from pipeline.records import Problem
 
 log = logging.getLogger(__name__)
@@ -150,14 +150,7 @@ def _read_local(path: str | Path) -> Iterator[Row]:
         head = handle.read(4096).lstrip()
         handle.seek(0)
         if head.startswith(b"["):
-            try:
-                records = json.loads(handle.read().decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise RecordError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
-            except RecursionError:
-                raise RecordError(f"{path}: JSON nested too deeply") from None
+            records = read_json(path, "benchmark file")
             if not records:
                 raise RecordError(f"{path}: no records (an empty JSON array)")
             for i, record in enumerate(records):

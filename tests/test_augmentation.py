@@ -3,7 +3,6 @@ the problem-level split and reading MCTS records."""
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from fractions import Fraction
@@ -12,6 +11,7 @@ import Levenshtein
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_records import set_field
 
 import pipeline.rollouts.augmentation as augmentation
 from pipeline.io import RecordError, read_records
@@ -443,18 +443,6 @@ def test_split_by_problem_keeps_problems_whole_and_is_stable():
 # ---------------------------------------------------------------- reading MCTS records
 
 
-def _break(record, path, value):
-    """Set (or with value=KeyError delete) the field at a path like ('rollouts', 1, 'correct')."""
-    target = record
-    for key in path[:-1]:
-        target = target[key]
-    if value is KeyError:
-        del target[path[-1]]
-    else:
-        target[path[-1]] = value
-    return record
-
-
 @pytest.mark.parametrize(
     "path, value, field, expected",
     [
@@ -476,7 +464,7 @@ def _break(record, path, value):
 )
 def test_malformed_mcts_record_names_file_line_and_field(tmp_path, path, value, field, expected):
     good = pens_json()
-    bad = _break(copy.deepcopy(good), path, value)
+    bad = set_field(good, path, value)
     file = tmp_path / "mcts.jsonl"
     file.write_text(json.dumps(good) + "\n\n" + json.dumps(bad) + "\n", encoding="utf-8")
     with pytest.raises(ValueError) as info:

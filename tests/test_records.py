@@ -117,7 +117,7 @@ def _error(record_type, obj) -> str:
     return str(info.value)
 
 
-def _set(obj: dict, path: tuple, value) -> dict:
+def set_field(obj: dict, path: tuple, value) -> dict:
     """A copy of obj with the field at path (keys and list indices) set, or deleted for value=KeyError."""
     obj = json.loads(json.dumps(obj))
     target = obj
@@ -141,50 +141,50 @@ SUMMARY_JSON = RECORDS[5].to_json()
     "record_type, obj, message",
     [
         # wrong type
-        (PRMExample, _set(PRM_JSON, ("label",), "0.5"), "field 'label': expected a number in [0, 1], got str \"0.5\""),
-        (MCTSRecord, _set(MCTS_JSON, ("prefix_steps",), "s1"), "field 'prefix_steps': expected a list of strings, got str \"s1\""),
+        (PRMExample, set_field(PRM_JSON, ("label",), "0.5"), "field 'label': expected a number in [0, 1], got str \"0.5\""),
+        (MCTSRecord, set_field(MCTS_JSON, ("prefix_steps",), "s1"), "field 'prefix_steps': expected a list of strings, got str \"s1\""),
         (Problem, {**RECORDS[0].to_json(), "meta": []}, "field 'meta': expected an object, got list []"),
-        (Sample, _set(SAMPLE_JSON, ("final_answer",), 2), "field 'final_answer': expected a string or null, got int 2"),
-        (Sample, _set(SAMPLE_JSON, ("finished",), "yes"), "field 'finished': expected true, false or null, got str \"yes\""),
-        (PRMExample, _set(PRM_JSON, ("step",), None), "field 'step': expected a non-empty string, got null"),
+        (Sample, set_field(SAMPLE_JSON, ("final_answer",), 2), "field 'final_answer': expected a string or null, got int 2"),
+        (Sample, set_field(SAMPLE_JSON, ("finished",), "yes"), "field 'finished': expected true, false or null, got str \"yes\""),
+        (PRMExample, set_field(PRM_JSON, ("step",), None), "field 'step': expected a non-empty string, got null"),
         # a bool is not an int (nor a number)
-        (MCTSRecord, _set(MCTS_JSON, ("depth",), True), "field 'depth': expected an integer >= 0, got bool true"),
-        (Sample, _set(SAMPLE_JSON, ("sample_idx",), False), "field 'sample_idx': expected an integer >= -1, got bool false"),
-        (PRMExample, _set(PRM_JSON, ("label",), True), "field 'label': expected a number in [0, 1], got bool true"),
+        (MCTSRecord, set_field(MCTS_JSON, ("depth",), True), "field 'depth': expected an integer >= 0, got bool true"),
+        (Sample, set_field(SAMPLE_JSON, ("sample_idx",), False), "field 'sample_idx': expected an integer >= -1, got bool false"),
+        (PRMExample, set_field(PRM_JSON, ("label",), True), "field 'label': expected a number in [0, 1], got bool true"),
         # an int field refuses a float
-        (MCTSRecord, _set(MCTS_JSON, ("n_rollouts",), 2.0), "field 'n_rollouts': expected an integer >= 0, got float 2.0"),
+        (MCTSRecord, set_field(MCTS_JSON, ("n_rollouts",), 2.0), "field 'n_rollouts': expected an integer >= 0, got float 2.0"),
         # out of range / not allowed
-        (PRMExample, _set(PRM_JSON, ("label",), 1.5), "field 'label': expected a number in [0, 1], got float 1.5"),
-        (MCTSRecord, _set(MCTS_JSON, ("mc",), -0.5), "field 'mc': expected a number in [0, 1], got float -0.5"),
-        (MCTSRecord, _set(MCTS_JSON, ("n_correct",), -1), "field 'n_correct': expected an integer >= 0, got int -1"),
-        (PRMExample, _set(PRM_JSON, ("origin",), "judge"), "field 'origin': expected one of 'mcts', 'augmented', 'human', got str \"judge\""),
-        (PRMExample, _set(PRM_JSON, ("step",), "  "), "field 'step': expected a non-empty string, got str \"  \""),
+        (PRMExample, set_field(PRM_JSON, ("label",), 1.5), "field 'label': expected a number in [0, 1], got float 1.5"),
+        (MCTSRecord, set_field(MCTS_JSON, ("mc",), -0.5), "field 'mc': expected a number in [0, 1], got float -0.5"),
+        (MCTSRecord, set_field(MCTS_JSON, ("n_correct",), -1), "field 'n_correct': expected an integer >= 0, got int -1"),
+        (PRMExample, set_field(PRM_JSON, ("origin",), "judge"), "field 'origin': expected one of 'mcts', 'augmented', 'human', got str \"judge\""),
+        (PRMExample, set_field(PRM_JSON, ("step",), "  "), "field 'step': expected a non-empty string, got str \"  \""),
         (Problem, {**RECORDS[0].to_json(), "source": "aime"}, "field 'source': expected one of 'agieval_sat_math', 'gsm8k'"),
-        (Sample, _set(SAMPLE_JSON, ("step_scores", 1), 2), "field 'step_scores[1]': expected a number in [0, 1], got int 2"),
-        (Trajectory, _set(TRAJECTORY_JSON, ("answer_flags", 0), 2), "field 'answer_flags[0]': expected one of -1, 0, 1, got int 2"),
-        (Trajectory, _set(TRAJECTORY_JSON, ("steps",), []), "field 'steps': expected a non-empty list of strings, got list []"),
-        (Trajectory, _set(TRAJECTORY_JSON, ("policy_version",), -1), "field 'policy_version': expected an integer >= 0"),
+        (Sample, set_field(SAMPLE_JSON, ("step_scores", 1), 2), "field 'step_scores[1]': expected a number in [0, 1], got int 2"),
+        (Trajectory, set_field(TRAJECTORY_JSON, ("answer_flags", 0), 2), "field 'answer_flags[0]': expected one of -1, 0, 1, got int 2"),
+        (Trajectory, set_field(TRAJECTORY_JSON, ("steps",), []), "field 'steps': expected a non-empty list of strings, got list []"),
+        (Trajectory, set_field(TRAJECTORY_JSON, ("policy_version",), -1), "field 'policy_version': expected an integer >= 0"),
         # missing
-        (PRMExample, _set(PRM_JSON, ("step",), KeyError), "missing field 'step' (expected a non-empty string)"),
-        (Sample, _set(SAMPLE_JSON, ("correct",), KeyError), "missing field 'correct' (expected true or false)"),
-        (Trajectory, _set(TRAJECTORY_JSON, ("finished",), KeyError), "missing field 'finished' (expected true or false)"),
+        (PRMExample, set_field(PRM_JSON, ("step",), KeyError), "missing field 'step' (expected a non-empty string)"),
+        (Sample, set_field(SAMPLE_JSON, ("correct",), KeyError), "missing field 'correct' (expected true or false)"),
+        (Trajectory, set_field(TRAJECTORY_JSON, ("finished",), KeyError), "missing field 'finished' (expected true or false)"),
         # a bad nested rollout
-        (MCTSRecord, _set(MCTS_JSON, ("rollouts", 1, "correct"), "no"), "field 'rollouts[1].correct': expected true or false, got str \"no\""),
-        (MCTSRecord, _set(MCTS_JSON, ("rollouts", 0, "steps", 1), 5), "field 'rollouts[0].steps[1]': expected a string, got int 5"),
-        (MCTSRecord, _set(MCTS_JSON, ("rollouts", 1, "answer"), ["7"]),
+        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 1, "correct"), "no"), "field 'rollouts[1].correct': expected true or false, got str \"no\""),
+        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 0, "steps", 1), 5), "field 'rollouts[0].steps[1]': expected a string, got int 5"),
+        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 1, "answer"), ["7"]),
          "field 'rollouts[1].answer': expected a string, a number or null, got list [\"7\"]"),
-        (MCTSRecord, _set(MCTS_JSON, ("rollouts", 0, "answer"), KeyError),
+        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 0, "answer"), KeyError),
          "missing field 'rollouts[0].answer' (expected a string, a number or null)"),
-        (MCTSRecord, _set(MCTS_JSON, ("rollouts", 1), "3 + 4 = 7"),
+        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 1), "3 + 4 = 7"),
          "field 'rollouts[1]': expected an object {steps, answer, correct}, got str \"3 + 4 = 7\""),
-        (MCTSSummary, _set(SUMMARY_JSON, ("root_rollouts", 0, "correct"), 1), "field 'root_rollouts[0].correct': expected true or false, got int 1"),
+        (MCTSSummary, set_field(SUMMARY_JSON, ("root_rollouts", 0, "correct"), 1), "field 'root_rollouts[0].correct': expected true or false, got int 1"),
         # rules across fields
-        (MCTSRecord, _set(MCTS_JSON, ("n_correct",), 3), "field 'n_correct': expected at most n_rollouts (2), got int 3"),
-        (MCTSSummary, _set(SUMMARY_JSON, ("root_n_correct",), 5), "field 'root_n_correct': expected at most the number of root_rollouts (2)"),
-        (Sample, _set(SAMPLE_JSON, ("step_scores",), [0.5]), "field 'step_scores': expected one score per step (2), got list [0.5]"),
-        (Trajectory, _set(TRAJECTORY_JSON, ("step_log_scores",), [-1.0, -2.0]), "field 'step_log_scores': expected one value per step (1)"),
-        (Trajectory, _set(TRAJECTORY_JSON, ("answer_flags",), []), "field 'answer_flags': expected one value per step (1), got list []"),
-        (Trajectory, _set(TRAJECTORY_JSON, ("reference_step_logprobs",), [-1.0, -1.0]),
+        (MCTSRecord, set_field(MCTS_JSON, ("n_correct",), 3), "field 'n_correct': expected at most n_rollouts (2), got int 3"),
+        (MCTSSummary, set_field(SUMMARY_JSON, ("root_n_correct",), 5), "field 'root_n_correct': expected at most the number of root_rollouts (2)"),
+        (Sample, set_field(SAMPLE_JSON, ("step_scores",), [0.5]), "field 'step_scores': expected one score per step (2), got list [0.5]"),
+        (Trajectory, set_field(TRAJECTORY_JSON, ("step_log_scores",), [-1.0, -2.0]), "field 'step_log_scores': expected one value per step (1)"),
+        (Trajectory, set_field(TRAJECTORY_JSON, ("answer_flags",), []), "field 'answer_flags': expected one value per step (1), got list []"),
+        (Trajectory, set_field(TRAJECTORY_JSON, ("reference_step_logprobs",), [-1.0, -1.0]),
          "field 'reference_step_logprobs': expected one value per step (1)"),
     ],
 )
