@@ -53,10 +53,12 @@ REFERENCES = {
     "prm_one_pass": "one forward per step prefix of 8-step solutions",
     "gfn_batched_step": "a batch-1 teacher-forced forward per trajectory (forward + backward)",
     "search_batched": "step-level best-of-k one problem at a time",
-    "gfn_step_scaling": "make gfn in 1 process vs 2 (torchrun), the machine's cores split evenly; ours/reference = s per "
+    "gfn_step_scaling": "make gfn in 1 process vs 2 (torchrun), the machine's cores split evenly (model.torch_threads = cores / "
+                        "processes); ours/reference = s per "
                         "trajectory; ratio = trajectories/s of 2 over 1 (goal 0.8 x 2 where each process has its own GPU)",
-    "gfn_async_speedup": "make gfn gfn.mode=sync vs async (2 searchers, local Ray): seconds to the same number of trainer "
-                         "updates (goal where searchers and trainer have their own devices)",
+    "gfn_async_speedup": "make gfn gfn.mode=sync (a torch thread per core) vs async (trainer and 2 searchers on local Ray, one "
+                         "thread each): seconds to the same number of trainer updates (goal where searchers and trainer have "
+                         "their own devices)",
 }
 
 
@@ -73,25 +75,36 @@ def tiny_model(config, out: Path):
     return load_tokenizer(str(out / "model")), load_causal_lm(str(out / "model"), config.model), splits, "random init"
 
 
-def step_scaling(config, model, tokenizer, splits, out: Path, processes: int = 2, steps: int = 6) -> dict:
-    """gfn_step_scaling: `make gfn` (TB-VarGrad, 8 questions x 4 samples a step) in 1 process and in
-    ``processes`` (torchrun, one set of threads each: the cores split evenly), trajectories per
-    second of the main process's steps after the first (median)."""
-    world = out / "scaling"
+def scaling_world(model, tokenizer, splits, world: Path) -> Path:
+    """What `make gfn` reads for the two scaling benchmarks: the policy, a PRM on its backbone and
+    200 training problems, under ``world``."""
     save_policy(model, tokenizer, world / "policy")
     ProcessRewardModel.from_backbone(model).save_pretrained(world / "prm", tokenizer=tokenizer)
     write_problems_jsonl(splits["train"][:200], world / "problems_train.jsonl")
+    return world
+
+
+def _gfn_overrides(world: Path, run: str, steps: int, threads: int) -> list[str]:
+    """`make gfn` on the scaling world: TB-VarGrad, 8 questions x 4 samples a step, ``threads``
+    torch threads per process."""
+    return [f"runs_root={world}", f"run={run}", f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}",
+            f"data.train_path={world / 'problems_train.jsonl'}", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={steps}",
+            "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"model.torch_threads={threads}"]
+
+
+def step_scaling(config, world: Path, processes: int = 2, steps: int = 6) -> dict:
+    """gfn_step_scaling: `make gfn` in 1 process and in ``processes`` (torchrun), the cores split
+    evenly (cores / processes torch threads each), trajectories per second of the main process's
+    steps after the first (median)."""
     cores = os.cpu_count() or 1
     rates = {}
     for count in (1, processes):
         run = f"run{count}"
-        overrides = [f"runs_root={world}", f"run={run}", f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}",
-                     f"data.train_path={world / 'problems_train.jsonl'}", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={steps}",
-                     "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"model.device={config.model.device}"]
+        threads = max(1, cores // count)
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(count), "--master_port",
-                   str(29400 + os.getpid() % 500 + count), "-m", "stages.train_gfn", "--config", "configs/tiny.yaml", *overrides]
-        threads = str(max(1, cores // count))
-        subprocess.run(command, check=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
+                   str(29400 + os.getpid() % 500 + count), "-m", "stages.train_gfn", "--config", "configs/tiny.yaml",
+                   *_gfn_overrides(world, run, steps, threads), f"model.device={config.model.device}"]
+        subprocess.run(command, check=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)},
                        stdout=subprocess.DEVNULL)
         rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()[1:]
         rates[count] = statistics.median(r["sampled"] / r["seconds"] for r in rows)
@@ -100,17 +113,15 @@ def step_scaling(config, model, tokenizer, splits, out: Path, processes: int = 2
 
 
 def async_speedup(world: Path, updates: int = 100) -> dict:
-    """gfn_async_speedup: seconds to ``updates`` trainer updates of `make gfn` (TB-VarGrad, 8
-    questions x 4 samples, the step_scaling world), synchronous vs asynchronous (2 searchers on a
-    local Ray instance started by the stage); the sum of the steps' durations, setup excluded."""
+    """gfn_async_speedup: seconds to ``updates`` trainer updates of `make gfn` on the scaling world,
+    synchronous (one process, a torch thread per core) vs asynchronous (the trainer and 2
+    searchers on a local Ray instance started by the stage, one thread each); the sum of the
+    steps' durations, setup excluded."""
     seconds, rewards = {}, {}
-    for mode in ("sync", "async"):
+    for mode, threads in (("sync", os.cpu_count() or 1), ("async", 1)):
         run = f"speed_{mode}"
-        overrides = [f"runs_root={world}", f"run={run}", f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}",
-                     f"data.train_path={world / 'problems_train.jsonl'}", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={updates}",
-                     "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"gfn.mode={mode}"]
-        subprocess.run([sys.executable, "-m", "stages.train_gfn", "--config", "configs/tiny.yaml", *overrides], check=True, timeout=3600,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "stages.train_gfn", "--config", "configs/tiny.yaml",
+                        *_gfn_overrides(world, run, updates, threads), f"gfn.mode={mode}"], check=True, timeout=3600, stdout=subprocess.DEVNULL)
         rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()
         seconds[mode] = sum(r["seconds"] for r in rows)
         rewards[mode] = statistics.mean(r["avg_reward"] for r in rows[-20:])
@@ -239,9 +250,10 @@ def main(argv: list[str] | None = None) -> dict:
                                                          prompts=prompts[:16], kind="tiny", temperature=0.0, max_depth=6,
                                                          max_step_tokens=config.generation.max_step_tokens, format_config=config.format)
         log.info("bench: gfn_step_scaling (1 vs 2 processes)")
-        results["gfn_step_scaling"] = step_scaling(config, model, tokenizer, splits, out)
+        world = scaling_world(model, tokenizer, splits, out / "scaling")
+        results["gfn_step_scaling"] = step_scaling(config, world)
         log.info("bench: gfn_async_speedup (synchronous vs asynchronous, 100 updates)")
-        results["gfn_async_speedup"] = async_speedup(out / "scaling")
+        results["gfn_async_speedup"] = async_speedup(world)
         log.info("bench: threads under contention (%d settings, alone and beside a competitor)", len(SETTINGS))
         save_config(config, out / "contention_config.yaml")
         contention = thread_contention(str(out / "contention_config.yaml"))
@@ -257,8 +269,8 @@ def main(argv: list[str] | None = None) -> dict:
             training = [bench_prm_training(config, out / f"prm_training_{mode}", compile=mode == "compiled") for mode in ("eager", "compiled")]
             for row in training:
                 results[f"prm_training_{'compiled' if row['compile'] else 'eager'}"] = {**row, "machine": machine}
-    write_json_atomic(config.run_dir / "results.json", results)
     results["threads_under_contention"] = {"machine": machine, "settings": contention}
+    write_json_atomic(config.run_dir / "results.json", results)
     write_markdown({k: v for k, v in results.items() if k in GOALS}, Path("docs") / "benchmarks.md", note, machine, training, contention)
     log.info("bench: %s", json.dumps({k: round(v["ratio"], 2) if "ratio" in v else v for k, v in results.items()}))
     return results
