@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.io import write_text_atomic
+from pipeline.io import parse_shard, write_text_atomic
 
 
 class ConfigError(ValueError):
@@ -432,7 +432,6 @@ _EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 MAX_CONFIG_BYTES = 64 << 10  # a config is a few kilobytes (configs/: 2-3 KB); PyYAML parses ~70 KB/s of nested flow lists
 MAX_OVERRIDE_CHARS = 16 << 10
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_SHARD = re.compile(r"\d+/\d+")
 _SHOW = reprlib.Repr()  # (3.11's Repr takes no keyword arguments)
 _SHOW.maxlevel, _SHOW.maxtuple, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxset = 2, 4, 4, 4, 4
 _SHOW.maxstring, _SHOW.maxlong, _SHOW.maxother = 60, 40, 60
@@ -583,9 +582,10 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
     walk(config, "")
     if config.tinyworld.min_ops > config.tinyworld.max_ops:
         fail("tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}")
-    shard = config.mcts.shard
-    if not _SHARD.fullmatch(shard) or not 0 <= int(shard.split("/")[0]) < int(shard.split("/")[1]):
-        fail("mcts.shard", f"= {_show(shard)}: expected i/n with 0 <= i < n (e.g. 0/4)")
+    try:
+        parse_shard(config.mcts.shard)  # what the MCTS stage reads it with
+    except ValueError:
+        fail("mcts.shard", f"= {_show(config.mcts.shard)}: expected i/n with 0 <= i < n (e.g. 0/4)")
 
 
 def check_run_location(config: Config, sources: dict[str, str] | None = None) -> None:

@@ -26,6 +26,7 @@ restarted stage skips those, so no record is ever written twice. Several process
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -119,6 +120,11 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
         raise RecordError(f"{path}: JSON nested too deeply; the {what} is damaged") from None
 
 
+def read_json_if_exists(path: str | Path, what: str = "JSON file") -> Any:
+    """``read_json`` of a file a stage may not have written (None when it is absent)."""
+    return read_json(path, what) if Path(path).is_file() else None
+
+
 def _tmp_name(path: Path) -> Path:
     """A temporary name beside ``path``, distinct per process (two processes of a sharded stage
     may write the same file; readers skip names starting with TMP_PREFIX). Temporary files of
@@ -140,20 +146,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
-    """Write a whole JSONL file atomically (temporary file, fsync, rename). Returns the count."""
+@contextlib.contextmanager
+def _atomic_file(path: str | Path):
+    """A text handle whose contents replace ``path`` whole when the block ends (temporary file,
+    fsync, rename, fsync of the folder); an error in the block leaves ``path`` as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(path)
-    count = 0
     with tmp.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
+        yield handle
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent)
+
+
+def write_jsonl_atomic(path: str | Path, records: Iterable[dict]) -> int:
+    """Write a whole JSONL file atomically (temporary file, fsync, rename). Returns the count."""
+    count = 0
+    with _atomic_file(path) as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
     return count
 
 
@@ -164,14 +178,8 @@ def write_records_atomic(path: str | Path, records: Iterable[Record]) -> int:
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write a text file atomically (temporary file, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    with tmp.open("w", encoding="utf-8") as handle:
+    with _atomic_file(path) as handle:
         handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from transformers.utils import cached_file
 
+from pipeline.config import PRM_FORMATS
 from prm.adapters import ADAPTERS
 from prm.model import PRM_CONFIG_NAME
 from prm.scorer import PRMScorer, StepScorer
 
-FORMATS = ("stepflow", *ADAPTERS)
+FORMATS = tuple(name for name in PRM_FORMATS if name != "auto")  # the config's choices: ours, then ADAPTERS
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 

@@ -249,3 +249,12 @@ def test_hub_ids_and_missing_folders():
     with pytest.raises(FileNotFoundError, match="make prm"):
         load_scorer("runs/nowhere/prm/model", config_for())
     assert detect_format("anything", "math_shepherd") == "math_shepherd"
+
+
+def test_the_configs_prm_formats_are_ours_and_one_per_adapter():
+    """model.prm_format's choices (pipeline.config) name exactly the formats load_scorer reads."""
+    from pipeline.config import PRM_FORMATS
+    from prm.adapters import ADAPTERS
+    from prm.formats import FORMATS
+
+    assert PRM_FORMATS == ("auto", *FORMATS) and FORMATS == ("stepflow", *ADAPTERS)

@@ -35,7 +35,6 @@ from typing import Any, Callable, Iterable
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType
-from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -104,13 +103,6 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         if param.requires_grad:
             (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(path))
-    except (OSError, ValueError, RuntimeError) as error:  # safetensors' own errors do not name the file
-        raise checkpoint.CheckpointError(f"{path.parent}: cannot read {path.name} ({error})") from error
 
 
 class TrainingBase:
@@ -418,22 +410,19 @@ class TrainingBase:
         if self.is_main:
             checkpoint.remove_staging(self.checkpoint_root)
         accelerator.wait_for_everyone()
-        loaded = None
-        for directory in reversed(checkpoint.committed(self.checkpoint_root)):
-            try:  # read everything before applying anything: a bad file leaves the model untouched
-                checkpoint.verify(directory)
-                loaded = (directory, checkpoint.read_state(directory, "trainer"), _read_tensors(directory / "model.safetensors"),
-                          checkpoint.read_state(directory, "optimizer"),
-                          checkpoint.read_state(directory, "objective") if self.objective is not None else None)
-                break
-            except checkpoint.CheckpointError as error:
-                log.warning("%s: checkpoint skipped: %s", self.desc, error)
+
+        def read(directory: Path) -> tuple:  # everything before anything is applied: a bad file leaves the model untouched
+            return (checkpoint.read_state(directory, "trainer"), checkpoint.read_tensors(directory / "model.safetensors"),
+                    checkpoint.read_state(directory, "optimizer"),
+                    checkpoint.read_state(directory, "objective") if self.objective is not None else None)
+
+        loaded = checkpoint.newest(self.checkpoint_root, read, self.desc)
         if loaded is None:
             if checkpoint.committed(self.checkpoint_root):
                 log.warning("%s: no usable checkpoint in %s: training restarts from step 0", self.desc, self.checkpoint_root)
             self.metrics.trim(0)
             return None
-        directory, trainer, saved, optimizer_state, objective_state = loaded
+        directory, (trainer, saved, optimizer_state, objective_state) = loaded
         self._load_model_tensors(saved, directory)
         self._load_optimizer_state(optimizer_state)
         if self.objective is not None:

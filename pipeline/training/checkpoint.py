@@ -18,18 +18,18 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.io import FolderError, fsync_path, verify_manifest, write_manifest
+from pipeline.io import STAGING_PREFIX, FolderError, fsync_path, staging_folder, verify_manifest, write_manifest
 
 log = logging.getLogger("stepflow.checkpoint")
 
 PREFIX = "step-"
-STAGING = ".staging-"
+STAGING = STAGING_PREFIX
 
 
 class CheckpointError(RuntimeError):
@@ -126,13 +126,20 @@ def write_state(directory: Path, name: str, state: Any) -> None:
     write_json(directory / f"{name}.json", skeleton)
 
 
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file of a checkpoint; a missing, truncated or corrupt one raises CheckpointError naming it."""
+    try:
+        return load_file(str(path))
+    except (OSError, ValueError, RuntimeError) as error:  # safetensors' own errors do not name the file
+        raise CheckpointError(f"{path.parent}: cannot read {path.name} ({error})") from error
+
+
 def read_state(directory: Path, name: str) -> Any:
     try:
         skeleton = json.loads((directory / f"{name}.json").read_text(encoding="utf-8"))
-        tensors = load_file(str(directory / f"{name}.safetensors"))
-    except (OSError, ValueError, RuntimeError) as error:  # missing, truncated or corrupt
+    except (OSError, ValueError) as error:  # missing, truncated or corrupt
         raise CheckpointError(f"{directory}: cannot read {name} ({error})") from error
-    return unflatten_state(skeleton, tensors)
+    return unflatten_state(skeleton, read_tensors(directory / f"{name}.safetensors"))
 
 
 def has_state(directory: Path, name: str) -> bool:
@@ -144,10 +151,7 @@ def has_state(directory: Path, name: str) -> bool:
 
 def staging_dir(root: Path, step: int) -> Path:
     """A fresh, empty staging folder for the checkpoint of ``step`` (every rank writes into it)."""
-    path = Path(root) / f"{STAGING}{PREFIX}{step:08d}"
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
+    return staging_folder(Path(root) / f"{PREFIX}{step:08d}")
 
 
 def commit(staging: Path, step: int, keep: int = 2) -> Path:
@@ -182,15 +186,22 @@ def verify(directory: Path) -> dict:
         raise CheckpointError(str(error)) from None
 
 
-def latest(root: Path) -> Path | None:
-    """The newest committed checkpoint that verifies; damaged ones are reported and skipped."""
+def newest(root: Path, read: Callable[[Path], Any] = lambda directory: None, desc: str = "") -> tuple[Path, Any] | None:
+    """(directory, read(directory)) of the newest committed checkpoint that verifies and reads
+    (``read`` raising CheckpointError counts as damaged); damaged ones are reported and skipped."""
     for directory in reversed(committed(root)):
         try:
             verify(directory)
-            return directory
+            return directory, read(directory)
         except CheckpointError as error:
-            log.warning("checkpoint skipped: %s", error)
+            log.warning("%scheckpoint skipped: %s", f"{desc}: " if desc else "", error)
     return None
+
+
+def latest(root: Path) -> Path | None:
+    """The newest committed checkpoint that verifies; damaged ones are reported and skipped."""
+    found = newest(root)
+    return found[0] if found is not None else None
 
 
 def remove_all(root: Path) -> None:
