@@ -49,6 +49,16 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return DTYPES[name]
 
 
+def model_kwargs(model_config: ModelConfig, device: torch.device | str | None = None) -> tuple[dict, torch.device]:
+    """from_pretrained keyword arguments of a ModelConfig (dtype, trust_remote_code,
+    attn_implementation) and the device to load on (``device``, else model_config.device)."""
+    device = torch.device(device) if device is not None else resolve_device(model_config.device)
+    kwargs = {"dtype": resolve_dtype(model_config.dtype, device), "trust_remote_code": model_config.trust_remote_code}
+    if model_config.attn_implementation:
+        kwargs["attn_implementation"] = model_config.attn_implementation
+    return kwargs, device
+
+
 def _saved_tokenizer_class(path: str) -> str | None:
     config_file = Path(path) / "tokenizer_config.json"
     if not config_file.is_file():
@@ -59,9 +69,11 @@ def _saved_tokenizer_class(path: str) -> str | None:
         return None
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """The tokenizer saved at ``path`` (hub id or folder), with a pad token (eos when it has none)."""
-    check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
+def load_tokenizer(path: str, trust_remote_code: bool = False, check: bool = True):
+    """The tokenizer saved at ``path`` (hub id or folder), with a pad token (eos when it has none).
+    ``check=False`` when the model loaded beside it has checked the folder already."""
+    if check:
+        check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
     if _saved_tokenizer_class(path) in GENERIC_TOKENIZER_CLASSES:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     else:
@@ -80,11 +92,7 @@ def load_causal_lm(path: str, model_config: ModelConfig, adapter: str | None = N
     returned in eval mode; with an adapter it is a peft model (trainable when ``is_trainable``).
     """
     check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
-    device = resolve_device(model_config.device)
-    dtype = resolve_dtype(model_config.dtype, device)
-    kwargs = {"dtype": dtype, "trust_remote_code": model_config.trust_remote_code}
-    if model_config.attn_implementation:
-        kwargs["attn_implementation"] = model_config.attn_implementation
+    kwargs, device = model_kwargs(model_config)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
     if adapter:
         model = PeftModel.from_pretrained(model, adapter, is_trainable=is_trainable).to(device)

@@ -27,22 +27,13 @@ from typing import Sequence
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForTokenClassification
 
-from pipeline.modeling import load_tokenizer, resolve_device, resolve_dtype
+from pipeline.modeling import load_tokenizer, model_kwargs
 from prm.data import pad_token_id
 from prm.scorer import Solution, StepScorer, batched_step_logits
 
 MATH_SHEPHERD_TAG, MATH_SHEPHERD_GOOD, MATH_SHEPHERD_BAD = "ки", "+", "-"
 QWEN_PRM_SEPARATOR = "<extra_0>"
 QWEN_PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-def model_kwargs(model_config) -> tuple[dict, torch.device]:
-    """from_pretrained keyword arguments and the device of a ModelConfig."""
-    device = resolve_device(model_config.device)
-    kwargs = {"dtype": resolve_dtype(model_config.dtype, device), "trust_remote_code": model_config.trust_remote_code}
-    if model_config.attn_implementation:
-        kwargs["attn_implementation"] = model_config.attn_implementation
-    return kwargs, device
 
 
 def single_token(tokenizer, text: str, what: str) -> int:

@@ -50,7 +50,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATIO
 
 from pipeline.config import FormatConfig
 from pipeline.io import check_model_folder
-from pipeline.modeling import merge_lora_state_dict, resolve_device, resolve_dtype
+from pipeline.modeling import merge_lora_state_dict, model_kwargs, resolve_device, resolve_dtype
 from prm.model_card import write_model_card
 
 log = logging.getLogger("stepflow.prm")
@@ -351,10 +351,7 @@ def load_backbone(path: str, model_config, device: torch.device | str | None = N
     7B model with a 152k vocabulary is half a gigabyte the PRM never uses.
     """
     check_model_folder(path)
-    device = torch.device(device) if device is not None else resolve_device(model_config.device)
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(model_config.dtype, device), "trust_remote_code": model_config.trust_remote_code}
-    if model_config.attn_implementation:
-        kwargs["attn_implementation"] = model_config.attn_implementation
+    kwargs, device = model_kwargs(model_config, device)
     return AutoModel.from_pretrained(path, **kwargs).to(device)
 
 

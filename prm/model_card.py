@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.prompts import build_prompt
+from pipeline.prompts import prompt_from_config
 
 # Stands for the question in the rendered prompt (a text the prompt template itself cannot hold).
 QUESTION_SLOT = "<<QUESTION>>"
@@ -15,8 +15,7 @@ QUESTION_SLOT = "<<QUESTION>>"
 def rendered_prompt(info, tokenizer) -> str:
     """The prompt this PRM was trained on, with QUESTION_SLOT where the question goes (chat
     template, instruction and few-shot exemplars included): what pipeline.prompts builds."""
-    return build_prompt(QUESTION_SLOT, kind=info.kind, tokenizer=tokenizer, template=info.prompt_template,
-                        use_chat_template=info.use_chat_template, num_few_shot=info.num_few_shot, separator=info.separator)
+    return prompt_from_config(QUESTION_SLOT, info.kind, tokenizer, info.format_config())
 
 
 def model_card(info, transformers_class: str | None, tokenizer=None) -> str:

@@ -80,7 +80,8 @@ class PRMScorer(StepScorer):
         """A scorer for the PRM saved at ``path`` (config: the pipeline Config; its model section
         gives device, dtype and trust_remote_code, prm.score_batch_size the batch size)."""
         model = ProcessRewardModel.from_pretrained(path, config.model)
-        tokenizer = load_tokenizer(str(path), trust_remote_code=config.model.trust_remote_code)
+        # the PRM's loader checked the folder
+        tokenizer = load_tokenizer(str(path), trust_remote_code=config.model.trust_remote_code, check=False)
         return cls(model, tokenizer, batch_size=config.prm.score_batch_size)
 
     def logits_many(self, solutions: Sequence[Solution]) -> list[torch.Tensor]:

@@ -96,7 +96,8 @@ def train_prm(
 
     if model is None:
         backbone = config.resolve(config.model.prm_backbone)
-        tokenizer = tokenizer or load_tokenizer(backbone, trust_remote_code=config.model.trust_remote_code)
+        # new_prm's backbone loader checks the folder
+        tokenizer = tokenizer or load_tokenizer(backbone, trust_remote_code=config.model.trust_remote_code, check=False)
         model = new_prm(backbone, config.model, config.format, kind, device=accelerator.device)
     if tokenizer is None:
         raise ValueError("train_prm: pass the tokenizer together with the model")

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from pipeline.io import RecordError, read_jsonl, write_json_atomic
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import PRMExample, Problem
-from pipeline.stats import grouped_bootstrap_auc, mann_whitney_auc
+from pipeline.stats import grouped_bootstrap_auc
 from pipeline.steps import split_steps
 from pipeline.tinyworld.problems import arithmetic_errors
 from prm.data import group_records
@@ -169,7 +169,7 @@ def natural_slips(solutions: Sequence[tuple[str, Sequence[str]]], has_slip: Call
         path = list(steps) if first is None else list(steps[: first + 1])
         if path:
             paths.append((question, path))
-            labels.extend([True] * (len(path) if first is None else first) + ([False] if first is not None else []))
+            labels.extend(k != first for k in range(len(path)))  # only a first slip (the path's last step) is False
             questions.extend([question] * len(path))
     return paths, labels, questions
 
@@ -340,10 +340,11 @@ def validate_prm(
         bce = F.binary_cross_entropy_with_logits(torch.from_numpy(logits), torch.from_numpy(labels)).item()
         positive = labels > 0.5
         table = reliability_table(scores, labels, bins)
+        auc, auc_lo, auc_hi = grouped_bootstrap_auc(scores, positive, [r.problem_id for r in records])
         report.update({
             "bce": bce,
-            "auc": mann_whitney_auc(scores, positive),
-            "auc_interval": list(grouped_bootstrap_auc(scores, positive, [r.problem_id for r in records])[1:]),
+            "auc": auc,
+            "auc_interval": [auc_lo, auc_hi],
             "n_positive": int(positive.sum()),
             "n_negative": int((~positive).sum()),
             "brier": brier_score(scores, labels),
