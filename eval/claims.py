@@ -22,12 +22,12 @@ thresholds are the issue's, and a claim whose inputs are missing fails and says 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.io import read_json_if_exists
 from pipeline.stats import bootstrap_ci
 
 AUC_THRESHOLD = 0.8
@@ -55,10 +55,6 @@ class Claim:
 
     def to_json(self) -> dict:
         return {"holds": self.holds, "value": self.value, "interval": list(self.interval), "comparison": self.comparison}
-
-
-def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def _threshold_claim(claim_id: str, value, interval, what: str) -> Claim:
@@ -138,6 +134,6 @@ def finetuning_claims(results: dict | None, benchmark: str) -> list[Claim]:
 def evaluate_claims(run_dir: Path, reports_dir: Path, benchmark: str = "tiny_test", seed: int = 0) -> list[Claim]:
     """Every claim of CLAIM_IDS, in that order, from a finished run's files."""
     run_dir, reports_dir = Path(run_dir), Path(reports_dir)
-    return [*prm_claims(_read(run_dir / "prm" / "validation.json")),
-            search_claim(_read(run_dir / "search" / "results.json"), seed=seed),
-            *finetuning_claims(_read(reports_dir / "results.json"), benchmark)]
+    return [*prm_claims(read_json_if_exists(run_dir / "prm" / "validation.json", "PRM validation")),
+            search_claim(read_json_if_exists(run_dir / "search" / "results.json", "search results"), seed=seed),
+            *finetuning_claims(read_json_if_exists(reports_dir / "results.json", "evaluation results"), benchmark)]

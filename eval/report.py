@@ -152,7 +152,7 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         lines += [f"Accuracy of each model minus `{reference}`'s on the same problems, in points, with a paired "
                   "95% bootstrap interval (problems resampled once for both models). *higher* / *lower*: the "
                   "interval excludes 0; *no clear change* otherwise.", ""]
-        lines += _differences_table({model: per_bench for model, per_bench in comparisons["models"].items()}, shown)
+        lines += _differences_table(comparisons["models"], shown)
     if comparisons.get("pairs"):
         lines += ["", "## Model against model (paired)", ""]
         lines += ["The first model minus the second (eval.pairs), as above; similarity: mean pairwise cosine of "

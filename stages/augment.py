@@ -29,21 +29,13 @@ def main(argv: list[str] | None = None) -> dict:
         start = time.monotonic()
         # every shard is checked against its manifest first (pipeline.io.verified_shards); errors
         # name the shard, or the shard file and line
-        n_mcts, problem_ids = 0, set()
-
-        def counted(records):
-            nonlocal n_mcts
-            for record in records:
-                n_mcts += 1
-                problem_ids.add(record.problem_id)
-                yield record
-
         # in problem order (stable: a problem's records keep their order), so the output depends on
         # the records alone, not on the order problems finished in or how a kill split the run
         records = sorted(read_stream(shards, "records", MCTSRecord), key=lambda record: record.problem_id)
-        examples = list(augment_records(counted(records), threshold=cfg.similarity_threshold, include_mcts=cfg.include_mcts))
-        if n_mcts == 0:
+        if not records:
             raise SystemExit(f"{shards}: the MCTS shards hold no records; nothing to augment (the outputs in {out} are left as they are)")
+        n_mcts, problem_ids = len(records), {record.problem_id for record in records}
+        examples = list(augment_records(records, threshold=cfg.similarity_threshold, include_mcts=cfg.include_mcts))
         train = [e for e in examples if not is_validation_problem(e.problem_id, cfg.val_fraction, cfg.seed)]
         val = [e for e in examples if is_validation_problem(e.problem_id, cfg.val_fraction, cfg.seed)]
         problems = len(problem_ids)

@@ -15,9 +15,8 @@ from typing import Callable
 import torch
 
 from pipeline.config import Config, load_config, save_config
-from pipeline.io import FolderError, acquire_stage_lock, held_locks, launch_id, read_records, verify_manifest
+from pipeline.io import FolderError, acquire_stage_lock, held_locks, launch_id, verify_manifest
 from pipeline.problems import load_benchmark
-from pipeline.records import Record
 from pipeline.training.base import CHECKPOINTS
 from prm.formats import is_hub_id
 
@@ -56,12 +55,12 @@ def require_finished(config: Config, stage: str) -> None:
                          f"{holder.get('host', '?')}): wait for it to finish before reading its outputs")
 
 
-def require_records(path: Path, read: type[Record] | Callable[[Path], list], produced_by: str) -> list:
-    """A stage's input JSONL of records (``read``: a record type, or a function reading the file):
-    it must exist and hold at least one record (an empty file is a damaged or failed earlier
-    stage, never something to train or validate on)."""
+def require_records(path: Path, read: Callable[[Path], list], produced_by: str) -> list:
+    """A stage's input file of records, read by ``read``: it must exist and hold at least one
+    record (an empty file is a damaged or failed earlier stage, never something to train or
+    validate on)."""
     path = require(path, produced_by)
-    records = list(read_records(path, read)) if isinstance(read, type) else read(path)
+    records = read(path)
     if not records:
         raise SystemExit(f"{path}: no records (an empty file). Run `make {produced_by}` again (same CONFIG and RUN); "
                          "if it writes an empty file again, its own log says why")

@@ -18,7 +18,8 @@ from eval.claims import evaluate_claims
 from eval.evaluate import reports_dir
 from pipeline.config import Config
 from pipeline.contracts import check_run
-from pipeline.io import write_json_atomic
+from pipeline.io import read_json_if_exists, write_json_atomic
+from pipeline.training.metrics import MetricsLog
 from stages import augment, bootstrap, evaluate, mcts, search, train_gfn, train_ppo, train_prm
 from stages.common import log, parse_args
 
@@ -50,15 +51,10 @@ def run_stages(argv: list[str], only: list[str] | None = None) -> dict[str, floa
 
 def _stopped_by_time(stage_dir: Path) -> bool:
     """Whether a training stage's wall-clock safety net fired (it says so in its metrics)."""
-    metrics = stage_dir / "metrics.jsonl"
-    if metrics.is_file() and '"stopped_by_time": true' in metrics.read_text(encoding="utf-8"):
+    if any(record.get("stopped_by_time") for record in MetricsLog(stage_dir / "metrics.jsonl").read()):
         return True
-    summary = _read_json(stage_dir / "metrics.json") or {}
+    summary = read_json_if_exists(stage_dir / "metrics.json") or {}
     return bool(summary.get("stopped_by_time"))
-
-
-def _read_json(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _fmt(value, digits=3):
@@ -82,8 +78,8 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
               "each is read):", ""]
     lines += [claim.markdown() for claim in claims] + [""]
     results_path = reports / "results.json"
-    if results_path.is_file():
-        results = json.loads(results_path.read_text(encoding="utf-8"))
+    results = read_json_if_exists(results_path)
+    if results is not None:
         results["claims"] = {claim.id: claim.to_json() for claim in claims}
         write_json_atomic(results_path, results)
     stopped = [stage for stage in ("bootstrap", "prm", "gfn", "ppo") if _stopped_by_time(run_dir / stage)]
@@ -93,15 +89,15 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     lines += ["## Stage timings", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {name} | {secs} |" for name, secs in seconds.items()]
     lines += [f"| total | {round(sum(seconds.values()), 1)} |", ""]
-    boot = _read_json(run_dir / "bootstrap" / "metrics.json") or {}
+    boot = read_json_if_exists(run_dir / "bootstrap" / "metrics.json") or {}
     lines += ["## Base policy (bootstrap)", ""]
     lines += [f"- {k}: {_fmt(v)}" for k, v in boot.items() if not isinstance(v, (dict, list))]
-    mcts = _read_json(run_dir / "mcts" / "stats.json") or {}
-    aug = _read_json(run_dir / "augment" / "stats.json") or {}
+    mcts = read_json_if_exists(run_dir / "mcts" / "stats.json") or {}
+    aug = read_json_if_exists(run_dir / "augment" / "stats.json") or {}
     lines += ["", "## MCTS and augmentation", ""]
     lines += [f"- mcts {k}: {_fmt(v)}" for k, v in mcts.items() if not isinstance(v, (dict, list))]
     lines += [f"- augment {k}: {_fmt(v)}" for k, v in aug.items() if not isinstance(v, (dict, list))]
-    val = _read_json(run_dir / "prm" / "validation.json") or {}
+    val = read_json_if_exists(run_dir / "prm" / "validation.json") or {}
     lines += ["", "## PRM validation", ""]
     lines += [f"- {k}: {_fmt(v)}" for k, v in val.items() if not isinstance(v, (dict, list))]
     for key, what in (("corruption", "+1..9"), ("corruption_pm1", "+-1")):

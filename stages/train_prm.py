@@ -79,13 +79,14 @@ def main(argv: list[str] | None = None) -> dict:
             model_dir = require_prm(config.resolve(config.model.prm))
         else:
             model_dir = out / "model"
-            settings = dataclasses.asdict(config.prm)
-            finished = None if config.prm.retrain else finished_model(out, "prm", False, settings)
+            settings = dataclasses.asdict(cfg)
+            finished = None if cfg.retrain else finished_model(out, "prm", False, settings)
             if finished is not None and (out / "summary.json").is_file():
                 return read_json(out / "summary.json", "PRM summary")  # trained and validated: nothing left to do
             if finished is None:
                 train_records = require_records(config.resolve(cfg.train_path), read, "augment")
-                finished_model(out, "prm", config.prm.retrain, settings)  # retrain: the old model goes once the inputs are known good
+                if cfg.retrain:
+                    finished_model(out, "prm", True, settings)  # the old model goes once the inputs are known good
                 (out / "summary.json").unlink(missing_ok=True)  # it described an earlier model
                 result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
         if int(os.environ.get("RANK", "0")) != 0:

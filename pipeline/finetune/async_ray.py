@@ -361,7 +361,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             if len(batch) < share:
                 batch = []
                 time.sleep(POLL_SECONDS)
-        totals, grad_norm = self.update(self.objective.plan(batch, collective.world / (share * collective.world)))
+        totals, grad_norm = self.update(self.objective.plan(batch, 1 / share))
         staleness = torch.tensor([step - t.policy_version for t in batch], dtype=torch.float64)
         record = self.record(step + 1, lr, batch, totals, grad_norm, start)
         stats = ray.get(self.store.stats.remote())

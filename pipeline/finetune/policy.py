@@ -56,7 +56,6 @@ class LMPolicy:
         self.generation_batch_size = generation_batch_size
         self.sampler = sampler
         self.lora_scaling = lora_scaling
-        self.version = 0  # the training step whose weights the sampler holds
         self._prompt_ids: dict[str, list[int]] = {}
 
     def prepared(self, wrapped, module) -> None:
@@ -83,13 +82,11 @@ class LMPolicy:
             for outs in outputs
         ]
 
-    def after_update(self, version: int, weights: Callable[[], dict[str, torch.Tensor]] | None = None) -> None:
+    def after_update(self, version: int, weights: Callable[[], dict[str, torch.Tensor]]) -> None:
         """The weights changed (training step ``version`` is done): a sampler holding a copy
         reloads them (``weights()``: the trained model's full state dict)."""
-        self.version = version
         if self.sampler is not None:
-            state = weights() if weights is not None else {k: v.detach() for k, v in self.module.state_dict().items()}
-            self.sampler.load_weights(self.plain_weights(state))
+            self.sampler.load_weights(self.plain_weights(weights()))
 
     def plain_weights(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The trained model's state dict as a plain transformers model's: LoRA adapters merged
@@ -103,7 +100,6 @@ class LMPolicy:
             self.sampler.load_weights(state)
         else:
             self.module.load_state_dict(state)
-        self.version = version
 
     def _encode(self, prompt: str, steps: Sequence[str]):
         if prompt not in self._prompt_ids:

@@ -40,12 +40,12 @@ def _identity(trajectory: Trajectory) -> tuple[str, tuple[str, ...]]:
     return (trajectory.problem_id, tuple(trajectory.steps))
 
 
-def _validate(trajectory: Trajectory) -> None:
-    """Every rule of the Trajectory record (types, one score and flag per step, finite
-    log_reward), with the field named."""
+def _checked_copy(trajectory: Trajectory) -> Trajectory:
+    """A copy of the trajectory, built through every rule of the Trajectory record (types, one
+    score and flag per step, finite log_reward), with the field named."""
     if not isinstance(trajectory, Trajectory):
         raise TypeError(f"replay buffer: expected Trajectory records, got {type(trajectory).__name__}")
-    Trajectory.from_json(trajectory.to_json(), f"trajectory of problem {trajectory.problem_id!r}")
+    return Trajectory.from_json(trajectory.to_json(), f"trajectory of problem {trajectory.problem_id!r}")
 
 
 class ReplayBuffer:
@@ -96,10 +96,10 @@ class ReplayBuffer:
     def add(self, trajectories: Iterable[Trajectory]) -> None:
         """Insert trajectories (duplicates refresh recency), then evict down to capacity."""
         for trajectory in trajectories:
-            _validate(trajectory)
-            key = _identity(trajectory)
+            checked = _checked_copy(trajectory)
+            key = _identity(checked)
             stored = self._items.pop(key, None)
-            kept = stored[1] if stored is not None else copy.deepcopy(trajectory)
+            kept = stored[1] if stored is not None else checked
             self._items[key] = (self._counter, kept)
             self._counter += 1
         self._evict()

@@ -66,6 +66,12 @@ def check_sampling_args(n: int, temperature: float, top_p: float, max_new_tokens
     return stops
 
 
+def check_seeds(seed, prompts: Sequence[str]) -> None:
+    """Per-prompt seeds (a sequence) must come one per prompt."""
+    if isinstance(seed, Sequence) and len(seed) != len(prompts):
+        raise ValueError(f"generate: {len(seed)} seeds for {len(prompts)} prompts; expected one per prompt")
+
+
 def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """Cut ``text`` right after the stop string that is completed first (earliest end).
 

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from pipeline.generation.base import Completion, check_sampling_args, truncate_at_stop
+from pipeline.generation.base import Completion, check_sampling_args, check_seeds, truncate_at_stop
 from pipeline.modeling import load_causal_lm, load_tokenizer
 from pipeline.steps import end_token_id
 
@@ -265,8 +265,7 @@ class HFGenerator:
             return []
         if isinstance(prompts, str):
             raise ValueError("generate: prompts must be a sequence of strings, got a single string")
-        if isinstance(seed, Sequence) and len(seed) != len(prompts):
-            raise ValueError(f"generate: {len(seed)} seeds for {len(prompts)} prompts; expected one per prompt")
+        check_seeds(seed, prompts)
         prompt_ids = [list(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
         for i, ids in enumerate(prompt_ids):
             if not ids:

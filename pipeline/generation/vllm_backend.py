@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.generation.base import Completion, check_sampling_args
+from pipeline.generation.base import Completion, check_sampling_args, check_seeds
 
 
 def finish_reason_from_vllm(finish_reason: str | None, stop_reason: int | str | None) -> str:
@@ -149,9 +149,8 @@ class VLLMGenerator:
             return [[Completion("", [], "length") for _ in range(n)] for _ in prompts]
         # One SamplingParams per prompt so that, with a seed, prompt i's children get their own
         # seeds (seed + i*n + j, or seed[i] + j) instead of every prompt replaying the same stream.
+        check_seeds(seed, prompts)
         if isinstance(seed, Sequence):
-            if len(seed) != len(prompts):
-                raise ValueError(f"generate: {len(seed)} seeds for {len(prompts)} prompts; expected one per prompt")
             seeds = [int(s) for s in seed]
         else:
             seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
