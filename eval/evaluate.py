@@ -31,7 +31,7 @@ from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per
 from pipeline.config import Config
 from pipeline.grading import extract_answer, grade_many, normalize_answer
 from pipeline.io import path_fingerprint, read_records, write_json_atomic, write_records_atomic
-from pipeline.problems import load_benchmark
+from pipeline.problems import HUB, load_benchmark
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
 from pipeline.stats import bootstrap_ci, mann_whitney_auc
@@ -71,7 +71,7 @@ class BenchmarkSource(NamedTuple):
     """How to load one evaluation benchmark: ``load_benchmark(loader, path)``."""
 
     loader: str  # a pipeline.problems.BENCHMARK_LOADERS name
-    path: str | None  # local file; None = the loader's hub copy
+    path: str | None  # local file; None = the repository's copy (data/benchmarks/), else the hub's; "hub" = the hub's
 
 
 def resolve_benchmark(config: Config, name: str) -> BenchmarkSource:
@@ -86,7 +86,7 @@ def resolve_benchmark(config: Config, name: str) -> BenchmarkSource:
 def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
     """The first eval.max_problems problems of a benchmark; errors name the missing file."""
     source = resolve_benchmark(config, name)
-    if source.path is not None and not Path(source.path).exists():
+    if source.path not in (None, HUB) and not Path(source.path).exists():
         raise FileNotFoundError(
             f"benchmark {name!r}: file {source.path} not found "
             f"(eval.benchmark_paths.{name}, or the stage that writes it has not run)"

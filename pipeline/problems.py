@@ -2,8 +2,11 @@
 
 Every benchmark becomes a list of ``Problem(problem_id, question, answer, source, meta)``, the
 JSONL problems contract of DESIGN.md. A loader reads a local file (JSONL, or a JSON array) when
-given a path, and otherwise the benchmark's Hugging Face hub copy through ``datasets`` (imported
-only then). Field layouts, hub ids and every mapping decision are in docs/data.md, "Benchmarks".
+given a path; without one, the repository's copy in data/benchmarks/ (or the folder named by
+``$STEPFLOW_BENCHMARKS``), checked against the size and sha256 that data/benchmarks/SOURCES.md
+records; for a benchmark the repository does not carry (OpenMathInstruct-2), or with the path
+``"hub"``, the Hugging Face hub copy through ``datasets`` (imported only then). Field layouts, hub
+ids and every mapping decision are in docs/data.md, "Benchmarks".
 
 A malformed record (bytes that are not UTF-8, bad or too deeply nested JSON, a missing or
 ill-typed field, an answer that cannot be extracted or is not what the benchmark holds, e.g. a
@@ -21,12 +24,14 @@ import hashlib
 import heapq
 import json
 import logging
+import os
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.grading import extract_answer
-from pipeline.io import RecordError, read_json, write_records_atomic
+from pipeline.io import FolderError, RecordError, file_digest, read_json, write_records_atomic
 from pipeline.records import Problem
 
 log = logging.getLogger(__name__)
@@ -46,11 +51,89 @@ HUB_MATH_CONFIGS = (  # alphabetical: the subject order of the MATH test file we
 HUB_MATH500 = "HuggingFaceH4/MATH-500"
 HUB_AGIEVAL_SAT_MATH = "hails/agieval-sat-math"
 HUB_OPENMATHINSTRUCT2 = "nvidia/OpenMathInstruct-2"
+HUB = "hub"  # a loader's path that asks for the hub copy even where the repository carries one
+
+# The benchmark files the repository carries, and where: $STEPFLOW_BENCHMARKS names another folder
+# holding the same files (they are checked against the same SOURCES.md either way).
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
+SOURCES = SHIPPED_DIR / "SOURCES.md"
+BENCHMARKS_ENV = "STEPFLOW_BENCHMARKS"
+SHIPPED = {  # (loader family, split) -> file
+    ("gsm8k", "test"): "gsm8k_test.jsonl",
+    ("gsm8k", "train"): "gsm8k_train.jsonl",
+    ("math", "test"): "math_test.jsonl",
+    ("math500", "test"): "math500_test.jsonl",
+    ("sat_math_32", "test"): "sat_math_32.jsonl",
+    ("agieval_sat_math", "test"): "agieval_sat_math.jsonl",
+}
 
 
 def write_problems_jsonl(problems: Iterable[Problem], path: str | Path) -> int:
     """Write problems as problems-contract JSONL, atomically. Returns the count."""
     return write_records_atomic(path, problems)
+
+
+# ----------------------------------------------------------------------------- the repository's copies
+
+
+def benchmarks_dir() -> Path:
+    """Where the benchmark files are read from: ``$STEPFLOW_BENCHMARKS`` when set, else data/benchmarks/."""
+    env = os.environ.get(BENCHMARKS_ENV)
+    return Path(env) if env else SHIPPED_DIR
+
+
+@lru_cache(maxsize=1)
+def recorded_files() -> dict[str, tuple[int, str]]:
+    """file name -> (bytes, sha256), from the table of data/benchmarks/SOURCES.md."""
+    files, columns = {}, None
+    for line in SOURCES.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or set(cells[0]) <= {"-"}:
+            continue
+        if columns is None:
+            columns = cells
+            continue
+        row = dict(zip(columns, cells))
+        files[row["file"]] = (int(row["bytes"]), row["sha256"])
+    return files
+
+
+@lru_cache(maxsize=16)
+def _checked_digest(path: Path, size: int, mtime_ns: int) -> str:
+    return file_digest(path)  # keyed on size and mtime: a file is hashed once per process, again when it changes
+
+
+def shipped_file(name: str) -> Path:
+    """A benchmark file of data/benchmarks/SOURCES.md, in ``benchmarks_dir()``, after checking its
+    size and sha256 against what SOURCES.md records: a missing or changed file raises FolderError
+    naming the file and the folder it looked in."""
+    expected_size, expected_sha = recorded_files()[name]
+    folder = benchmarks_dir()
+    path = folder / name
+    where = f"benchmark file {name}, looked for in {folder}" + (f" (${BENCHMARKS_ENV})" if os.environ.get(BENCHMARKS_ENV) else "")
+    if not path.is_file():
+        raise FolderError(f"{where}: missing. The repository carries it in {SHIPPED_DIR}; unset ${BENCHMARKS_ENV} "
+                          f"or copy it there")
+    stat = path.stat()
+    if stat.st_size != expected_size:
+        raise FolderError(f"{where}: {stat.st_size} bytes, {SOURCES.name} records {expected_size}: the file was changed or truncated")
+    if _checked_digest(path, stat.st_size, stat.st_mtime_ns) != expected_sha:
+        raise FolderError(f"{where}: its sha256 differs from the one {SOURCES.name} records: the file was changed")
+    return path
+
+
+def _rows(family: str, split: str, path: str | Path | None, hub: Callable[[], Iterator[Row]] | None) -> Iterator[Row]:
+    """The rows a loader reads: ``path``; the repository's copy when no path is given; the hub copy
+    (``hub``) with the path "hub", or without a path when the repository has no copy."""
+    if path is not None and str(path) != HUB:
+        return _read_local(path)
+    name = SHIPPED.get((family, split))
+    if path is None and name is not None:
+        return _read_local(shipped_file(name))
+    if hub is None:
+        raise ValueError(f"{family} has no hub copy: give the path of a local file (the repository's copy is "
+                         f"{SHIPPED.get((family, 'test'), 'not carried')})")
+    return hub()
 
 
 # ----------------------------------------------------------------------------- answer extraction
@@ -282,10 +365,10 @@ def load_gsm8k(
 ) -> list[Problem]:
     """GSM8K: answer = the number after '####' without thousands commas; id "gsm8k-<split>-<index>".
 
-    ``split`` names the split in the ids (and picks it on the hub): pass split="train" with a
-    local train file.
+    ``split`` names the split in the ids and picks the repository's file or the hub split: pass
+    split="train" with a local train file.
     """
-    rows = _read_local(path) if path is not None else _read_hub(HUB_GSM8K[0], HUB_GSM8K[1], split)
+    rows = _rows("gsm8k", split, path, lambda: _read_hub(HUB_GSM8K[0], HUB_GSM8K[1], split))
     return _collect(rows, _gsm8k_problem(split), loader="load_gsm8k", lenient=lenient, limit=limit)
 
 
@@ -350,7 +433,7 @@ def load_math(
     def keep(problem: Problem) -> bool:
         return wanted is None or problem.meta.get("level") in wanted
 
-    rows = _read_local(path) if path is not None else _math_hub_rows(split)
+    rows = _rows("math", split, path, lambda: _math_hub_rows(split))
     return _collect(rows, _math_problem(split), loader="load_math", lenient=lenient, keep=keep, limit=limit)
 
 
@@ -380,7 +463,7 @@ def load_math500(
     path: str | Path | None = None, *, split: str = "test", limit: int | None = None, lenient: bool = False
 ) -> list[Problem]:
     """MATH-500: answer = the file's ``answer`` field; id "math500-<index>", meta unique_id."""
-    rows = _read_local(path) if path is not None else _read_hub(HUB_MATH500, None, split)
+    rows = _rows("math500", split, path, lambda: _read_hub(HUB_MATH500, None, split))
     return _collect(rows, _math500_problem, loader="load_math500", lenient=lenient, limit=limit)
 
 
@@ -455,18 +538,15 @@ def load_sat_math(
     """SAT math, multiple choice: answer = the letter, meta["options"] = {"A": ..., "B": ..., ...}.
 
     variant "32": the 32-question set of the paper's SAT MATH figures (id, question, options as
-    one string, Answer); it has no hub copy, so ``path`` is required. variant "agieval": AGIEval's
-    220 (passage prepended to the question, options list, label); hub: hails/agieval-sat-math.
+    one string, Answer; data/sat_math/test.jsonl of ZubinGou/math-evaluation-harness); it has no
+    hub copy. variant "agieval": AGIEval's 220 (passage prepended to the question, options list,
+    label); hub: hails/agieval-sat-math.
     """
     if variant == "32":
-        if path is None:
-            raise ValueError(
-                "load_sat_math(variant='32') needs a path: the 32-question set has no hub copy "
-                "(it is data/sat_math/test.jsonl of ZubinGou/math-evaluation-harness)"
-            )
-        return _collect(_read_local(path), _sat32_problem, loader="load_sat_math", lenient=lenient, limit=limit)
+        rows = _rows("sat_math_32", split, path, None)
+        return _collect(rows, _sat32_problem, loader="load_sat_math", lenient=lenient, limit=limit)
     if variant == "agieval":
-        rows = _read_local(path) if path is not None else _read_hub(HUB_AGIEVAL_SAT_MATH, None, split)
+        rows = _rows("agieval_sat_math", split, path, lambda: _read_hub(HUB_AGIEVAL_SAT_MATH, None, split))
         return _collect(rows, _agieval_problem, loader="load_sat_math", lenient=lenient, limit=limit)
     raise ValueError(f"load_sat_math: variant must be '32' or 'agieval', got {variant!r}")
 
@@ -522,7 +602,7 @@ def load_openmathinstruct2(
         seen.add(key)
         return True
 
-    rows = _read_local(path) if path is not None else _read_hub(HUB_OPENMATHINSTRUCT2, None, split, streaming=True)
+    rows = _rows("openmathinstruct2", split, path, lambda: _read_hub(HUB_OPENMATHINSTRUCT2, None, split, streaming=True))
     if subset_size is None:
         return _collect(rows, _omi2_problem, loader="load_openmathinstruct2", lenient=lenient, keep=keep, limit=limit)
     problems = _collect(rows, _omi2_problem, loader="load_openmathinstruct2", lenient=lenient, keep=keep)

@@ -18,18 +18,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def find_benchmarks_dir() -> Path:
-    """../shared/data/benchmarks beside the repo, or $STEPFLOW_BENCHMARKS."""
-    env = os.environ.get("STEPFLOW_BENCHMARKS")
-    path = Path(env) if env else REPO.parent / "shared" / "data" / "benchmarks"
-    if not path.is_dir():
-        raise FileNotFoundError(f"benchmark files not found at {path}; set STEPFLOW_BENCHMARKS")
-    return path
-
-
 @pytest.fixture(scope="session")
 def benchmarks_dir() -> Path:
-    return find_benchmarks_dir()
+    """The benchmark files the repository carries (data/benchmarks/, or $STEPFLOW_BENCHMARKS), each
+    checked against data/benchmarks/SOURCES.md first."""
+    from pipeline.problems import benchmarks_dir as folder, recorded_files, shipped_file
+
+    for name in recorded_files():
+        shipped_file(name)
+    return folder()
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import RecordError
+from pipeline.io import FolderError, RecordError
 from pipeline.problems import (
+    SHIPPED_DIR,
+    recorded_files,
+    shipped_file,
     load_benchmark,
     load_gsm8k,
     load_math,
@@ -85,10 +88,42 @@ def test_load_benchmark_limit_and_unknown_names(benchmarks_dir, tmp_path):
     with pytest.raises(ValueError, match="needs a path"):
         load_benchmark("problems")
     with pytest.raises(ValueError, match="no hub copy"):
-        load_benchmark("sat_math_32")
+        load_benchmark("sat_math_32", "hub")
     path = tmp_path / "problems.jsonl"
     write_problems_jsonl([Problem("p-0", "1+1?", "2", "tiny", {})], path)
     assert load_benchmark("problems", path)[0].answer == "2"
+
+
+def test_without_a_path_every_loader_reads_the_repository_copy(monkeypatch):
+    monkeypatch.delenv("STEPFLOW_BENCHMARKS", raising=False)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # a reach for the hub would fail to import it
+    for name, file in FILES.items():
+        assert load_benchmark(name, limit=2) == load_benchmark(name, SHIPPED_DIR / file, limit=2)
+    assert [p.problem_id for p in load_gsm8k(split="train", limit=1)] == ["gsm8k-train-0"]
+
+
+def test_every_carried_benchmark_file_matches_its_sources_row(monkeypatch):
+    monkeypatch.delenv("STEPFLOW_BENCHMARKS", raising=False)
+    assert sorted(recorded_files()) == sorted(p.name for p in SHIPPED_DIR.glob("*.jsonl"))
+    for name, (size, _) in recorded_files().items():
+        assert shipped_file(name).stat().st_size == size
+
+
+def test_a_missing_or_altered_benchmark_file_is_an_error_naming_it_and_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPFLOW_BENCHMARKS", str(tmp_path))
+    where = f"sat_math_32.jsonl, looked for in {tmp_path}"
+    with pytest.raises(FolderError, match=f"{where}.*: missing"):
+        load_benchmark("sat_math_32")
+    original = (SHIPPED_DIR / "sat_math_32.jsonl").read_bytes()
+    (tmp_path / "sat_math_32.jsonl").write_bytes(original[:-1])
+    with pytest.raises(FolderError, match=f"{where}.*: {len(original) - 1} bytes, SOURCES.md records {len(original)}"):
+        load_benchmark("sat_math_32")
+    position = original.index(b"the")
+    (tmp_path / "sat_math_32.jsonl").write_bytes(original[:position] + b"thE" + original[position + 3:])
+    with pytest.raises(FolderError, match=f"{where}.*: its sha256 differs"):
+        load_benchmark("sat_math_32")
+    (tmp_path / "sat_math_32.jsonl").write_bytes(original)
+    assert len(load_benchmark("sat_math_32")) == 32
 
 
 # ----------------------------------------------------------------------------- GSM8K
@@ -386,15 +421,15 @@ def test_hub_branch_maps_fields_like_the_files(benchmarks_dir, fake_hub):
     hub = fake_hub(tables)
 
     local_gsm8k = load_gsm8k(benchmarks_dir / "gsm8k_test.jsonl", limit=20)
-    assert load_gsm8k() == local_gsm8k
+    assert load_gsm8k("hub") == local_gsm8k
     local_math = load_math(benchmarks_dir / "math_test.jsonl")
-    from_hub = load_math()
+    from_hub = load_math("hub")
     assert len(from_hub) == 5000
     assert [(p.problem_id, p.question, p.answer, p.meta["level"]) for p in from_hub] == [
         (p.problem_id, p.question, p.answer, p.meta["level"]) for p in local_math
     ]
-    assert len(load_math_level5()) == 1324
-    assert load_math500() == load_math500(benchmarks_dir / "math500_test.jsonl", limit=20)
+    assert len(load_math_level5("hub")) == 1324
+    assert load_math500("hub") == load_math500(benchmarks_dir / "math500_test.jsonl", limit=20)
     assert ("openai/gsm8k", "main", "test", False) in hub.calls
 
 
@@ -411,7 +446,7 @@ def test_hub_agieval_export_maps_like_the_file(benchmarks_dir, fake_hub):
     ]
     fake_hub({("hails/agieval-sat-math", None, "test"): exported})
     local = load_sat_math(benchmarks_dir / "agieval_sat_math.jsonl", variant="agieval")
-    from_hub = load_sat_math(variant="agieval")
+    from_hub = load_sat_math("hub", variant="agieval")
     assert [(p.problem_id, p.question.strip(), p.answer, p.meta["options"]) for p in from_hub] == [
         (p.problem_id, p.question.strip(), p.answer, p.meta["options"]) for p in local
     ]
