@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import zlib
 from pathlib import Path
 
@@ -86,6 +87,16 @@ class CannedGenerator:
             outputs.append([Completion(t, list(range(len(t))), "length" if "M" == o else "eos") for t, o in zip(texts, pattern)])
         return outputs
 
+
+
+@pytest.mark.parametrize("name", ["llama3.2-3b.yaml", "llama3.1-8b.yaml"])
+def test_paper_configs_read_their_benchmarks_from_the_repository(name, monkeypatch):
+    monkeypatch.delenv("STEPFLOW_BENCHMARKS", raising=False)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # a reach for the hub would fail to import it
+    config = load_config(REPO / "configs" / "paper" / name, ["eval.max_problems=2"])
+    for benchmark in [*config.eval.benchmarks, config.search.benchmark, config.data.validation]:
+        assert resolve_benchmark(config, benchmark).path is None
+        assert len(load_eval_benchmark(config, benchmark)) == 2
 
 def fake_embed(texts):
     """Deterministic 8-d vectors seeded by each text's checksum."""
