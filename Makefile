@@ -11,17 +11,20 @@ STAGE = $(PY) -m stages
 # GPU users: see README ("GPU and vLLM") for TORCH_INDEX.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
+# The exact versions the suite passes with; CONSTRAINTS= installs the newest that pyproject.toml allows.
+CONSTRAINTS ?= constraints.txt
+PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
 .PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench export-trl clean-venv
 
 help:
 	@echo "make demo | make test | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip >/dev/null
 	$(PY) -m pip install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),) "$(TORCH_SPEC)"
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install $(PIP_C) -e '.[dev]'
 	touch $@
 
 $(VENV): $(VENV)/.installed
