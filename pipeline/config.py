@@ -24,6 +24,8 @@ Loading is bounded and checked before anything is written (docs/reliability.md):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 import re
 import reprlib
@@ -31,7 +33,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -39,7 +41,25 @@ from pipeline.io import parse_shard, write_text_atomic
 
 
 class ConfigError(ValueError):
-    """A config file or override that does not match the typed schema."""
+    """A config file or override that does not match the typed schema, or settings a check
+    before the work refuses (``config_checks``)."""
+
+
+def config_checks(check: Callable) -> Callable:
+    """Marks a function that checks a config before any work starts: what it refuses (ValueError,
+    ImportError: a bad setting, a missing optional package) is the user's to fix, so it is raised
+    as ConfigError, which a stage's command line prints as one line (stages.common.cli)."""
+
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except ConfigError:
+            raise
+        except (ValueError, ImportError) as error:
+            raise ConfigError(str(error)) from None
+
+    return checked
 
 
 # ----------------------------------------------------------------------------- ranges
@@ -643,4 +663,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config beside a stage's outputs (atomically: processes of a sharded
     stage write the same folder)."""
-    write_text_atomic(path, yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True))
+    write_text_atomic(path, config_text(config))
+
+
+def config_text(config: Config) -> str:
+    """The resolved config as YAML: what save_config writes and ``print_config=true`` prints."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+def describe_fields(config: Any = None, prefix: str = "") -> list[str]:
+    """One line per config field, from the dataclasses above: ``section.key: type = default``,
+    with the declared range or choices. What a stage's ``--help`` lists."""
+    config = Config() if config is None else config
+    hints = typing.get_type_hints(type(config))
+    lines = []
+    for item in dataclasses.fields(config):
+        key, value = prefix + item.name, getattr(config, item.name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{key}:")
+            lines.extend("  " + line for line in describe_fields(value, key + "."))
+            continue
+        extra = [str(item.metadata[_RANGE_KEY])] if _RANGE_KEY in item.metadata else []
+        extra += [f"one of {', '.join(CHOICES[key])}"] if key in CHOICES else []
+        shown = json.dumps(value, ensure_ascii=False)  # JSON is YAML: a default reads as it would be written
+        lines.append(f"{key}: {_type_name(hints[item.name])} = {shown}" + (f"  ({'; '.join(extra)})" if extra else ""))
+    return lines

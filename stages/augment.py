@@ -8,13 +8,12 @@ empty split, and shards that make mcts is still writing; a refusal leaves earlie
 
 from __future__ import annotations
 
-import sys
 import time
 
 from pipeline.io import committed_shards, read_stream, write_json_atomic, write_records_atomic
 from pipeline.records import MCTSRecord
 from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem
-from stages.common import log, parse_args, require_finished, stage_dir, timed
+from stages.common import cli, log, parse_args, require_finished, stage_dir, timed
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -58,4 +57,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

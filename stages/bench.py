@@ -43,7 +43,7 @@ from prm.bench import bench_one_pass_scoring, bench_prm_training
 from prm.model import ProcessRewardModel
 from prm.scorer import PRMScorer
 from prm.search import bench_batched_search
-from stages.common import log, parse_args, set_threads, stage_dir, timed
+from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
 GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0,
          "gfn_step_scaling": 1.6, "gfn_async_speedup": 1.5}
@@ -277,4 +277,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

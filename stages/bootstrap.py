@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from eval.policy_checks import policy_checks
@@ -25,7 +24,7 @@ from pipeline.config import Config, save_config
 from pipeline.generation import build_generator
 from pipeline.io import FolderError, read_json, verify_manifest, write_json_atomic
 from pipeline.tinyworld.bootstrap import build_base_policy
-from stages.common import log, parse_args, set_threads, stage_dir, timed
+from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
 # The config sections that determine what bootstrap writes.
 INPUT_SECTIONS = ("tinyworld", "bootstrap", "format")
@@ -70,4 +69,4 @@ def is_done(out: Path, config: Config) -> bool:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

@@ -1,5 +1,7 @@
-"""What every stage CLI shares: argument parsing, config loading, run folders (locked: one writer
-per run folder and stage), checked stage inputs, timing."""
+"""What every stage CLI shares: argument parsing (``--help`` lists every config field with its
+default; ``print_config=true`` prints the resolved config and exits), config loading, the command
+line's handling of a user's mistakes (``cli``), run folders (locked: one writer per run folder and
+stage), checked stage inputs, timing."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import argparse
 import logging
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,23 +17,66 @@ from typing import Callable
 
 import torch
 
-from pipeline.config import Config, load_config, save_config
-from pipeline.io import FolderError, acquire_stage_lock, held_locks, launch_id, verify_manifest
+from pipeline.config import Config, ConfigError, config_text, describe_fields, load_config, parse_override, save_config
+from pipeline.io import FolderError, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
 from pipeline.problems import load_benchmark
+from pipeline.records import RecordError
 from pipeline.training.base import CHECKPOINTS
+from pipeline.training.checkpoint import CheckpointError
 from prm.formats import is_hub_id
 
 log = logging.getLogger("stepflow")
 
 
+# A user's mistake, which the command line reports in one line (cli): a config or override, an
+# input file or folder, a check before the work (pipeline.config.config_checks), another process
+# on the same run folder. Any other exception is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, RecordError, FolderError, ShardError, CheckpointError, LockError)
+PRINT_CONFIG = "print_config"  # an override the command line takes, not a config field
+
+
 def parse_args(stage: str, argv: list[str] | None = None) -> Config:
-    """``--config FILE key=value ...`` -> the resolved Config."""
-    parser = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=f"stepflow stage: {stage}")
+    """``--config FILE key=value ...`` -> the resolved Config. ``print_config=true`` prints it
+    (YAML) and exits with status 0 before anything is written."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m stages.{stage}", description=f"stepflow stage: {stage}", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="print_config=true prints the resolved config and exits without writing anything.\n\n"
+               "Config fields (key: type = default, before --config and the overrides apply):\n  " + "\n  ".join(describe_fields()))
     parser.add_argument("--config", default="configs/tiny.yaml", help="YAML config (default: configs/tiny.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. mcts.k=8 run=demo")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. mcts.k=8 run=demo (fields listed below)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    return load_config(args.config, args.overrides)
+    printing, overrides = False, []
+    for text in args.overrides:
+        keys, value = parse_override(text)
+        if keys != [PRINT_CONFIG]:
+            overrides.append(text)
+        elif isinstance(value, bool):
+            printing = value
+        else:
+            raise ConfigError(f"command line: {PRINT_CONFIG} expects true or false, got {text.split('=', 1)[1]!r}")
+    config = load_config(args.config, overrides)
+    if printing:
+        sys.stdout.write(config_text(config))
+        raise SystemExit(0)
+    return config
+
+
+def cli(main: Callable[[list[str]], object]) -> None:
+    """What ``python -m stages.<name>`` runs: ``main(sys.argv[1:])``. A user's mistake
+    (USER_ERRORS, or a stage's refusal, SystemExit with a message) prints one line on stderr, and
+    for a config error a hint, then exits with status 2; a bug keeps its traceback."""
+    stage = Path(sys.argv[0]).stem
+    try:
+        main(sys.argv[1:])
+    except (*USER_ERRORS, SystemExit) as error:
+        if isinstance(error, SystemExit) and not isinstance(error.code, str):
+            raise
+        message = error.code if isinstance(error, SystemExit) else str(error)
+        print(f"error: {' '.join(message.split())}", file=sys.stderr)
+        if isinstance(error, ConfigError):
+            print(f"hint: python -m stages.{stage} --help lists every config field with its default", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def stage_dir(config: Config, stage: str, lock: str = ".lock", save: bool = True) -> Path:

@@ -21,7 +21,7 @@ from pipeline.contracts import check_run
 from pipeline.io import read_json_if_exists, write_json_atomic
 from pipeline.training.metrics import MetricsLog
 from stages import augment, bootstrap, evaluate, mcts, search, train_gfn, train_ppo, train_prm
-from stages.common import log, parse_args
+from stages.common import cli, log, parse_args
 
 STAGES = [
     ("bootstrap", bootstrap.main),
@@ -180,4 +180,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -12,7 +12,6 @@ Writes: reports/<run>/results.json, report.md, accuracy.png, similarity.png, con
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from eval.diversity import load_embedder
@@ -23,7 +22,7 @@ from pipeline.generation import build_generator
 from pipeline.io import acquire_stage_lock
 from pipeline.modeling import resolve_device
 from prm.formats import is_hub_id, load_scorer
-from stages.common import log, parse_args, set_threads, timed
+from stages.common import cli, log, parse_args, set_threads, timed
 
 __all__ = ["main", "reports_dir"]
 
@@ -62,4 +61,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

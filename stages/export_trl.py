@@ -12,12 +12,11 @@ gives what trl.PRMTrainer takes (step_separator = format.separator). Library: pr
 
 from __future__ import annotations
 
-import sys
 
 from pipeline.io import write_json_atomic
 from prm.prm800k import read_training_records
 from prm.trl_export import write_stepwise_dataset
-from stages.common import log, parse_args, require, stage_dir, timed
+from stages.common import cli, log, parse_args, require, stage_dir, timed
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,4 +33,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

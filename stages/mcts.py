@@ -11,7 +11,6 @@ again or read twice (pipeline.io.verified_shards).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 from tqdm import tqdm
@@ -31,7 +30,7 @@ from pipeline.io import (
 from pipeline.prompts import prompt_from_config
 from pipeline.records import MCTSRecord, MCTSSummary
 from pipeline.rollouts.mcts import make_rollout_fn, run_mcts
-from stages.common import log, parse_args, set_threads, stage_dir, timed, training_problems
+from stages.common import cli, log, parse_args, set_threads, stage_dir, timed, training_problems
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -133,4 +132,4 @@ def mcts_stats(shards) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

@@ -23,7 +23,7 @@ from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config, question_text
 from prm.formats import load_scorer
 from prm.search import STRATEGIES, search_many, summarize_search
-from stages.common import log, parse_args, require, require_prm, set_threads, stage_dir, timed
+from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed
 
 BASELINE = "majority"
 
@@ -123,4 +123,4 @@ def plot_accuracy_vs_k(rows: list[dict], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 
 from pipeline.finetune.run import finetune_policy, preflight
 from pipeline.training.metrics import MetricsLog
 from prm.formats import load_scorer
-from stages.common import finished_model, parse_args, require_finished, require_prm, set_threads, stage_dir, timed, training_problems
+from stages.common import cli, finished_model, parse_args, require_finished, require_prm, set_threads, stage_dir, timed, training_problems
 
 
 def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
@@ -41,4 +40,4 @@ def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

@@ -7,8 +7,8 @@ Writes: runs/<run>/ppo/model/ (save_pretrained + value_head.safetensors), metric
 
 from __future__ import annotations
 
-import sys
 
+from stages.common import cli
 from stages.train_gfn import main as train_main
 
 
@@ -17,4 +17,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

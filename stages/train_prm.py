@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
 
 from pipeline.generation import build_generator
 from pipeline.io import read_json, write_json_atomic
@@ -26,6 +25,7 @@ from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import SLIP_CHECKERS, policy_solutions, validate_prm, write_validation
 from stages.common import (
+    cli,
     finished_model,
     log,
     parse_args,
@@ -109,4 +109,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

@@ -164,7 +164,7 @@ def test_report_to_is_checked_and_a_missing_tracker_names_the_extra(monkeypatch,
     monkeypatch.setattr(tracking_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"report_to=all needs tensorboard and wandb.*pip install -e '\.\[tracking\]'"):
         Tracking("all", tmp_path)
-    with pytest.raises(ImportError, match="report_to=wandb needs wandb"):  # gfn / ppo: before the PRM or the policy loads
+    with pytest.raises(ConfigError, match="report_to=wandb needs wandb"):  # gfn / ppo: before the PRM or the policy loads
         preflight(load_config(None, ["report_to=wandb", "model.device=cpu"]), "gfn")
 
 

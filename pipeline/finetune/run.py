@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
-from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig
+from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig, config_checks
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
@@ -103,8 +103,9 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
     return prompts, kind
 
 
+@config_checks
 def preflight(config: Config, stage: str) -> int:
-    """What can be checked before any model is loaded (clear errors, not a crash halfway):
+    """What can be checked before any model is loaded (a ConfigError, not a crash halfway):
     the stage, questions_per_step against the number of processes (under ``accelerate launch``
     each process samples a whole share of the questions), the sampling backend's package and the
     trackers' (report_to).

@@ -1,0 +1,90 @@
+"""The stages' command line (stages.common): a user's mistake reads as one line and exit status 2,
+a bug keeps its traceback; --help lists every config field with its default; print_config=true
+prints the resolved config and writes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import Config, MCTSConfig, describe_fields, load_config
+from stages import mcts, train_gfn, train_ppo, train_prm
+from stages.common import cli, parse_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(monkeypatch, main, *args: str) -> int:
+    """cli(main) as `python -m stages.<main's module>` runs it; returns the exit status."""
+    monkeypatch.setattr(sys, "argv", [f"{main.__module__.replace('.', '/')}.py", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli(main)
+    return exit_info.value.code
+
+
+def test_a_bad_override_prints_one_line_and_a_hint_and_exits_2(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run([sys.executable, "-m", "stages.train_gfn", f"runs_root={tmp_path / 'runs'}", "gfn.mode=asyncc"],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 2
+    assert "Traceback" not in process.stderr
+    assert process.stderr.splitlines() == [
+        "error: command line: gfn.mode must be one of sync, async, got 'asyncc'",
+        "hint: python -m stages.train_gfn --help lists every config field with its default",
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_preflight_input_file_and_stage_refusals_read_as_one_line(monkeypatch, tmp_path, capsys):
+    runs = f"runs_root={tmp_path / 'runs'}"
+    assert run_cli(monkeypatch, train_ppo.main, runs, f"model.prm={tmp_path}", "ppo.mode=async") == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error[0].startswith("error: ppo.mode=async: PPO is on-policy") and len(error) == 2 and "Traceback" not in "\n".join(error)
+
+    monkeypatch.setenv("STEPFLOW_BENCHMARKS", str(tmp_path / "empty"))
+    assert run_cli(monkeypatch, mcts.main, runs, "data.train=sat_math_32", "data.train_path=null") == 2
+    error = capsys.readouterr().err.splitlines()
+    assert len(error) == 1 and error[0].startswith(f"error: benchmark file sat_math_32.jsonl, looked for in {tmp_path / 'empty'}")
+
+    assert run_cli(monkeypatch, train_prm.main, runs, f"model.prm_backbone={tmp_path}") == 2
+    error = capsys.readouterr().err.splitlines()
+    assert len(error) == 1 and error[0].startswith("error: missing input ")
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    def broken(argv):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(sys, "argv", ["stages/mcts.py"])
+    with pytest.raises(ZeroDivisionError):
+        cli(broken)
+
+
+def test_help_lists_every_config_field_with_its_default(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args("mcts", ["--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    for line in describe_fields():
+        assert line in shown
+    for item in dataclasses.fields(MCTSConfig):  # the listing follows the dataclasses, not a text typed beside them
+        assert f"  mcts.{item.name}: " in shown
+    assert f"mcts.k: int = {MCTSConfig().k}  (>= 1)" in shown
+    assert 'eval.benchmarks: list = ["tiny_test"]' in shown
+
+
+def test_print_config_prints_the_resolved_config_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "mcts.k=3", "print_config=true"]
+    assert run_cli(monkeypatch, mcts.main, *args) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", "mcts.k=3"]).to_dict()
+    assert printed["mcts"]["k"] == 3 and set(printed) == {f.name for f in dataclasses.fields(Config)}
+    assert not (tmp_path / "runs").exists()
+    assert run_cli(monkeypatch, mcts.main, *args[:-1], "print_config=maybe") == 2
+    assert capsys.readouterr().err.startswith("error: command line: print_config expects true or false, got 'maybe'")
