@@ -30,7 +30,7 @@ from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, per_pr
 from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
 from pipeline.config import Config
 from pipeline.grading import extract_answer, grade_many, normalize_answer
-from pipeline.io import path_fingerprint, read_records, write_json_atomic, write_records_atomic
+from pipeline.io import InputNotFound, path_fingerprint, read_records, write_json_atomic, write_records_atomic
 from pipeline.problems import HUB, load_benchmark
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
@@ -87,7 +87,7 @@ def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
     """The first eval.max_problems problems of a benchmark; errors name the missing file."""
     source = resolve_benchmark(config, name)
     if source.path not in (None, HUB) and not Path(source.path).exists():
-        raise FileNotFoundError(
+        raise InputNotFound(
             f"benchmark {name!r}: file {source.path} not found "
             f"(eval.benchmark_paths.{name}, or the stage that writes it has not run)"
         )

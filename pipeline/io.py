@@ -59,6 +59,11 @@ class LockError(RuntimeError):
     """Another process holds the lock of this run folder and stage."""
 
 
+class InputNotFound(FileNotFoundError):
+    """An input the user names or an earlier stage writes (a benchmark file, a model folder) is
+    not there; the message names it and what makes it."""
+
+
 def read_jsonl(path: str | Path, validate: Callable[[dict, str, int], None] | None = None) -> Iterator[dict]:
     """Yield the JSON objects of a JSONL file, one per non-empty line.
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pipeline.grading import extract_answer
-from pipeline.io import FolderError, RecordError, file_digest, read_json, write_records_atomic
+from pipeline.io import FolderError, InputNotFound, RecordError, file_digest, read_json, write_records_atomic
 from pipeline.records import Problem
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def _read_local(path: str | Path) -> Iterator[Row]:
     file (nothing but whitespace) is an error."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"benchmark file not found: {path}")
+        raise InputNotFound(f"benchmark file not found: {path}")
     with path.open("rb") as handle:
         head = handle.read(4096).lstrip()
         handle.seek(0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers.utils import cached_file
 
 from pipeline.config import PRM_FORMATS
+from pipeline.io import InputNotFound
 from prm.adapters import ADAPTERS
 from prm.model import PRM_CONFIG_NAME
 from prm.scorer import PRMScorer, StepScorer
@@ -56,7 +57,7 @@ def load_scorer(path: str | Path, config) -> StepScorer:
     config.model, batch size from prm.score_batch_size."""
     path = str(path)
     if not Path(path).exists() and not is_hub_id(path):
-        raise FileNotFoundError(f"no PRM at {path}: train one with `make prm` (same CONFIG and RUN), or set the path to a PRM "
+        raise InputNotFound(f"no PRM at {path}: train one with `make prm` (same CONFIG and RUN), or set the path to a PRM "
                                 f"folder or hub id (docs/prm.md)")
     prm_format = detect_format(path, config.model.prm_format)
     if prm_format == "stepflow":

@@ -49,7 +49,7 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
 
 from pipeline.config import FormatConfig
-from pipeline.io import check_model_folder
+from pipeline.io import InputNotFound, check_model_folder
 from pipeline.modeling import merge_lora_state_dict, model_kwargs, resolve_device, resolve_dtype
 from prm.model_card import write_model_card
 
@@ -249,7 +249,7 @@ class ProcessRewardModel(nn.Module):
         directory = Path(directory)
         info_path = directory / PRM_CONFIG_NAME
         if not info_path.exists():
-            raise FileNotFoundError(f"{directory} is not a saved PRM: {PRM_CONFIG_NAME} is missing")
+            raise InputNotFound(f"{directory} is not a saved PRM: {PRM_CONFIG_NAME} is missing")
         check_model_folder(directory)  # damaged files are named here (prm_config.json, head, backbone)
         raw = json.loads(info_path.read_text(encoding="utf-8"))
         known = {f for f in PRMInfo.__dataclass_fields__}

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from pipeline.config import Config, ConfigError, config_text, describe_fields, load_config, parse_override, save_config
-from pipeline.io import FolderError, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
+from pipeline.io import FolderError, InputNotFound, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
 from pipeline.problems import load_benchmark
 from pipeline.records import RecordError
 from pipeline.training.base import CHECKPOINTS
@@ -29,9 +29,10 @@ log = logging.getLogger("stepflow")
 
 
 # A user's mistake, which the command line reports in one line (cli): a config or override, an
-# input file or folder, a check before the work (pipeline.config.config_checks), another process
-# on the same run folder. Any other exception is a bug and keeps its traceback.
-USER_ERRORS = (ConfigError, RecordError, FolderError, ShardError, CheckpointError, LockError)
+# input file or folder that is missing or damaged, a check before the work
+# (pipeline.config.config_checks), another process on the same run folder. Any other exception
+# (a plain FileNotFoundError included) is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, RecordError, InputNotFound, FolderError, ShardError, CheckpointError, LockError)
 PRINT_CONFIG = "print_config"  # an override the command line takes, not a config field
 
 

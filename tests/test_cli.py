@@ -52,6 +52,9 @@ def test_preflight_input_file_and_stage_refusals_read_as_one_line(monkeypatch, t
     error = capsys.readouterr().err.splitlines()
     assert len(error) == 1 and error[0].startswith(f"error: benchmark file sat_math_32.jsonl, looked for in {tmp_path / 'empty'}")
 
+    assert run_cli(monkeypatch, mcts.main, runs, f"data.train_path={tmp_path / 'nope.jsonl'}") == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
+
     assert run_cli(monkeypatch, train_prm.main, runs, f"model.prm_backbone={tmp_path}") == 2
     error = capsys.readouterr().err.splitlines()
     assert len(error) == 1 and error[0].startswith("error: missing input ")
