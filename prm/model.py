@@ -264,9 +264,10 @@ class ProcessRewardModel(nn.Module):
             backbone = AutoModel.from_pretrained(str(directory / BACKBONE_DIR), **kwargs)
             head_sd = load_file(str(directory / HEAD_NAME))
         else:
-            # the token-classification checkpoint's base model (transformers strips the prefix and
-            # reports the score head as unused: it is read below, in float32)
-            backbone = AutoModel.from_pretrained(str(directory), **kwargs)
+            # the token-classification checkpoint loaded as what it is, so that transformers has no
+            # unused weights to report on every load; its base model is the backbone, and the head
+            # is read below from the file, in float32 whatever the dtype
+            backbone = AutoModelForTokenClassification.from_pretrained(str(directory), **kwargs).base_model
             head_name = raw.get("score_head", "score")
             two_class = read_tensors(directory, [f"{head_name}.weight", f"{head_name}.bias"])
             weight, bias = two_class[f"{head_name}.weight"].float(), two_class[f"{head_name}.bias"].float()

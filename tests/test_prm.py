@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import random
 
@@ -130,7 +131,15 @@ def test_save_and_reload_give_identical_scores(tokenizer, tmp_path):
     saved = json.loads((tmp_path / "prm" / "prm_config.json").read_text())
     assert (saved["separator"], saved["kind"], saved["base_architecture"]) == ("\n", "tiny", "LlamaModel")
     config = tiny_config()
-    reloaded = PRMScorer.from_pretrained(tmp_path / "prm", config)
+    reports = logging.Handler()  # transformers' own handler writes to the stderr it found first: listen on its logger
+    reports.emit = lambda record: messages.append(record.getMessage())
+    messages: list[str] = []
+    logging.getLogger("transformers").addHandler(reports)
+    try:
+        reloaded = PRMScorer.from_pretrained(tmp_path / "prm", config)
+    finally:
+        logging.getLogger("transformers").removeHandler(reports)
+    assert not [m for m in messages if "LOAD REPORT" in m]  # every weight of the folder is expected: nothing to report
     assert reloaded.kind == "tiny" and reloaded.format_config.prompt_template == FORMAT.prompt_template
     assert reloaded.score_many(solutions) == before
     # damaged files are named, not reported as a bare JSONDecodeError or "invalid header length"
