@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from tqdm import tqdm
 
 from eval.evaluate import resolve_benchmark
 from pipeline.generation import build_generator
@@ -77,13 +78,17 @@ def main(argv: list[str] | None = None) -> dict:
         settings = search_settings(config, kind)
         strategies = [BASELINE] + [s for s in config.search.strategies if s != BASELINE]
         rows = []
+        bar = tqdm(total=len(strategies) * len(config.search.ks), desc="search runs", unit="run", dynamic_ncols=True)
         for strategy in strategies:
             for k in config.search.ks:
+                bar.set_postfix_str(f"{strategy} k={k}")
                 results = search_many(questions, policy, prm, strategy, k, prompts=prompts, **settings)
                 row = {"strategy": strategy, "k": k, **summarize_search(results, golds, kind, seed=config.seed)}
                 log.info("search: %s k=%d accuracy %.3f [%.3f, %.3f], %.0f tokens/problem", strategy, k,
                          row["accuracy"]["mean"], row["accuracy"]["lo"], row["accuracy"]["hi"], row["tokens_per_problem"])
                 rows.append(row)
+                bar.update(1)
+        bar.close()
         summary = {"benchmark": config.search.benchmark, "n_problems": len(problems), "settings": settings, "rows": rows}
         write_json_atomic(out / "results.json", summary)
         (out / "table.md").write_text(results_table(rows), encoding="utf-8")

@@ -58,7 +58,7 @@ def natural_slip_samples(config, kind: str):
     if has_slip is None or cfg.natural_slip_problems <= 0:
         return None, None
     problems = validation_problems(config)[: cfg.natural_slip_problems]
-    generator = build_generator(config)
+    generator = build_generator(config, progress=True)  # one generate call: its bar is the sampling's
     samples = policy_solutions(generator, problems, config.format, cfg.natural_slip_samples, cfg.natural_slip_temperature,
                                config.generation.max_new_tokens, seed=cfg.seed)
     return samples, has_slip

@@ -415,7 +415,7 @@ def test_prm800k_sample_parses_and_first_error_accuracy(benchmarks_dir):
     assert first_error_accuracy(FixedScorer([[0.9] * len(s.steps) for s in solutions]), solutions)["accuracy"] == 0.0
 
 
-def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmarks_dir):
+def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmarks_dir, capsys):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from stages import train_prm as stage
@@ -437,6 +437,7 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
             f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}", "prm.natural_slip_samples=2",
             "generation.max_new_tokens=24"]
     result = stage.main(args)
+    assert "generate: 100%" in capsys.readouterr().err  # the natural-slip check's sampling shows its progress
     out = run_dir / "prm"
     for name in ("model/prm_config.json", "model/config.json", "model/model.safetensors", "model/README.md", "metrics.jsonl",
                  "validation.json", "calibration.png", "config.yaml"):

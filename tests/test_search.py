@@ -291,7 +291,7 @@ def test_summarize_search_counts_unfinished_as_wrong():
     assert summary["tokens_per_problem"] == 20 and summary["finished_fraction"] == pytest.approx(2 / 3)
 
 
-def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch):
+def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch, capsys):
     """stages.search end to end with the fake models patched in (no trained model needed)."""
     import json
 
@@ -313,6 +313,7 @@ def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch):
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["strategy"], r["k"]) for r in rows][:2] == [("majority", 1), ("majority", 4)]
     assert len(rows) == 10 == len(summary["rows"])
+    assert "search runs: 100%" in capsys.readouterr().err  # a bar over the (strategy, k) runs
     step_k4 = next(r for r in rows if r["strategy"] == "step_best_of_k" and r["k"] == 4)
     assert step_k4["accuracy"]["mean"] == 0.5  # Q1 -> 6 (right), Q2 -> dead end (unfinished)
     assert (out / "table.md").read_text().startswith("| strategy")
