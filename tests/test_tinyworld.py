@@ -279,3 +279,19 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
 
     # a second run with the same config finds the work done and returns the same metrics
     assert main(argv) == metrics
+
+
+def test_the_model_size_in_readme_and_docs_is_the_tiny_configs_model():
+    """README.md, configs/tiny.yaml and docs/tinyworld.md state the tiny policy's size; it is the
+    count of the model bootstrap builds from configs/tiny.yaml (random init: the size, not the weights)."""
+    from pipeline.config import load_config
+    from pipeline.tinyworld.bootstrap import untrained_policy
+    from pipeline.tinyworld.model import count_parameters
+
+    config = load_config(REPO / "configs" / "tiny.yaml")
+    _, model = untrained_policy(config, generate_splits(config.tinyworld))
+    stated = f"{count_parameters(model):,}"
+    readme = (REPO / "README.md").read_text()
+    assert re.findall(r"([\d,]+)-parameter", readme) == [stated]
+    assert f"# {stated} parameters" in (REPO / "configs" / "tiny.yaml").read_text()
+    assert set(re.findall(r"([\d,.]+M?)[ -]parameter", (REPO / "docs" / "tinyworld.md").read_text())) == {stated, "1.85M"}  # 1.85M: an earlier config

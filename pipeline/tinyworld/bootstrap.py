@@ -35,6 +35,14 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
+def untrained_policy(config, splits: dict) -> tuple:
+    """(tokenizer, model): the tokenizer trained on ``splits["train"]`` and the causal LM of
+    config.bootstrap's size at random init, as bootstrap trains it (README's model size is this
+    model's count_parameters, checked by a test)."""
+    tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], config.format), config.bootstrap.vocab_size)
+    return tokenizer, build_model(config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
+
+
 def build_base_policy(config, out: Path, progress: bool = True, settings: dict | None = None) -> tuple[dict, dict]:
     """Problems -> tokenizer -> model -> training -> bootstrap/model/. Returns (training metrics,
     the problem splits). ``settings``: recorded in the model's manifest (what the model was made with)."""
@@ -45,8 +53,7 @@ def build_base_policy(config, out: Path, progress: bool = True, settings: dict |
         write_problems_jsonl(problems, out / f"problems_{name}.jsonl")
     log.info("bootstrap: %s problems", {name: len(p) for name, p in splits.items()})
 
-    tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], config.format), boot.vocab_size)
-    model = build_model(boot, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
+    tokenizer, model = untrained_policy(config, splits)
     examples = training_examples(splits["train"], tokenizer, config.format, boot.max_position_embeddings)
     log.info("bootstrap: %d parameters, vocabulary %d, %d training examples", count_parameters(model), len(tokenizer), len(examples))
 
