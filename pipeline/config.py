@@ -159,6 +159,7 @@ class DataConfig:
     """Problems the training stages (mcts, gfn, ppo) draw from."""
 
     train: str = "problems"  # a pipeline.problems benchmark name (paper: openmathinstruct2)
+    # a *_path: a file; null: the repository's copy (data/benchmarks/), else the hub's; "hub": the hub's
     train_path: str | None = "{run_dir}/bootstrap/problems_train.jsonl"
     train_limit: int | None = bounded(None, ge=1)  # paper: 10000
     validation: str = "problems"
@@ -367,7 +368,7 @@ class EvalConfig:
     """Accuracy and diversity evaluation (paper 5, Tables 2 and 4)."""
 
     benchmarks: list[str] = field(default_factory=lambda: ["tiny_test"])  # names in pipeline.problems / tiny
-    benchmark_paths: dict[str, str] = field(default_factory=dict)  # name -> local file
+    benchmark_paths: dict[str, str] = field(default_factory=dict)  # name -> local file (or "hub"); absent: the repository's copy
     max_problems: int | None = bounded(100, ge=1)
     models: dict[str, str] = field(
         default_factory=lambda: {
