@@ -538,6 +538,36 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: 
             sources[key] = where
 
 
+def _apply_override(config: Config, keys: list[str], value: Any, sources: dict[str, str]) -> None:
+    """One ``a.b.c=value`` override. A key inside a mapping field changes that entry only
+    (``eval.models.base=X`` keeps the other models; a new name adds one); the field itself
+    (``eval.models={base: X}``) is replaced whole, as a YAML file replaces it."""
+    where = "command line"
+    obj, prefix = config, ""
+    for depth, name in enumerate(keys):
+        names = {f.name for f in dataclasses.fields(obj)}
+        if name not in names:
+            raise ConfigError(f"{where}: unknown key {_show(prefix + name)} (known: {', '.join(sorted(names))})")
+        current = getattr(obj, name)
+        rest = keys[depth + 1:]
+        if dataclasses.is_dataclass(current) and rest:
+            obj, prefix = current, f"{prefix}{name}."
+            continue
+        if rest and isinstance(current, dict):
+            if len(rest) > 1:
+                raise ConfigError(f"{where}: {prefix}{name}.{'.'.join(rest)}: {prefix}{name} maps names to values; "
+                                  f"expected {prefix}{name}.<name>=value")
+            _, value_type = typing.get_args(typing.get_type_hints(type(obj))[name])
+            key = f"{prefix}{name}.{rest[0]}"
+            setattr(obj, name, {**current, rest[0]: _coerce(value, value_type, key, where)})
+            sources[key] = where
+            return
+        if rest:
+            raise ConfigError(f"{where}: unknown key {_show('.'.join(keys))} ({prefix}{name} has no fields)")
+        _apply(obj, {name: value}, prefix, where, sources)
+        return
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar/list)."""
     if "=" not in text:
@@ -625,10 +655,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         _apply(config, data, "", str(path), sources)
     for text in overrides or []:
         keys, value = parse_override(text)
-        nested: Any = value
-        for name in reversed(keys):
-            nested = {name: nested}
-        _apply(config, nested, "", "command line", sources)
+        _apply_override(config, keys, value, sources)
     for section in dataclasses.fields(config):
         value = getattr(config, section.name)
         if dataclasses.is_dataclass(value) and hasattr(value, "seed") and f"{section.name}.seed" not in sources:

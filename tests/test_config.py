@@ -60,6 +60,26 @@ def test_lists_and_optionals_are_checked():
         load_config(None, ["search.ks=[1, x]"])
 
 
+def test_an_override_of_one_mapping_entry_changes_that_entry_only(tmp_path):
+    paper = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
+    models = load_config(paper).eval.models
+    config = load_config(paper, ["eval.models.base=/models/llama", "eval.models.sft=/models/sft", "eval.benchmark_paths.gsm8k=g.jsonl"])
+    assert config.eval.models == {**models, "base": "/models/llama", "sft": "/models/sft"}
+    assert config.eval.benchmark_paths == {"gsm8k": "g.jsonl"}
+    assert load_config(paper, ["eval.models={base: /models/llama}"]).eval.models == {"base": "/models/llama"}  # the field: whole
+    path = tmp_path / "c.yaml"
+    path.write_text("eval:\n  models:\n    gfn: /models/gfn\n")
+    assert load_config(path).eval.models == {"gfn": "/models/gfn"}  # a YAML mapping replaces the default whole
+    with pytest.raises(ConfigError, match=r"eval.models.base.path: eval.models maps names to values"):
+        load_config(paper, ["eval.models.base.path=x"])
+    with pytest.raises(ConfigError, match=r"eval.models.base expects str"):
+        load_config(paper, ["eval.models.base=[a, b]"])
+    with pytest.raises(ConfigError, match=r"unknown key 'eval.modles'"):
+        load_config(paper, ["eval.modles.base=x"])
+    with pytest.raises(ConfigError, match=r"unknown key 'mcts.k.x'"):
+        load_config(paper, ["mcts.k.x=1"])
+
+
 def test_override_without_equals_is_an_error():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["mcts.k"])
