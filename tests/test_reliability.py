@@ -214,3 +214,19 @@ def test_a_killed_retrain_leaves_the_model_it_was_replacing(random_tiny_world, t
         process.wait(timeout=30)
     assert verify_manifest(model) == before  # killed while retraining: the old model, whole
     assert finished_model(model.parent, "gfn", False, {})["steps"] == 2
+
+
+def test_a_start_that_committed_no_record_never_blocks_a_rerun_with_other_settings(tmp_path):
+    with (tmp_path / "train.jsonl").open("w") as handle:
+        for pid in PROBLEMS[:2]:
+            handle.write(json.dumps(Problem(pid, f"question {pid}", "7", "tiny").to_json()) + "\n")
+    shards = tmp_path / "runs" / "r" / "mcts" / "shards"
+    for policy in ("typo-policy", "no-policy"):  # a typo in the model's path, corrected: both fail to load here
+        with pytest.raises(Exception) as failure:
+            mcts.main(args(tmp_path, f"model.policy={tmp_path / policy}"))
+        assert "other settings" not in str(failure.value)
+        assert json.loads((shards / "settings.json").read_text())["policy"] == str(tmp_path / policy)
+        release_stage_locks()
+    check_settings(shards, {"policy": "a"}, "the MCTS run", others_running=False)  # nothing committed: replaced
+    with pytest.raises(SystemExit, match="other settings"):  # another shard's process may commit under them
+        check_settings(shards, {"policy": "b"}, "the MCTS run", others_running=True)
