@@ -81,6 +81,9 @@ def seed_field(default: int = 0) -> Any:
 
 # Fields that take one of a few names (checked where they are set, naming the file or the command line).
 REPORT_TO = ("none", "tensorboard", "wandb", "all")  # experiment trackers (pipeline/training/tracking.py)
+# The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
+# carry no problem_source to filter on
+SOURCE_FILTERED_DATA = ("openmathinstruct2",)
 PRM_FORMATS = ("auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm")  # docs/prm.md, "Other PRMs"
 TRAINING_MODES = ("sync", "async")  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
 WEIGHT_TRANSPORTS = ("object_store", "collective")  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
@@ -144,7 +147,7 @@ class DataConfig:
     validation: str = "problems"
     validation_path: str | None = "{run_dir}/bootstrap/problems_val.jsonl"
     validation_limit: int | None = bounded(None, ge=1)
-    problem_sources: list[str] = field(default_factory=list)  # OpenMathInstruct-2 filter, e.g. [augmented_math]
+    problem_sources: list[str] = field(default_factory=list)  # data.train's OpenMathInstruct-2 filter, e.g. [augmented_math]
     # skip malformed problem records (counted, and reported once loading ends) instead of
     # stopping at the first one with its file, line and field; every stage that loads problems
     # or benchmarks (mcts, prm, gfn, ppo, eval, search) follows it
@@ -612,6 +615,9 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
     walk(config, "")
     if config.tinyworld.min_ops > config.tinyworld.max_ops:
         fail("tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}")
+    if config.data.problem_sources and config.data.train not in SOURCE_FILTERED_DATA:
+        fail("data.problem_sources", f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
+             f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]")
     try:
         parse_shard(config.mcts.shard)  # what the MCTS stage reads it with
     except ValueError:

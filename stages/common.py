@@ -148,17 +148,14 @@ def timed(stage: str):
 
 
 def training_problems(config: Config):
-    """The problems the training stages draw from (config.data.train*)."""
-    return _problems(config.data.train, config.resolve(config.data.train_path), config.data.train_limit, config)
+    """The problems the training stages draw from (config.data.train*, filtered by
+    data.problem_sources: the config refuses a filter data.train's loader cannot apply)."""
+    filters = {"problem_sources": config.data.problem_sources} if config.data.problem_sources else {}
+    return load_benchmark(config.data.train, path=config.resolve(config.data.train_path), limit=config.data.train_limit,
+                          lenient=config.data.lenient, **filters)
 
 
 def validation_problems(config: Config):
     """Held-out problems of the training distribution (config.data.validation*)."""
-    return _problems(config.data.validation, config.resolve(config.data.validation_path), config.data.validation_limit, config)
-
-
-def _problems(name: str, path: str | None, limit: int | None, config: Config):
-    kwargs = {"path": path, "limit": limit, "lenient": config.data.lenient}
-    if config.data.problem_sources:
-        kwargs["problem_sources"] = config.data.problem_sources
-    return load_benchmark(name, **kwargs)
+    return load_benchmark(config.data.validation, path=config.resolve(config.data.validation_path),
+                          limit=config.data.validation_limit, lenient=config.data.lenient)

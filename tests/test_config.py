@@ -80,6 +80,25 @@ def test_an_override_of_one_mapping_entry_changes_that_entry_only(tmp_path):
         load_config(paper, ["mcts.k.x=1"])
 
 
+def test_a_problem_filter_that_data_train_cannot_apply_is_refused_at_load():
+    paper = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
+    assert load_config(paper).data.problem_sources == ["augmented_math"]
+    with pytest.raises(ConfigError, match=r"data.problem_sources = \['augmented_math'\] filters openmathinstruct2 problems only, "
+                                          r"but data.train is 'math'"):
+        load_config(paper, ["data.train=math", "data.train_path=math_test.jsonl"])
+    assert load_config(paper, ["data.train=math", "data.problem_sources=[]"]).data.train == "math"
+
+
+def test_the_loaders_that_take_a_problem_filter_are_the_ones_the_config_allows_it_for():
+    import inspect
+
+    from pipeline.config import SOURCE_FILTERED_DATA
+    from pipeline.problems import BENCHMARK_LOADERS
+
+    takes = {name for name, loader in BENCHMARK_LOADERS.items() if "problem_sources" in inspect.signature(loader).parameters}
+    assert takes == set(SOURCE_FILTERED_DATA)
+
+
 def test_override_without_equals_is_an_error():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["mcts.k"])
