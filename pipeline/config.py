@@ -101,6 +101,9 @@ def seed_field(default: int = 0) -> Any:
 
 # Fields that take one of a few names (checked where they are set, naming the file or the command line).
 REPORT_TO = ("none", "tensorboard", "wandb", "all")  # experiment trackers (pipeline/training/tracking.py)
+# The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
+# carry no problem_source to filter on
+SOURCE_FILTERED_DATA = ("openmathinstruct2",)
 PRM_FORMATS = ("auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm")  # docs/prm.md, "Other PRMs"
 TRAINING_MODES = ("sync", "async")  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
 WEIGHT_TRANSPORTS = ("object_store", "collective")  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
@@ -165,7 +168,7 @@ class DataConfig:
     validation: str = "problems"
     validation_path: str | None = "{run_dir}/bootstrap/problems_val.jsonl"
     validation_limit: int | None = bounded(None, ge=1)
-    problem_sources: list[str] = field(default_factory=list)  # OpenMathInstruct-2 filter, e.g. [augmented_math]
+    problem_sources: list[str] = field(default_factory=list)  # data.train's OpenMathInstruct-2 filter, e.g. [augmented_math]
     # skip malformed problem records (counted, and reported once loading ends) instead of
     # stopping at the first one with its file, line and field; every stage that loads problems
     # or benchmarks (mcts, prm, gfn, ppo, eval, search) follows it
@@ -559,6 +562,36 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: 
             sources[key] = where
 
 
+def _apply_override(config: Config, keys: list[str], value: Any, sources: dict[str, str]) -> None:
+    """One ``a.b.c=value`` override. A key inside a mapping field changes that entry only
+    (``eval.models.base=X`` keeps the other models; a new name adds one); the field itself
+    (``eval.models={base: X}``) is replaced whole, as a YAML file replaces it."""
+    where = "command line"
+    obj, prefix = config, ""
+    for depth, name in enumerate(keys):
+        names = {f.name for f in dataclasses.fields(obj)}
+        if name not in names:
+            raise ConfigError(f"{where}: unknown key {_show(prefix + name)} (known: {', '.join(sorted(names))})")
+        current = getattr(obj, name)
+        rest = keys[depth + 1:]
+        if dataclasses.is_dataclass(current) and rest:
+            obj, prefix = current, f"{prefix}{name}."
+            continue
+        if rest and isinstance(current, dict):
+            if len(rest) > 1:
+                raise ConfigError(f"{where}: {prefix}{name}.{'.'.join(rest)}: {prefix}{name} maps names to values; "
+                                  f"expected {prefix}{name}.<name>=value")
+            _, value_type = typing.get_args(typing.get_type_hints(type(obj))[name])
+            key = f"{prefix}{name}.{rest[0]}"
+            setattr(obj, name, {**current, rest[0]: _coerce(value, value_type, key, where)})
+            sources[key] = where
+            return
+        if rest:
+            raise ConfigError(f"{where}: unknown key {_show('.'.join(keys))} ({prefix}{name} has no fields)")
+        _apply(obj, {name: value}, prefix, where, sources)
+        return
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar/list)."""
     if "=" not in text:
@@ -603,6 +636,9 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
     walk(config, "")
     if config.tinyworld.min_ops > config.tinyworld.max_ops:
         fail("tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}")
+    if config.data.problem_sources and config.data.train not in SOURCE_FILTERED_DATA:
+        fail("data.problem_sources", f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
+             f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]")
     try:
         parse_shard(config.mcts.shard)  # what the MCTS stage reads it with
     except ValueError:
@@ -646,10 +682,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         _apply(config, data, "", str(path), sources)
     for text in overrides or []:
         keys, value = parse_override(text)
-        nested: Any = value
-        for name in reversed(keys):
-            nested = {name: nested}
-        _apply(config, nested, "", "command line", sources)
+        _apply_override(config, keys, value, sources)
     for section in dataclasses.fields(config):
         value = getattr(config, section.name)
         if dataclasses.is_dataclass(value) and hasattr(value, "seed") and f"{section.name}.seed" not in sources:

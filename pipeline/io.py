@@ -560,10 +560,13 @@ def path_fingerprint(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_settings(directory: str | Path, settings: dict, what: str) -> None:
+def check_settings(directory: str | Path, settings: dict, what: str, others_running: bool = False) -> None:
     """Resume guard: the first run writes ``settings`` to <directory>/settings.json; a later run
     with other settings (another policy, k, temperature...) stops with the keys that differ,
-    instead of mixing its records with records made under the old ones. Nothing is deleted."""
+    instead of mixing its records with records made under the old ones. Nothing is deleted.
+    Settings that no committed record was made with (a start that failed before its first
+    commit, e.g. at model load) are replaced, unless ``others_running`` (another process of the
+    run may be about to commit under them)."""
     directory = Path(directory)
     path = directory / "settings.json"
     if path.exists():
@@ -571,6 +574,10 @@ def check_settings(directory: str | Path, settings: dict, what: str) -> None:
         if not isinstance(old, dict):
             raise RecordError(f"{path}: expected a JSON object of settings, got {type(old).__name__}; the settings file is damaged")
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        if changed and not committed_shards(directory) and not others_running:
+            log.info("%s: no record was made with the settings it holds (%s differ): replaced", path, ", ".join(changed))
+            write_json_atomic(path, settings)
+            return
         if changed:
             raise SystemExit(
                 f"{path}: {what} already holds records made with other settings ({', '.join(changed)} differ). "

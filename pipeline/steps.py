@@ -48,8 +48,20 @@ class SegmentedIds:
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """Prompt ids, with the tokenizer's special tokens (BOS) when it adds them."""
-    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    """Prompt ids that carry the tokenizer's BOS exactly once (when it has one).
+
+    A chat template that writes BOS itself (Llama-3's) renders text that already starts with it;
+    adding the tokenizer's special tokens on top would put a second BOS in front, a prompt the
+    model never saw in training. So special tokens are added only to text that does not start
+    with BOS. With Llama-3's tokenizer and template:
+        "<|begin_of_text|><|start_header_id|>user..." -> [<|begin_of_text|>, <|start_header_id|>, ...]
+        "Question: ..."                                -> [<|begin_of_text|>, "Question", ...]
+    A tokenizer without BOS (Qwen2.5's) encodes either text as it is. Every prompt the policy
+    or our PRM sees goes through here: training, scoring, HF and vLLM generation.
+    """
+    bos = getattr(tokenizer, "bos_token", None)
+    writes_bos = bool(bos) and prompt.startswith(bos)
+    return list(tokenizer(prompt, add_special_tokens=not writes_bos)["input_ids"])
 
 
 def encode_step(tokenizer, step: str, separator: str = "\n") -> list[int]:

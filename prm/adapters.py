@@ -28,6 +28,7 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForTokenClassification
 
 from pipeline.modeling import load_tokenizer, model_kwargs
+from pipeline.steps import encode_prompt
 from prm.data import pad_token_id
 from prm.scorer import Solution, StepScorer, batched_step_logits
 
@@ -150,7 +151,7 @@ class MathShepherdScorer(AdapterScorer):
         return question.replace(self.tag, "") + " " + "\n".join(f"Step {k}: {step} {self.tag}" for k, step in enumerate(clean, 1))
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
-        ids = list(self.tokenizer(self.text(question, steps))["input_ids"])
+        ids = encode_prompt(self.tokenizer, self.text(question, steps))
         return ids, tag_positions(ids, self.tag_id, len(steps), "math_shepherd")
 
     def step_logits(self, input_ids, attention_mask, positions):
@@ -179,7 +180,7 @@ class QwenPRMScorer(AdapterScorer):
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
-        ids = list(self.tokenizer(self.text(question, steps))["input_ids"])
+        ids = encode_prompt(self.tokenizer, self.text(question, steps))
         return ids, tag_positions(ids, self.separator_id, len(steps), "qwen_prm")
 
     def step_logits(self, input_ids, attention_mask, positions):

@@ -62,7 +62,9 @@ def step_scores(path, question, steps):
     \"\"\"U_k of every step of one solution (steps: a list of strings, without separators).\"\"\"
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForTokenClassification.from_pretrained(path).eval()
-    ids = tokenizer(PROMPT.replace({QUESTION_SLOT!r}, question))["input_ids"]  # with the tokenizer's BOS, if any
+    text = PROMPT.replace({QUESTION_SLOT!r}, question)
+    bos = tokenizer.bos_token  # added only when the text does not start with it: BOS once, as stepflow encodes prompts
+    ids = tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
     positions = []
     for step in steps:  # each step and its separator tokenized on their own, appended
         ids = ids + tokenizer(step + SEPARATOR, add_special_tokens=False)["input_ids"]

@@ -116,8 +116,10 @@ def require_records(path: Path, read: Callable[[Path], list], produced_by: str) 
 
 def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict | None:
     """The manifest of ``out/model`` when the training stage that writes it has finished (the
-    folder was committed whole and checks out), unless ``retrain``: then the old model and any
-    checkpoints are removed and None is returned (train afresh). Leftover checkpoints of a
+    folder was committed whole and checks out), unless ``retrain``: then any checkpoints are
+    removed and None is returned (train afresh); the old model stays usable until the new one
+    replaces it in one rename (pipeline.io.commit_folder), so a retrain that crashes or is
+    killed leaves the model it was meant to replace. Leftover checkpoints of a
     finished run (a kill between the commit and their removal) are removed; a model folder that
     does not check out is moved aside (never deleted) and training starts again. ``settings``: the
     stage's config section now; keys that differ from the ones the model was trained with are
@@ -125,11 +127,10 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
     model = out / "model"
     main = launch_id()[0] == 0  # under a launch every process decides alike; only rank 0 removes or moves
     if retrain:
-        if main and (model.exists() or (out / CHECKPOINTS).exists()):
-            log.info("%s: %s.retrain=true: removing %s and its checkpoints, training afresh", stage, stage, model)
-            shutil.rmtree(model, ignore_errors=True)
+        if main and (out / CHECKPOINTS).exists():
             shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
-            (out / "metrics.jsonl").unlink(missing_ok=True)
+        if model.exists():
+            log.info("%s: %s.retrain=true: training afresh; %s stays until the new model replaces it", stage, stage, model)
         return None
     if not model.exists():
         return None
@@ -194,17 +195,14 @@ def timed(stage: str):
 
 
 def training_problems(config: Config):
-    """The problems the training stages draw from (config.data.train*)."""
-    return _problems(config.data.train, config.resolve(config.data.train_path), config.data.train_limit, config)
+    """The problems the training stages draw from (config.data.train*, filtered by
+    data.problem_sources: the config refuses a filter data.train's loader cannot apply)."""
+    filters = {"problem_sources": config.data.problem_sources} if config.data.problem_sources else {}
+    return load_benchmark(config.data.train, path=config.resolve(config.data.train_path), limit=config.data.train_limit,
+                          lenient=config.data.lenient, **filters)
 
 
 def validation_problems(config: Config):
     """Held-out problems of the training distribution (config.data.validation*)."""
-    return _problems(config.data.validation, config.resolve(config.data.validation_path), config.data.validation_limit, config)
-
-
-def _problems(name: str, path: str | None, limit: int | None, config: Config):
-    kwargs = {"path": path, "limit": limit, "lenient": config.data.lenient}
-    if config.data.problem_sources:
-        kwargs["problem_sources"] = config.data.problem_sources
-    return load_benchmark(name, **kwargs)
+    return load_benchmark(config.data.validation, path=config.resolve(config.data.validation_path),
+                          limit=config.data.validation_limit, lenient=config.data.lenient)

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
         if config.mcts.max_problems is not None:
             problems = problems[: config.mcts.max_problems]
         mine = [p for i, p in enumerate(problems) if i % shard_count == shard_index]
-        check_settings(shards, mcts_settings(config), "the MCTS run")
+        check_settings(shards, mcts_settings(config), "the MCTS run", others_running=bool(held_locks(out, ".lock-shard-*")))
         done = completed_problem_ids(shards)
         todo = [p for p in mine if p.problem_id not in done]
         log.info("mcts: %d problems in shard %s, %d already complete, %d to search", len(mine), config.mcts.shard, len(mine) - len(todo), len(todo))

@@ -60,6 +60,45 @@ def test_lists_and_optionals_are_checked():
         load_config(None, ["search.ks=[1, x]"])
 
 
+def test_an_override_of_one_mapping_entry_changes_that_entry_only(tmp_path):
+    paper = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
+    models = load_config(paper).eval.models
+    config = load_config(paper, ["eval.models.base=/models/llama", "eval.models.sft=/models/sft", "eval.benchmark_paths.gsm8k=g.jsonl"])
+    assert config.eval.models == {**models, "base": "/models/llama", "sft": "/models/sft"}
+    assert config.eval.benchmark_paths == {"gsm8k": "g.jsonl"}
+    assert load_config(paper, ["eval.models={base: /models/llama}"]).eval.models == {"base": "/models/llama"}  # the field: whole
+    path = tmp_path / "c.yaml"
+    path.write_text("eval:\n  models:\n    gfn: /models/gfn\n")
+    assert load_config(path).eval.models == {"gfn": "/models/gfn"}  # a YAML mapping replaces the default whole
+    with pytest.raises(ConfigError, match=r"eval.models.base.path: eval.models maps names to values"):
+        load_config(paper, ["eval.models.base.path=x"])
+    with pytest.raises(ConfigError, match=r"eval.models.base expects str"):
+        load_config(paper, ["eval.models.base=[a, b]"])
+    with pytest.raises(ConfigError, match=r"unknown key 'eval.modles'"):
+        load_config(paper, ["eval.modles.base=x"])
+    with pytest.raises(ConfigError, match=r"unknown key 'mcts.k.x'"):
+        load_config(paper, ["mcts.k.x=1"])
+
+
+def test_a_problem_filter_that_data_train_cannot_apply_is_refused_at_load():
+    paper = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
+    assert load_config(paper).data.problem_sources == ["augmented_math"]
+    with pytest.raises(ConfigError, match=r"data.problem_sources = \['augmented_math'\] filters openmathinstruct2 problems only, "
+                                          r"but data.train is 'math'"):
+        load_config(paper, ["data.train=math", "data.train_path=math_test.jsonl"])
+    assert load_config(paper, ["data.train=math", "data.problem_sources=[]"]).data.train == "math"
+
+
+def test_the_loaders_that_take_a_problem_filter_are_the_ones_the_config_allows_it_for():
+    import inspect
+
+    from pipeline.config import SOURCE_FILTERED_DATA
+    from pipeline.problems import BENCHMARK_LOADERS
+
+    takes = {name for name, loader in BENCHMARK_LOADERS.items() if "problem_sources" in inspect.signature(loader).parameters}
+    assert takes == set(SOURCE_FILTERED_DATA)
+
+
 def test_override_without_equals_is_an_error():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["mcts.k"])

@@ -258,7 +258,7 @@ class FakeLLM:
         self.calls = []
 
     def get_tokenizer(self):
-        return "tokenizer"
+        return make_tokenizer()
 
     def generate(self, prompts, sampling_params, use_tqdm=True, lora_request=None):
         self.calls.append((prompts, sampling_params, lora_request))
@@ -273,13 +273,14 @@ class FakeLLM:
 def test_vllm_adapter_converts_outputs_and_params():
     engine = FakeLLM()
     generator = VLLMGenerator("some/model", Config(), engine=engine, sampling_params_cls=SimpleNamespace)
-    outputs = generator.generate(["p1", "p2"], n=4, temperature=0.6, top_p=0.9, max_new_tokens=7, stop=["\n"], seed=10)
+    outputs = generator.generate(["12", "x="], n=4, temperature=0.6, top_p=0.9, max_new_tokens=7, stop=["\n"], seed=10)
     assert outputs[0] == [
         Completion("a\n", [5, 6], "stop"), Completion("b", [7, 2], "eos"),
         Completion("c", [8, 9, 10], "length"), Completion("d", [3, 128009], "eos"),
     ]
     prompts, params, lora = engine.calls[0]
-    assert prompts == ["p1", "p2"] and lora is None
+    assert prompts == [{"prompt_token_ids": make_tokenizer()(p)["input_ids"]} for p in ("12", "x=")] and lora is None
+    assert prompts[0]["prompt_token_ids"][0] == BOS  # the ids encode_prompt gives, BOS included
     assert [p.seed for p in params] == [10, 14]  # children get seed + j: distinct streams per prompt
     assert vars(params[0]) == dict(n=4, temperature=0.6, top_p=0.9, max_tokens=7, stop=["\n"], include_stop_str_in_output=True, seed=10)
 

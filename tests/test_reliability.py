@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import load_config
-from pipeline.io import LockError, ShardError, ShardWriter, check_settings, commit_folder, staging_folder
+from pipeline.io import (LockError, ShardError, ShardWriter, check_settings, commit_folder, release_stage_locks, staging_folder,
+                         verify_manifest)
 from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary, Problem
 from pipeline.training import checkpoint
-from stages import augment, mcts, train_prm
+from stages import augment, mcts, train_gfn, train_prm
 from stages.common import finished_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,5 +183,50 @@ def test_a_finished_stage_is_recognised_and_retrains_only_when_asked(tmp_path, c
     fake_model(out)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     checkpoint.commit(checkpoint.staging_dir(out / "checkpoints", 2), 2)
-    assert finished_model(out, "gfn", True, {"lr": 1.0}) is None  # retrain: afresh
-    assert not (out / "model").exists() and not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+    assert finished_model(out, "gfn", True, {"lr": 1.0}) is None  # retrain: afresh, without the old checkpoints
+    assert not (out / "checkpoints").exists()
+    assert finished_model(out, "gfn", False, {"lr": 1.0})["steps"] == 3  # the old model stays until a new one replaces it
+
+
+@pytest.mark.slow
+def test_a_killed_retrain_leaves_the_model_it_was_replacing(random_tiny_world, tmp_path):
+    world = random_tiny_world
+    base = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=r", f"model.policy={world / 'policy'}",
+            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "model.torch_threads=1",
+            "generation.max_new_tokens=16", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.save_every=1"]
+    train_gfn.main([*base, "gfn.num_train_steps=2"])
+    release_stage_locks()  # as the process ending would: the retrain below runs in another one
+    model = tmp_path / "r" / "gfn" / "model"
+    before = verify_manifest(model)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = tmp_path / "retrain.log"
+    process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *base, "gfn.num_train_steps=500", "gfn.retrain=true"],
+                               cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint.committed(model.parent / "checkpoints") and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, f"the retrain ended before it was killed: {log.read_text()[-3000:]}"
+        assert checkpoint.committed(model.parent / "checkpoints"), "the retrain made no checkpoint in time"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    assert verify_manifest(model) == before  # killed while retraining: the old model, whole
+    assert finished_model(model.parent, "gfn", False, {})["steps"] == 2
+
+
+def test_a_start_that_committed_no_record_never_blocks_a_rerun_with_other_settings(tmp_path):
+    with (tmp_path / "train.jsonl").open("w") as handle:
+        for pid in PROBLEMS[:2]:
+            handle.write(json.dumps(Problem(pid, f"question {pid}", "7", "tiny").to_json()) + "\n")
+    shards = tmp_path / "runs" / "r" / "mcts" / "shards"
+    for policy in ("typo-policy", "no-policy"):  # a typo in the model's path, corrected: both fail to load here
+        with pytest.raises(Exception) as failure:
+            mcts.main(args(tmp_path, f"model.policy={tmp_path / policy}"))
+        assert "other settings" not in str(failure.value)
+        assert json.loads((shards / "settings.json").read_text())["policy"] == str(tmp_path / policy)
+        release_stage_locks()
+    check_settings(shards, {"policy": "a"}, "the MCTS run", others_running=False)  # nothing committed: replaced
+    with pytest.raises(SystemExit, match="other settings"):  # another shard's process may commit under them
+        check_settings(shards, {"policy": "b"}, "the MCTS run", others_running=True)

@@ -38,12 +38,13 @@ class FakeModel:
 
 
 class FakeEngine:
-    def __init__(self):
+    def __init__(self, tokenizer):
         self.model = FakeModel()
         self.cache_resets = 0
+        self.tokenizer = tokenizer  # the sampler encodes its prompts with the engine's tokenizer
 
     def get_tokenizer(self):
-        return None
+        return self.tokenizer
 
     def apply_model(self, fn):
         return [fn(self.model)]
@@ -73,7 +74,7 @@ def make_trainer(world, tmp_path, lora: bool):
     if lora:
         model = add_lora(model, cfg)
     model.train()
-    engine = FakeEngine()
+    engine = FakeEngine(tokenizer)
     sampler = VLLMGenerator("policy", config, engine=engine, sampling_params_cls=SimpleNamespace)
     policy = LMPolicy(model, tokenizer, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if lora else None)
     objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size)

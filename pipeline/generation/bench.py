@@ -17,6 +17,7 @@ import torch
 
 from pipeline.bench import timed
 from pipeline.generation.base import Generator
+from pipeline.steps import encode_prompt
 
 
 def bench_shared_prompt(
@@ -66,7 +67,7 @@ def _hf_generate_per_prompt(model, tokenizer, prompts, n, temperature, max_new_t
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.inference_mode():
         for prompt in prompts:
-            ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+            ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=device)
             model.generate(
                 ids, attention_mask=torch.ones_like(ids), do_sample=temperature > 0, temperature=temperature or None,
                 top_p=1.0, num_return_sequences=n, max_new_tokens=max_new_tokens, pad_token_id=pad,

@@ -29,7 +29,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds, truncate_at_stop
 from pipeline.modeling import load_causal_lm, load_tokenizer
-from pipeline.steps import end_token_id
+from pipeline.steps import encode_prompt, end_token_id
 
 # Decoding positions the cache has room for before its first doubling.
 INITIAL_ROOM = 32
@@ -266,7 +266,7 @@ class HFGenerator:
         if isinstance(prompts, str):
             raise ValueError("generate: prompts must be a sequence of strings, got a single string")
         check_seeds(seed, prompts)
-        prompt_ids = [list(ids) for ids in self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]]
+        prompt_ids = [encode_prompt(self.tokenizer, prompt) for prompt in prompts]
         for i, ids in enumerate(prompt_ids):
             if not ids:
                 raise ValueError(f"generate: prompt {i} encodes to no tokens; a prompt needs at least one token")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds
+from pipeline.steps import encode_prompt
 
 
 def finish_reason_from_vllm(finish_reason: str | None, stop_reason: int | str | None) -> str:
@@ -158,7 +159,10 @@ class VLLMGenerator:
         kwargs = {"use_tqdm": self.progress}
         if self._lora_request is not None:
             kwargs["lora_request"] = self._lora_request
-        request_outputs = self.engine.generate(list(prompts), params, **kwargs)
+        # token ids, not text: vLLM would add the tokenizer's BOS to text that a chat template
+        # already began with BOS (pipeline.steps.encode_prompt keeps it to one)
+        requests = [{"prompt_token_ids": encode_prompt(self.tokenizer, prompt)} for prompt in prompts]
+        request_outputs = self.engine.generate(requests, params, **kwargs)
         if len(request_outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(request_outputs)} outputs for {len(prompts)} prompts")
         results = [completions_from_request_output(r) for r in request_outputs]
