@@ -12,7 +12,7 @@ STAGE = $(PY) -m stages
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench export-trl clean-venv
+.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench export-trl prm-bench clean-venv
 
 help:
 	@echo "make demo | make test | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
@@ -58,6 +58,9 @@ search: $(VENV)
 
 export-trl: $(VENV)
 	$(STAGE).export_trl --config $(CONFIG) run=$(RUN) $(ARGS)
+
+prm-bench: $(VENV)
+	$(STAGE).prm_bench --config $(CONFIG) run=$(RUN) $(ARGS)
 
 bench: $(VENV)
 	$(STAGE).bench --config $(CONFIG) run=bench $(ARGS)
