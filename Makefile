@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench export-trl clean-venv
+.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench export-trl prm-bench clean-venv
 
 help:
 	@echo "make demo | make test | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
@@ -61,6 +61,9 @@ search: $(VENV)
 
 export-trl: $(VENV)
 	$(STAGE).export_trl --config $(CONFIG) run=$(RUN) $(ARGS)
+
+prm-bench: $(VENV)
+	$(STAGE).prm_bench --config $(CONFIG) run=$(RUN) $(ARGS)
 
 bench: $(VENV)
 	$(STAGE).bench --config $(CONFIG) run=bench $(ARGS)

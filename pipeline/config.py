@@ -411,6 +411,21 @@ class SearchConfig:
 
 
 @dataclass
+class PRMBenchConfig:
+    """The ProcessBench protocol for the PRM at model.prm (stages.prm_bench, docs/prm.md "ProcessBench")."""
+
+    processbench_paths: list[str] = field(default_factory=list)  # ProcessBench-format JSON/JSONL files
+    prm800k_path: str | None = None  # PRM800K phase-2 ratings: the first step rated -1 is the label
+    policy_problems: int = bounded(100, ge=0)  # held-out problems (data.validation) the policy samples, labelled exactly where the kind can be (0: off)
+    policy_samples: int = bounded(4, ge=1)  # samples per problem
+    temperature: float = bounded(0.6, ge=0)
+    held_out_fraction: float = bounded(0.5, gt=0, lt=1)  # share of each set's cases the threshold is chosen on
+    threshold: float | None = bounded(None, gt=0, lt=1)  # a fixed threshold instead (every case is then scored)
+    bootstrap_resamples: int = bounded(1000, ge=1)
+    seed: int = seed_field()
+
+
+@dataclass
 class Config:
     """The whole pipeline's configuration."""
 
@@ -431,6 +446,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    prm_bench: PRMBenchConfig = field(default_factory=PRMBenchConfig)
 
     @property
     def run_dir(self) -> Path:

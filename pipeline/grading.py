@@ -63,6 +63,10 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BRACE_OR_BACKSLASH = re.compile(r"[{}\\]")
 # Only the last few boxes are tried: a text of many unbalanced boxes must stay linear.
 _MAX_BOXES_TRIED = 4
+# Boxes of one answer ("$x = \\boxed{3}$ or $x = \\boxed{4}$"): at most this far apart, no sentence end or other word between.
+_MAX_BOX_GAP = 100
+_SENTENCE_END = re.compile(r"\.\s|\n\s*\n")
+_GAP_WORD = re.compile(r"(?<![\\a-z])[a-z]{2,}")  # a word of prose between boxes (LaTeX commands and variables aside)
 # "The answer is X", "the final answer is X", "Answer: X" -- the last one in the text wins.
 _ANSWER_IS = re.compile(r"\banswer\s*(?:is\b\s*:?|:)[ \t]*", re.IGNORECASE)
 _HASHES = re.compile(r"####[ \t]*")
@@ -109,7 +113,7 @@ def extract_answer(text: str, kind: str) -> str | None:
             return None
         if kind == "math":
             # Returned even when hostile: the caller may want to see it; grading refuses it.
-            return _strip_math_delimiters(span) or None
+            return _strip_math_delimiters(_boxed_list(text) or span) or None
         if refusal_reason(span):
             return None  # "9**9**9" or a megabyte of "1+1+..." does not state the number 9 or 1
         return _number_in(span)
@@ -159,6 +163,35 @@ def _last_boxed(text: str) -> str | None:
                 return token.group(1)
         end = start
     return None
+
+
+def _boxed_list(text: str) -> str | None:
+    """The last boxes of the text when one sentence holds them, joined by ", " ("the solutions
+    are $\\boxed{-2}$ and $\\boxed{1}$" -> "-2, 1", as MATH writes such an answer and Math-Verify
+    reads it); None when the last box stands alone. Boxes are joined while the text between two
+    of them is at most _MAX_BOX_GAP characters without a sentence end or a word but "and", "or"
+    ("first $\\boxed{1}$, then $\\boxed{2}$" is the answer 2)."""
+    contents: list[str] = []
+    end, later_start = len(text), None
+    for _ in range(_MAX_BOXES_TRIED):
+        start = max(text.rfind(command, 0, end) for command in _BOX_COMMANDS)
+        if start < 0:
+            break
+        position = start + len(next(c for c in _BOX_COMMANDS if text.startswith(c, start)))
+        while position < len(text) and text[position] == " ":
+            position += 1
+        if text[position: position + 1] != "{":
+            break
+        close = _matching_brace(text, position, position + MAX_ANSWER_CHARS + 2)
+        if close is None or (later_start is not None and close >= later_start):
+            break  # unbalanced, or a box around the later one
+        if later_start is not None:
+            gap = text[close + 1: later_start]
+            if len(gap) > _MAX_BOX_GAP or _SENTENCE_END.search(gap) or set(_GAP_WORD.findall(gap.lower())) - {"and", "or"}:
+                break
+        contents.append(text[position + 1: close].strip())
+        end = later_start = start
+    return ", ".join(reversed(contents)) if len(contents) > 1 else None
 
 
 def _matching_brace(text: str, open_position: int, end: int) -> int | None:

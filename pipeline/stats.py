@@ -8,7 +8,7 @@ them imports another for its statistics.
 from __future__ import annotations
 
 from statistics import NormalDist
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -121,3 +121,21 @@ def grouped_bootstrap_auc(scores: Sequence[float], positive: Sequence[bool], gro
         return auc, None, None
     lo, hi = np.quantile(values, [alpha / 2, 1 - alpha / 2])
     return auc, float(lo), float(hi)
+
+
+def bootstrap_statistic(statistic: Callable[[np.ndarray], float | None], n: int, n_resamples: int = 1000, alpha: float = 0.05,
+                        seed: int = 0) -> tuple[float | None, float | None]:
+    """Percentile-bootstrap interval of any statistic of n items (e.g. an F1 that is no mean).
+
+    statistic: (index array of length n, drawn with replacement) -> value, or None where the
+    resample cannot give one (such resamples are skipped). Returns (lo, hi); (None, None) when
+    no resample gave a value.
+    """
+    if n < 1:
+        raise ValueError(f"bootstrap_statistic: n must be >= 1, got {n}")
+    rng = np.random.default_rng(seed)
+    values = [value for value in (statistic(rng.integers(0, n, size=n)) for _ in range(n_resamples)) if value is not None]
+    if not values:
+        return None, None
+    lo, hi = np.quantile(values, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)

@@ -46,9 +46,10 @@ def detect_format(path: str, prm_format: str = "auto") -> str:
         return "token_classification"
     if any(name.endswith("ForProcessRewardModel") for name in architectures):
         return "qwen_prm"
-    raise ValueError(f"{path}: cannot tell which PRM format this is (architectures {architectures or 'unknown'}); set "
-                     f"model.prm_format to one of {', '.join(FORMATS)} (math_shepherd for a Math-Shepherd-style causal LM; "
-                     f"docs/prm.md, \"Other PRMs\")")
+    raise ValueError(f"{path}: no known PRM format; tried stepflow (no {PRM_CONFIG_NAME}), token_classification (no "
+                     f"architecture ending in ForTokenClassification) and qwen_prm (none ending in ForProcessRewardModel): "
+                     f"architectures {architectures or 'unknown'}; set model.prm_format to one of {', '.join(FORMATS)} "
+                     f"(math_shepherd for a Math-Shepherd-style causal LM; docs/prm.md, \"Other PRMs\")")
 
 
 def load_scorer(path: str | Path, config) -> StepScorer:

@@ -7,7 +7,8 @@ Writes: runs/<run>/export/trl/prm_train.jsonl, prm_val.jsonl ({prompt, completio
 
     datasets.load_dataset("json", data_files={"train": ".../prm_train.jsonl", "test": ".../prm_val.jsonl"})
 
-gives what trl.PRMTrainer takes (step_separator = format.separator). Library: prm.trl_export.
+gives what TRL's PRMTrainer takes (trl.experimental.prm.PRMTrainer in trl 1.0-1.13, the dev extra's
+trl; step_separator = format.separator). Library: prm.trl_export.
 """
 
 from __future__ import annotations

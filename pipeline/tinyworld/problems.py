@@ -288,3 +288,29 @@ def arithmetic_errors(steps: Sequence[str]) -> list[str]:
     """The steps that write a wrong calculation (``a op b = c`` with c not its value)."""
     apply = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
     return [step for step in steps if any(apply[op](a, b) != c for a, op, b, c in step_equations([step]))]
+
+
+def first_wrong_step(problem: Problem, steps: Sequence[str]) -> int:
+    """Index of the first wrong step of a solution to a tiny-world problem, or -1 when none is
+    (ProcessBench's label), exact because the world knows every valid strategy:
+
+    - a step that writes calculations is right while the calculations written so far are the
+      start of some valid strategy's (a wrong result, a wrong operand or an order no strategy
+      takes is wrong; wording aside, as in solution_strategy);
+    - a step without a calculation is right when it is ``The answer is <the answer>``.
+
+        problem with valid strategies [(3*4=12, 5+12=17, 17-2=15), (5-2=3, 3*4=12, 3+12=15)], answer 15
+        ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 13 apples.", ...]  ->  1
+        ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "The answer is 17"]  ->  2
+    """
+    strategies = [step_equations(solution) for solution in problem.meta["solutions"]]
+    written: tuple = ()
+    for index, step in enumerate(steps):
+        equations = step_equations([step])
+        if equations:
+            written += equations
+            if not any(strategy[: len(written)] == written for strategy in strategies):
+                return index
+        elif step.strip() != ANSWER_STEP.format(answer=problem.answer):
+            return index
+    return -1

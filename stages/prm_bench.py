@@ -1,0 +1,75 @@
+"""make prm-bench: the ProcessBench protocol (first wrong step; F1 of the accuracies on erroneous
+and on correct solutions) for the PRM at model.prm, in any format load_scorer reads.
+
+Reads:  model.prm (model.prm_format); prm_bench.processbench_paths (ProcessBench-format JSON/JSONL),
+        prm_bench.prm800k_path (PRM800K phase-2 ratings); for the policy's own samples, the policy
+        (model.policy) and held-out problems (data.validation*), labelled exactly where their
+        kind has a labeller (prm.processbench.FIRST_ERROR_LABELLERS: the tiny world)
+Writes: runs/<run>/prm_bench/results.json ({set name: threshold, f1, interval, accuracies, cases}),
+        config.yaml
+Library: prm.processbench.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pipeline.generation import build_generator
+from pipeline.io import write_json_atomic
+from pipeline.prompts import question_text
+from prm.formats import load_scorer
+from prm.processbench import FIRST_ERROR_LABELLERS, labelled_cases, processbench, prm800k_cases, read_processbench
+from prm.validation import policy_solutions
+from stages.common import log, parse_args, require, require_prm, set_threads, stage_dir, timed, validation_problems
+
+
+def policy_cases(config) -> tuple[str, list] | None:
+    """(set name, cases) of the policy's samples of held-out problems, labelled by their kind's
+    labeller; None when prm_bench.policy_problems is 0 or the kind has no labeller."""
+    cfg = config.prm_bench
+    if cfg.policy_problems <= 0:
+        return None
+    problems = validation_problems(config)[: cfg.policy_problems]
+    kinds = {problem.kind for problem in problems}
+    labeller = FIRST_ERROR_LABELLERS.get(kinds.pop()) if len(kinds) == 1 else None
+    if labeller is None:
+        log.info("prm_bench: no exact step labels for problems of kind(s) %s: the policy's samples are skipped", sorted(kinds))
+        return None
+    samples = policy_solutions(build_generator(config), problems, config.format, cfg.policy_samples, cfg.temperature,
+                               config.generation.max_new_tokens, seed=cfg.seed)
+    repeated = [problem for problem in problems for _ in range(cfg.policy_samples)]  # policy_solutions: n per problem, in order
+    cases = labelled_cases(repeated, [steps for _, steps in samples], labeller,
+                           question=lambda p: question_text(p.question, p.meta.get("options")))
+    return f"{problems[0].kind}_policy", cases
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_args("prm_bench", argv)
+    set_threads(config, "prm_bench")
+    out = stage_dir(config, "prm_bench")
+    cfg = config.prm_bench
+    with timed("prm_bench"):
+        sets = {Path(path).stem: read_processbench(require(Path(config.resolve(path)), "prm-bench (a ProcessBench file you supply)"))
+                for path in cfg.processbench_paths}
+        if cfg.prm800k_path:
+            sets["prm800k"] = prm800k_cases(require(Path(config.resolve(cfg.prm800k_path)), "prm-bench (a PRM800K file you supply)"))
+        scorer = load_scorer(require_prm(config.resolve(config.model.prm)), config)
+        policy = policy_cases(config)
+        if policy is not None:
+            sets[policy[0]] = policy[1]
+        if not sets:
+            raise SystemExit("prm_bench: nothing to score: set prm_bench.processbench_paths, prm_bench.prm800k_path or "
+                             "prm_bench.policy_problems (with problems of a kind that has exact step labels)")
+        results = {name: processbench(scorer, cases, held_out_fraction=cfg.held_out_fraction, threshold=cfg.threshold,
+                                      n_resamples=cfg.bootstrap_resamples, seed=cfg.seed) for name, cases in sets.items()}
+        write_json_atomic(out / "results.json", results)
+        for name, result in results.items():
+            log.info("prm_bench: %s: F1 %s %s at threshold %.2f (%s); acc erroneous %s (n %d), correct %s (n %d)", name,
+                     result["f1"], result["interval"], result["threshold"], result["threshold_from"], result["accuracy_erroneous"],
+                     result["n_erroneous"], result["accuracy_correct"], result["n_correct"])
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
