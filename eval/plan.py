@@ -150,12 +150,13 @@ def resolve_model(config: Config, key: str, raw: str, derived_from: Model | None
         if stage == "bootstrap":
             return Model(key, value, "made by make bootstrap", _bootstrap_shape(config), "the bootstrap section")
         if derived_from is not None:
-            return Model(key, value, f"made by make {stage}", derived_from.shape, f"as {derived_from.key}")
+            return Model(key, value, f"made by make {stage}", derived_from.shape, f"that of {derived_from.key}")
         return Model(key, value, f"made by make {stage}", None, "unknown until it is made")
     spec = parse_model_spec(config, key, raw)
+    if spec.path_is_local and not Path(spec.path).exists():
+        return Model(key, spec.path, "local", None, "missing")
     shape, source = model_shape(spec.path)
-    status = "local" if spec.path_is_local else "hub"
-    return Model(key, spec.path, status, shape, source)
+    return Model(key, spec.path, "local" if spec.path_is_local else "hub", shape, source)
 
 
 def _check_model(plan: Plan, model: Model) -> None:
@@ -201,7 +202,7 @@ def resolve_data(plan: Plan, key: str, loader: str, raw_path: str | None, limit:
     except NeedsHub as hub:
         known = KNOWN_SIZES.get(loader)
         count = min(x for x in (known, limit) if x is not None) if (known or limit) else None
-        return Data(key, loader, f"needs the hub ({hub})", count)
+        return Data(key, loader, f"needs the hub ({hub.hub_id})", count)
     except (OSError, ValueError) as error:  # RecordError is a ValueError
         plan.error(key, f"{loader}: {error}")
         return Data(key, loader, "unresolvable", None)

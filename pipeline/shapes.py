@@ -94,7 +94,10 @@ class ShapeSource(NamedTuple):
 
 def cached_hub_config(hub_id: str) -> Path | None:
     """The hub id's config.json in the local hub cache, or None; never downloads."""
-    found = try_to_load_from_cache(hub_id, "config.json")
+    try:
+        found = try_to_load_from_cache(hub_id, "config.json")
+    except ValueError:  # not of the form org/name
+        return None
     return Path(found) if isinstance(found, str) else None
 
 

@@ -100,6 +100,16 @@ def test_tiny_config_plans_every_stage_without_findings(tmp_path):
     assert "No errors or warnings." in render(plan)
 
 
+def test_a_local_model_folder_is_sized_from_its_config_json(tmp_path):
+    tiny("qwen2", True).config.save_pretrained(tmp_path / "policy")
+    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'policy'}"])
+    policy = make_plan(config).models[0]
+    assert (policy.status, policy.source) == ("local", f"local {tmp_path / 'policy' / 'config.json'}")
+    assert policy.shape == shape_from_config(tiny("qwen2", True).config.to_dict(), "test")
+    missing = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'nope'}"])
+    assert [f.key for f in make_plan(missing).errors] == ["model.policy"]
+
+
 @pytest.fixture
 def paper_world(tmp_path, benchmarks_dir, monkeypatch):
     """Run from a folder like the repository's root, whose data/benchmarks/ holds the benchmark files
@@ -125,7 +135,7 @@ def test_paper_configs_pass_make_plan_with_their_hub_models_sized_from_the_table
     assert policy.source == backbone.source == "published config (table in pipeline/shapes.py)"
     data = {d.key: d for d in plan.data}
     assert data["eval.benchmarks[2] (sat_math_32)"].problems == 32
-    assert data["data.train"].status.startswith("needs the hub (hf://nvidia/OpenMathInstruct-2")
+    assert data["data.train"].status == "needs the hub (nvidia/OpenMathInstruct-2)"
     for stage in plan.stages:
         if stage.memory:
             assert sum(stage.memory.values()) <= plan.gpu.memory_gib * GIB
