@@ -15,10 +15,10 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test test-fast demo bootstrap mcts augment prm gfn ppo eval search bench export-trl prm-bench clean-venv
+.PHONY: help test test-fast demo plan bootstrap mcts augment prm gfn ppo eval search bench export-trl prm-bench clean-venv
 
 help:
-	@echo "make demo | make test | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: $(VENV)
 
 test-fast: $(VENV)
 	$(PY) -m pytest -q -m "not slow"
+
+# checks CONFIG and prints each stage's work, memory per GPU and GPU-hours; loads no model, writes nothing
+plan: $(VENV)
+	$(STAGE).plan --config $(CONFIG) run=$(RUN) $(ARGS)
 
 bootstrap: $(VENV)
 	$(STAGE).bootstrap --config $(CONFIG) run=$(RUN) $(ARGS)

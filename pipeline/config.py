@@ -426,6 +426,21 @@ class PRMBenchConfig:
 
 
 @dataclass
+class PlanConfig:
+    """The machine `make plan` checks the config against (stages/plan.py, docs/real-model.md)."""
+
+    processes: int = bounded(1, ge=1)  # processes of make prm / gfn / ppo (accelerate launch); one GPU each
+    gpu: str = "A100-80GB"  # a GPU type of eval.plan.GPUS: its memory and peak bf16 FLOP/s
+    gpu_memory_gb: float | None = bounded(None, gt=0)  # GiB per GPU; None: the GPU type's
+    # stage (prm, gfn, ppo) -> the accelerate config file it is launched with; a stage not named
+    # runs as DDP (one whole copy per process), or as one plain process when processes is 1
+    accelerate: dict[str, str] = field(default_factory=dict)
+    generation_mfu: float = bounded(0.10, gt=0, le=1)  # assumed share of peak FLOP/s when sampling (2 x parameters a token)
+    training_mfu: float = bounded(0.35, gt=0, le=1)  # assumed share when training (6 x parameters a token) or scoring
+    prompt_tokens: int = bounded(256, ge=1)  # assumed prompt length (chat template + question) in tokens
+
+
+@dataclass
 class Config:
     """The whole pipeline's configuration."""
 
@@ -447,6 +462,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     prm_bench: PRMBenchConfig = field(default_factory=PRMBenchConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
     @property
     def run_dir(self) -> Path:

@@ -20,6 +20,7 @@ either way.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import heapq
 import json
@@ -27,6 +28,7 @@ import logging
 import os
 import re
 from functools import lru_cache
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -261,8 +263,32 @@ def _read_local(path: str | Path) -> Iterator[Row]:
             raise RecordError(f"{path}: no records (an empty file)")
 
 
+class NeedsHub(Exception):
+    """Raised by a hub read inside ``hub_forbidden()``: the benchmark has no local copy."""
+
+    def __init__(self, hub_id: str, config: str | None, split: str):
+        super().__init__(f"hf://{hub_id}" + (f"[{config}]" if config else "") + f"/{split}")
+        self.hub_id = hub_id
+
+
+_HUB_FORBIDDEN: contextvars.ContextVar[bool] = contextvars.ContextVar("hub_forbidden", default=False)
+
+
+@contextmanager
+def hub_forbidden():
+    """Inside: a loader that would read from the hub raises NeedsHub instead (`make plan` finds
+    which benchmarks need the hub without downloading them)."""
+    token = _HUB_FORBIDDEN.set(True)
+    try:
+        yield
+    finally:
+        _HUB_FORBIDDEN.reset(token)
+
+
 def _read_hub(hub_id: str, config: str | None, split: str, *, streaming: bool = False) -> Iterator[Row]:
     """The rows of one hub dataset split (``datasets`` is imported only here)."""
+    if _HUB_FORBIDDEN.get():
+        raise NeedsHub(hub_id, config, split)
     import datasets  # heavy (pyarrow): only a hub read needs it
 
     rows = datasets.load_dataset(hub_id, config, split=split, streaming=streaming)

@@ -147,6 +147,12 @@ class ProcessRewardModel(nn.Module):
         return base_transformer(self.backbone).config
 
     @property
+    def _no_split_modules(self) -> list[str]:
+        """The backbone's layer classes: what accelerate's FSDP wraps one by one when its config
+        names no class (configs/accelerate/fsdp.yaml), whatever the backbone's family."""
+        return list(getattr(base_transformer(self.backbone), "_no_split_modules", None) or [])
+
+    @property
     def device(self) -> torch.device:
         return self.head.weight.device
 

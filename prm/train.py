@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from accelerate.utils import set_seed
 from torch import Tensor
 
+from pipeline.batches import gradient_accumulation
 from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
@@ -90,7 +91,7 @@ def train_prm(
     tracking = Tracking.from_config(config, "prm", output_dir)  # before any model loads: a missing tracker package fails here
     accelerator = make_accelerator(config.model, compile=cfg.compile, tracking=tracking)
     world = accelerator.num_processes
-    accumulation = max(1, round(cfg.batch_size / (cfg.micro_batch_size * world)))
+    accumulation = gradient_accumulation(cfg.batch_size, cfg.micro_batch_size, world)  # exact, before any model loads
     accelerator.gradient_accumulation_steps = accumulation
     set_seed(cfg.seed)  # the same fresh head on every process
 

@@ -133,7 +133,7 @@ def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ValueError, match=r"generation.backend=vllm but vllm is not installed"):
             preflight(load_config(REPO / "configs" / "tiny.yaml", ["generation.backend=vllm"]), "ppo")
-    from pipeline.finetune.sampling import check_divisible
+    from pipeline.batches import check_divisible
 
     with pytest.raises(ValueError, match=r"questions_per_step=3 must be a positive multiple of the number of processes \(2\)"):
         check_divisible(3, 2)

@@ -22,11 +22,12 @@ from matplotlib.figure import Figure
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
+from pipeline.batches import check_divisible
 from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig, config_checks
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
-from pipeline.finetune.sampling import TrainProblem, TrajectorySampler, check_divisible
+from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS
@@ -123,7 +124,7 @@ def preflight(config: Config, stage: str) -> int:
         if importlib.util.find_spec("ray") is None:
             raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
         check_transport(cfg.weight_transport)
-    check_divisible(cfg.questions_per_step, processes)
+    check_divisible(cfg.questions_per_step, processes, f"{stage}.questions_per_step")
     backend = config.generation.backend
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")

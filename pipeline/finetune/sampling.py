@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from pipeline.batches import check_divisible
 from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER
 from pipeline.grading import extract_answer, grade_many
 from pipeline.records import Trajectory
@@ -60,13 +61,6 @@ def question_seed(seed: int, step: int, index: int) -> int:
     """The sampling seed of the index-th question of a training step (its K solutions draw from
     question_seed + j, pipeline.generation)."""
     return ((seed * 100_003 + step) * 10_007 + index) * 1_009
-
-
-def check_divisible(questions_per_step: int, processes: int) -> None:
-    """Every process samples the same number of whole questions."""
-    if questions_per_step < 1 or questions_per_step % processes:
-        raise ValueError(f"questions_per_step={questions_per_step} must be a positive multiple of the number of processes "
-                         f"({processes}): each process samples questions_per_step / {processes} whole questions")
 
 
 class TrajectorySampler:

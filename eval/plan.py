@@ -1,0 +1,569 @@
+"""`make plan`: check a config and estimate its cost before anything loads (docs/real-model.md).
+
+``make_plan(config)`` resolves every model and data file the config names (local, made by an
+earlier stage, or needing the hub: nothing is downloaded and no model is loaded), checks the
+batches against the number of processes with the trainers' own checks (pipeline.batches), and
+estimates per stage the work (problems, rollouts, generated and training tokens), the memory of
+one GPU under the accelerate config each training stage is launched with, and GPU-hours at the
+throughput ``plan.generation_mfu`` / ``plan.training_mfu`` of the GPU type's peak bf16 FLOP/s.
+Every problem found is a Finding: an error (the stage would fail, or memory exceeds the device)
+or a warning. Token counts are upper bounds (every sample runs to max_new_tokens).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+
+from eval.evaluate import parse_model_spec, resolve_benchmark
+from pipeline.batches import check_divisible, gradient_accumulation
+from pipeline.config import Config
+from pipeline.finetune.objectives import needs_reference
+from pipeline.io import parse_shard
+from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
+from pipeline.shapes import ModelShape, activation_bytes, lora_parameters, model_shape
+
+GIB = 1024**3
+
+
+class GPU(NamedTuple):
+    memory_gib: float  # per device
+    peak_tflops: float  # dense bf16 tensor-core peak (the vendor's datasheet)
+
+
+GPUS: dict[str, GPU] = {
+    "A100-40GB": GPU(40, 312),
+    "A100-80GB": GPU(80, 312),
+    "H100-80GB": GPU(80, 989),
+    "H200": GPU(140, 989),
+    "L40S": GPU(45, 362),
+}
+
+# transformers' _no_split_modules of the families pipeline.shapes sizes: the layer FSDP should wrap
+WRAP_CLASSES = {"llama": "LlamaDecoderLayer", "qwen2": "Qwen2DecoderLayer"}
+STAGES = ("mcts", "augment", "prm", "gfn", "ppo", "eval", "search")
+
+
+@dataclass
+class Finding:
+    level: str  # error | warning
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level.upper()}: {self.key}: {self.message}"
+
+
+@dataclass
+class Model:
+    """One model the config names: where it is and its shape."""
+
+    key: str
+    value: str
+    status: str  # "local" | "hub" | "made by make <stage>"
+    shape: ModelShape | None
+    source: str
+
+
+@dataclass
+class Data:
+    key: str
+    name: str
+    status: str  # "local <path>" | "needs the hub (<id>)" | "made by make <stage>"
+    problems: int | None  # after the configured limit; None: unknown
+
+
+@dataclass
+class Launch:
+    """How a training stage runs: its accelerate config's strategy."""
+
+    strategy: str  # single | ddp | zero2 | zero3 | fsdp
+    activation_checkpointing: bool
+    file: str | None
+
+
+@dataclass
+class StageCost:
+    name: str
+    processes: int
+    work: list[str] = field(default_factory=list)
+    memory: dict[str, float] = field(default_factory=dict)  # item -> bytes on one GPU
+    gpu_seconds: tuple[float, float] | None = None  # (low, high); None: unknown
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    config_path: str
+    config: Config
+    gpu_name: str
+    gpu: GPU
+    models: list[Model] = field(default_factory=list)
+    data: list[Data] = field(default_factory=list)
+    stages: list[StageCost] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    def error(self, key: str, message: str) -> None:
+        self._add(Finding("error", key, message))
+
+    def warn(self, key: str, message: str) -> None:
+        self._add(Finding("warning", key, message))
+
+    def _add(self, finding: Finding) -> None:
+        if finding not in self.findings:  # a check shared by two stages (gfn, ppo) is said once
+            self.findings.append(finding)
+
+
+# ----------------------------------------------------------------------------- resolving
+
+
+def _made_by(config: Config, raw: str) -> str | None:
+    """The stage whose output a ``{run_dir}/<stage>/...`` path names, when it does not exist yet."""
+    if "{run_dir}" not in raw or Path(config.resolve(raw)).exists():
+        return None
+    rest = raw.split("{run_dir}", 1)[1].strip("/").split("/")
+    return rest[0] if rest and rest[0] else "?"
+
+
+def _bootstrap_shape(config: Config) -> ModelShape:
+    b = config.bootstrap
+    return ModelShape("llama", b.hidden_size, b.num_layers, b.num_heads, b.num_heads, b.hidden_size // b.num_heads,
+                      b.intermediate_size, b.vocab_size, True, False)
+
+
+def resolve_model(config: Config, key: str, raw: str, derived_from: Model | None = None) -> Model:
+    """A model path or hub id: local folder, hub id, or the output of a stage (its shape is that of
+    ``derived_from``: the policy a fine-tuned model starts from, the PRM's backbone)."""
+    value = config.resolve(raw)
+    stage = _made_by(config, raw)
+    if stage is not None:
+        if stage == "bootstrap":
+            return Model(key, value, "made by make bootstrap", _bootstrap_shape(config), "the bootstrap section")
+        if derived_from is not None:
+            return Model(key, value, f"made by make {stage}", derived_from.shape, f"that of {derived_from.key}")
+        return Model(key, value, f"made by make {stage}", None, "unknown until it is made")
+    spec = parse_model_spec(config, key, raw)
+    if spec.path_is_local and not Path(spec.path).exists():
+        return Model(key, spec.path, "local", None, "missing")
+    shape, source = model_shape(spec.path)
+    return Model(key, spec.path, "local" if spec.path_is_local else "hub", shape, source)
+
+
+def _check_model(plan: Plan, model: Model) -> None:
+    if model.status == "local" and not Path(model.value).expanduser().exists():
+        plan.error(model.key, f"{model.value} does not exist (a local path: neither a hub id 'org/name' nor made by a stage)")
+    elif model.shape is None and not model.status.startswith("made by"):
+        plan.warn(model.key, f"shape unknown ({model.source}): its memory and cost are not estimated")
+
+
+def resolve_models(plan: Plan) -> dict[str, Model]:
+    config = plan.config
+    policy = resolve_model(config, "model.policy", config.model.policy)
+    backbone = resolve_model(config, "model.prm_backbone", config.model.prm_backbone)
+    models = {"policy": policy, "prm_backbone": backbone, "prm": resolve_model(config, "model.prm", config.model.prm, backbone)}
+    for name, raw in config.eval.models.items():
+        derived = policy if _made_by(config, raw) in ("gfn", "ppo") else None
+        models[f"eval.{name}"] = resolve_model(config, f"eval.models.{name}", raw.split("::")[0], derived)
+    if config.eval.prm:
+        models["eval.prm"] = resolve_model(config, "eval.prm", config.eval.prm, backbone)
+    for model in models.values():
+        _check_model(plan, model)
+    plan.models = list(models.values())
+    return models
+
+
+KNOWN_SIZES = {"math500": 500, "gsm8k": 1319, "math": 5000, "math_level5": 1324, "agieval_sat_math": 220, "sat_math_32": 32}
+
+
+def resolve_data(plan: Plan, key: str, loader: str, raw_path: str | None, limit: int | None, **kwargs) -> Data:
+    """A benchmark or problems file: loaded when local (checked, counted), else which stage makes
+    it or which hub dataset it needs (counted from its published size and the limit)."""
+    config = plan.config
+    path = config.resolve(raw_path) if raw_path is not None else None
+    stage = _made_by(config, raw_path) if raw_path is not None else None
+    if stage is not None:
+        return Data(key, loader, f"made by make {stage}", limit)
+    if path is not None and not Path(path).exists():
+        plan.error(key, f"{loader}: file {path} not found")
+        return Data(key, loader, f"missing {path}", None)
+    try:
+        with hub_forbidden():
+            problems = load_benchmark(loader, path=path, limit=limit, lenient=config.data.lenient, **kwargs)
+    except NeedsHub as hub:
+        known = KNOWN_SIZES.get(loader)
+        count = min(x for x in (known, limit) if x is not None) if (known or limit) else None
+        return Data(key, loader, f"needs the hub ({hub.hub_id})", count)
+    except (OSError, ValueError) as error:  # RecordError is a ValueError
+        plan.error(key, f"{loader}: {error}")
+        return Data(key, loader, "unresolvable", None)
+    return Data(key, loader, f"local {path}" if path else "local (the repository's copy)", len(problems))
+
+
+def resolve_all_data(plan: Plan) -> dict[str, Data]:
+    config = plan.config
+    data = {}
+    for split in ("train", "validation"):
+        loader = getattr(config.data, split)
+        sources = {}
+        if config.data.problem_sources:
+            if "problem_sources" in inspect.signature(BENCHMARK_LOADERS.get(loader, load_benchmark)).parameters:
+                sources = {"problem_sources": config.data.problem_sources}
+            else:
+                plan.warn("data.problem_sources", f"filters OpenMathInstruct-2 problems only: not applied to data.{split} ({loader})")
+        data[split] = resolve_data(plan, f"data.{split}", loader, getattr(config.data, f"{split}_path"),
+                                   getattr(config.data, f"{split}_limit"), **sources)
+    for index, name in enumerate(config.eval.benchmarks):
+        source = resolve_benchmark(config, name)
+        raw = config.eval.benchmark_paths.get(name) or (source.path and source.path.replace(str(config.run_dir), "{run_dir}"))
+        data[f"eval.{name}"] = resolve_data(plan, f"eval.benchmarks[{index}] ({name})", source.loader, raw, config.eval.max_problems)
+    name = config.search.benchmark
+    if config.search.benchmark_path is not None:
+        loader, raw = ("problems" if name == "tiny_test" else name), config.search.benchmark_path
+    else:
+        source = resolve_benchmark(config, name)
+        loader = source.loader
+        raw = config.eval.benchmark_paths.get(name) or (source.path and source.path.replace(str(config.run_dir), "{run_dir}"))
+    data["search"] = resolve_data(plan, "search.benchmark", loader, raw, config.search.max_problems)
+    plan.data = list(data.values())
+    return data
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def read_launch(plan: Plan, stage: str) -> Launch:
+    """The strategy of the accelerate config plan.accelerate[stage]; its num_processes must be plan.processes."""
+    config = plan.config
+    file = config.plan.accelerate.get(stage)
+    processes = config.plan.processes
+    if file is None:
+        return Launch("single" if processes == 1 else "ddp", False, None)
+    key = f"plan.accelerate.{stage}"
+    try:
+        settings = yaml.safe_load(Path(file).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as error:
+        plan.error(key, f"{file}: cannot read it ({error})")
+        return Launch("ddp", False, file)
+    if settings.get("num_processes") not in (None, processes):
+        plan.error(key, f"{file} launches num_processes: {settings['num_processes']} but plan.processes = {processes} "
+                        f"(accelerate launch --num_processes {processes} overrides the file)")
+    kind = str(settings.get("distributed_type", "NO")).upper()
+    if kind == "FSDP":
+        fsdp = settings.get("fsdp_config") or {}
+        return Launch("fsdp", bool(fsdp.get("fsdp_activation_checkpointing")), file)
+    if kind == "DEEPSPEED":
+        stage_number = int((settings.get("deepspeed_config") or {}).get("zero_stage", 0))
+        return Launch({3: "zero3", 2: "zero2"}.get(stage_number, "ddp"), False, file)
+    return Launch("ddp" if processes > 1 else "single", False, file)
+
+
+def check_wrap_class(plan: Plan, stage: str, model: Model) -> None:
+    """An FSDP config that names a layer class must name the model's (else accelerate stops at
+    prepare, or, for a class the model lacks in another family, nothing is wrapped per layer)."""
+    file = plan.config.plan.accelerate.get(stage)
+    if file is None or model.shape is None or not Path(file).is_file():
+        return
+    fsdp = (yaml.safe_load(Path(file).read_text(encoding="utf-8")) or {}).get("fsdp_config") or {}
+    named = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
+    wanted = WRAP_CLASSES.get(model.shape.model_type)
+    if named and wanted and named != wanted:
+        plan.error(f"plan.accelerate.{stage}", f"{file} wraps {named} but {model.key} is a {model.shape.model_type} model "
+                                               f"({wanted}); leave fsdp_transformer_layer_cls_to_wrap out to wrap the model's "
+                                               "own _no_split_modules")
+
+
+# ----------------------------------------------------------------------------- memory and time
+
+
+def _half_bytes(config: Config) -> int:
+    return 4 if config.model.dtype == "float32" else 2
+
+
+def training_state(shape: ModelShape, trainable: int, launch: Launch, processes: int, lm_head: bool) -> dict[str, float]:
+    """Weights, gradients and AdamW state on one GPU: float32 master weights (4 bytes), gradients
+    (4) and two moments (8) of the trainable parameters; a LoRA base stays frozen in bf16 (2).
+    ZeRO-2 shards gradients and optimizer state; ZeRO-3 and FSDP also the weights (plus one layer
+    gathered for its forward)."""
+    params = shape.parameters(lm_head=lm_head)
+    full = trainable >= params
+    n = processes
+    sharded = launch.strategy in ("zero3", "fsdp")
+    if full:
+        weights = 4 * params / n + 4 * shape.layer_parameters() if sharded else 4 * params
+        state_share = n if launch.strategy in ("zero2", "zero3", "fsdp") else 1
+        return {"weights (fp32 master)": weights, "gradients": 4 * params / state_share, "AdamW state": 8 * params / state_share}
+    base = 2 * params / n + 2 * shape.layer_parameters() if sharded else 2 * params
+    return {"weights (bf16 base + fp32 LoRA)": base + 4 * trainable, "gradients (LoRA)": 4 * trainable, "AdamW state (LoRA)": 8 * trainable}
+
+
+def _tokens_per_second(plan: Plan, parameters: int, mfu: float, flops_per_parameter: int) -> float:
+    return mfu * plan.gpu.peak_tflops * 1e12 / (flops_per_parameter * parameters)
+
+
+RUNTIME_RESERVE = 2 * GIB  # CUDA context, NCCL buffers, allocator slack: an assumption, said in the output
+
+
+def _check_memory(plan: Plan, cost: StageCost, key: str) -> None:
+    if plan.config.model.device == "cpu":
+        cost.notes.append("model.device is cpu: memory not checked against a GPU")
+        return
+    cost.memory["CUDA context and buffers (assumed)"] = RUNTIME_RESERVE
+    total = sum(cost.memory.values())
+    device = plan.gpu.memory_gib * GIB
+    if total > device:
+        items = " + ".join(f"{v / GIB:.1f}" for v in cost.memory.values())
+        plan.error(key, f"make {cost.name}: estimated {items} = {total / GIB:.1f} GiB per GPU exceeds the {plan.gpu_name}'s "
+                        f"{plan.gpu.memory_gib:g} GiB")
+
+
+def _vllm_share(plan: Plan) -> float:
+    return plan.config.generation.vllm_gpu_memory_utilization * plan.gpu.memory_gib * GIB
+
+
+def _sampler_memory(plan: Plan, cost: StageCost, policy: ModelShape, sequences: int, tokens: int, with_weights: bool) -> None:
+    """The memory of sampling: vLLM's whole share (its weights and KV cache), or HF's KV cache
+    (+ the bf16 weights when the sampler is not the model being trained, ``with_weights``). A
+    share too small for the weights is an error; for a colocated engine (``not with_weights``)
+    one too small for a step's samples at once is a warning (vLLM queues them)."""
+    config = plan.config
+    kv = sequences * tokens * policy.kv_cache_bytes_per_token(_half_bytes(config))
+    if config.generation.backend == "vllm":
+        share = _vllm_share(plan)
+        cost.memory["vLLM share (weights + KV cache)"] = share
+        weights = 2 * policy.parameters()
+        if config.model.device != "cpu" and (share < weights or (share < weights + kv and not with_weights)):
+            level = plan.error if share < weights else plan.warn
+            level("generation.vllm_gpu_memory_utilization",
+                  f"make {cost.name}: {config.generation.vllm_gpu_memory_utilization:g} x {plan.gpu.memory_gib:g} GiB = "
+                  f"{share / GIB:.1f} GiB for vLLM, which needs {weights / GIB:.1f} GiB of weights + {kv / GIB:.1f} GiB of KV "
+                  f"cache for {sequences} sequences of {tokens} tokens" + ("" if share < weights else " at once (it will queue them)"))
+    else:
+        if with_weights:
+            cost.memory["policy weights"] = _half_bytes(config) * policy.parameters()
+        cost.memory[f"KV cache ({sequences} x {tokens} tokens)"] = kv
+
+
+def _fmt(n: float) -> str:
+    return f"{n:,.0f}" if n < 1e6 else f"{n:.3g}".replace("e+0", "e").replace("e+", "e")
+
+
+def generation_stage(plan: Plan, name: str, policy: Model, prm: Model | None, problems: int | None, samples_low: float,
+                     samples_high: float, tokens_per_sample: int, scored_tokens_per_sample: int, workers: int, what: str) -> StageCost:
+    """mcts / eval / search: ``samples_*`` per problem, each at most ``tokens_per_sample`` tokens."""
+    config = plan.config
+    cost = StageCost(name, workers)
+    if problems is None:
+        cost.work.append(f"problems: unknown until the input is made; {what}")
+        return cost
+    low, high = problems * samples_low, problems * samples_high
+    tokens = high * tokens_per_sample
+    cost.work.append(f"{_fmt(problems)} problems; {what}: {_fmt(low)}" + (f" to {_fmt(high)}" if high != low else "")
+                     + f"; generated tokens at most {_fmt(tokens)}")
+    if policy.shape is None:
+        return cost
+    concurrent = min(config.generation.batch_size, max(1, int(samples_high)))
+    _sampler_memory(plan, cost, policy.shape, concurrent, config.plan.prompt_tokens + tokens_per_sample, with_weights=True)
+    seconds = [n * tokens_per_sample / _tokens_per_second(plan, policy.shape.parameters(), config.plan.generation_mfu, 2)
+               for n in (low, high)]
+    if prm is not None and prm.shape is not None:
+        cost.memory["frozen PRM"] = _half_bytes(config) * prm.shape.parameters(lm_head=False)
+        scoring = [n * scored_tokens_per_sample / _tokens_per_second(plan, prm.shape.parameters(False), config.plan.training_mfu, 2)
+                   for n in (low, high)]
+        seconds = [s + t for s, t in zip(seconds, scoring)]
+    cost.gpu_seconds = (seconds[0], seconds[1])
+    _check_memory(plan, cost, "generation.vllm_gpu_memory_utilization" if config.generation.backend == "vllm" else "generation.batch_size")
+    return cost
+
+
+def prm_stage(plan: Plan, backbone: Model) -> StageCost:
+    config, cfg = plan.config, plan.config.prm
+    processes = config.plan.processes
+    launch = read_launch(plan, "prm")
+    check_wrap_class(plan, "prm", backbone)
+    cost = StageCost("prm", processes)
+    try:
+        accumulation = gradient_accumulation(cfg.batch_size, cfg.micro_batch_size, processes)
+        cost.work.append(f"{cfg.batch_size} sequences a step = micro-batch {cfg.micro_batch_size} x {processes} processes x "
+                         f"{accumulation} accumulation")
+    except ValueError as error:
+        plan.error("prm.batch_size", str(error))
+    train_path = Path(config.resolve(cfg.train_path))
+    examples = sum(1 for line in train_path.open(encoding="utf-8") if line.strip()) if train_path.is_file() else None
+    counted = examples if examples is not None else 10_000
+    tokens = counted * cfg.epochs * cfg.max_length
+    cost.work.append(f"{'%s training records' % _fmt(examples) if examples is not None else 'training records unknown until make augment: per 10,000'}"
+                     f"; training tokens at most {_fmt(tokens)} ({cfg.epochs:g} epochs x {cfg.max_length} tokens)")
+    if backbone.shape is None:
+        return cost
+    shape = backbone.shape
+    checkpointing = cfg.gradient_checkpointing or launch.activation_checkpointing
+    trainable = lora_parameters(shape, cfg.lora_r, cfg.lora_target_modules)[0] if cfg.lora else shape.parameters(False)
+    cost.memory.update(training_state(shape, trainable, launch, processes, lm_head=False))
+    cost.memory[f"activations ({cfg.micro_batch_size} x {cfg.max_length} tokens{', checkpointed' if checkpointing else ''})"] = \
+        activation_bytes(shape, cfg.micro_batch_size, cfg.max_length, checkpointing)
+    flops = (4 if cfg.lora else 6) + (2 if checkpointing else 0)
+    cost.gpu_seconds = (tokens / _tokens_per_second(plan, shape.parameters(False), config.plan.training_mfu, flops),) * 2
+    cost.notes.append(f"launch: {launch.strategy}" + (f" ({launch.file})" if launch.file else ""))
+    _check_memory(plan, cost, "prm.micro_batch_size")
+    return cost
+
+
+def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCost:
+    config = plan.config
+    cfg = getattr(config, stage)
+    processes = config.plan.processes
+    launch = read_launch(plan, stage)
+    check_wrap_class(plan, stage, policy)
+    cost = StageCost(stage, processes)
+    try:
+        check_divisible(cfg.questions_per_step, processes, f"{stage}.questions_per_step")
+    except ValueError as error:
+        plan.error(f"{stage}.questions_per_step", str(error))
+    if launch.strategy in ("fsdp", "zero3") and config.generation.backend != "vllm" and cfg.mode != "async":
+        plan.error("generation.backend", f"make {stage} under {launch.strategy} ({launch.file}) samples with generation.backend=vllm "
+                                         "only: no process holds the whole policy between forwards")
+    if config.generation.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        plan.warn("generation.backend", "vllm is not installed here (pip install -e '.[vllm]' on the GPU machine)")
+    fresh = cfg.num_train_steps * cfg.questions_per_step * cfg.samples_per_question
+    trained = fresh * (cfg.ppo_epochs if stage == "ppo" else (1 + cfg.replay_fraction if cfg.buffer_size > 0 else 1))
+    tokens = config.plan.prompt_tokens + config.generation.max_new_tokens
+    reference = needs_reference(cfg)
+    cost.work.append(f"{cfg.num_train_steps} steps x {cfg.questions_per_step} questions x {cfg.samples_per_question} samples = "
+                     f"{_fmt(fresh)} trajectories ({cfg.questions_per_step // max(1, processes)} questions per process a step); "
+                     f"generated tokens at most {_fmt(fresh * config.generation.max_new_tokens)}; trained on at most "
+                     f"{_fmt(trained * tokens)} tokens ({_fmt(trained)} trajectories x {tokens})")
+    if cfg.mode == "async":
+        cost.notes.append("mode=async: the searcher actors' memory and time are not estimated here")
+    if policy.shape is None or prm.shape is None:
+        return cost
+    shape = policy.shape
+    checkpointing = launch.activation_checkpointing
+    trainable = lora_parameters(shape, cfg.lora_r, cfg.lora_target_modules)[0] if cfg.lora else shape.parameters()
+    cost.memory.update(training_state(shape, trainable, launch, processes, lm_head=True))
+    cost.memory[f"activations ({cfg.micro_batch_size} x {tokens} tokens{', checkpointed' if checkpointing else ''})"] = \
+        activation_bytes(shape, cfg.micro_batch_size, tokens, checkpointing)
+    cost.memory["logits (bf16 + fp32 log-softmax)"] = cfg.micro_batch_size * tokens * shape.vocab_size * 6
+    cost.memory["frozen PRM"] = _half_bytes(config) * prm.shape.parameters(lm_head=False)
+    if reference:
+        cost.memory["frozen reference"] = _half_bytes(config) * shape.parameters()
+    per_process = cfg.questions_per_step // max(1, processes) * cfg.samples_per_question
+    _sampler_memory(plan, cost, shape, per_process, tokens, with_weights=False)
+    flops = (4 if cfg.lora else 6) + (2 if checkpointing else 0)
+    seconds = (fresh * config.generation.max_new_tokens / _tokens_per_second(plan, shape.parameters(), config.plan.generation_mfu, 2)
+               + trained * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, flops)
+               + fresh * tokens / _tokens_per_second(plan, prm.shape.parameters(False), config.plan.training_mfu, 2)
+               + (fresh * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, 2) if reference else 0))
+    cost.gpu_seconds = (seconds, seconds)
+    cost.notes.append(f"launch: {launch.strategy}" + (f" ({launch.file})" if launch.file else ""))
+    _check_memory(plan, cost, "generation.vllm_gpu_memory_utilization" if config.generation.backend == "vllm" else f"{stage}.micro_batch_size")
+    return cost
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def make_plan(config: Config, config_path: str = "") -> Plan:
+    """Resolve, check and estimate every stage of ``config`` (module docstring); loads no model."""
+    gpu_name = config.plan.gpu
+    if gpu_name not in GPUS:
+        raise ValueError(f"plan.gpu = {gpu_name!r}: expected one of {', '.join(GPUS)}")
+    gpu = GPUS[gpu_name]
+    if config.plan.gpu_memory_gb is not None:
+        gpu = GPU(config.plan.gpu_memory_gb, gpu.peak_tflops)
+    plan = Plan(config_path, config, gpu_name, gpu)
+    models = resolve_models(plan)
+    data = resolve_all_data(plan)
+    policy, backbone, prm = models["policy"], models["prm_backbone"], models["prm"]
+    train = data["train"].problems
+    mcts = config.mcts
+    _, shards = parse_shard(mcts.shard)
+    problems = None if train is None and mcts.max_problems is None else min(x for x in (train, mcts.max_problems) if x is not None)
+    plan.stages.append(generation_stage(plan, "mcts", policy, None, problems, mcts.k, mcts.max_rollouts,
+                                        config.generation.max_new_tokens, 0, shards,
+                                        f"rollouts (mcts.k={mcts.k} to mcts.max_rollouts={mcts.max_rollouts} a problem)"))
+    plan.stages.append(StageCost("augment", 1, work=["CPU: groups and splits the MCTS records (no GPU)"]))
+    plan.stages.append(prm_stage(plan, backbone))
+    for stage in ("gfn", "ppo"):
+        plan.stages.append(finetune_stage(plan, stage, policy, prm))
+    eval_cost = _eval_stage(plan, models, data)
+    plan.stages.append(eval_cost)
+    plan.stages.append(_search_stage(plan, policy, prm, data["search"].problems))
+    return plan
+
+
+def _eval_stage(plan: Plan, models: dict[str, Model], data: dict[str, Data]) -> StageCost:
+    config = plan.config
+    benchmarks = [data[f"eval.{name}"] for name in config.eval.benchmarks]
+    counts = [d.problems for d in benchmarks]
+    problems = None if any(c is None for c in counts) else sum(counts)
+    evaluated = [models[f"eval.{name}"] for name in config.eval.models]
+    samples = config.eval.k + (1 if config.eval.greedy else 0)
+    largest = max((m for m in evaluated if m.shape is not None), key=lambda m: m.shape.parameters(), default=evaluated[0])
+    cost = generation_stage(plan, "eval", largest, models.get("eval.prm"), problems, samples * len(evaluated),
+                            samples * len(evaluated), config.generation.max_new_tokens, config.generation.max_new_tokens, 1,
+                            f"samples ({len(evaluated)} models x (eval.k={config.eval.k}{' + greedy' if config.eval.greedy else ''}))")
+    cost.notes.append("one model at a time: memory is that of the largest")
+    return cost
+
+
+def _search_stage(plan: Plan, policy: Model, prm: Model, problems: int | None) -> StageCost:
+    config, s = plan.config, plan.config.search
+    step_level = {"step_best_of_k", "beam"}
+    per_problem = 0
+    for k in s.ks:
+        for strategy in [*s.strategies, "majority"]:
+            per_problem += k * (s.max_depth * config.generation.max_step_tokens if strategy in step_level
+                                else config.generation.max_new_tokens)
+    samples = per_problem / config.generation.max_new_tokens
+    return generation_stage(plan, "search", policy, prm, problems, samples, samples, config.generation.max_new_tokens,
+                            config.generation.max_new_tokens, 1,
+                            f"sample-equivalents of max_new_tokens ({len(s.strategies)} strategies + majority, ks {s.ks})")
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def render(plan: Plan) -> str:
+    config = plan.config
+    p = config.plan
+    lines = [f"make plan: {plan.config_path or 'defaults'} (run {config.run}): {p.processes} process(es) on {plan.gpu_name} "
+             f"({plan.gpu.memory_gib:g} GiB each)",
+             f"Assumed throughput per {plan.gpu_name} ({plan.gpu.peak_tflops:g} TFLOP/s bf16 peak): sampling at "
+             f"plan.generation_mfu={p.generation_mfu:g} of peak (2 x parameters FLOPs a token), training and scoring at "
+             f"plan.training_mfu={p.training_mfu:g} (6 x parameters a token, 4 with LoRA, +2 with activation checkpointing; "
+             f"2 to score); prompts of plan.prompt_tokens={p.prompt_tokens}. Token counts are upper bounds.", "", "Models"]
+    for m in plan.models:
+        size = f"{m.shape.model_type}, {_fmt(m.shape.parameters())} parameters" if m.shape else "shape unknown"
+        lines.append(f"  {m.key:22} {m.value}  [{'needs the hub' if m.status == 'hub' else m.status}; {size}; shape from {m.source}]")
+    lines += ["", "Data"]
+    for d in plan.data:
+        lines.append(f"  {d.key:32} {d.name}: {d.status}; problems: {'unknown' if d.problems is None else d.problems}")
+    lines += ["", "Stages (GPU-hours: at the assumed throughput; wall-clock = GPU-hours / processes)"]
+    for cost in plan.stages:
+        lines.append(f"  {cost.name} ({cost.processes} process{'es' if cost.processes > 1 else ''})")
+        lines += [f"    work: {w}" for w in cost.work]
+        if cost.memory:
+            total = sum(cost.memory.values())
+            items = ", ".join(f"{k} {v / GIB:.2f}" for k, v in cost.memory.items())
+            lines.append(f"    memory per GPU: {total / GIB:.1f} GiB of {plan.gpu.memory_gib:g} ({items})")
+        if cost.gpu_seconds is not None:
+            low, high = (x / 3600 for x in cost.gpu_seconds)
+            span = f"{low:.3g}" if math.isclose(low, high) else f"{low:.3g} to {high:.3g}"
+            lines.append(f"    GPU-hours: {span}")
+        lines += [f"    note: {n}" for n in cost.notes]
+    lines.append("")
+    if plan.findings:
+        lines += [str(f) for f in plan.findings]
+    else:
+        lines.append("No errors or warnings.")
+    return "\n".join(lines)

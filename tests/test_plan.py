@@ -1,0 +1,195 @@
+"""make plan: models, data and batches checked, memory and work estimated, before any model loads.
+
+The paper configs name hub ids: no test reaches the hub; their shapes come from pipeline.shapes'
+table of published configs (the hub cache is ignored so that a machine with one gives the same
+answer)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+
+from eval.plan import GIB, make_plan, render
+from pipeline import shapes
+from pipeline.batches import gradient_accumulation
+from pipeline.config import load_config
+from pipeline.shapes import activation_bytes, lora_parameters, shape_from_config
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = ["llama3.2-3b", "llama3.1-8b", "qwen2.5-math-1.5b"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def tiny(family: str, tied: bool):
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, tie_word_embeddings=tied)
+    config = transformers.Qwen2Config(**common) if family == "qwen2" else transformers.LlamaConfig(**common)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def distinct_parameters(module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_parameter_counts_equal_the_built_models(family, tied):
+    model = tiny(family, tied)
+    shape = shape_from_config(model.config.to_dict(), "test")
+    assert shape.parameters() == distinct_parameters(model)
+    assert shape.parameters(lm_head=False) == distinct_parameters(model.model)
+    assert shape.layer_parameters() == distinct_parameters(model.model.layers[0])
+    lora = sum(r * (a + b) for r, (a, b) in [(4, (32, 32)), (4, (32, 16)), (4, (32, 16)), (4, (32, 32))])
+    assert lora_parameters(shape, 4, ["q_proj", "k_proj", "v_proj", "o_proj"]) == (2 * lora, [])
+
+
+def test_kv_cache_bytes_equal_the_cache_a_forward_fills():
+    model = tiny("qwen2", True)
+    out = model(torch.randint(0, 96, (3, 7)), use_cache=True)
+    cache = out.past_key_values
+    stored = sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                 for layer in cache.layers)
+    assert stored == 3 * 7 * shape_from_config(model.config.to_dict(), "test").kv_cache_bytes_per_token(bytes_per_value=4)
+
+
+def test_activation_checkpointing_keeps_one_input_per_layer_plus_one_layer():
+    shape = shapes.PUBLISHED["meta-llama/Llama-3.2-3B-Instruct"]
+    full = activation_bytes(shape, 8, 600, checkpointing=False)
+    per_layer = (4 * 3072 + 2 * 3072 + 2 * 1024 + 4 * 8192) * 8 * 600 * 2
+    assert full == 28 * per_layer  # 14.3 GB: docs/scale.md's "about 14 GB" for 8 x 600 tokens
+    assert activation_bytes(shape, 8, 600, checkpointing=True) == 28 * 3072 * 8 * 600 * 2 + per_layer
+
+
+def test_published_shapes_give_the_parameter_counts_of_docs_scale():
+    assert round(shapes.PUBLISHED["meta-llama/Llama-3.2-3B-Instruct"].parameters() / 1e7) == 321
+    assert round(shapes.PUBLISHED["Qwen/Qwen2.5-Math-7B"].parameters(lm_head=False) / 1e7) == 707
+
+
+def test_gradient_accumulation_is_exact_or_refused_with_the_arithmetic():
+    assert gradient_accumulation(144, 6, 8) == 3
+    assert gradient_accumulation(144, 6, 1) == 24
+    with pytest.raises(ValueError, match=r"prm.batch_size=144 .* 4 x 8 = 32 \(144 / 32 = 4.5\): the effective batch would be 128"):
+        gradient_accumulation(144, 4, 8)
+
+
+def test_prm_training_refuses_a_batch_that_does_not_divide_before_loading_a_model(tmp_path):
+    from prm.train import train_prm
+
+    config = load_config(REPO / "configs" / "tiny.yaml", ["prm.batch_size=10", "prm.micro_batch_size=4", f"runs_root={tmp_path}"])
+    with pytest.raises(ValueError, match=r"prm.batch_size=10 .* 4 x 1 = 4 \(10 / 4 = 2.5\)"):
+        train_prm(config, [], None, tmp_path / "prm")  # the backbone does not exist: reached only if the check passed
+    assert not (tmp_path / "prm").exists()
+
+
+def test_tiny_config_plans_every_stage_without_findings(tmp_path):
+    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}"])
+    plan = make_plan(config, "configs/tiny.yaml")
+    assert plan.findings == []
+    assert [stage.name for stage in plan.stages] == ["mcts", "augment", "prm", "gfn", "ppo", "eval", "search"]
+    policy = plan.models[0]
+    assert (policy.status, policy.source, policy.shape.hidden_size) == ("made by make bootstrap", "the bootstrap section", 128)
+    mcts = plan.stages[0]
+    assert mcts.work[0].startswith("1,000 problems; rollouts (mcts.k=16 to mcts.max_rollouts=160 a problem): 16,000 to 160,000")
+    assert "No errors or warnings." in render(plan)
+
+
+def test_a_local_model_folder_is_sized_from_its_config_json(tmp_path):
+    tiny("qwen2", True).config.save_pretrained(tmp_path / "policy")
+    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'policy'}"])
+    policy = make_plan(config).models[0]
+    assert (policy.status, policy.source) == ("local", f"local {tmp_path / 'policy' / 'config.json'}")
+    assert policy.shape == shape_from_config(tiny("qwen2", True).config.to_dict(), "test")
+    missing = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'nope'}"])
+    assert [f.key for f in make_plan(missing).errors] == ["model.policy"]
+
+
+@pytest.fixture
+def paper_world(tmp_path, benchmarks_dir, monkeypatch):
+    """Run from a folder like the repository's root, whose data/benchmarks/ holds the benchmark files
+    (the configs name that relative path, and configs/accelerate/ by theirs), with no hub cache."""
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "benchmarks").symlink_to(benchmarks_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(shapes, "cached_hub_config", lambda hub_id: None)
+    return tmp_path
+
+
+def paper(name: str, *overrides: str):
+    return load_config(REPO / "configs" / "paper" / f"{name}.yaml", list(overrides))
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_paper_configs_pass_make_plan_with_their_hub_models_sized_from_the_table(paper_world, name):
+    plan = make_plan(paper(name), name)
+    assert plan.errors == [], render(plan)
+    policy, backbone = plan.models[0], plan.models[1]
+    assert policy.status == backbone.status == "hub"
+    assert policy.source == backbone.source == "published config (table in pipeline/shapes.py)"
+    data = {d.key: d for d in plan.data}
+    assert data["eval.benchmarks[2] (sat_math_32)"].problems == 32
+    assert data["data.train"].status == "needs the hub (nvidia/OpenMathInstruct-2)"
+    for stage in plan.stages:
+        if stage.memory:
+            assert sum(stage.memory.values()) <= plan.gpu.memory_gib * GIB
+
+
+def test_the_paper_defects_are_errors_naming_the_key_and_the_arithmetic(paper_world):
+    plan = make_plan(paper("llama3.2-3b", "prm.micro_batch_size=4", "generation.vllm_gpu_memory_utilization=0.85",
+                           "eval.benchmark_paths={}", "gfn.questions_per_step=20"))
+    errors = {f.key: f.message for f in plan.errors}
+    assert "4 x 8 = 32 (144 / 32 = 4.5)" in errors["prm.batch_size"]
+    assert "gfn.questions_per_step=20 must be a positive multiple of the number of processes (8)" in errors["gfn.questions_per_step"]
+    assert "sat_math_32" in errors["eval.benchmarks[2] (sat_math_32)"]
+    shares = [f.message for f in plan.errors if f.key == "generation.vllm_gpu_memory_utilization"]
+    gfn = [m for m in shares if m.startswith("make gfn: estimated")]  # 0.85 x 80 GiB for vLLM beside the trainer
+    assert len(gfn) == 1 and "+ 68.0 +" in gfn[0] and "per GPU exceeds the A100-80GB's 80 GiB" in gfn[0]
+
+
+def test_a_hard_coded_wrap_class_of_another_family_is_refused(paper_world, tmp_path):
+    wrapped = yaml.safe_load((REPO / "configs" / "accelerate" / "policy_fsdp.yaml").read_text())
+    wrapped["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] = "LlamaDecoderLayer"
+    (tmp_path / "llama_fsdp.yaml").write_text(yaml.safe_dump(wrapped))
+    plan = make_plan(paper("qwen2.5-math-1.5b", "plan.processes=8", f"plan.accelerate={{gfn: {tmp_path / 'llama_fsdp.yaml'}}}"))
+    assert "wraps LlamaDecoderLayer but model.policy is a qwen2 model (Qwen2DecoderLayer)" in {f.key: f.message for f in plan.errors}[
+        "plan.accelerate.gfn"]
+
+
+def test_memory_beyond_the_device_is_refused_and_the_stage_exits_non_zero(paper_world, capsys):
+    from stages import plan as plan_stage
+
+    config = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")
+    assert plan_stage.main(["--config", config, "prm.lora=false"]) == 1  # a 7B backbone's full fine-tuning on one GPU
+    out = capsys.readouterr().out
+    assert "ERROR: prm.micro_batch_size: make prm: estimated" in out and "exceeds the A100-80GB's 80 GiB" in out
+    assert plan_stage.main(["--config", config]) == 0
+
+
+@pytest.mark.parametrize("accelerate_config", ["fsdp.yaml", "policy_fsdp.yaml", "policy_fsdp_lora.yaml"])
+def test_fsdp_configs_wrap_each_decoder_layer_of_any_family(accelerate_config, monkeypatch):
+    """What accelerate 1.15 does with the file: `accelerate launch` exports the wrap settings the
+    file names, the plugin reads them, and with no class named it wraps the model's _no_split_modules."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from peft import LoraConfig, get_peft_model
+
+    from prm.model import ProcessRewardModel
+
+    fsdp = yaml.safe_load((REPO / "configs" / "accelerate" / accelerate_config).read_text())["fsdp_config"]
+    assert "fsdp_transformer_layer_cls_to_wrap" not in fsdp
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", fsdp["fsdp_auto_wrap_policy"])
+    monkeypatch.delenv("FSDP_TRANSFORMER_CLS_TO_WRAP", raising=False)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=fsdp["fsdp_version"])
+    lora = get_peft_model(tiny("qwen2", True), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    for model, layer in [(tiny("llama", True), "LlamaDecoderLayer"), (lora, "Qwen2DecoderLayer"),
+                         (ProcessRewardModel.from_backbone(tiny("qwen2", False)), "Qwen2DecoderLayer")]:
+        policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+        wrapped = [type(module).__name__ for module in model.modules() if policy(module)]
+        assert wrapped == [layer, layer], type(model).__name__
