@@ -27,8 +27,8 @@ import json
 import logging
 import os
 import re
-from functools import lru_cache
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
