@@ -122,6 +122,7 @@ class GenerationConfig:
     vllm_gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)
     vllm_max_model_len: int | None = bounded(None, ge=1)
     vllm_enable_prefix_caching: bool = True
+    vllm_enforce_eager: bool = False  # true: no torch.compile at engine start (~35 s on 2 CPU cores for the tiny model)
 
 
 @dataclass
