@@ -244,7 +244,8 @@ class VLLMGenerator:
         else:
             seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
         params = [self._sampling_params_cls(**sampling_params_kwargs(n, temperature, top_p, max_new_tokens, stops, s)) for s in seeds]
-        kwargs = {"use_tqdm": self.progress}
+        # vLLM 0.32's bar divides by its elapsed time, 0 when TQDM_DISABLE turned tqdm off
+        kwargs = {"use_tqdm": self.progress and not os.environ.get("TQDM_DISABLE")}
         if self._lora_request is not None:
             kwargs["lora_request"] = self._lora_request
         request_outputs = self.engine.generate(list(prompts), params, **kwargs)
