@@ -123,6 +123,8 @@ def test_greedy_tokens_equal_transformers_greedy_tokens(engine, tiny_llama):
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, torch_dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llama)
     assert engine_greedy(engine, PROMPTS, 20) == hf_greedy(model, tokenizer, PROMPTS, 20)
+    copies = engine.generate(PROMPTS, n=2, temperature=0.0, max_new_tokens=20)  # vLLM itself refuses n > 1 at temperature 0
+    assert [[c.token_ids for c in per_prompt] for per_prompt in copies] == [ids * 2 for ids in hf_greedy(model, tokenizer, PROMPTS, 20)]
 
 
 def test_logprobs_of_sampled_tokens_equal_the_policys_own(engine, tiny_llama):
@@ -159,24 +161,29 @@ def test_reloaded_weights_serve_the_new_greedy_tokens_and_no_stale_prefix(updata
     assert after != before
 
 
-def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatable_engine, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora_merged"])
+def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatable_engine, tmp_path, lora):
     """GFlowNet steps on the policy; after every optimizer step the engine's greedy tokens equal
-    the trained policy's own (tied embeddings; the weights go through LMPolicy.after_update)."""
+    the trained policy's own (tied embeddings; LoRA merged into the plain weights; the weights go
+    through LMPolicy.after_update)."""
     from pipeline.finetune.objectives import build_objective
     from pipeline.finetune.policy import LMPolicy
-    from pipeline.finetune.run import optimizer_settings
+    from pipeline.finetune.run import add_lora, optimizer_settings
     from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
     from pipeline.finetune.trainer import FinetuneTrainer
     from pipeline.modeling import load_causal_lm, load_tokenizer
     from pipeline.training import TrainingBase, make_accelerator
 
     cfg = GFNConfig(loss="tb_vargrad", lr=3e-2, scheduler="constant", warmup_steps=0, num_train_steps=2, questions_per_step=2,
-                    samples_per_question=2, micro_batch_size=8, save_every=0)
+                    samples_per_question=2, micro_batch_size=8, save_every=0, lora=lora, lora_r=4, lora_alpha=16,
+                    lora_target_modules=["q_proj", "v_proj", "o_proj"])
     tokenizer = load_tokenizer(str(tiny_llama))
     model = load_causal_lm(str(tiny_llama), ModelConfig(device="cpu", dtype="float32"), is_trainable=True)
-    model.train()
     updatable_engine.load_weights(model.state_dict())  # an earlier test replaced them
-    policy = LMPolicy(model, tokenizer, max_new_tokens=16, sampler=updatable_engine)
+    if lora:
+        model = add_lora(model, cfg)
+    model.train()
+    policy = LMPolicy(model, tokenizer, max_new_tokens=16, sampler=updatable_engine, lora_scaling=cfg.lora_alpha / cfg.lora_r if lora else None)
     objective = build_objective(cfg, policy, hidden_size=model.config.hidden_size)
     base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), model, optimizer_settings(cfg, 1), tmp_path,
                         objective=objective, progress=False)
