@@ -198,3 +198,15 @@ def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatab
         assert engine_greedy(updatable_engine, PROMPTS, 12) == hf_greedy(base.unwrapped, tokenizer, PROMPTS, 12)
         base.unwrapped.train()
     assert engine_greedy(updatable_engine, PROMPTS, 12) != start  # training moved the greedy tokens
+
+
+def test_a_closed_engine_is_shut_down_and_refuses_to_generate(tiny_llama, updatable_engine):
+    generator = VLLMGenerator(str(tiny_llama), engine_config(), weight_updates=True)  # in this process, as updatable_engine
+    llm = generator.engine
+    assert generator.generate(PROMPTS[:1], temperature=0.0, max_new_tokens=2)[0][0].token_ids
+    generator.close()
+    generator.close()
+    with pytest.raises(RuntimeError, match=r"the engine was closed"):
+        generator.generate(PROMPTS[:1], max_new_tokens=2)
+    with pytest.raises(Exception):
+        llm.generate(PROMPTS[:1], use_tqdm=False)  # the engine core itself is gone

@@ -221,14 +221,28 @@ class VLLMGenerator:
         self._sampling_params_cls = sampling_params_cls
         self.tokenizer = engine.get_tokenizer()
 
+    def close(self) -> None:
+        """Shut the engine down (engine core, workers, KV cache) so that the next model has the
+        memory; the generator generates no more. Closing twice does nothing."""
+        engine, self.engine = self.engine, None
+        llm_engine = getattr(engine, "llm_engine", None)  # vllm.LLM's; an injected fake engine has none
+        if llm_engine is not None:
+            llm_engine.engine_core.shutdown()
+
+    def _open_engine(self):
+        if self.engine is None:
+            raise RuntimeError("VLLMGenerator: the engine was closed (close()); build a new generator")
+        return self.engine
+
     def load_weights(self, state: dict[str, Any]) -> None:
         """Replace the engine's weights with ``state`` (a plain transformers state dict of the
         served model: names as save_pretrained writes them, LoRA already merged) through vLLM's
         supported ``reload_weights`` (the model's own load_weights after the engine processed its
         weights fails: CPU linear layers are repacked, quantized GPU layers too), and drop the
         prefix cache, whose blocks were computed with the old weights."""
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(state.items()))})
-        self.engine.reset_prefix_cache()
+        engine = self._open_engine()
+        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(state.items()))})
+        engine.reset_prefix_cache()
 
     def generate(
         self,
@@ -260,7 +274,7 @@ class VLLMGenerator:
         kwargs = {"use_tqdm": self.progress and not os.environ.get("TQDM_DISABLE")}
         if self._lora_request is not None:
             kwargs["lora_request"] = self._lora_request
-        request_outputs = self.engine.generate(list(prompts), params, **kwargs)
+        request_outputs = self._open_engine().generate(list(prompts), params, **kwargs)
         if len(request_outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(request_outputs)} outputs for {len(prompts)} prompts")
         results = []
