@@ -43,7 +43,7 @@ def world(tmp_path_factory) -> Path:
     return root
 
 
-def run_stage(module: str, world: Path, out: Path, *overrides: str) -> str:
+def run_stage(module: str, world: Path, out: Path, *overrides: str, processes: int = 1) -> str:
     args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={out.parent}", f"run={out.name}",
             f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}", f"model.prm_backbone={world / 'policy'}",
             f"data.train_path={world / 'train.jsonl'}", "generation.backend=vllm", "generation.vllm_enforce_eager=true",
@@ -51,7 +51,11 @@ def run_stage(module: str, world: Path, out: Path, *overrides: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # as `make gfn` runs it: no launcher
-    process = subprocess.Popen([sys.executable, "-m", module, *args], cwd=out.parent, env=env, stdout=subprocess.PIPE,
+    launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                                          "--master_port", str(29700 + os.getpid() % 200)]
+    if processes > 1:
+        env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")  # one core each, as the gloo tests run
+    process = subprocess.Popen([sys.executable, *launcher, "-m", module, *args], cwd=out.parent, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = process.communicate(timeout=TIMEOUT_S)
@@ -77,6 +81,16 @@ def test_gfn_fine_tunes_with_a_colocated_engine_and_no_launcher(world, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "g" / "gfn" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in rows if "loss" in r][-1] == 2
     assert (tmp_path / "g" / "gfn" / "model" / "config.json").is_file()
+
+
+def test_gfn_with_two_processes_runs_two_colocated_engines(world, tmp_path):
+    output = run_stage("stages.train_gfn", world, tmp_path / "g2", "gfn.num_train_steps=2", "gfn.questions_per_step=2",
+                       "gfn.samples_per_question=2", "gfn.micro_batch_size=4", "gfn.save_every=0", "gfn.warmup_steps=0", processes=2)
+    # one engine per process, in it (external_launcher), data parallel over the launch as vLLM's torchrun example runs it
+    assert output.count("Using external launcher for distributed inference") == 2
+    assert output.count("'data_parallel_size': 2") == 2
+    rows = [json.loads(line) for line in (tmp_path / "g2" / "gfn" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in rows if "loss" in r][-1] == 2
 
 
 def test_search_runs_with_the_vllm_backend(world, tmp_path):
