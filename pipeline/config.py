@@ -86,6 +86,7 @@ class Range:
 
 _RANGE_KEY = "range"
 SEED_MAX = 2**32 - 1  # numpy's seeds (accelerate's set_seed seeds numpy too)
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more; both backends follow vLLM's rules (pipeline.generation.base)
 
 
 def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
@@ -145,6 +146,7 @@ class GenerationConfig:
     vllm_gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)
     vllm_max_model_len: int | None = bounded(None, ge=1)
     vllm_enable_prefix_caching: bool = True
+    vllm_enforce_eager: bool = False  # true: no torch.compile at engine start (~35 s on 2 CPU cores for the tiny model)
 
 
 @dataclass
@@ -214,7 +216,7 @@ class BootstrapConfig:
     seed: int = seed_field()
     eval_problems: int = bounded(200, ge=0)  # held-out test problems for the greedy-accuracy report
     eval_samples: int = bounded(4, ge=1)  # samples per problem at sample_temperature (sampled accuracy, pass@k, maj@k)
-    sample_temperature: float = bounded(0.6, ge=0)
+    sample_temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     mc_problems: int = bounded(8, ge=0)  # problems whose sampled step prefixes get Monte Carlo values
     mc_rollouts: int = bounded(16, ge=0)  # continuations per prefix
     retrain: bool = False  # train again even when bootstrap/ holds a model made with this config
@@ -225,7 +227,7 @@ class MCTSConfig:
     """OmegaPRM-style rollout data generation (paper 3.1, appendix E.1)."""
 
     k: int = bounded(16, ge=1)  # rollouts per MC estimate (paper: 96)
-    temperature: float = bounded(0.6, ge=0)
+    temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     top_p: float = bounded(1.0, gt=0, le=1)
     alpha: float = bounded(0.5, gt=0, le=1)  # Q = alpha^(1-MC) * beta^(len/L)
     beta: float = bounded(0.9, gt=0, le=1)
@@ -288,7 +290,7 @@ class PRMConfig:
     corrupt_examples: int = bounded(200, ge=0)  # E.4 check: correct steps whose result is altered (+1..9 and +-1)
     natural_slip_problems: int = bounded(200, ge=0)  # held-out problems (data.validation) the policy samples for the natural-slip AUC (0: off)
     natural_slip_samples: int = bounded(4, ge=1)  # samples per problem
-    natural_slip_temperature: float = bounded(0.6, ge=0)
+    natural_slip_temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     prm800k_path: str | None = None  # PRM800K-format file for first-error accuracy
     score_batch_size: int = bounded(64, ge=1)  # sequences per scorer forward
     calibration_bins: int = bounded(10, ge=1)  # equal-width bins of the expected calibration error
@@ -308,7 +310,7 @@ class StepTrainingConfig:
     questions_per_step: int = bounded(8, ge=1)
     samples_per_question: int = bounded(4, ge=1)  # K; questions_per_step x K = the paper's batch of 144
     micro_batch_size: int = bounded(32, ge=1)  # trajectories per teacher-forced forward
-    temperature: float = bounded(0.6, gt=0)  # sampling temperature (paper 0.6)
+    temperature: float = bounded(0.6, gt=0, le=MAX_TEMPERATURE)  # sampling temperature (paper 0.6)
     min_steps: int = bounded(1, ge=0)  # samples with fewer steps are dropped (stopping at s_0 is not an action)
     lora: bool = False
     lora_r: int = bounded(16, ge=1)
@@ -381,7 +383,7 @@ class EvalConfig:
         }
     )
     k: int = bounded(8, ge=1)  # samples per problem
-    temperature: float = bounded(0.6, ge=0)
+    temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     greedy: bool = True
     embedder: str | None = None  # None = offline all-MiniLM-L6-v2; paper: sentence-transformers/paraphrase-MiniLM-L6-v2
     prm: str | None = None  # a trained PRM: report each model's mean PRM reward R = prod U on its samples (skipped if absent)
@@ -396,7 +398,7 @@ class SearchConfig:
 
     strategies: list[str] = field(default_factory=lambda: ["step_best_of_k", "beam", "best_of_n", "weighted_vote"])
     ks: list[int] = bounded(default_factory=lambda: [1, 2, 4, 8, 16], ge=1)
-    temperature: float = bounded(0.8, ge=0)
+    temperature: float = bounded(0.8, ge=0, le=MAX_TEMPERATURE)
     max_depth: int = bounded(12, ge=1)
     beam_width: int = bounded(4, ge=1)
     # last | mean | min | prod: a partial or whole solution's score from its step scores. last: the

@@ -365,3 +365,73 @@ def test_bench_shared_prompt_reports_both_timings(tokenizer):
 
     result = bench_shared_prompt(lambda: HFGenerator(make_model(), tokenizer), PROMPTS, n_prompts=3, n=2, max_new_tokens=3)
     assert {"ours_s", "reference_s", "ratio", "sequences"} <= set(result) and result["sequences"] == 6
+
+
+def test_vllm_greedy_with_several_samples_sends_one_request_and_copies_it():
+    """vLLM refuses n > 1 at temperature 0: one greedy request, its completion copied n times (what HF returns)."""
+    engine = FakeLLM()
+    generator = VLLMGenerator("some/model", Config(), engine=engine, sampling_params_cls=SimpleNamespace)
+    (completions,) = generator.generate(["p1"], n=3, temperature=0.0, max_new_tokens=7)
+    assert engine.calls[0][1][0].n == 1
+    assert len(completions) == 3 and all(c == completions[0] for c in completions)
+    completions[1].token_ids.append(99)
+    assert completions[0].token_ids == [5, 6]  # copies, not one list three times
+
+
+@pytest.mark.parametrize("kwargs,message", [({"temperature": 2.5}, "temperature must be in"), ({"top_p": 0.0}, "top_p must be in")])
+def test_sampling_arguments_vllm_refuses_are_refused_by_the_interface(kwargs, message):
+    generator = VLLMGenerator("some/model", Config(), engine=FakeLLM(), sampling_params_cls=SimpleNamespace)
+    with pytest.raises(ValueError, match=message):
+        generator.generate(["p"], **kwargs)
+
+
+@pytest.mark.parametrize("key", ["mcts.temperature", "eval.temperature", "search.temperature", "gfn.temperature",
+                                 "ppo.temperature", "bootstrap.sample_temperature", "prm.natural_slip_temperature"])
+def test_a_sampling_temperature_vllm_refuses_is_refused_when_the_config_loads(key):
+    from pipeline.config import load_config
+
+    with pytest.raises(ConfigError, match=rf"command line: {key} = 2.5 is out of range: expected >=? 0 and <= 2"):
+        load_config(None, [f"{key}=2.5"])
+
+
+def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
+    from pipeline.generation.vllm_backend import CPU_MAX_NUM_SEQS, engine_kwargs, kv_bytes_per_token
+
+    model = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                     max_position_embeddings=8192)
+    assert kv_bytes_per_token(model, 4) == 2 * 2 * 1 * 32 * 4
+    config = Config()
+    kwargs = engine_kwargs("m", config, model, adapter_rank=None, colocate=False, on_cpu=False, processes=1)
+    assert kwargs["max_model_len"] == 1024 + 2 * config.generation.max_new_tokens  # not the model's 8192 positions
+    assert "max_num_batched_tokens" not in kwargs and "distributed_executor_backend" not in kwargs
+    config.generation.vllm_max_model_len = 700
+    cpu = engine_kwargs("m", config, model, adapter_rank=8, colocate=True, on_cpu=True, processes=2)
+    # every sequence's whole context fits one step's batched tokens: a seeded prefill is never split
+    assert cpu["max_num_batched_tokens"] == CPU_MAX_NUM_SEQS * 700 == cpu["max_num_seqs"] * cpu["max_model_len"]
+    assert cpu["kv_cache_memory_bytes"] == CPU_MAX_NUM_SEQS * 700 * 2 * 2 * 1 * 32 * 4
+    assert (cpu["tensor_parallel_size"], cpu["data_parallel_size"], cpu["distributed_executor_backend"]) == (1, 2, "external_launcher")
+    assert (cpu["enable_lora"], cpu["max_lora_rank"]) == (True, 8)
+    small = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=256)
+    assert engine_kwargs("m", Config(), small, adapter_rank=None, colocate=False, on_cpu=False, processes=1)["max_model_len"] == 256
+
+
+def test_external_launcher_environment_comes_from_the_launcher_or_a_one_process_group():
+    from pipeline.generation.vllm_backend import launcher_environment
+
+    assert launcher_environment({"RANK": "1", "WORLD_SIZE": "2"}) == {}
+    env = launcher_environment({})
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")} == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                                                                        "MASTER_ADDR": "127.0.0.1"}
+    assert 0 < int(env["MASTER_PORT"]) < 65536
+
+
+def test_an_adapter_rank_vllm_cannot_serve_is_refused_naming_the_key(tmp_path):
+    import json
+
+    from pipeline.generation.vllm_backend import _adapter_rank
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))
+    with pytest.raises(ValueError, match=r"model.policy_adapter has LoRA rank r=4; vLLM serves ranks 1, 8, 16"):
+        _adapter_rank(str(tmp_path))
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    assert _adapter_rank(str(tmp_path)) == 16

@@ -1,9 +1,10 @@
 """Fine-tuning with a vLLM sampler: after every update the engine holds the trained weights.
 
-The engine is a fake shaped like vllm.LLM (generate, apply_model, reset_prefix_cache): vLLM is a
-GPU-only extra that never runs here (README, "GPU and vLLM"). What is tested is our side of the
-sync: which weights go in, when, under which names (LoRA merged), that the prefix cache is
-dropped, and that every trajectory is sampled by the weights of the step before it (on-policy).
+The engine is a fake shaped like vllm.LLM (generate, collective_rpc("reload_weights"),
+reset_prefix_cache), so these run in every venv. What is tested is our side of the sync: which
+weights go in, when, under which names (LoRA merged), that the prefix cache is dropped, and that
+every trajectory is sampled by the weights of the step before it (on-policy). The real engine's
+side (its greedy tokens equal the trained policy's after every step) is tests/test_vllm_engine.py.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ SOLUTIONS = ["Ann has 3 apples: 3 + 2 = 5.\nThe answer is 5.", "Ann has 3 apples
 
 
 class FakeModel:
-    """vLLM's model as apply_model hands it over: load_weights(iterable of (name, tensor))."""
+    """What vLLM's worker reload_weights(weights_iterator=...) reads: (name, tensor) pairs."""
 
     def __init__(self):
         self.loads: list[dict[str, torch.Tensor]] = []
 
-    def load_weights(self, weights):
-        self.loads.append({name: tensor.detach().clone() for name, tensor in weights})
-        return set(self.loads[-1])
+    def reload_weights(self, weights_iterator):
+        self.loads.append({name: tensor.detach().clone() for name, tensor in weights_iterator})
 
 
 class FakeEngine:
@@ -46,8 +46,8 @@ class FakeEngine:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def apply_model(self, fn):
-        return [fn(self.model)]
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        return [getattr(self.model, method)(*args, **(kwargs or {}))]
 
     def reset_prefix_cache(self):
         self.cache_resets += 1

@@ -49,11 +49,13 @@ class Generator(Protocol):
 
 
 def check_sampling_args(n: int, temperature: float, top_p: float, max_new_tokens: int, stop: Sequence[str] | None) -> list[str]:
-    """Validate the arguments shared by every backend; returns the stop strings as a list."""
+    """Validate the arguments shared by every backend, by vLLM's rules (its SamplingParams would
+    refuse the rest, late and in its own words; n > 1 at temperature 0, which it refuses too, is n
+    copies of the one greedy sample in both backends); returns the stop strings as a list."""
     if n < 1:
         raise ValueError(f"generate: n must be >= 1, got {n}")
-    if temperature < 0:
-        raise ValueError(f"generate: temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 <= temperature <= 2:
+        raise ValueError(f"generate: temperature must be in [0, 2] (0 = greedy; vLLM refuses more), got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
     if max_new_tokens < 0:

