@@ -21,7 +21,11 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from math_verify import parse, verify
+
 from pipeline.grading import answers_equal, extract_answer
+from pipeline.io import read_records
+from pipeline.records import Problem, Sample
 
 REPO = Path(__file__).resolve().parents[1]
 NUMERIC_KINDS = ("math", "gsm8k", "tiny")  # Math-Verify reads math; a multiple-choice letter (sat) is not its business
@@ -29,15 +33,11 @@ NUMERIC_KINDS = ("math", "gsm8k", "tiny")  # Math-Verify reads math; a multiple-
 
 def math_verify_answer(text: str) -> list:
     """math_verify.parse of a whole text ([] when it finds no answer)."""
-    from math_verify import parse  # sympy: loaded by this measurement only
-
     return parse(text)
 
 
 def same_answer(ours: str | None, theirs: list) -> bool:
     """Whether our extracted answer and Math-Verify's parse are the same answer (module docstring)."""
-    from math_verify import parse, verify
-
     if ours is None or not ours.strip():
         return not theirs
     if not theirs:
@@ -47,8 +47,6 @@ def same_answer(ours: str | None, theirs: list) -> bool:
 
 def compare(texts: Sequence[str], kind: str, golds: Sequence[str | None] | None = None, ids: Sequence[str] | None = None) -> dict:
     """{n, agree, share, disagreements: [{id, ours, theirs, gold, ours_right, theirs_right}]}."""
-    from math_verify import parse, verify
-
     golds = golds if golds is not None else [None] * len(texts)
     ids = ids if ids is not None else [str(i) for i in range(len(texts))]
     agree, disagreements = 0, []
@@ -76,9 +74,6 @@ def math_texts(path: str | Path) -> tuple[list[str], list[str | None], list[str]
 def sample_texts(samples: str | Path, problems: str | Path) -> dict[str, tuple[list[str], list[str | None], list[str]]]:
     """The tests' policy samples of NUMERIC_KINDS by grading kind: {kind: (texts, golds, ids)}; a
     sample's text is its steps joined by newlines."""
-    from pipeline.records import Problem, Sample
-    from pipeline.io import read_records
-
     by_id = {p.problem_id: p for p in read_records(problems, Problem)}
     out: dict[str, tuple[list, list, list]] = {}
     for sample in read_records(samples, Sample):

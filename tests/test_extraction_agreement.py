@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+from conftest import REPO
+
 from eval.extraction_agreement import compare, math_texts, math_verify_answer, same_answer, sample_texts
 from pipeline.grading import answers_equal, extract_answer
 
@@ -47,8 +49,6 @@ def test_several_boxed_answers_are_read_whole_as_math_verify_reads_them(benchmar
 
 
 def test_on_the_tests_policy_samples_they_differ_only_where_no_answer_is_stated():
-    from conftest import REPO
-
     data = REPO / "tests" / "data" / "records"
     for kind, (texts, golds, ids) in sample_texts(data / "samples.jsonl", data / "problems.jsonl").items():
         result = compare(texts, kind, golds, ids)
