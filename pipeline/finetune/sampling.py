@@ -62,10 +62,10 @@ def question_seed(seed: int, step: int, index: int) -> int:
     return ((seed * 100_003 + step) * 10_007 + index) * 1_009
 
 
-def check_divisible(questions_per_step: int, processes: int) -> None:
-    """Every process samples the same number of whole questions."""
+def check_divisible(questions_per_step: int, processes: int, key: str = "questions_per_step") -> None:
+    """Every process samples the same number of whole questions (``key``: the setting's full name, for the message)."""
     if questions_per_step < 1 or questions_per_step % processes:
-        raise ValueError(f"questions_per_step={questions_per_step} must be a positive multiple of the number of processes "
+        raise ValueError(f"{key}={questions_per_step} must be a positive multiple of the number of processes "
                          f"({processes}): each process samples questions_per_step / {processes} whole questions")
 
 
