@@ -9,7 +9,8 @@ Who does what (docs/async.md):
   reward-priority draws); it drops trajectories older than gfn.max_staleness trainer steps;
 - the weights actor: the newest published weights (an object in Ray's object store, or with
   gfn.weight_transport=collective only their version: the tensors then go over a two-member
-  NCCL or gloo group per searcher, pipeline.finetune.weight_transport) and a stop flag;
+  NCCL or gloo group per searcher, pipeline.finetune.weight_transport), a stop flag, and the
+  reference to the training problems every searcher starts from;
 - the trainer (this process, or every process of an accelerate group): the same training base,
   objective and update as the synchronous mode, on batches drawn from the store, re-scored under
   the current policy; every gfn.sync_every steps it publishes its weights.
@@ -58,10 +59,15 @@ def searcher_config(cfg, index: int):
 
 
 class WeightStore:
-    """The newest published weights: (version, [object ref]); and whether the run is over."""
+    """What a searcher starts from and samples with: the training problems ([object ref]), the
+    newest published weights (version, [object ref]); and whether the run is over."""
 
-    def __init__(self):
+    def __init__(self, problems: list | None = None):
         self.version, self.refs, self.stopped = -1, None, False
+        self.problem_refs = problems  # a list, so the object is passed by reference
+
+    def problems(self) -> list | None:
+        return self.problem_refs
 
     def publish(self, version: int, refs: list) -> None:
         self.version, self.refs = version, refs  # refs: a list, so the object is passed by reference
@@ -118,17 +124,19 @@ class Searcher:
     start of its next round.
     """
 
-    def __init__(self, index: int, make_sampler: MakeSampler, problems: list, store, weights):
-        """problems: [object ref] of the training problems (a list, so Ray passes the reference
-        itself: the trainer holds it, and a restarted searcher reads the same object again)."""
+    def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str]):
+        """names: the store's and the weights actor's names in the run's namespace (looked up, not
+        passed as handles: Ray keeps nothing of a restartable actor's arguments alive for its restarts)."""
         import ray  # the optional extra (we run inside a Ray worker)
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        store, weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
         self.index, self.store, self.weights = index, store, weights
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         if self.restarted:
             store.count_restart.remote(index)
-        self.sampler = make_sampler(index, ray.get(problems[0]))
+        # the problems by a reference the trainer holds: a restarted searcher reads the same object again
+        self.sampler = make_sampler(index, ray.get(ray.get(weights.problems.remote())[0]))
         self.version = self.sampled_version = -1
         self.channel: WeightChannel | None = None
         self.spec: Spec = []
@@ -239,14 +247,14 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             buffer = {"capacity": self.cfg.buffer_size, "priority": self.cfg.buffer_priority, "temperature": self.cfg.buffer_temperature,
                       "recency_fraction": self.cfg.recency_fraction, "seed": self.cfg.seed}
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
-            self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote()
-            # A large constructor argument would be an object Ray frees once the actor has started, so a
-            # restart would find nothing to start from: the searchers get a reference this process holds.
+            # Searchers read the problems through the weights actor, by a reference this process holds:
+            # as a constructor argument of a restartable actor, a large object is freed once the actor
+            # has started, and a searcher restarted later would have nothing to start from.
             self.problems_ref = ray.put(self.problems)
+            self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote([self.problems_ref])
             searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=self.cfg.searcher_max_restarts,
                                   max_concurrency=2)(Searcher)
-            self.searchers = [searcher.remote(i, self.make_sampler, [self.problems_ref], self.store, self.weights)
-                              for i in range(self.cfg.searchers)]
+            self.searchers = [searcher.remote(i, self.make_sampler, names) for i in range(self.cfg.searchers)]
             self.channels = [None] * len(self.searchers)
         collective.barrier()
         if not self.base.is_main:
