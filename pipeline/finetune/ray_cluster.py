@@ -21,8 +21,9 @@ from pathlib import Path
 log = logging.getLogger("stepflow.async")
 
 # A searcher's resident memory besides its models and problems: one Ray worker process with torch,
-# transformers and the project imported (measured: docs/reliability.md, "Asynchronous mode").
-WORKER_BYTES = 400 * 2**20
+# transformers and the project imported (measured 541 MB with 0.3 MB of models and 4 MB of problems:
+# docs/reliability.md, "Asynchronous mode").
+WORKER_BYTES = 512 * 2**20
 PROBE_SECONDS = 0.5  # between two connection attempts while the cluster does not answer
 
 
