@@ -349,6 +349,8 @@ class GFNConfig(StepTrainingConfig):
     async_batch_size: int | None = bounded(None, ge=1)  # trajectories per trainer step (None: questions_per_step x samples_per_question)
     max_staleness: int | None = bounded(16, ge=0)  # trajectories sampled more than this many trainer steps ago are dropped (None: kept)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
+    ray_connect_timeout: float = bounded(30.0, gt=0)  # seconds to wait for the cluster at ray_address to answer
+    searcher_max_restarts: int = bounded(10, ge=0)  # Ray restarts a dead searcher this many times; one more death stops the run
     searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
     weight_transport: str = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)
 

@@ -186,12 +186,15 @@ def require_prm(path: str | Path) -> str:
 
 @contextmanager
 def timed(stage: str):
+    """Log the stage's start, and its end: "finished" only when it did, "failed" with the error's type otherwise."""
     start = time.monotonic()
     log.info("%s: started", stage)
     try:
         yield
-    finally:
-        log.info("%s: finished in %.1f s", stage, time.monotonic() - start)
+    except BaseException as error:
+        log.error("%s: failed after %.1f s (%s)", stage, time.monotonic() - start, type(error).__name__)
+        raise
+    log.info("%s: finished in %.1f s", stage, time.monotonic() - start)
 
 
 def training_problems(config: Config):

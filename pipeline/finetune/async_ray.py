@@ -9,7 +9,8 @@ Who does what (docs/async.md):
   reward-priority draws); it drops trajectories older than gfn.max_staleness trainer steps;
 - the weights actor: the newest published weights (an object in Ray's object store, or with
   gfn.weight_transport=collective only their version: the tensors then go over a two-member
-  NCCL or gloo group per searcher, pipeline.finetune.weight_transport) and a stop flag;
+  NCCL or gloo group per searcher, pipeline.finetune.weight_transport), a stop flag, and the
+  reference to the training problems every searcher starts from;
 - the trainer (this process, or every process of an accelerate group): the same training base,
   objective and update as the synchronous mode, on batches drawn from the store, re-scored under
   the current policy; every gfn.sync_every steps it publishes its weights.
@@ -17,9 +18,11 @@ Who does what (docs/async.md):
 Only off-policy objectives (SubTB, TB, TB-VarGrad) may train on trajectories from older
 policies; PPO in this mode is refused before anything starts. Trajectories travel between
 processes as JSON text, weights as tensors (object store or collective). A searcher that dies is
-restarted by Ray and rejoins; a trainer that dies resumes from its checkpoint, which holds the
-buffer (it is persisted, not refilled). Ray is an optional extra: it is imported inside the
-functions that need it.
+restarted by Ray (up to gfn.searcher_max_restarts times) and rejoins: what it starts from (the
+training problems) is an object the trainer put in Ray's object store once and holds for the
+whole run, so a restart finds it whenever the death happens. A trainer that dies resumes from its
+checkpoint, which holds the buffer (it is persisted, not refilled). Ray is an optional extra: it
+is imported inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from pipeline.finetune import ray_cluster
 from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
@@ -42,7 +46,7 @@ from pipeline.records import Trajectory
 
 log = logging.getLogger("stepflow.async")
 
-MakeSampler = Callable[[int], TrajectorySampler]  # searcher index -> its sampler (built inside the actor)
+MakeSampler = Callable[[int, list], TrajectorySampler]  # (searcher index, training problems as JSON) -> its sampler (built in the actor)
 POLL_SECONDS = 0.05
 
 
@@ -55,10 +59,15 @@ def searcher_config(cfg, index: int):
 
 
 class WeightStore:
-    """The newest published weights: (version, [object ref]); and whether the run is over."""
+    """What a searcher starts from and samples with: the training problems ([object ref]), the
+    newest published weights (version, [object ref]); and whether the run is over."""
 
-    def __init__(self):
+    def __init__(self, problems: list | None = None):
         self.version, self.refs, self.stopped = -1, None, False
+        self.problem_refs = problems  # a list, so the object is passed by reference
+
+    def problems(self) -> list | None:
+        return self.problem_refs
 
     def publish(self, version: int, refs: list) -> None:
         self.version, self.refs = version, refs  # refs: a list, so the object is passed by reference
@@ -115,15 +124,20 @@ class Searcher:
     start of its next round.
     """
 
-    def __init__(self, index: int, make_sampler: MakeSampler, store, weights):
+    def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str]):
+        """names: the store's and the weights actor's names in the run's namespace (looked up, not
+        passed as handles: Ray keeps nothing of a restartable actor's arguments alive for its restarts)."""
         import ray  # the optional extra (we run inside a Ray worker)
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        store, weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
         self.index, self.store, self.weights = index, store, weights
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if self.restarted:
             store.count_restart.remote(index)
-        self.sampler = make_sampler(index)
-        self.version = -1
+        # the problems by a reference the trainer holds: a restarted searcher reads the same object again
+        self.sampler = make_sampler(index, ray.get(ray.get(weights.problems.remote())[0]))
+        self.version = self.sampled_version = -1
         self.channel: WeightChannel | None = None
         self.spec: Spec = []
         self.staged: tuple[int, dict] | None = None
@@ -146,8 +160,10 @@ class Searcher:
             self.staged = (version, state)
 
     def status(self) -> dict:
-        """The weights version this searcher samples with, and how its weights reach it."""
-        return {"version": self.version, "channel": self.channel.backend if self.channel is not None else None}
+        """The weights version this searcher samples with, the one its last sent trajectories carry,
+        how its weights reach it, its process and whether Ray restarted it."""
+        return {"version": self.version, "sampled_version": self.sampled_version,
+                "channel": self.channel.backend if self.channel is not None else None, "pid": os.getpid(), "restarted": self.restarted}
 
     def _take_staged(self) -> tuple[int, dict] | None:
         with self.lock:
@@ -176,6 +192,7 @@ class Searcher:
             trajectories, _ = self.sampler.sample(rounds, version=self.version)
             # waiting for the store's answer bounds how far a searcher runs ahead of it
             ray.get(self.store.add.remote(json.dumps([t.to_json() for t in trajectories]), self.index))
+            self.sampled_version = self.version
             rounds += 1
 
 
@@ -192,18 +209,21 @@ def ended(answer) -> Callable[[], bool]:
 class AsyncFinetuneTrainer(FinetuneTrainer):
     """The synchronous trainer's update and bookkeeping on batches drawn from the searchers' store.
 
-    make_sampler: builds a searcher's sampler inside its actor (picklable: a module-level function
-                  or functools.partial of one)
+    make_sampler: builds a searcher's sampler inside its actor from its index and ``problems``
+                  (picklable: a module-level function or functools.partial of one)
     export:       the trainer's current weights as the searchers load them (plain, LoRA merged)
+    problems:     the training problems as JSON (Problem.to_json): put in Ray's object store once
+                  and held by this trainer, so a searcher restarted at any moment reads them again
     """
 
     def __init__(self, base, sampler, objective, cfg, make_sampler: MakeSampler, export: Callable[[], dict],
-                 run_name: str = "stepflow", progress: bool = True):
+                 problems: list | None = None, run_name: str = "stepflow", progress: bool = True):
         super().__init__(base, sampler, objective, cfg, progress=progress)
         if not getattr(objective, "off_policy", False):
             raise ValueError(f"{objective.name} is on-policy: mode=async trains on trajectories of older policies "
                              "(use gfn.loss=subtb | tb | tb_vargrad)")
         self.make_sampler, self.export, self.run_name = make_sampler, export, run_name
+        self.problems, self.problems_ref = list(problems or []), None
         self.batch_size = cfg.async_batch_size or cfg.questions_per_step * cfg.samples_per_question
         check_transport(cfg.weight_transport)
         self.store = self.weights = None
@@ -220,20 +240,21 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         process) or find (other processes) the actors of this run."""
         import ray  # the optional extra (extra `distributed`)
 
-        if not ray.is_initialized():
-            threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-            ray.init(address=self.cfg.ray_address, namespace=f"stepflow-{self.run_name}", include_dashboard=False,
-                     log_to_driver=False, runtime_env={"env_vars": threads})
-            self._started_ray = True
+        self._started_ray = ray_cluster.connect(self.cfg, f"stepflow-{self.run_name}")
         collective = self.sampler.collective
         names = {"store": "store", "weights": "weights"}
         if self.base.is_main:
             buffer = {"capacity": self.cfg.buffer_size, "priority": self.cfg.buffer_priority, "temperature": self.cfg.buffer_temperature,
                       "recency_fraction": self.cfg.recency_fraction, "seed": self.cfg.seed}
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
-            self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote()
-            searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=-1, max_concurrency=2)(Searcher)
-            self.searchers = [searcher.remote(i, self.make_sampler, self.store, self.weights) for i in range(self.cfg.searchers)]
+            # Searchers read the problems through the weights actor, by a reference this process holds:
+            # as a constructor argument of a restartable actor, a large object is freed once the actor
+            # has started, and a searcher restarted later would have nothing to start from.
+            self.problems_ref = ray.put(self.problems)
+            self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote([self.problems_ref])
+            searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=self.cfg.searcher_max_restarts,
+                                  max_concurrency=2)(Searcher)
+            self.searchers = [searcher.remote(i, self.make_sampler, names) for i in range(self.cfg.searchers)]
             self.channels = [None] * len(self.searchers)
         collective.barrier()
         if not self.base.is_main:
@@ -288,8 +309,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
 
     def keep_searching(self) -> None:
         """Start every searcher's loop (main process) and surface an error raised inside one. A
-        searcher that dies is restarted by Ray (max_restarts=-1), and so is its loop
-        (max_task_retries=-1): training goes on with the others meanwhile."""
+        searcher that dies is restarted by Ray (up to gfn.searcher_max_restarts times), and so is
+        its loop (max_task_retries=-1): training goes on with the others meanwhile."""
         import ray  # the optional extra (extra `distributed`)
 
         if not self.base.is_main:
@@ -299,22 +320,34 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             return
         done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
         for ref in done:
-            ray.get(ref)  # a loop ends before the stop only with an error in it: raised here
+            try:
+                ray.get(ref)  # a loop ends before the stop only with an error in it: raised here
+            except ray.exceptions.RayActorError as error:
+                index = self.runs.index(ref)
+                cause = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+                restarts = ray.get(self.store.stats.remote())["restarts"]
+                raise RuntimeError(f"async: searcher {index} stopped and is not restarted again (Ray restarts a searcher at most "
+                                   f"gfn.searcher_max_restarts={self.cfg.searcher_max_restarts} times; this run's searchers were "
+                                   f"restarted {restarts} times in all): {cause}") from error
 
     def stop(self) -> None:
+        """Stop the searchers and the actors; shut Ray down when this trainer started it, also when
+        stopping fails (an actor already gone, a peer process dead)."""
         import ray  # the optional extra (extra `distributed`)
 
-        if self.base.is_main and self.weights is not None:
-            ray.get(self.weights.stop.remote())
-            ray.wait(self.runs, num_returns=len(self.runs), timeout=60)
-            for actor in [*self.searchers, self.store, self.weights]:
-                ray.kill(actor)
-            for channel in self.channels:
-                if channel is not None:
-                    channel.close()
-        self.sampler.collective.barrier()
-        if self._started_ray:
-            ray.shutdown()
+        try:
+            if self.base.is_main and self.weights is not None:
+                ray.get(self.weights.stop.remote())
+                ray.wait(self.runs, num_returns=len(self.runs), timeout=60)
+                for actor in [*self.searchers, self.store, self.weights]:
+                    ray.kill(actor)
+                for channel in self.channels:
+                    if channel is not None:
+                        channel.close()
+            self.sampler.collective.barrier()
+        finally:
+            if self._started_ray:
+                ray.shutdown()
 
     # ------------------------------------------------------------------ the loop
 

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from pipeline.batches import check_divisible
 from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig, config_checks
+from pipeline.finetune import ray_cluster
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
@@ -108,8 +109,10 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
 def preflight(config: Config, stage: str) -> int:
     """What can be checked before any model is loaded (a ConfigError, not a crash halfway):
     the stage, questions_per_step against the number of processes (under ``accelerate launch``
-    each process samples a whole share of the questions), the sampling backend's package and the
-    trackers' (report_to).
+    each process samples a whole share of the questions), the asynchronous mode's launch (Ray
+    installed, one cluster for several trainer processes), the sampling backend's package and the
+    trackers' (report_to). The searchers are checked against the cluster once it is joined
+    (check_cluster), still before any model is loaded.
     Returns the number of processes."""
     if stage not in STAGES:
         raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
@@ -124,7 +127,11 @@ def preflight(config: Config, stage: str) -> int:
         if importlib.util.find_spec("ray") is None:
             raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
         check_transport(cfg.weight_transport)
-    check_divisible(cfg.questions_per_step, processes, f"{stage}.questions_per_step")
+        if processes > 1 and cfg.ray_address is None:
+            raise ValueError(f"gfn.mode=async under {processes} trainer processes needs gfn.ray_address: without it every process "
+                             "would start its own local Ray instance and only one would hold the searchers and the store. Start "
+                             "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)")
+    check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
     backend = config.generation.backend
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -142,12 +149,13 @@ def load_reference(config: Config, tokenizer) -> LMPolicy:
     return LMPolicy(frozen, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size)
 
 
-def searcher_sampler(config: Config, stage: str, problems: list[dict], make_scorer: Callable, index: int) -> TrajectorySampler:
+def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: int, problems: list[dict]) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
     policy (the trainer publishes plain weights, LoRA merged), HF generate or its own vLLM engine,
     the PRM, the reference when the objective needs one, its own question cycle.
 
-    problems: the training problems as JSON (Problem.to_json), rebuilt and validated here
+    problems: the training problems as JSON (Problem.to_json; read from Ray's object store by the
+              searcher), rebuilt and validated here
     """
     cfg = searcher_config(getattr(config, stage), index)
     policy_path = config.resolve(config.model.policy)
@@ -160,6 +168,21 @@ def searcher_sampler(config: Config, stage: str, problems: list[dict], make_scor
     reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
     problems_with_prompts, kind = train_problems(config, [Problem.from_json(p, "training problems") for p in problems], tokenizer)
     return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference)
+
+
+def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> list[str]:
+    """The asynchronous searchers against the Ray cluster this process has joined: refused when
+    the cluster lacks the CPUs or GPUs to run them all at once, a warning (returned and logged)
+    when their estimated memory exceeds what Ray offers. Each searcher's estimate: a worker process
+    (ray_cluster.WORKER_BYTES), its policy, PRM and reference weights, the training problems."""
+    import ray  # the optional extra (extra `distributed`)
+
+    cfg = getattr(config, stage)
+    models = [config.model.policy, config.model.prm] + ([config.model.policy] if needs_reference(cfg) else [])
+    searcher_bytes = (ray_cluster.WORKER_BYTES + sum(ray_cluster.folder_bytes(config.resolve(m)) for m in models)
+                      + len(json.dumps([p.to_json() for p in problems])))
+    where = f"the Ray cluster at gfn.ray_address={cfg.ray_address}" if cfg.ray_address else "the local Ray instance"
+    return ray_cluster.check_searchers_fit(cfg, ray.cluster_resources(), searcher_bytes, where)
 
 
 def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], make_scorer: Callable, out_dir: Path,
@@ -178,6 +201,13 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     preflight(config, stage)
     cfg = getattr(config, stage)
     asynchronous = cfg.mode == "async"
+    if asynchronous and not ray_cluster.connected():
+        # Ray first (joined within gfn.ray_connect_timeout), shut down however the run ends; the
+        # call below finds it connected and goes on
+        with ray_cluster.session(cfg, f"stepflow-{config.run}"):
+            return finetune_policy(config, stage, problems, make_scorer, out_dir, progress)
+    if asynchronous:
+        check_cluster(config, stage, problems)  # before any model is loaded
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
     policy_path = config.resolve(config.model.policy)
@@ -208,10 +238,11 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     policy.prepared(base.model, base.unwrapped)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:
-        make_sampler = functools.partial(searcher_sampler, config, stage, [p.to_json() for p in problems], make_scorer)
+        make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
         trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
         trainer = AsyncFinetuneTrainer(base, trainer_sampler, objective, cfg, make_sampler,
-                                       export=lambda: policy.plain_weights(base.full_state_dict()), run_name=config.run, progress=progress)
+                                       export=lambda: policy.plain_weights(base.full_state_dict()),
+                                       problems=[p.to_json() for p in problems], run_name=config.run, progress=progress)
     else:
         trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference,
                                                collective=collective)
