@@ -62,10 +62,10 @@ def test_lists_and_optionals_are_checked():
 
 def test_an_override_of_one_mapping_entry_changes_that_entry_only(tmp_path):
     paper = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
-    models = load_config(paper).eval.models
+    default = load_config(paper).eval
     config = load_config(paper, ["eval.models.base=/models/llama", "eval.models.sft=/models/sft", "eval.benchmark_paths.gsm8k=g.jsonl"])
-    assert config.eval.models == {**models, "base": "/models/llama", "sft": "/models/sft"}
-    assert config.eval.benchmark_paths == {"gsm8k": "g.jsonl"}
+    assert config.eval.models == {**default.models, "base": "/models/llama", "sft": "/models/sft"}
+    assert config.eval.benchmark_paths == {**default.benchmark_paths, "gsm8k": "g.jsonl"}
     assert load_config(paper, ["eval.models={base: /models/llama}"]).eval.models == {"base": "/models/llama"}  # the field: whole
     path = tmp_path / "c.yaml"
     path.write_text("eval:\n  models:\n    gfn: /models/gfn\n")
