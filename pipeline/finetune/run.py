@@ -23,7 +23,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
 from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig
-from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config
+from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler, check_divisible
@@ -122,6 +122,7 @@ def preflight(config: Config, stage: str) -> int:
         if importlib.util.find_spec("ray") is None:
             raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
         check_transport(cfg.weight_transport)
+        check_async_settings(cfg)
     check_divisible(cfg.questions_per_step, processes)
     backend = config.generation.backend
     if backend not in BACKENDS:
@@ -143,7 +144,7 @@ def load_reference(config: Config, tokenizer) -> LMPolicy:
 def searcher_sampler(config: Config, stage: str, problems: list[dict], make_scorer: Callable, index: int) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
     policy (the trainer publishes plain weights, LoRA merged), HF generate or its own vLLM engine,
-    the PRM, the reference when the objective needs one, its own question cycle.
+    the PRM, its own question cycle (the trainer scores the reference itself).
 
     problems: the training problems as JSON (Problem.to_json), rebuilt and validated here
     """
@@ -155,9 +156,8 @@ def searcher_sampler(config: Config, stage: str, problems: list[dict], make_scor
     sampler = VLLMGenerator(policy_path, config, weight_updates=True) if config.generation.backend == "vllm" else None
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
                       sampler=sampler)
-    reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
     problems_with_prompts, kind = train_problems(config, [Problem.from_json(p, "training problems") for p in problems], tokenizer)
-    return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference)
+    return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg)
 
 
 def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], make_scorer: Callable, out_dir: Path,
@@ -188,8 +188,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
                          "or train with DDP / ZeRO-2")
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
-    # asynchronous searchers store the reference's log-probs with each trajectory: the trainer needs no reference
-    reference = load_reference(config, tokenizer) if needs_reference(cfg) and not asynchronous else None
+    # the GFlowNet scores its reference at training time (it may be reset); PPO's sampler stores it with each trajectory
+    reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
     if cfg.lora and not hasattr(model, "peft_config"):
         model = add_lora(model, cfg)
     # Full fine-tuning of a bf16/fp16 model: float32 master weights, the forward autocast to the
@@ -199,7 +199,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     sampler = VLLMGenerator(policy_path, config, colocate=True) if config.generation.backend == "vllm" and not asynchronous else None
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
                       autocast_dtype=half_dtype, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if cfg.lora else None)
-    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective)
+    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective,
+                                reference=reference if stage == "gfn" else None)
     updates = objective.updates_per_rollout
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
                         save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage, tracking=tracking)
@@ -211,8 +212,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
         trainer = AsyncFinetuneTrainer(base, trainer_sampler, objective, cfg, make_sampler,
                                        export=lambda: policy.plain_weights(base.full_state_dict()), run_name=config.run, progress=progress)
     else:
-        trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference,
-                                               collective=collective)
+        trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg,
+                                               reference=reference if stage == "ppo" else None, collective=collective)
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
     history = trainer.train()
     state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part
