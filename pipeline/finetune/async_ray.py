@@ -410,23 +410,31 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         finally:
             self.stop()
 
-    def draw(self) -> tuple[list[list[Trajectory]], int, float]:
-        """This process's B / world questions x K completions from the store, waiting while it fills
-        up (the first step waits for gfn.async_initial_completions): (groups, how many came from the
-        newest weights, seconds waited)."""
+    def draw_once(self) -> tuple[list[list[Trajectory]] | None, int, float]:
+        """One request to the store for this process's B / world questions x K completions (the first
+        step asks for gfn.async_initial_completions in the buffer): (groups or None while it fills
+        up, how many groups came from the newest weights, seconds spent)."""
         import ray  # the optional extra (extra `distributed`)
 
         start = time.monotonic()
         questions = self.questions // self.sampler.collective.world
         minimum = self.cfg.async_initial_completions if self.step == 0 else 0
-        while True:
-            self.keep_searching()
-            answer = json.loads(ray.get(self.store.sample.remote(questions, self.published, self.step, self.cfg.max_staleness,
-                                                                 minimum)))
-            if len(answer["groups"]) == questions:
-                groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in group] for group in answer["groups"]]
-                return groups, answer["recent"], time.monotonic() - start
+        self.keep_searching()
+        answer = json.loads(ray.get(self.store.sample.remote(questions, self.published, self.step, self.cfg.max_staleness, minimum)))
+        if len(answer["groups"]) < questions:
             time.sleep(POLL_SECONDS)
+            return None, 0, time.monotonic() - start
+        groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in group] for group in answer["groups"]]
+        return groups, answer["recent"], time.monotonic() - start
+
+    def draw(self) -> tuple[list[list[Trajectory]], int, float]:
+        """The step's groups, waiting as long as the store needs: (groups, recent, seconds waited)."""
+        waited = 0.0
+        while True:
+            groups, recent, seconds = self.draw_once()
+            waited += seconds
+            if groups is not None:
+                return groups, recent, waited
 
     def train_step(self) -> dict:
         import ray  # the optional extra (extra `distributed`)
@@ -444,9 +452,14 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         now = time.monotonic()
         staleness = [step - t.policy_version for t in batch]
         behind = [(self.published - t.policy_version) // self.cfg.sync_every for t in batch]
-        sizes = [len(group) for group in groups]
-        zero = sum(size for size in sizes if size < 2) if self.objective.name == "tb_vargrad" else 0
-        summed = collective.sum(torch.tensor([sum(staleness), len(batch), zero, len(groups), recent, waited], dtype=torch.float64))
+        # what the batch holds, whatever the store meant to send: distinct completions per question;
+        # TB-VarGrad gives the rows of a question with fewer than two distinct completions no gradient
+        distinct: dict[str, set] = {}
+        for t in batch:
+            distinct.setdefault(t.problem_id, set()).add(tuple(t.steps))
+        sizes = [len(completions) for completions in distinct.values()]
+        zero = sum(len(distinct[t.problem_id]) < 2 for t in batch) if self.objective.name == "tb_vargrad" else 0
+        summed = collective.sum(torch.tensor([sum(staleness), len(batch), zero, len(distinct), recent, waited], dtype=torch.float64))
         histogram: dict[str, int] = {}
         for versions in behind:
             histogram[str(versions)] = histogram.get(str(versions), 0) + 1

@@ -173,6 +173,10 @@ class GFlowNetObjective(torch.nn.Module):
                         "log_pi": [], "terminal_log_r": [], "terminal_log_pterm": [], "ids": []}
         if not batch:
             return [(filler or [], 0.0)]
+        # One row order for a given set of rows, whoever produced them (a sampler, the replay, the
+        # asynchronous store): float sums in another order differ in the last bits, and Adam turns
+        # such differences on near-zero gradients into full-size steps.
+        batch = sorted(batch, key=lambda t: (t.problem_id, t.steps))
         key = (lambda t: t.problem_id) if self.cfg.loss == "tb_vargrad" else None
         return [(chunk, weight) for chunk in micro_batches(batch, self.cfg.micro_batch_size, key=key)]
 
