@@ -382,3 +382,42 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     for record in records:
         assert {"loss", "avg_reward", "proportionality_gap", "staleness_mean", "staleness_max", "buffer_size"} <= set(record)
         assert 0 <= record["staleness_max"] <= 3 and math.isfinite(record["loss"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("gfn.async_samples_used=9", "gfn.async_samples_used"),  # K > S = 8
+    ("gfn.async_samples_used=1", "gfn.async_samples_used"),  # K < 2 with TB-VarGrad
+    ("gfn.async_initial_completions=2000", "gfn.async_initial_completions"),  # > buffer_size
+    ("gfn.max_staleness=1", "gfn.max_staleness"),  # below sync_every - 1 = 2
+])
+def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
+    from pipeline.config import ConfigError, load_config
+    from pipeline.finetune.run import preflight
+
+    config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.samples_per_question=8", "gfn.sync_every=3", override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        preflight(config, "gfn")
+    assert not ray.is_initialized()
+
+
+def test_recency_outside_zero_one_is_refused_naming_the_key():
+    from pipeline.config import ConfigError, load_config
+    from pipeline.finetune.async_ray import check_async_settings
+
+    with pytest.raises(ConfigError, match=r"gfn\.recency_fraction"):
+        load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.recency_fraction=1.5"])
+    with pytest.raises(ConfigError, match=r"gfn\.recency_fraction"):  # a section built in code, not loaded
+        check_async_settings(tabular_config(recency_fraction=-0.1))
+
+
+def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_questions():
+    from pipeline.finetune.async_ray import TrajectoryStore
+
+    store = TrajectoryStore({"capacity": 100, "per_question": 2, "seed": 0})
+    batch = tabular_sampler(tabular_config(), 0)
+    trajectories, _ = batch.sample(0, version=0)  # 4 questions x 8 samples
+    store.add(json.dumps([t.to_json() for t in trajectories]), searcher=0)
+    size = store.stats()["size"]
+    assert json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size + 1))["groups"] == []
+    assert len(json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size))["groups"]) == 2
+    assert json.loads(store.sample(5, latest=0, now=0, max_staleness=None))["groups"] == []  # 4 questions hold completions
