@@ -359,10 +359,11 @@ def test_ppo_is_refused_in_async_mode():
 @pytest.mark.slow
 def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path):
     world = random_tiny_world
-    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
+    # the tiny world's asynchronous config, at a smaller scale still
+    args = ["--config", str(REPO / "configs" / "tiny-async.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
             f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "generation.max_new_tokens=24",
-            "gfn.mode=async", "gfn.loss=tb_vargrad", "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4",
-            "gfn.searchers=2", "gfn.save_every=2", "gfn.max_staleness=3"]
+            "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4", "gfn.async_samples_used=3",
+            "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -382,6 +383,7 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     for record in records:
         assert {"loss", "avg_reward", "proportionality_gap", "staleness_mean", "staleness_max", "buffer_size"} <= set(record)
         assert 0 <= record["staleness_max"] <= 3 and math.isfinite(record["loss"])
+        assert record["questions"] == 2 and record["trajectories_per_question_min"] == 3 and record["zero_gradient_fraction"] == 0
 
 
 @pytest.mark.parametrize("override,key", [
@@ -421,3 +423,17 @@ def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_que
     assert json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size + 1))["groups"] == []
     assert len(json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size))["groups"]) == 2
     assert json.loads(store.sample(5, latest=0, now=0, max_staleness=None))["groups"] == []  # 4 questions hold completions
+
+
+def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
+    from pipeline.config import load_config
+    from pipeline.finetune.async_ray import async_shape, check_async_settings
+
+    paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn
+    assert (paper.mode, paper.loss, paper.recency_fraction, paper.sync_every) == ("async", "tb_vargrad", 0.95, 2)
+    assert (paper.samples_per_question, paper.async_samples_used, paper.async_initial_completions, paper.kl_coef) == (24, 20, 500, 0.012)
+    tiny = load_config(REPO / "configs" / "tiny-async.yaml").gfn
+    assert (tiny.mode, tiny.loss, tiny.recency_fraction, tiny.sync_every) == ("async", "tb_vargrad", 0.95, 2)
+    assert async_shape(tiny)[1] < tiny.samples_per_question
+    for section in (paper, tiny):
+        check_async_settings(section)
