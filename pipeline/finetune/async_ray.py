@@ -429,12 +429,18 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
 
     def draw(self) -> tuple[list[list[Trajectory]], int, float]:
         """The step's groups, waiting as long as the store needs: (groups, recent, seconds waited)."""
-        waited = 0.0
+        waited, warned = 0.0, 0.0
         while True:
             groups, recent, seconds = self.draw_once()
             waited += seconds
             if groups is not None:
                 return groups, recent, waited
+            if waited - warned > 60:  # a store that cannot fill: too few distinct completions per question, too stale
+                import ray  # the optional extra (extra `distributed`)
+
+                warned = waited
+                log.warning("async: step %d has waited %.0f s for %d questions x %d distinct completions; the store: %s",
+                            self.step, waited, self.questions, self.per_question, ray.get(self.store.stats.remote()))
 
     def train_step(self) -> dict:
         import ray  # the optional extra (extra `distributed`)
