@@ -108,8 +108,9 @@ SOURCE_FILTERED_DATA = ("openmathinstruct2",)
 PRM_FORMATS = ("auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm")  # docs/prm.md, "Other PRMs"
 TRAINING_MODES = ("sync", "async")  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
 WEIGHT_TRANSPORTS = ("object_store", "collective")  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
+ASYNC_PRIORITIES = ("softmax", "uniform")  # gfn.async_priority (pipeline/finetune/grouped_replay.py)
 CHOICES = {"report_to": REPORT_TO, "model.prm_format": PRM_FORMATS, "gfn.mode": TRAINING_MODES, "ppo.mode": TRAINING_MODES,
-           "gfn.weight_transport": WEIGHT_TRANSPORTS}
+           "gfn.weight_transport": WEIGHT_TRANSPORTS, "gfn.async_priority": ASYNC_PRIORITIES}
 
 
 # ----------------------------------------------------------------------------- sections
@@ -334,7 +335,10 @@ class GFNConfig(StepTrainingConfig):
     outcome_coef: float = bounded(0.0, ge=0)  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
     outcome_floor: float = bounded(0.01, gt=0, le=1)
     unfinished_log_reward: float = bounded(-10.0, le=0)  # added to log R(s) when s's last step states no final answer (s_0 too)
-    kl_coef: float = bounded(0.0, ge=0)  # TB-VarGrad: KL to the frozen reference
+    kl_coef: float = bounded(0.0, ge=0)  # TB-VarGrad: beta, the KL to the reference (at step 0 when annealed)
+    kl_coef_final: float | None = bounded(None, ge=0)  # beta annealed linearly from kl_coef to this over kl_anneal_steps (None: constant)
+    kl_anneal_steps: int = bounded(0, ge=0)  # trainer steps of the linear beta anneal (then kl_coef_final)
+    reference_reset_every: int = bounded(0, ge=0)  # rho: every rho updates the reference becomes the current policy (0: never; TBA': 50)
     learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
     log_z_lr: float = bounded(1e-2, gt=0)
     buffer_size: int = bounded(1000, ge=0)  # paper: 1000
@@ -342,12 +346,18 @@ class GFNConfig(StepTrainingConfig):
     buffer_temperature: float = bounded(1.0, gt=0)
     recency_fraction: float = bounded(0.5, ge=0, le=1)  # TBA's m
     replay_fraction: float = bounded(0.5, ge=0)  # replayed trajectories per fresh one in each batch (sync mode)
-    # asynchronous mode (mode=async; TBA, Bartoldson et al.): searcher actors sample questions_per_step
-    # questions x samples_per_question each round with the newest published weights, into one buffer
+    # asynchronous mode (mode=async; TBA, Bartoldson et al.; docs/async.md): searcher actors sample questions_per_step
+    # questions x samples_per_question (S) completions each round with the newest published weights, into one buffer
+    # (buffer_size completions, FIFO); each trainer step draws async_questions (B) questions x async_samples_used (K)
+    # distinct completions, a question's group from the newest weights' completions with probability recency_fraction (m)
     searchers: int = bounded(2, ge=1)  # searcher actors
     sync_every: int = bounded(1, ge=1)  # trainer steps between weight publications (TBA's k)
-    async_batch_size: int | None = bounded(None, ge=1)  # trajectories per trainer step (None: questions_per_step x samples_per_question)
-    max_staleness: int | None = bounded(16, ge=0)  # trajectories sampled more than this many trainer steps ago are dropped (None: kept)
+    async_questions: int | None = bounded(None, ge=1)  # B, questions per trainer step (None: questions_per_step)
+    async_samples_used: int | None = bounded(None, ge=1)  # K <= S, distinct completions per question in a batch (None: S)
+    async_initial_completions: int = bounded(0, ge=0)  # the first step waits until the buffer holds this many (paper: 500)
+    async_priority: str = "softmax"  # softmax (p ~ exp(log_reward / buffer_temperature)) | uniform: a question's K completions
+    searcher_rounds_per_version: int | None = bounded(None, ge=1)  # rounds a searcher samples per published version (None: no limit)
+    max_staleness: int | None = bounded(16, ge=0)  # completions sampled by weights more than this many trainer steps old are dropped (None: kept)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
     ray_connect_timeout: float = bounded(30.0, gt=0)  # seconds to wait for the cluster at ray_address to answer
     searcher_max_restarts: int = bounded(10, ge=0)  # Ray restarts a dead searcher this many times; one more death stops the run

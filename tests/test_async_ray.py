@@ -1,9 +1,12 @@
 """The asynchronous mode (TBA on Ray): searcher actors fill the store, the trainer draws from it.
 
-A local Ray instance with two searcher actors, on the enumerable environment of
-tests/test_gflownet.py (exact R/Z known) and through the stage CLI on a random tiny world; the
-launch checks (cluster address, searchers against the cluster) without searchers. Every test
-shuts Ray down, also on failure, and is bounded in time.
+A local Ray instance with one or two searcher actors and many questions: on the enumerable
+environment of tests/test_gflownet.py (exact R/Z known), on a wide one (20 letters x 3 steps: a
+question's samples do not repeat, so lockstep async and sync train on the same rows), and through
+the stage CLI on a random tiny world; a searcher killed while the problems it starts from are the
+tiny world's 4 MB training set; the launch checks (cluster address, searchers against the
+cluster) without searchers. Every test shuts Ray down, also on failure, and is bounded in time
+(the trainer's wait for a batch has a deadline here).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,8 +32,10 @@ from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig, load_config
 from pipeline.finetune import ray_cluster  # noqa: E402
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config  # noqa: E402
 from pipeline.finetune.objectives import build_objective  # noqa: E402
+from pipeline.finetune.policy import SampledSolution  # noqa: E402
 from pipeline.finetune.run import optimizer_settings  # noqa: E402
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler  # noqa: E402
+from pipeline.finetune.trainer import FinetuneTrainer  # noqa: E402
 from pipeline.tinyworld.problems import generate_splits  # noqa: E402
 from pipeline.training import TrainingBase, checkpoint, make_accelerator  # noqa: E402
 
@@ -58,15 +64,101 @@ def all_correct(texts, golds, kind):
     return [True] * len(texts)
 
 
-ONE_PROBLEM = [{"problem_id": "p0", "question": "q", "answer": "1"}]
+def problems(n: int) -> list[TrainProblem]:
+    """n questions (the policies here ignore the prompt: every question is the same environment)."""
+    return [TrainProblem(f"p{i}", f"q{i}", f"q{i}", "1") for i in range(n)]
 
 
-def tabular_sampler(cfg, index, problems):
-    """A searcher's sampler (built inside its actor): its own tabular policy, the known scores, the
-    problems it was given (their text does not change the tabular policy's samples)."""
-    train = [TrainProblem(p["problem_id"], p["question"], p["question"], p["answer"]) for p in problems]
-    return TrajectorySampler(TabularPolicy(), KnownScorer(), train, "tiny", searcher_config(cfg, index), extract=every_step_answers,
-                             grade=all_correct)
+LETTERS = "abcdefghijklmnopqrst"
+WIDE_DEPTH = 3
+
+
+class WidePolicy(torch.nn.Module):
+    """Per depth a softmax over 20 letters and stop (8420 terminal states; stopping at s_0 is
+    practically ruled out by a fixed -30 on its logit): K samples of a question do not repeat."""
+
+    def __init__(self):
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.zeros(WIDE_DEPTH, len(LETTERS) + 1))
+        offset = torch.zeros(WIDE_DEPTH, len(LETTERS) + 1)
+        offset[0, -1] = -30.0
+        self.register_buffer("offset", offset)
+
+    def dist(self, depth: int) -> torch.Tensor:
+        if depth == WIDE_DEPTH:
+            return torch.tensor([-math.inf] * len(LETTERS) + [0.0])
+        return torch.log_softmax(self.logits[depth] + self.offset[depth], dim=-1)
+
+    def sample(self, prompts, n, temperature, seed=None):
+        out = []
+        for prompt_seed in seed:
+            generator = torch.Generator().manual_seed(prompt_seed)
+            solutions = []
+            for _ in range(n):
+                steps = []
+                while True:
+                    probs = torch.softmax(self.dist(len(steps)).detach() / temperature, -1)
+                    action = int(torch.multinomial(probs, 1, generator=generator))
+                    if action == len(LETTERS):
+                        break
+                    steps.append(LETTERS[action])
+                solutions.append(SampledSolution(steps, True, len(steps)))
+            out.append(solutions)
+        return out
+
+    def logprobs(self, prompts, step_lists, with_grad, return_entropy=False, return_hidden=False):
+        width = max(len(steps) for steps in step_lists)
+        step_rows, stop_rows = [], []
+        for steps in step_lists:
+            dists = [self.dist(k) for k in range(len(steps) + 1)]
+            pad = [torch.zeros(())] * (width - len(steps))
+            step_rows.append(torch.stack([dists[k][LETTERS.index(a)] for k, a in enumerate(steps)] + pad))
+            stop_rows.append(torch.stack([d[-1] for d in dists] + pad))
+        return SimpleNamespace(step_logprobs=torch.stack(step_rows), termination_logprobs=torch.stack(stop_rows))
+
+    def trajectory_logprob(self, steps) -> float:
+        """log pi(tau), steps and stop, as the sampler records it for a reference (float)."""
+        with torch.no_grad():
+            lp = self.logprobs(None, [steps], with_grad=False)
+        return float(lp.step_logprobs[0, :len(steps)].sum() + lp.termination_logprobs[0, len(steps)])
+
+    def after_update(self, version, weights=None):
+        pass  # it samples from its live parameters
+
+    def plain_weights(self, state):
+        return state
+
+    def load_weights(self, state, version):  # an asynchronous searcher's copy
+        self.load_state_dict(state)
+
+
+class WideScorer:
+    """Later letters score higher: U(letter) in [0.3, 0.95]."""
+
+    def log_scores_many(self, pairs):
+        return [[math.log(0.3 + 0.65 * LETTERS.index(a) / (len(LETTERS) - 1)) for a in steps] for _, steps in pairs]
+
+
+def searcher_problems(given: list[dict], questions: int) -> list[TrainProblem]:
+    """The problems a searcher was started from (read from Ray's object store), or ``questions``
+    made-up ones when the trainer was given none (the policies here ignore the prompt)."""
+    if not given:
+        return problems(questions)
+    return [TrainProblem(p["problem_id"], p["question"], p["question"], p["answer"]) for p in given]
+
+
+def tabular_sampler(cfg, index, given: list[dict] = (), questions: int = 12):
+    """A searcher's sampler (built inside its actor): its own tabular policy, the known scores."""
+    return TrajectorySampler(TabularPolicy(), KnownScorer(), searcher_problems(given, questions), "tiny", searcher_config(cfg, index),
+                             extract=every_step_answers, grade=all_correct)
+
+
+def wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12, record_own_logprobs: bool = False):
+    """A searcher's sampler on the wide environment. record_own_logprobs: the sampler's reference is
+    its own policy, so each trajectory records log pi(tau) under the weights that sampled it."""
+    policy = WidePolicy()
+    return TrajectorySampler(policy, WideScorer(), searcher_problems(given, questions), "tiny", searcher_config(cfg, index),
+                             reference=policy if record_own_logprobs else None, extract=every_step_answers, grade=all_correct)
 
 
 @pytest.fixture(scope="module")
@@ -78,33 +170,51 @@ def tiny_world_problems() -> list[dict]:
     return problems
 
 
-def wait_for_rejoin(trainer, index: int, after: int, seconds: float = 120.0) -> None:
-    """Until searcher ``index``, restarted by Ray (a new worker process: seconds), has sent
-    trajectories sampled with weights published after step ``after``; the trainer publishes
-    meanwhile, as it does every step."""
+def wait_for_rejoin(trainer, index: int, seconds: float = 120.0) -> None:
+    """Until searcher ``index``, restarted by Ray (a new worker process: seconds), answers; nothing
+    is published meanwhile (the trainer publishes after its next step, as always)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            status = ray.get(trainer.searchers[index].status.remote(), timeout=10)
-            if status["restarted"] and status["sampled_version"] > after:
-                return
+            ray.get(trainer.searchers[index].status.remote(), timeout=10)
+            return
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass  # still restarting
-        trainer.publish()
-        time.sleep(0.5)
+            time.sleep(0.5)  # still restarting
     raise TimeoutError(f"searcher {index} did not rejoin within {seconds} s")
 
 
-def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None,
-                    problems: list[dict] = ONE_PROBLEM, rejoin: bool = True):
+def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None, policy=None,
+                    make_sampler=None, questions: int = 12, wait_seconds: float = 120.0, problems: list[dict] = (),
+                    rejoin: bool = True):
+    """The asynchronous trainer around a tabular policy (TabularPolicy unless ``policy``), keeping
+    every published state (``published``: version -> weights) and the store's last contents.
+    problems: what the searchers start from (through Ray's object store); kill_searcher_at: the
+    step at which searcher 0's process is SIGKILLed; rejoin: the test waits for it to come back."""
     torch.manual_seed(0)
-    policy = TabularPolicy()
+    policy = policy if policy is not None else TabularPolicy()
     objective = build_objective(cfg, policy, hidden_size=8)
     base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), policy, optimizer_settings(cfg, 1), out,
                         objective=objective, objective_lr=objective.lr, save_every=cfg.save_every, progress=False)
-    sampler = TrajectorySampler(policy, None, [TrainProblem("p0", "q", "q", "1")], "tiny", cfg)
+    sampler = TrajectorySampler(policy, None, problems(questions), "tiny", cfg)
 
     class Trainer(AsyncFinetuneTrainer):
+        published_states: dict = {}
+
+        def publish(self):
+            self.published_states[self.step] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+            super().publish()
+
+        def draw(self):
+            """The production wait, with a deadline: a test never hangs."""
+            deadline, waited = time.monotonic() + wait_seconds, 0.0
+            while True:
+                groups, recent, seconds = self.draw_once()
+                waited += seconds
+                if groups is not None:
+                    return groups, recent, waited
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no batch within {wait_seconds} s at step {self.step}: {ray.get(self.store.stats.remote())}")
+
         def prepare(self):
             super().prepare()
             self.restored = self._resumed_store  # what the checkpoint gave back to the store
@@ -116,29 +226,30 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
                 self.killed_pid = ray.get(self.searchers[0].status.remote(), timeout=60)["pid"]
                 os.kill(self.killed_pid, signal.SIGKILL)
             if rejoin and kill_searcher_at is not None and self.step == cfg.num_train_steps - 1:
-                wait_for_rejoin(self, 0, after=kill_searcher_at)  # before the last step, it must be back
+                wait_for_rejoin(self, 0)  # before the last step, it must be back
             return super().train_step()
 
         def stop(self):
             if self.searchers and rejoin:  # before the actors go (all alive: a searcher not left dead)
                 self.last_status = ray.get([searcher.status.remote() for searcher in self.searchers], timeout=60)
+                self.last_store = ray.get(self.store.state_dict.remote(), timeout=60)
             super().stop()
 
     export = lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()}  # noqa: E731
-    return Trainer(base, sampler, objective, cfg, functools.partial(tabular_sampler, cfg), export, problems=problems,
-                   progress=False), policy
+    make_sampler = make_sampler or functools.partial(tabular_sampler, cfg, questions=questions)
+    return Trainer(base, sampler, objective, cfg, make_sampler, export, problems=list(problems), progress=False), policy
 
 
 def tabular_config(**overrides) -> GFNConfig:
-    settings = dict(loss="tb_vargrad", lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=250, questions_per_step=1,
-                    samples_per_question=16, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0, mode="async",
-                    searchers=2, sync_every=1, max_staleness=4, buffer_size=200)
+    settings = dict(loss="tb_vargrad", lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=250, questions_per_step=4,
+                    samples_per_question=8, async_samples_used=4, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0,
+                    mode="async", searchers=2, sync_every=1, max_staleness=4, buffer_size=200)
     return GFNConfig(**{**settings, **overrides})
 
 
 @pytest.mark.slow
 def test_async_searchers_learn_the_reward_proportional_distribution(local_ray, tmp_path):
-    cfg = tabular_config()
+    cfg = tabular_config()  # 12 questions, 4 per step, K = 4 of S = 8
     trainer, policy = tabular_trainer(cfg, tmp_path)
     before = jsd(policy.terminal_distribution(), target_distribution())
     history = trainer.train()
@@ -149,21 +260,102 @@ def test_async_searchers_learn_the_reward_proportional_distribution(local_ray, t
     assert all(h["searcher_trajectories_per_s"] >= 0 for h in history) and history[-1]["buffer_size"] > 0
 
 
+def assert_recorded_logprobs_are_the_published_weights(trainer, trajectories) -> int:
+    """Each trajectory's recorded log pi(tau) (the searcher's own policy as its reference) equals the
+    log-prob under the weights published at its version, and differs under the version before
+    it; returns how many were checked."""
+    checked = 0
+    for trajectory in trajectories:
+        version = trajectory.policy_version
+        older = [v for v in trainer.published_states if v < version]
+        if not older:
+            continue
+        recorded = sum(trajectory.reference_step_logprobs) + trajectory.reference_stop_logprob
+        policy = WidePolicy()
+        policy.load_state_dict(trainer.published_states[version])
+        assert recorded == pytest.approx(policy.trajectory_logprob(trajectory.steps), abs=1e-5), (version, trajectory.steps)
+        policy.load_state_dict(trainer.published_states[max(older)])
+        assert abs(recorded - policy.trajectory_logprob(trajectory.steps)) > 1e-4, (version, trajectory.steps)
+        checked += 1
+    return checked
+
+
+def stored(trainer) -> list:
+    from pipeline.records import Trajectory
+
+    return [Trajectory.from_json(obj, "store") for obj in trainer.last_store["buffer"]["items"]]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
-def test_a_killed_searcher_is_restarted_and_training_goes_on(local_ray, tmp_path, transport, tiny_world_problems):
-    cfg = tabular_config(num_train_steps=30, weight_transport=transport)
-    trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=10, problems=tiny_world_problems)
+def test_a_killed_searcher_is_restarted_and_samples_with_the_newest_weights(local_ray, tmp_path, transport, tiny_world_problems):
+    cfg = tabular_config(num_train_steps=16, weight_transport=transport, lr=0.05)
+    trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=6, policy=WidePolicy(), problems=tiny_world_problems,
+                                 make_sampler=functools.partial(wide_sampler, cfg, record_own_logprobs=True))
     history = trainer.train()
-    assert [h["step"] for h in history] == list(range(1, 31))
+    assert [h["step"] for h in history] == list(range(1, 17))
     assert history[-1]["searcher_restarts"] >= 1
-    killed = trainer.last_status[0]
-    # a new process, started from the 4 MB problem set, whose trajectories carry weights published after its death
-    assert killed["restarted"] and killed["pid"] != trainer.killed_pid and killed["sampled_version"] > 10, killed
-    # every searcher, the restarted one too, samples with weights published after the restart
-    assert all(status["version"] > 10 for status in trainer.last_status), trainer.last_status
+    killed = trainer.last_status[0]  # a new process, started again from the 4 MB problem set
+    assert killed["restarted"] and killed["pid"] != trainer.killed_pid, killed
+    # every searcher, the restarted one too, took weights published after the restart (the test publishes nothing)
+    assert all(status["version"] > 6 for status in trainer.last_status), trainer.last_status
     expected = "gloo" if transport == "collective" else None  # collective on CPU: gloo
     assert all(status["channel"] == expected for status in trainer.last_status), trainer.last_status
+    # and what the searchers recorded is what those weights give
+    assert assert_recorded_logprobs_are_the_published_weights(trainer, [t for t in stored(trainer) if t.policy_version > 6]) > 0
+
+
+def wide_config(**overrides) -> GFNConfig:
+    settings = dict(loss="tb_vargrad", lr=0.05, scheduler="constant", warmup_steps=0, num_train_steps=6, questions_per_step=4,
+                    samples_per_question=4, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0, replay_fraction=0.0,
+                    buffer_size=400, seed=3)
+    return GFNConfig(**{**settings, **overrides})
+
+
+@pytest.mark.slow
+def test_async_lockstep_equals_sync(local_ray, tmp_path):
+    """One searcher, one round per published version, sync period 1, staleness 0, recency 1: the
+    trainer trains at step t on the round sampled with the weights of step t, the questions and
+    seeds of the synchronous trainer's step t (docs/async.md, "Lockstep equals sync")."""
+    sync_cfg = wide_config()
+    torch.manual_seed(0)
+    sync_policy = WidePolicy()
+    objective = build_objective(sync_cfg, sync_policy, hidden_size=8)
+    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), sync_policy, optimizer_settings(sync_cfg, 1),
+                        tmp_path / "sync", objective=objective, objective_lr=objective.lr, progress=False)
+    sampler = TrajectorySampler(sync_policy, WideScorer(), problems(12), "tiny", sync_cfg, extract=every_step_answers, grade=all_correct)
+    sync = FinetuneTrainer(base, sampler, objective, sync_cfg, progress=False).train()
+
+    async_cfg = wide_config(mode="async", searchers=1, sync_every=1, max_staleness=0, recency_fraction=1.0, searcher_rounds_per_version=1)
+    trainer, async_policy = tabular_trainer(async_cfg, tmp_path / "async", policy=WidePolicy(),
+                                            make_sampler=functools.partial(wide_sampler, async_cfg))
+    lockstep = trainer.train()
+    assert [h["questions"] for h in lockstep] == [4] * 6 and all(h["recent_questions"] == 4 for h in lockstep)
+    assert all(h["trajectories_per_question_min"] == 4 for h in lockstep)  # the S = K samples did not repeat
+    # the same rows in the same order (the objective sorts them) through the same float operations
+    assert [h["avg_log_reward"] for h in lockstep] == pytest.approx([h["avg_log_reward"] for h in sync], rel=1e-12)
+    assert [h["loss"] for h in lockstep] == pytest.approx([h["loss"] for h in sync], rel=1e-6)
+    torch.testing.assert_close(async_policy.logits.detach(), sync_policy.logits.detach(), rtol=0, atol=1e-6)
+    assert not torch.allclose(sync_policy.logits.detach(), torch.zeros_like(sync_policy.logits), atol=1e-3)  # it did train
+
+
+@pytest.mark.slow
+def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ray, tmp_path):
+    cfg = wide_config(mode="async", searchers=2, sync_every=2, max_staleness=3, recency_fraction=0.5, num_train_steps=8,
+                      questions_per_step=4, samples_per_question=4, async_samples_used=3, async_initial_completions=48, buffer_size=120)
+    trainer, _ = tabular_trainer(cfg, tmp_path, policy=WidePolicy(), questions=40,
+                                 make_sampler=functools.partial(wide_sampler, cfg, questions=40, record_own_logprobs=True))
+    trainer.train()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 9))
+    for record in records:
+        assert record["questions"] == 4 and record["trajectories_per_question_min"] == record["trajectories_per_question_max"] == 3
+        assert record["zero_gradient_fraction"] == 0.0
+        assert sum(record["staleness_versions"].values()) == 12 and record["staleness_max"] <= 3
+        assert record["generated_per_trained"] >= 0 and record["publish_seconds"] >= 0
+        assert record["trainer_idle_seconds"] >= 0 and record["searcher_idle_seconds"] >= 0
+    # the searchers sampled with the weights they were published: recorded log-probs are those weights'
+    assert assert_recorded_logprobs_are_the_published_weights(trainer, stored(trainer)) > 0
 
 
 @pytest.mark.slow
@@ -191,6 +383,7 @@ def test_a_restarted_trainer_resumes_with_its_buffer(local_ray, tmp_path):
 
 
 def test_ppo_is_refused_in_async_mode():
+    from pipeline.config import load_config
     from pipeline.finetune.run import preflight
 
     with pytest.raises(ValueError, match="PPO is on-policy"):
@@ -202,10 +395,11 @@ def test_ppo_is_refused_in_async_mode():
 @pytest.mark.slow
 def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path):
     world = random_tiny_world
-    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
+    # the tiny world's asynchronous config, at a smaller scale still
+    args = ["--config", str(REPO / "configs" / "tiny-async.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
             f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "generation.max_new_tokens=24",
-            "gfn.mode=async", "gfn.loss=tb_vargrad", "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4",
-            "gfn.searchers=2", "gfn.save_every=2", "gfn.max_staleness=3"]
+            "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4", "gfn.async_samples_used=3",
+            "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -225,6 +419,60 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     for record in records:
         assert {"loss", "avg_reward", "proportionality_gap", "staleness_mean", "staleness_max", "buffer_size"} <= set(record)
         assert 0 <= record["staleness_max"] <= 3 and math.isfinite(record["loss"])
+        assert record["questions"] == 2 and record["trajectories_per_question_min"] == 3 and record["zero_gradient_fraction"] == 0
+
+
+@pytest.mark.parametrize("override,key", [
+    ("gfn.async_samples_used=9", "gfn.async_samples_used"),  # K > S = 8
+    ("gfn.async_samples_used=1", "gfn.async_samples_used"),  # K < 2 with TB-VarGrad
+    ("gfn.async_initial_completions=2000", "gfn.async_initial_completions"),  # > buffer_size
+    ("gfn.max_staleness=1", "gfn.max_staleness"),  # below sync_every - 1 = 2
+])
+def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
+    from pipeline.config import ConfigError, load_config
+    from pipeline.finetune.run import preflight
+
+    config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.samples_per_question=8", "gfn.sync_every=3", override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        preflight(config, "gfn")
+    assert not ray.is_initialized()
+
+
+def test_recency_outside_zero_one_is_refused_naming_the_key():
+    from pipeline.config import ConfigError, load_config
+    from pipeline.finetune.async_ray import check_async_settings
+
+    with pytest.raises(ConfigError, match=r"gfn\.recency_fraction"):
+        load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.recency_fraction=1.5"])
+    with pytest.raises(ConfigError, match=r"gfn\.recency_fraction"):  # a section built in code, not loaded
+        check_async_settings(tabular_config(recency_fraction=-0.1))
+
+
+def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_questions():
+    from pipeline.finetune.async_ray import TrajectoryStore
+
+    store = TrajectoryStore({"capacity": 100, "per_question": 2, "seed": 0})
+    batch = tabular_sampler(tabular_config(), 0)
+    trajectories, _ = batch.sample(0, version=0)  # 4 questions x 8 samples
+    store.add(json.dumps([t.to_json() for t in trajectories]), searcher=0)
+    size = store.stats()["size"]
+    assert json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size + 1))["groups"] == []
+    assert len(json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size))["groups"]) == 2
+    assert json.loads(store.sample(5, latest=0, now=0, max_staleness=None))["groups"] == []  # 4 questions hold completions
+
+
+def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
+    from pipeline.config import load_config
+    from pipeline.finetune.async_ray import async_shape, check_async_settings
+
+    paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn
+    assert (paper.mode, paper.loss, paper.recency_fraction, paper.sync_every) == ("async", "tb_vargrad", 0.95, 2)
+    assert (paper.samples_per_question, paper.async_samples_used, paper.async_initial_completions, paper.kl_coef) == (24, 20, 500, 0.012)
+    tiny = load_config(REPO / "configs" / "tiny-async.yaml").gfn
+    assert (tiny.mode, tiny.loss, tiny.recency_fraction, tiny.sync_every) == ("async", "tb_vargrad", 0.95, 2)
+    assert async_shape(tiny)[1] < tiny.samples_per_question
+    for section in (paper, tiny):
+        check_async_settings(section)
 
 
 # ----------------------------------------------------------------------------- launch checks

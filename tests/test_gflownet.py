@@ -90,8 +90,11 @@ class TabularPolicy(torch.nn.Module):
     def after_update(self, version, weights=None):
         pass  # it samples from its live parameters
 
-    def load_weights(self, state, version):  # an asynchronous searcher's copy
+    def load_weights(self, state, version):  # an asynchronous searcher's copy, or a reset reference
         self.load_state_dict(state)
+
+    def plain_weights(self, state):
+        return state  # no LoRA to merge
 
     def terminal_distribution(self):
         """Exact distribution of the terminal states with at least one step.

@@ -2,18 +2,22 @@
 
 Who does what (docs/async.md):
 - searcher actors (gfn.searchers of them): each holds its own copy of the policy (HF generate or
-  a vLLM engine), the PRM scorer and, when needed, the frozen reference; round after round it
-  samples questions_per_step questions x samples_per_question solutions with the newest weights
-  it has, scores them and sends them, tagged with that weights version, to the store;
-- the store actor: the project's prioritized replay buffer (recency fraction m plus
-  reward-priority draws); it drops trajectories older than gfn.max_staleness trainer steps;
+  a vLLM engine) and the PRM scorer; round after round it samples questions_per_step questions x
+  samples_per_question (S) solutions with the newest weights it has (at most
+  gfn.searcher_rounds_per_version rounds per version), scores them and sends them, tagged with
+  that weights version, to the store;
+- the store actor: TBA's buffer (pipeline.finetune.grouped_replay): every completion kept up to
+  gfn.buffer_size (FIFO), drawn as B questions x K distinct completions, a question's group from
+  the newest weights' completions with probability m; it drops completions of weights older than
+  gfn.max_staleness trainer steps;
 - the weights actor: the newest published weights (an object in Ray's object store, or with
   gfn.weight_transport=collective only their version: the tensors then go over a two-member
   NCCL or gloo group per searcher, pipeline.finetune.weight_transport), a stop flag, and the
   reference to the training problems every searcher starts from;
 - the trainer (this process, or every process of an accelerate group): the same training base,
   objective and update as the synchronous mode, on batches drawn from the store, re-scored under
-  the current policy; every gfn.sync_every steps it publishes its weights.
+  the current policy (and under the reference, which the trainer holds: a reset takes effect at
+  once); every gfn.sync_every steps it publishes its weights.
 
 Only off-policy objectives (SubTB, TB, TB-VarGrad) may train on trajectories from older
 policies; PPO in this mode is refused before anything starts. Trajectories travel between
@@ -37,8 +41,10 @@ from typing import Callable
 
 import torch
 
+from pipeline.batches import check_divisible
+from pipeline.config import ConfigError
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.replay_buffer import ReplayBuffer
+from pipeline.finetune.grouped_replay import GroupedReplay
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import Spec, WeightChannel, backend_for, check_transport, state_spec
@@ -51,8 +57,39 @@ POLL_SECONDS = 0.05
 
 
 def searcher_config(cfg, index: int):
-    """A searcher's copy of the section: its own seed, so searchers walk different question cycles."""
-    return dataclasses.replace(cfg, seed=cfg.seed + 7919 * (index + 1))
+    """A searcher's copy of the section: its own seed, so searchers walk different question cycles
+    (searcher 0 walks the synchronous trainer's: lockstep equals sync, docs/async.md)."""
+    return dataclasses.replace(cfg, seed=cfg.seed + 7919 * index)
+
+
+def async_shape(cfg) -> tuple[int, int]:
+    """(B questions per trainer step, K distinct completions per question) of the gfn section."""
+    return cfg.async_questions or cfg.questions_per_step, cfg.async_samples_used or cfg.samples_per_question
+
+
+def check_async_settings(cfg, section: str = "gfn") -> None:
+    """The asynchronous settings that only make sense together, checked before Ray starts;
+    raises ConfigError naming the key."""
+    questions, used = async_shape(cfg)
+    if not 0.0 <= cfg.recency_fraction <= 1.0:
+        raise ConfigError(f"{section}.recency_fraction = {cfg.recency_fraction}: expected m in [0, 1]")
+    if used > cfg.samples_per_question:
+        raise ConfigError(f"{section}.async_samples_used = {used} exceeds {section}.samples_per_question = {cfg.samples_per_question}: "
+                          "a question's K distinct completions come from the S >= K a searcher generates")
+    if cfg.loss == "tb_vargrad" and used < 2:
+        raise ConfigError(f"{section}.async_samples_used = {used}: TB-VarGrad needs K >= 2 completions per question "
+                          "(a question with one row has zero loss)")
+    if cfg.async_initial_completions > cfg.buffer_size:
+        raise ConfigError(f"{section}.async_initial_completions = {cfg.async_initial_completions} exceeds {section}.buffer_size = "
+                          f"{cfg.buffer_size}: training would never start")
+    if cfg.buffer_size < questions * used:
+        raise ConfigError(f"{section}.buffer_size = {cfg.buffer_size} is below one batch ({questions} questions x {used})")
+    if cfg.max_staleness is not None and cfg.max_staleness < cfg.sync_every - 1:
+        raise ConfigError(f"{section}.max_staleness = {cfg.max_staleness} is below {section}.sync_every - 1 = {cfg.sync_every - 1}: "
+                          "the newest weights a searcher has are up to sync_every - 1 trainer steps old, so nothing could be trained on")
+    if cfg.kl_coef_final is not None and not (cfg.kl_coef > 0 and cfg.kl_coef_final > 0):
+        raise ConfigError(f"{section}.kl_coef_final = {cfg.kl_coef_final}: an annealed beta runs from {section}.kl_coef > 0 to a "
+                          f"value > 0 (got kl_coef = {cfg.kl_coef})")
 
 
 # ----------------------------------------------------------------------------- the actors (plain classes; ray.remote at start)
@@ -81,17 +118,20 @@ class WeightStore:
 
 
 class TrajectoryStore:
-    """The replay buffer every searcher fills and the trainer draws from (one per run)."""
+    """The buffer every searcher fills and the trainer draws from (one per run)."""
 
     def __init__(self, buffer_kwargs: dict):
-        self.buffer = ReplayBuffer(**buffer_kwargs)
-        self.added, self.dropped, self.per_searcher, self.restarts = 0, 0, {}, 0
+        self.buffer = GroupedReplay(**buffer_kwargs)
+        self.added, self.dropped, self.evicted, self.per_searcher, self.restarts = 0, 0, 0, {}, 0
+        self.searcher_idle = 0.0
         self.started = time.monotonic()
 
-    def add(self, payload: str, searcher: int) -> int:
+    def add(self, payload: str, searcher: int, idle_seconds: float = 0.0) -> int:
+        """A searcher's round (and how long it waited for weights before it); returns the buffer's size."""
         trajectories = [Trajectory.from_json(obj, f"trajectories from searcher {searcher}") for obj in json.loads(payload)]
-        self.buffer.add(trajectories)
+        self.evicted += self.buffer.add(trajectories)
         self.added += len(trajectories)
+        self.searcher_idle += idle_seconds
         self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(trajectories)
         return len(self.buffer)
 
@@ -99,14 +139,20 @@ class TrajectoryStore:
         self.restarts += 1
         log.warning("async: searcher %d was restarted by Ray and rejoins", searcher)
 
-    def sample(self, n: int, now: int, max_staleness: int | None) -> str:
+    def sample(self, questions: int, latest: int, now: int, max_staleness: int | None, minimum: int = 0) -> str:
+        """JSON {"groups": [[trajectory, ...] x K] x questions, "recent": n}, or no groups while the
+        buffer holds fewer than ``minimum`` completions or fewer than ``questions`` eligible questions."""
         if max_staleness is not None:
             self.dropped += self.buffer.forget_before(now - max_staleness)
-        return json.dumps([t.to_json() for t in self.buffer.sample(n)] if len(self.buffer) else [])
+        if len(self.buffer) < max(minimum, 1) or self.buffer.eligible() < questions:
+            return json.dumps({"groups": [], "recent": 0})
+        groups, recent = self.buffer.sample(questions, latest)
+        return json.dumps({"groups": [[t.to_json() for t in group] for group in groups], "recent": recent})
 
     def stats(self) -> dict:
-        return {"size": len(self.buffer), "added": self.added, "dropped_stale": self.dropped,
-                "per_searcher": dict(self.per_searcher), "restarts": self.restarts, "seconds": time.monotonic() - self.started}
+        return {"size": len(self.buffer), "added": self.added, "dropped_stale": self.dropped, "evicted": self.evicted,
+                "per_searcher": dict(self.per_searcher), "restarts": self.restarts, "searcher_idle_seconds": self.searcher_idle,
+                "seconds": time.monotonic() - self.started}
 
     def state_dict(self) -> dict:
         return {"buffer": self.buffer.state_dict(), "added": self.added, "dropped": self.dropped}
@@ -174,11 +220,13 @@ class Searcher:
         """Until the run stops: returns the number of rounds sampled."""
         import ray  # the optional extra (we run inside a Ray worker)
 
-        rounds = 0
+        rounds, rounds_of_version, idle = 0, 0, 0.0
+        limit = getattr(self.sampler.cfg, "searcher_rounds_per_version", None)
         while True:
             version, refs, stopped = ray.get(self.weights.latest.remote(self.version))
             if stopped:
                 return rounds
+            before = self.version
             if refs is not None:
                 self.sampler.policy.load_weights(ray.get(refs[0]), version)
                 self.version = version
@@ -186,14 +234,17 @@ class Searcher:
             if staged is not None:
                 self.sampler.policy.load_weights(staged[1], staged[0])
                 self.version = staged[0]
-            if self.version < 0:  # nothing published yet
+            if self.version != before:
+                rounds_of_version = 0
+            if self.version < 0 or (limit is not None and rounds_of_version >= limit):  # nothing (new) published yet
                 time.sleep(POLL_SECONDS)
+                idle += POLL_SECONDS
                 continue
             trajectories, _ = self.sampler.sample(rounds, version=self.version)
             # waiting for the store's answer bounds how far a searcher runs ahead of it
-            ray.get(self.store.add.remote(json.dumps([t.to_json() for t in trajectories]), self.index))
+            ray.get(self.store.add.remote(json.dumps([t.to_json() for t in trajectories]), self.index, idle))
             self.sampled_version = self.version
-            rounds += 1
+            rounds, rounds_of_version, idle = rounds + 1, rounds_of_version + 1, 0.0
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -224,14 +275,18 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                              "(use gfn.loss=subtb | tb | tb_vargrad)")
         self.make_sampler, self.export, self.run_name = make_sampler, export, run_name
         self.problems, self.problems_ref = list(problems or []), None
-        self.batch_size = cfg.async_batch_size or cfg.questions_per_step * cfg.samples_per_question
+        check_async_settings(cfg)
+        self.questions, self.per_question = async_shape(cfg)
+        check_divisible(self.questions, sampler.collective.world)
         check_transport(cfg.weight_transport)
         self.store = self.weights = None
         self.searchers: list = []
         self.channels: list[WeightChannel | None] = []
         self.runs: list = []
         self._started_ray = False
-        self._window = (0, time.monotonic())
+        self.published = -1  # the version of the newest publication
+        self.publish_seconds = 0.0  # spent publishing since the last metrics record
+        self._window = (0, 0.0, time.monotonic())
 
     # ------------------------------------------------------------------ actors
 
@@ -244,8 +299,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         collective = self.sampler.collective
         names = {"store": "store", "weights": "weights"}
         if self.base.is_main:
-            buffer = {"capacity": self.cfg.buffer_size, "priority": self.cfg.buffer_priority, "temperature": self.cfg.buffer_temperature,
-                      "recency_fraction": self.cfg.recency_fraction, "seed": self.cfg.seed}
+            buffer = {"capacity": self.cfg.buffer_size, "per_question": self.per_question, "priority": self.cfg.async_priority,
+                      "temperature": self.cfg.buffer_temperature, "recency": self.cfg.recency_fraction, "seed": self.cfg.seed}
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
             # Searchers read the problems through the weights actor, by a reference this process holds:
             # as a constructor argument of a restartable actor, a large object is freed once the actor
@@ -262,6 +317,14 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
 
     def publish(self) -> None:
         """The trainer's weights, as of its current step, for every searcher (sent by the main process)."""
+        start = time.monotonic()
+        try:
+            self._publish()
+        finally:
+            self.published = self.step
+            self.publish_seconds += time.monotonic() - start
+
+    def _publish(self) -> None:
         import ray  # the optional extra (extra `distributed`)
 
         state = self.export()  # every process: exporting may gather shards
@@ -371,7 +434,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             ray.get(self.store.load_state_dict.remote(self._resumed_store))
         self.publish()
         self.keep_searching()
-        self._window = (ray.get(self.store.stats.remote())["added"], time.monotonic())
+        stats = ray.get(self.store.stats.remote())
+        self._window = (stats["added"], stats["searcher_idle_seconds"], time.monotonic())
 
     def train(self) -> list[dict]:
         try:
@@ -379,39 +443,88 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         finally:
             self.stop()
 
+    def draw_once(self) -> tuple[list[list[Trajectory]] | None, int, float]:
+        """One request to the store for this process's B / world questions x K completions (the first
+        step asks for gfn.async_initial_completions in the buffer): (groups or None while it fills
+        up, how many groups came from the newest weights, seconds spent)."""
+        import ray  # the optional extra (extra `distributed`)
+
+        start = time.monotonic()
+        questions = self.questions // self.sampler.collective.world
+        minimum = self.cfg.async_initial_completions if self.step == 0 else 0
+        self.keep_searching()
+        answer = json.loads(ray.get(self.store.sample.remote(questions, self.published, self.step, self.cfg.max_staleness, minimum)))
+        if len(answer["groups"]) < questions:
+            time.sleep(POLL_SECONDS)
+            return None, 0, time.monotonic() - start
+        groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in group] for group in answer["groups"]]
+        return groups, answer["recent"], time.monotonic() - start
+
+    def draw(self) -> tuple[list[list[Trajectory]], int, float]:
+        """The step's groups, waiting as long as the store needs: (groups, recent, seconds waited)."""
+        waited, warned = 0.0, 0.0
+        while True:
+            groups, recent, seconds = self.draw_once()
+            waited += seconds
+            if groups is not None:
+                return groups, recent, waited
+            if waited - warned > 60:  # a store that cannot fill: too few distinct completions per question, too stale
+                import ray  # the optional extra (extra `distributed`)
+
+                warned = waited
+                log.warning("async: step %d has waited %.0f s for %d questions x %d distinct completions; the store: %s",
+                            self.step, waited, self.questions, self.per_question, ray.get(self.store.stats.remote()))
+
     def train_step(self) -> dict:
         import ray  # the optional extra (extra `distributed`)
 
         start = time.monotonic()
         step, lr = self.step, self.base.lr
         collective = self.sampler.collective
-        share = self.batch_size // collective.world
-        batch: list[Trajectory] = []
-        while len(batch) < share:  # the store is still filling up (first steps, or every trajectory too stale)
-            self.keep_searching()
-            payload = ray.get(self.store.sample.remote(share, step, self.cfg.max_staleness))
-            batch = [Trajectory.from_json(obj, "trajectories from the store") for obj in json.loads(payload)]
-            if len(batch) < share:
-                batch = []
-                time.sleep(POLL_SECONDS)
-        totals, grad_norm = self.update(self.objective.plan(batch, 1 / share))
-        staleness = torch.tensor([step - t.policy_version for t in batch], dtype=torch.float64)
+        groups, recent, waited = self.draw()
+        batch = [t for group in groups for t in group]
+        totals, grad_norm = self.update(self.objective.plan(batch, 1 / len(batch)))
+        self.after_update(step + 1)
         record = self.record(step + 1, lr, batch, totals, grad_norm, start)
         stats = ray.get(self.store.stats.remote())
-        added, since = self._window
+        added, searcher_idle, since = self._window
         now = time.monotonic()
-        summed = collective.sum(torch.stack([staleness.sum(), torch.tensor(float(len(batch)), dtype=torch.float64)]))
+        staleness = [step - t.policy_version for t in batch]
+        behind = [(self.published - t.policy_version) // self.cfg.sync_every for t in batch]
+        # what the batch holds, whatever the store meant to send: distinct completions per question;
+        # TB-VarGrad gives the rows of a question with fewer than two distinct completions no gradient
+        distinct: dict[str, set] = {}
+        for t in batch:
+            distinct.setdefault(t.problem_id, set()).add(tuple(t.steps))
+        sizes = [len(completions) for completions in distinct.values()]
+        zero = sum(len(distinct[t.problem_id]) < 2 for t in batch) if self.objective.name == "tb_vargrad" else 0
+        summed = collective.sum(torch.tensor([sum(staleness), len(batch), zero, len(distinct), recent, waited], dtype=torch.float64))
+        histogram: dict[str, int] = {}
+        for versions in behind:
+            histogram[str(versions)] = histogram.get(str(versions), 0) + 1
         record.update({
+            "questions": int(summed[3]),
+            "trajectories_per_question_min": int(-collective.max(-min(sizes))),
+            "trajectories_per_question_max": int(collective.max(max(sizes))),
+            "zero_gradient_fraction": float(summed[2] / summed[1]),
+            "recent_questions": int(summed[4]),
             "staleness_mean": float(summed[0] / summed[1]),
-            "staleness_max": int(collective.max(int(staleness.max()))),
+            "staleness_max": int(collective.max(max(staleness))),
+            "staleness_versions": histogram,  # versions behind the newest publication -> rows (this process's)
+            "generated_per_trained": (stats["added"] - added) / float(summed[1]),
             "searcher_trajectories_per_s": (stats["added"] - added) / max(now - since, 1e-9),
+            "trainer_idle_seconds": float(summed[5]) / collective.world,
+            "searcher_idle_seconds": stats["searcher_idle_seconds"] - searcher_idle,
             "buffer_size": stats["size"],
             "dropped_stale": stats["dropped_stale"],
+            "evicted": stats["evicted"],
             "searcher_restarts": stats["restarts"],
         })
-        self._window = (stats["added"], now)
-        self.base.log(record)
         if self.step % self.cfg.sync_every == 0:
             self.publish()
+        record["publish_seconds"] = self.publish_seconds  # this step's publication and any before it since the last record
+        self._window = (stats["added"], stats["searcher_idle_seconds"], now)
+        self.publish_seconds = 0.0
+        self.base.log(record)
         self.keep_searching()
         return record

@@ -5,10 +5,15 @@ trajectory, replayed or fresh, is re-scored by ONE teacher-forced forward per mi
 the current policy: the buffer stores steps, PRM log-scores and reference log-probs only, never
 the trained policy's log-probs. Off-policy: the trajectories may come from an older policy
 (replay, or asynchronous searchers), which the losses allow.
+
+With a reference policy (the KL term's beta, the appendix-F prior), the objective scores every
+trajectory under it too, at training time: the reference may change (reset to the current policy
+every gfn.reference_reset_every steps, TBA eq. 5-7), and beta may follow a schedule (`kl_coef_at`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -43,6 +48,16 @@ def micro_batches(items: list, size: int, key=None) -> list[list]:
     return chunks
 
 
+def kl_coef_at(step: int, start: float, final: float | None, anneal_steps: int) -> float:
+    """beta of the update made at trainer step ``step`` (0-based): ``start`` when ``final`` is None;
+    else linear from ``start`` at step 0 to ``final`` at step ``anneal_steps`` and after."""
+    if final is None:
+        return float(start)
+    if anneal_steps <= 0 or step >= anneal_steps:
+        return float(final)
+    return float(start + (final - start) * step / anneal_steps)
+
+
 def proportionality_gap(log_pi: torch.Tensor, log_r: torch.Tensor, group_ids) -> float:
     """Mean over questions of the mean absolute deviation of d = log pi(tau) - log R(tau).
 
@@ -69,12 +84,15 @@ class GFlowNetObjective(torch.nn.Module):
             process's fresh trajectories, in rank order, so all hold the same buffer and draw the
             same replayed trajectories (same seed); each trains on its own fresh ones and on the
             replayed ones of the questions it owns (a question's trajectories stay together).
+    reference: the reference policy (``logprobs``, ``load_weights``) when the objective needs one
+            (kl_coef > 0 or reference_prior_coef > 0); None: the log-probs stored in the
+            trajectories are used
     """
 
     off_policy = True
     updates_per_rollout = 1
 
-    def __init__(self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None):
+    def __init__(self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None, reference=None):
         super().__init__()
         self.collective = collective or Collective()
         if cfg.loss not in LOSSES:
@@ -83,6 +101,9 @@ class GFlowNetObjective(torch.nn.Module):
         self.cfg, self.reward = cfg, reward
         # used, not owned: the policy's parameters are the trained model's, not the objective's
         object.__setattr__(self, "policy", policy)
+        object.__setattr__(self, "reference", reference)  # not trained, not checkpointed with the objective
+        self.kl_coef = cfg.kl_coef
+        self.reference_version = 0  # the training step whose weights the reference holds
         self.buffer = ReplayBuffer(capacity=cfg.buffer_size, priority=cfg.buffer_priority, temperature=cfg.buffer_temperature,
                                    recency_fraction=cfg.recency_fraction, seed=cfg.seed)
         self.log_z = torch.nn.Parameter(torch.zeros(())) if cfg.loss == "tb" and cfg.learn_log_z else None
@@ -90,6 +111,27 @@ class GFlowNetObjective(torch.nn.Module):
         self._update: dict = {}
 
     # ------------------------------------------------------------------ one update
+
+    def begin_update(self, step: int) -> None:
+        """The update made at trainer step ``step`` uses beta = kl_coef_at(step)."""
+        self.kl_coef = kl_coef_at(step, self.cfg.kl_coef, self.cfg.kl_coef_final, self.cfg.kl_anneal_steps)
+
+    def reset_reference(self, weights: dict, step: int) -> None:
+        """The reference becomes the policy of training step ``step`` (plain weights)."""
+        if self.reference is None:
+            return
+        self.reference.load_weights(weights, step)
+        self.reference_version = step
+
+    def with_reference_logprobs(self, batch: list[Trajectory]) -> list[Trajectory]:
+        """The trajectories with the reference's log-probs of now (when the objective holds one)."""
+        if self.reference is None:
+            return batch
+        lp = self.reference.logprobs([t.prompt for t in batch], [t.steps for t in batch], with_grad=False)
+        steps, stops = lp.step_logprobs.detach().float().cpu(), lp.termination_logprobs.detach().float().cpu()
+        return [dataclasses.replace(t, reference_step_logprobs=steps[row, :len(t.steps)].tolist(),
+                                    reference_stop_logprob=float(stops[row, len(t.steps)]))
+                for row, t in enumerate(batch)]
 
     def rollout(self, fresh: list[Trajectory], everyone: list[list[Trajectory]]) -> list[tuple[list[Trajectory], float]]:
         """The update's micro-batches (trajectories, weight) on this process: its fresh
@@ -131,6 +173,10 @@ class GFlowNetObjective(torch.nn.Module):
                         "log_pi": [], "terminal_log_r": [], "terminal_log_pterm": [], "ids": []}
         if not batch:
             return [(filler or [], 0.0)]
+        # One row order for a given set of rows, whoever produced them (a sampler, the replay, the
+        # asynchronous store): float sums in another order differ in the last bits, and Adam turns
+        # such differences on near-zero gradients into full-size steps.
+        batch = sorted(batch, key=lambda t: (t.problem_id, t.steps))
         key = (lambda t: t.problem_id) if self.cfg.loss == "tb_vargrad" else None
         return [(chunk, weight) for chunk in micro_batches(batch, self.cfg.micro_batch_size, key=key)]
 
@@ -140,6 +186,7 @@ class GFlowNetObjective(torch.nn.Module):
 
     def trajectory_losses(self, batch: list[Trajectory]) -> tuple[torch.Tensor, dict]:
         """Per-trajectory loss (B,) of one micro-batch, with gradients, and detached extras."""
+        batch = self.with_reference_logprobs(batch)
         lp = self.policy.logprobs([t.prompt for t in batch], [t.steps for t in batch], with_grad=True)
         device = lp.step_logprobs.device
         log_r, mask = (x.to(device) for x in self.reward(batch))
@@ -151,7 +198,7 @@ class GFlowNetObjective(torch.nn.Module):
             loss = trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z)
         else:
             log_ref = None
-            if self.cfg.kl_coef > 0:
+            if self.kl_coef > 0:
                 if any(t.reference_step_logprobs is None for t in batch):
                     raise ValueError("gfn.kl_coef > 0: the trajectories carry no reference log-probs")
                 width = mask.shape[1]
@@ -159,7 +206,7 @@ class GFlowNetObjective(torch.nn.Module):
                 ref_stop = torch.zeros(len(batch), width + 1, device=device)
                 ref_stop[torch.arange(len(batch)), mask.sum(1)] = torch.tensor([t.reference_stop_logprob for t in batch], device=device)
                 log_ref = trajectory_logprob(ref_steps, ref_stop, mask)
-            loss = tb_vargrad_loss(log_pf, log_pterm, log_r, mask, [t.problem_id for t in batch], log_ref=log_ref, kl_coef=self.cfg.kl_coef)
+            loss = tb_vargrad_loss(log_pf, log_pterm, log_r, mask, [t.problem_id for t in batch], log_ref=log_ref, kl_coef=self.kl_coef)
         lengths = mask.sum(1)
         extras = {
             "log_pi": trajectory_logprob(log_pf.detach(), log_pterm.detach(), mask),
@@ -198,6 +245,7 @@ class GFlowNetObjective(torch.nn.Module):
             "termination_logprob": float(totals[2] / totals[3]) if totals[3] else float("nan"),
             "replayed": update["replayed"],
             "buffer_size": len(self.buffer),
+            **({"kl_coef": self.kl_coef, "reference_version": self.reference_version} if self.cfg.kl_coef > 0 else {}),
             **({"log_z": float(self.log_z)} if self.log_z is not None else {}),
         }
 

@@ -9,7 +9,7 @@ trajectories into losses; the loop (pipeline.finetune.trainer) calls backward an
         for micro in micro_batches:
             loss, metrics = objective.loss(micro)      # loss already weighted by the micro-batch's share
             loss.backward()
-        optimizer step
+        optimizer step                                 # (objective.begin_update(step) first: a schedule)
     objective.summary()                                # metrics of the whole update
 
 It holds the step-level policy it trains (for teacher-forced log-probs) and the reward shaping
@@ -43,11 +43,14 @@ def needs_reference(cfg: GFNConfig | PPOConfig) -> bool:
     return cfg.kl_coef > 0 or cfg.reference_prior_coef > 0
 
 
-def build_objective(cfg: GFNConfig | PPOConfig, policy: Any, hidden_size: int, collective: Collective | None = None) -> torch.nn.Module:
+def build_objective(cfg: GFNConfig | PPOConfig, policy: Any, hidden_size: int, collective: Collective | None = None,
+                    reference: Any = None) -> torch.nn.Module:
     """The objective named by ``cfg`` with the reward shaping of that same section.
 
     hidden_size: the policy's last hidden size (PPO's value head reads the step-boundary states)
     collective:  the run's processes (default: this one alone)
+    reference:   the GFlowNet's reference policy, scored at training time (PPO reads the
+                 reference log-probs its sampler stored in the trajectories)
     """
     name = objective_name(cfg)
     if name not in OBJECTIVES:
@@ -57,4 +60,4 @@ def build_objective(cfg: GFNConfig | PPOConfig, policy: Any, hidden_size: int, c
     reward = StateLogRewards(reward_temperature=cfg.reward_temperature, unfinished_log_reward=cfg.unfinished_log_reward,
                              outcome_coef=cfg.outcome_coef, outcome_floor=cfg.outcome_floor,
                              reference_prior_coef=cfg.reference_prior_coef)
-    return GFlowNetObjective(cfg, policy, reward, collective)
+    return GFlowNetObjective(cfg, policy, reward, collective, reference=reference)

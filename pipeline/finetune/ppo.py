@@ -64,6 +64,9 @@ class PPOObjective(torch.nn.Module):
         self.updates_per_rollout = cfg.ppo_epochs
         self.lr = cfg.lr
 
+    def begin_update(self, step: int) -> None:
+        """Nothing of PPO's depends on the training step."""
+
     def values(self, lp) -> torch.Tensor:
         hidden = lp.boundary_hidden
         head = self.value_head  # stays float32 (its optimizer state too) under a bf16 policy

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from pipeline.batches import check_divisible
 from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig, config_checks
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config
+from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
@@ -131,6 +131,7 @@ def preflight(config: Config, stage: str) -> int:
             raise ValueError(f"gfn.mode=async under {processes} trainer processes needs gfn.ray_address: without it every process "
                              "would start its own local Ray instance and only one would hold the searchers and the store. Start "
                              "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)")
+        check_async_settings(cfg)
     check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
     backend = config.generation.backend
     if backend not in BACKENDS:
@@ -152,7 +153,7 @@ def load_reference(config: Config, tokenizer) -> LMPolicy:
 def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: int, problems: list[dict]) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
     policy (the trainer publishes plain weights, LoRA merged), HF generate or its own vLLM engine,
-    the PRM, the reference when the objective needs one, its own question cycle.
+    the PRM, its own question cycle (the trainer scores the reference itself).
 
     problems: the training problems as JSON (Problem.to_json; read from Ray's object store by the
               searcher), rebuilt and validated here
@@ -165,9 +166,8 @@ def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: i
     sampler = VLLMGenerator(policy_path, config, weight_updates=True) if config.generation.backend == "vllm" else None
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
                       sampler=sampler)
-    reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
     problems_with_prompts, kind = train_problems(config, [Problem.from_json(p, "training problems") for p in problems], tokenizer)
-    return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference)
+    return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg)
 
 
 def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> list[str]:
@@ -220,8 +220,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
                          "or train with DDP / ZeRO-2")
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
-    # asynchronous searchers store the reference's log-probs with each trajectory: the trainer needs no reference
-    reference = load_reference(config, tokenizer) if needs_reference(cfg) and not asynchronous else None
+    # the GFlowNet scores its reference at training time (it may be reset); PPO's sampler stores it with each trajectory
+    reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
     if cfg.lora and not hasattr(model, "peft_config"):
         model = add_lora(model, cfg)
     # Full fine-tuning of a bf16/fp16 model: float32 master weights, the forward autocast to the
@@ -231,7 +231,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     sampler = VLLMGenerator(policy_path, config, colocate=True) if config.generation.backend == "vllm" and not asynchronous else None
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
                       autocast_dtype=half_dtype, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if cfg.lora else None)
-    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective)
+    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective,
+                                reference=reference if stage == "gfn" else None)
     updates = objective.updates_per_rollout
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
                         save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage, tracking=tracking)
@@ -244,8 +245,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
                                        export=lambda: policy.plain_weights(base.full_state_dict()),
                                        problems=[p.to_json() for p in problems], run_name=config.run, progress=progress)
     else:
-        trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg, reference=reference,
-                                               collective=collective)
+        trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg,
+                                               reference=reference if stage == "ppo" else None, collective=collective)
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
     history = trainer.train()
     state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part

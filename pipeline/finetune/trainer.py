@@ -86,17 +86,26 @@ class FinetuneTrainer:
         if not every:
             raise RuntimeError("every sampled solution was empty: the policy stops at s_0")
         totals, grad_norm = self.update(self.objective.rollout(fresh, everyone))
-        self.sampler.policy.after_update(step + 1, self.base.full_state_dict)
+        self.after_update(step + 1)
         counts = collective.sum(torch.tensor([info["sampled"], info["empty_solutions"]], dtype=torch.float64))
         record = self.record(step + 1, lr, every, totals, grad_norm, start)
         record.update(sampled=int(counts[0]), empty_solutions=int(counts[1]))
         self.base.log(record)
         return record
 
+    def after_update(self, step: int) -> None:
+        """Training step ``step`` is done: the policy's sampler reloads the weights (vLLM), and
+        every gfn.reference_reset_every steps the reference becomes the current policy."""
+        self.sampler.policy.after_update(step, self.base.full_state_dict)
+        every = getattr(self.cfg, "reference_reset_every", 0)
+        if every and step % every == 0:
+            self.objective.reset_reference(self.sampler.policy.plain_weights(self.base.full_state_dict()), step)
+
     def update(self, micro_batches: list) -> tuple[dict[str, float], float | None]:
         """The objective's optimizer steps on this process's micro-batches: (its loss terms,
         summed over micro-batches and averaged over the steps; the last gradient norm)."""
         collective = self.sampler.collective
+        self.objective.begin_update(self.step)
         if collective.lockstep:  # sharded models: every process runs as many forward passes as the busiest one
             count = collective.max(len(micro_batches))
             micro_batches = micro_batches + [self.objective.filler(micro_batches) for _ in range(count - len(micro_batches))]

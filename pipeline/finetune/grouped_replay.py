@@ -1,0 +1,154 @@
+"""The asynchronous mode's buffer (TBA, Bartoldson et al., sec. 4): completions kept per question,
+drawn as B questions x K distinct completions each.
+
+TB-VarGrad estimates log Z per question from the question's rows in the batch: a question with one
+row has exactly zero loss, and two copies of one completion add nothing a single one does not. So
+a draw is a list of groups, one per question, each of K distinct completions.
+
+Rules (docs/async.md, "The buffer"):
+- identity: (problem_id, tuple(steps)); a completion seen again replaces the stored one (it carries
+  the newer policy_version) and counts as just added;
+- capacity: every completion is kept until the buffer holds more than ``capacity``; then the
+  oldest (first added) go (FIFO);
+- a question is eligible once it holds K = ``per_question`` distinct completions;
+- ``sample(questions, latest)``: up to ``questions`` distinct eligible questions. For each, with
+  probability m = ``recency`` the question and its K completions are taken from the completions
+  sampled by the weights of version ``latest`` (the most recent publication): a question with K
+  of them, uniformly, and K of them uniformly without replacement. Otherwise (or when no such
+  question is left) a question is taken uniformly among the eligible ones left and its K
+  completions without replacement with probability
+      softmax: p_i ~ exp(log_reward_i / temperature)     uniform: p_i = 1 / n
+- ``forget_before(version)`` drops completions sampled by weights older than ``version`` (the
+  staleness bound);
+- ``state_dict()`` is plain JSON data (records in order, the numpy generator's state).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable
+
+import numpy as np
+
+from pipeline.config import ASYNC_PRIORITIES as PRIORITIES
+from pipeline.finetune.replay_buffer import _checked_copy, _identity, _jsonable
+from pipeline.records import Trajectory
+
+__all__ = ["GroupedReplay"]
+STATE_VERSION = 1
+
+
+class GroupedReplay:
+    """Completions per question; draws of B questions x K distinct completions (module docstring).
+
+    capacity:     most completions kept (FIFO beyond)
+    per_question: K, the completions drawn per question (>= 1)
+    priority:     "softmax" (p ~ exp(log_reward / temperature)) or "uniform", within a question
+    temperature:  softmax temperature (> 0)
+    recency:      m in [0, 1], the probability that a question's group comes from the newest weights' completions
+    seed:         seed of the buffer's numpy Generator (draws are deterministic)
+    """
+
+    def __init__(self, capacity: int, per_question: int, priority: str = "softmax", temperature: float = 1.0,
+                 recency: float = 0.0, seed: int = 0) -> None:
+        if capacity < 1:
+            raise ValueError(f"grouped replay: capacity: expected >= 1, got {capacity}")
+        if per_question < 1:
+            raise ValueError(f"grouped replay: per_question: expected >= 1, got {per_question}")
+        if priority not in PRIORITIES:
+            raise ValueError(f"grouped replay: priority: expected one of {PRIORITIES}, got {priority!r}")
+        if not temperature > 0:
+            raise ValueError(f"grouped replay: temperature: expected > 0, got {temperature}")
+        if not 0.0 <= recency <= 1.0:
+            raise ValueError(f"grouped replay: recency: expected in [0, 1], got {recency}")
+        self.capacity, self.per_question = int(capacity), int(per_question)
+        self.priority, self.temperature, self.recency = priority, float(temperature), float(recency)
+        self.rng = np.random.default_rng(seed)
+        self._items: dict[tuple[str, tuple[str, ...]], Trajectory] = {}  # dict order: oldest first
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, trajectories: Iterable[Trajectory]) -> int:
+        """Insert (a repeat replaces the stored completion and counts as new), then drop the oldest
+        beyond capacity; returns how many were dropped."""
+        for trajectory in trajectories:
+            checked = _checked_copy(trajectory)
+            key = _identity(checked)
+            self._items.pop(key, None)
+            self._items[key] = checked
+        excess = max(0, len(self._items) - self.capacity)
+        for key in list(self._items)[:excess]:
+            del self._items[key]
+        return excess
+
+    def forget_before(self, version: int) -> int:
+        """Drop completions sampled by weights older than ``version``; returns how many."""
+        stale = [key for key, trajectory in self._items.items() if trajectory.policy_version < version]
+        for key in stale:
+            del self._items[key]
+        return len(stale)
+
+    def questions(self) -> dict[str, list[Trajectory]]:
+        """problem_id -> its completions, oldest first (questions in order of their oldest completion)."""
+        groups: dict[str, list[Trajectory]] = {}
+        for trajectory in self._items.values():
+            groups.setdefault(trajectory.problem_id, []).append(trajectory)
+        return groups
+
+    def eligible(self) -> int:
+        """How many questions hold at least K distinct completions."""
+        return sum(len(group) >= self.per_question for group in self.questions().values())
+
+    def _weights(self, group: list[Trajectory]) -> np.ndarray:
+        if self.priority == "uniform":
+            return np.full(len(group), 1.0 / len(group))
+        logits = np.array([t.log_reward for t in group], dtype=np.float64) / self.temperature
+        weights = np.exp(logits - logits.max())
+        return weights / weights.sum()
+
+    def sample(self, questions: int, latest: int) -> tuple[list[list[Trajectory]], int]:
+        """(groups, recent): at most ``questions`` groups of K distinct completions, one group per
+        question, copies; ``recent`` of them were taken from the completions of weights ``latest``."""
+        if questions < 0:
+            raise ValueError(f"grouped replay: sample: expected questions >= 0, got {questions}")
+        k = self.per_question
+        groups = self.questions()
+        eligible = [q for q, group in groups.items() if len(group) >= k]
+        fresh = {q: [t for t in groups[q] if t.policy_version == latest] for q in eligible}
+        recent_left = [q for q in eligible if len(fresh[q]) >= k]
+        left = list(eligible)
+        drawn, recent = [], 0
+        for _ in range(min(questions, len(eligible))):
+            if recent_left and self.rng.random() < self.recency:
+                question = recent_left[int(self.rng.integers(len(recent_left)))]
+                pool = fresh[question]
+                chosen = self.rng.choice(len(pool), size=k, replace=False)
+                recent += 1
+            else:
+                question = left[int(self.rng.integers(len(left)))]
+                pool = groups[question]
+                chosen = self.rng.choice(len(pool), size=k, replace=False, p=self._weights(pool))
+            left.remove(question)
+            if question in recent_left:
+                recent_left.remove(question)
+            drawn.append([copy.deepcopy(pool[int(i)]) for i in chosen])
+        return drawn, recent
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-able state: the completions oldest first and the generator's state."""
+        return {"version": STATE_VERSION, "items": [t.to_json() for t in self._items.values()],
+                "rng": _jsonable(self.rng.bit_generator.state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the completions and the generator; the constructor's settings stay in force."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"grouped replay state: field version: expected {STATE_VERSION}, got {state.get('version')!r}")
+        items = {}
+        for position, record in enumerate(state["items"]):
+            trajectory = Trajectory.from_json(record, f"grouped replay state: items[{position}]")
+            items[_identity(trajectory)] = trajectory
+        bit_generator = getattr(np.random, state["rng"]["bit_generator"])()
+        bit_generator.state = state["rng"]
+        self._items, self.rng = {}, np.random.Generator(bit_generator)
+        self.add(items.values())
