@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.generation.base import Completion, check_sampling_args, check_seeds
+from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory
 from pipeline.steps import encode_prompt
 
 
@@ -90,6 +90,7 @@ class VLLMGenerator:
         self.adapter = adapter
         self.progress = progress
         self._lora_request = None
+        self._owns_engine = engine is None
         if engine is None:
             import vllm  # lazy: the extra is optional and GPU-only
 
@@ -123,6 +124,28 @@ class VLLMGenerator:
         self.engine = engine
         self._sampling_params_cls = sampling_params_cls
         self.tokenizer = engine.get_tokenizer()
+
+    def close(self) -> None:
+        """Shut the engine down and hand its GPU memory back before another engine starts: an
+        engine that is only dropped keeps its workers, KV cache and weights until garbage
+        collection reaches it, and the next engine's start sees that memory as taken. Uses
+        ``LLM.shutdown()`` where vLLM has it, else its engine core's ``shutdown()``; then tears
+        down the model-parallel groups the engine set up. Safe to call twice."""
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        shutdown = getattr(engine, "shutdown", None)
+        if shutdown is None:
+            shutdown = getattr(getattr(getattr(engine, "llm_engine", None), "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        del engine
+        if self._owns_engine:
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel  # the optional extra
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        release_memory()
 
     def load_weights(self, state: dict[str, Any]) -> None:
         """Replace the engine's weights with ``state`` (a plain transformers state dict of the
