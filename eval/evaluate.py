@@ -12,13 +12,11 @@ Decisions and formats: docs/evaluation.md; formulas: docs/metrics.md.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import json
 import logging
 import math
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -453,14 +451,6 @@ def _reusable_samples(path: Path, settings: dict) -> list[Sample] | None:
     return list(read_records(path, Sample))
 
 
-def _free_memory() -> None:
-    """Collect a dropped model before the next one loads (GPU memory)."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def run_evaluation(
     config: Config,
     make_generator: GeneratorFactory,
@@ -508,32 +498,33 @@ def run_evaluation(
             results["skipped"].append({"model": name, "path": spec.path, "adapter": spec.adapter, "reason": reason})
             continue
         generator = None
-        for bench, problems in benchmarks.items():
-            path = samples_path(out, name, bench)
-            settings = sampling_settings(config, spec, sources[bench], problems)
-            records = _reusable_samples(path, settings)
-            if records is None:
-                if generator is None:
-                    log.info("eval: loading model %r from %s%s", name, spec.path, f" with adapter {spec.adapter}" if spec.adapter else "")
-                    generator = make_generator(spec.path, spec.adapter)
-                log.info("eval: %s on %s: %d problems x %d samples%s", name, bench, len(problems), config.eval.k,
-                         " + greedy" if config.eval.greedy else "")
-                records = generate_samples(generator, problems, kind_of, config, name)
-                write_records_atomic(path, records)
-                write_json_atomic(path.with_suffix(".settings.json"), settings)
-            else:
-                log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
-            metrics = score_samples(records, problems, kind_of, config, embed, prm)
-            metrics["samples"] = str(path)
-            results["results"].setdefault(name, {})[bench] = metrics
-            acc, similarity = metrics["accuracy"], metrics["diversity"]["similarity"]["mean"]
-            log.info("eval: %s on %s: pass@1 %.3f, maj@k %.3f, pass@k %.3f, similarity %s", name, bench,
-                     acc["pass@1"]["mean"], acc["maj@k"]["mean"], acc["pass@k"]["mean"],
-                     "n/a" if similarity is None else f"{similarity:.3f}")
-            all_records.setdefault(name, {})[bench] = records
-        if generator is not None:
-            generator = None
-            _free_memory()
+        try:
+            for bench, problems in benchmarks.items():
+                path = samples_path(out, name, bench)
+                settings = sampling_settings(config, spec, sources[bench], problems)
+                records = _reusable_samples(path, settings)
+                if records is None:
+                    if generator is None:
+                        log.info("eval: loading model %r from %s%s", name, spec.path, f" with adapter {spec.adapter}" if spec.adapter else "")
+                        generator = make_generator(spec.path, spec.adapter)
+                    log.info("eval: %s on %s: %d problems x %d samples%s", name, bench, len(problems), config.eval.k,
+                             " + greedy" if config.eval.greedy else "")
+                    records = generate_samples(generator, problems, kind_of, config, name)
+                    write_records_atomic(path, records)
+                    write_json_atomic(path.with_suffix(".settings.json"), settings)
+                else:
+                    log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
+                metrics = score_samples(records, problems, kind_of, config, embed, prm)
+                metrics["samples"] = str(path)
+                results["results"].setdefault(name, {})[bench] = metrics
+                acc, similarity = metrics["accuracy"], metrics["diversity"]["similarity"]["mean"]
+                log.info("eval: %s on %s: pass@1 %.3f, maj@k %.3f, pass@k %.3f, similarity %s", name, bench,
+                         acc["pass@1"]["mean"], acc["maj@k"]["mean"], acc["pass@k"]["mean"],
+                         "n/a" if similarity is None else f"{similarity:.3f}")
+                all_records.setdefault(name, {})[bench] = records
+        finally:
+            if generator is not None:
+                generator.close()  # its memory back (a vLLM engine shut down) before the next model loads
     results["comparisons"] = compare_to_reference(all_records, benchmarks, kind_of, config, results["results"])
     write_json_atomic(out / "results.json", results)
     return results

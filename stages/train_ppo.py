@@ -1,7 +1,8 @@
 """make ppo: the PPO baseline with step-level PRM rewards (paper 5, appendix D).
 
 Reads:  the policy (config.model.policy), the PRM (runs/<run>/prm/model), the training problems
-Writes: runs/<run>/ppo/model/ (save_pretrained + value_head.safetensors), metrics.jsonl,
+Writes: runs/<run>/ppo/model/ (save_pretrained), value_head/value_head.safetensors (beside the model:
+        vLLM would load a stray weight file inside it), metrics.jsonl,
         training_curves.png, checkpoints/ (while training)
 """
 

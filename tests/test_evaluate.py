@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+import weakref
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import real_models
+import torch
 
 from eval.evaluate import (
     GREEDY_SAMPLE_IDX,
@@ -25,6 +29,8 @@ from eval.evaluate import (
 from eval.report import verdict, write_report
 from pipeline.config import load_config
 from pipeline.generation.base import Completion
+from pipeline.generation.hf import HFGenerator
+from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
 from pipeline.steps import split_steps
@@ -87,6 +93,8 @@ class CannedGenerator:
             outputs.append([Completion(t, list(range(len(t))), "length" if "M" == o else "eos") for t, o in zip(texts, pattern)])
         return outputs
 
+    def close(self):
+        pass
 
 
 @pytest.mark.parametrize("name", ["llama3.2-3b.yaml", "llama3.1-8b.yaml"])
@@ -97,6 +105,7 @@ def test_paper_configs_read_their_benchmarks_from_the_repository(name, monkeypat
     for benchmark in [*config.eval.benchmarks, config.search.benchmark, config.data.validation]:
         assert resolve_benchmark(config, benchmark).path is None
         assert len(load_eval_benchmark(config, benchmark)) == 2
+
 
 def fake_embed(texts):
     """Deterministic 8-d vectors seeded by each text's checksum."""
@@ -432,3 +441,57 @@ def test_within_problem_ranking_and_reweighting_against_brute_force():
     assert out["reweighted_reward"] == pytest.approx(np.mean(rews))
     assert mean_prm_reward({"p0": sampled["p0"]}, problems[:1], lambda pairs: [[u[s] for s in steps] for _, steps in pairs], 50, 0)[
         "reweighted_accuracy"] == pytest.approx(0.1 / 0.7)
+
+
+# The memory a vLLM engine holds lives in its worker processes (weights, KV cache): dropping the
+# LLM object does not hand it back, only a shutdown does. Keyed by engine.
+WORKER_MEMORY: dict[int, torch.Tensor] = {}
+
+
+class EngineWithWorkers:
+    """Shaped like vllm.LLM: holds WORKER_MEMORY until shutdown(); answers every prompt alike."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        WORKER_MEMORY[id(self)] = torch.zeros(1 << 18)  # 1 MiB
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
+        out = lambda j: SimpleNamespace(index=j, text="The answer is 1", token_ids=(1,), finish_reason="stop", stop_reason=None)
+        return [SimpleNamespace(outputs=[out(j) for j in range(params.n)]) for params in sampling_params]
+
+    def shutdown(self):
+        WORKER_MEMORY.pop(id(self))
+
+
+def test_every_engine_an_evaluation_starts_is_shut_down_before_the_next_loads(tmp_path, benchmarks_dir):
+    models = {}
+    for name in ("base", "ppo", "gfn"):
+        (tmp_path / name).mkdir()
+        models[name] = str(tmp_path / name)
+    config = make_config(tmp_path, benchmarks_dir, "eval.benchmarks=[gsm8k]", "eval.max_problems=2", "eval.k=2",
+                         f"eval.models={json.dumps(models)}")
+    tokenizer = real_models.llama3_tokenizer(real_models.corpus())
+    held_at_start = []
+
+    def make_generator(path, adapter):
+        held_at_start.append(sum(t.numel() * t.element_size() for t in WORKER_MEMORY.values()))
+        return VLLMGenerator(path, config, engine=EngineWithWorkers(tokenizer), sampling_params_cls=SimpleNamespace)
+
+    results = run_evaluation(config, make_generator, embed=fake_embed, out_dir=tmp_path / "reports")
+    assert list(results["results"]) == ["base", "ppo", "gfn"]
+    assert held_at_start == [0, 0, 0] and not WORKER_MEMORY  # each engine's memory back before the next starts, the last's too
+
+
+def test_a_closed_hf_generator_lets_its_model_go():
+    tokenizer = real_models.llama3_tokenizer(real_models.corpus())
+    tokenizer.pad_token = tokenizer.eos_token
+    model = real_models.llama3_model(tokenizer)
+    alive = weakref.ref(model)
+    generator = HFGenerator(model, tokenizer)
+    del model
+    generator.close()
+    generator.close()  # twice is fine
+    assert alive() is None

@@ -280,7 +280,6 @@ def test_vllm_adapter_converts_outputs_and_params():
     ]
     prompts, params, lora = engine.calls[0]
     assert prompts == [{"prompt_token_ids": make_tokenizer()(p)["input_ids"]} for p in ("12", "x=")] and lora is None
-    assert prompts[0]["prompt_token_ids"][0] == BOS  # the ids encode_prompt gives, BOS included
     assert [p.seed for p in params] == [10, 14]  # children get seed + j: distinct streams per prompt
     assert vars(params[0]) == dict(n=4, temperature=0.6, top_p=0.9, max_tokens=7, stop=["\n"], include_stop_str_in_output=True, seed=10)
 

