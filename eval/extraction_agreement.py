@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -25,6 +24,7 @@ from math_verify import parse, verify
 
 from pipeline.grading import answers_equal, extract_answer
 from pipeline.io import read_records
+from pipeline.problems import benchmarks_dir
 from pipeline.records import Problem, Sample
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def measure(benchmarks: str | Path) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m eval.extraction_agreement", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmarks", default=os.environ.get("STEPFLOW_BENCHMARKS", str(REPO.parent / "shared" / "data" / "benchmarks")))
+    parser.add_argument("--benchmarks", default=str(benchmarks_dir()), help="the benchmark folder (default: $STEPFLOW_BENCHMARKS or data/benchmarks)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     results = measure(args.benchmarks)

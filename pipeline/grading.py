@@ -67,6 +67,7 @@ _MAX_BOXES_TRIED = 4
 _MAX_BOX_GAP = 100
 _SENTENCE_END = re.compile(r"\.\s|\n\s*\n")
 _GAP_WORD = re.compile(r"(?<![\\a-z])[a-z]{2,}")  # a word of prose between boxes (LaTeX commands and variables aside)
+_ALTERNATIVE_FORM = re.compile(r",\s*(\$\s*)?or\b")  # "$\boxed{a}$, or $\boxed{b}$": one answer in two forms
 # "The answer is X", "the final answer is X", "Answer: X" -- the last one in the text wins.
 _ANSWER_IS = re.compile(r"\banswer\s*(?:is\b\s*:?|:)[ \t]*", re.IGNORECASE)
 _HASHES = re.compile(r"####[ \t]*")
@@ -170,7 +171,9 @@ def _boxed_list(text: str) -> str | None:
     are $\\boxed{-2}$ and $\\boxed{1}$" -> "-2, 1", as MATH writes such an answer and Math-Verify
     reads it); None when the last box stands alone. Boxes are joined while the text between two
     of them is at most _MAX_BOX_GAP characters without a sentence end or a word but "and", "or"
-    ("first $\\boxed{1}$, then $\\boxed{2}$" is the answer 2)."""
+    ("first $\\boxed{1}$, then $\\boxed{2}$" is the answer 2), and not ", or", which offers the
+    same answer in another form ("$\\boxed{15\\frac{39}{40}}$, or $\\boxed{\\frac{639}{40}}$
+    inches": MATH-500 gives the last; "$\\boxed{3}$ or $\\boxed{\\frac{2}{5}}$" is two solutions)."""
     contents: list[str] = []
     end, later_start = len(text), None
     for _ in range(_MAX_BOXES_TRIED):
@@ -187,7 +190,8 @@ def _boxed_list(text: str) -> str | None:
             break  # unbalanced, or a box around the later one
         if later_start is not None:
             gap = text[close + 1: later_start]
-            if len(gap) > _MAX_BOX_GAP or _SENTENCE_END.search(gap) or set(_GAP_WORD.findall(gap.lower())) - {"and", "or"}:
+            if (len(gap) > _MAX_BOX_GAP or _SENTENCE_END.search(gap) or set(_GAP_WORD.findall(gap.lower())) - {"and", "or"}
+                    or _ALTERNATIVE_FORM.search(gap)):
                 break
         contents.append(text[position + 1: close].strip())
         end = later_start = start
