@@ -170,25 +170,22 @@ def tiny_world_problems() -> list[dict]:
     return problems
 
 
-def wait_for_rejoin(trainer, index: int, seconds: float = 120.0) -> None:
-    """Until searcher ``index``, restarted by Ray (a new worker process: seconds), answers; nothing
-    is published meanwhile (the trainer publishes after its next step, as always)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            ray.get(trainer.searchers[index].status.remote(), timeout=10)
-            return
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            time.sleep(0.5)  # still restarting
-    raise TimeoutError(f"searcher {index} did not rejoin within {seconds} s")
+def rejoined(trainer, index: int, after: int) -> bool:
+    """Whether searcher ``index``, restarted by Ray, has sent trajectories sampled with weights
+    published after step ``after`` (a restarting searcher does not answer yet: False)."""
+    try:
+        status = ray.get(trainer.searchers[index].status.remote(), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+    return status["restarted"] and status["sampled_version"] > after
 
 
 def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None, policy=None,
-                    make_sampler=None, questions: int = 12, wait_seconds: float = 120.0, problems: list[dict] = (),
+                    make_sampler=None, questions: int = 12, wait_seconds: float = 120.0, given: list[dict] = (),
                     rejoin: bool = True):
     """The asynchronous trainer around a tabular policy (TabularPolicy unless ``policy``), keeping
     every published state (``published``: version -> weights) and the store's last contents.
-    problems: what the searchers start from (through Ray's object store); kill_searcher_at: the
+    given: the problems the searchers start from (through Ray's object store); kill_searcher_at: the
     step at which searcher 0's process is SIGKILLed; rejoin: the test waits for it to come back."""
     torch.manual_seed(0)
     policy = policy if policy is not None else TabularPolicy()
@@ -199,6 +196,7 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
 
     class Trainer(AsyncFinetuneTrainer):
         published_states: dict = {}
+        rejoined = False
 
         def publish(self):
             self.published_states[self.step] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
@@ -225,8 +223,12 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
             if self.step == kill_searcher_at:  # SIGKILL of its process: Ray restarts it; training goes on meanwhile
                 self.killed_pid = ray.get(self.searchers[0].status.remote(), timeout=60)["pid"]
                 os.kill(self.killed_pid, signal.SIGKILL)
-            if rejoin and kill_searcher_at is not None and self.step == cfg.num_train_steps - 1:
-                wait_for_rejoin(self, 0)  # before the last step, it must be back
+            if rejoin and kill_searcher_at is not None and self.step > kill_searcher_at and not self.rejoined:
+                # until the restarted searcher has sampled with weights published after its death, each
+                # step waits a second (Ray takes seconds to start a worker); the steps publish as always
+                self.rejoined = rejoined(self, 0, after=kill_searcher_at)
+                if not self.rejoined:
+                    time.sleep(1.0)
             return super().train_step()
 
         def stop(self):
@@ -237,7 +239,7 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
 
     export = lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()}  # noqa: E731
     make_sampler = make_sampler or functools.partial(tabular_sampler, cfg, questions=questions)
-    return Trainer(base, sampler, objective, cfg, make_sampler, export, problems=list(problems), progress=False), policy
+    return Trainer(base, sampler, objective, cfg, make_sampler, export, problems=list(given), progress=False), policy
 
 
 def tabular_config(**overrides) -> GFNConfig:
@@ -260,14 +262,15 @@ def test_async_searchers_learn_the_reward_proportional_distribution(local_ray, t
     assert all(h["searcher_trajectories_per_s"] >= 0 for h in history) and history[-1]["buffer_size"] > 0
 
 
-def assert_recorded_logprobs_are_the_published_weights(trainer, trajectories) -> int:
+def assert_recorded_logprobs_are_the_published_weights(trainer, trajectories, before: int | None = None) -> int:
     """Each trajectory's recorded log pi(tau) (the searcher's own policy as its reference) equals the
-    log-prob under the weights published at its version, and differs under the version before
-    it; returns how many were checked."""
+    log-prob under the weights published at its version, and differs under the version before it
+    (or, with ``before``, under the newest version published at or before that step); returns how
+    many were checked."""
     checked = 0
     for trajectory in trajectories:
         version = trajectory.policy_version
-        older = [v for v in trainer.published_states if v < version]
+        older = [v for v in trainer.published_states if v < version and (before is None or v <= before)]
         if not older:
             continue
         recorded = sum(trajectory.reference_step_logprobs) + trajectory.reference_stop_logprob
@@ -289,12 +292,12 @@ def stored(trainer) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_a_killed_searcher_is_restarted_and_samples_with_the_newest_weights(local_ray, tmp_path, transport, tiny_world_problems):
-    cfg = tabular_config(num_train_steps=16, weight_transport=transport, lr=0.05)
-    trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=6, policy=WidePolicy(), problems=tiny_world_problems,
+    cfg = tabular_config(num_train_steps=40, weight_transport=transport, lr=0.05)
+    trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=6, policy=WidePolicy(), given=tiny_world_problems,
                                  make_sampler=functools.partial(wide_sampler, cfg, record_own_logprobs=True))
     history = trainer.train()
-    assert [h["step"] for h in history] == list(range(1, 17))
-    assert history[-1]["searcher_restarts"] >= 1
+    assert [h["step"] for h in history] == list(range(1, 41))
+    assert history[-1]["searcher_restarts"] >= 1 and trainer.rejoined
     killed = trainer.last_status[0]  # a new process, started again from the 4 MB problem set
     assert killed["restarted"] and killed["pid"] != trainer.killed_pid, killed
     # every searcher, the restarted one too, took weights published after the restart (the test publishes nothing)
@@ -302,7 +305,9 @@ def test_a_killed_searcher_is_restarted_and_samples_with_the_newest_weights(loca
     expected = "gloo" if transport == "collective" else None  # collective on CPU: gloo
     assert all(status["channel"] == expected for status in trainer.last_status), trainer.last_status
     # and what the searchers recorded is what those weights give
-    assert assert_recorded_logprobs_are_the_published_weights(trainer, [t for t in stored(trainer) if t.policy_version > 6]) > 0
+    # and what the searchers recorded after the kill is what the newest weights give, not the weights before it
+    later = [t for t in stored(trainer) if t.policy_version > 6]
+    assert assert_recorded_logprobs_are_the_published_weights(trainer, later, before=6) > 0
 
 
 def wide_config(**overrides) -> GFNConfig:
