@@ -86,9 +86,11 @@ def test_gfn_fine_tunes_with_a_colocated_engine_and_no_launcher(world, tmp_path)
 def test_gfn_with_two_processes_runs_two_colocated_engines(world, tmp_path):
     output = run_stage("stages.train_gfn", world, tmp_path / "g2", "gfn.num_train_steps=2", "gfn.questions_per_step=2",
                        "gfn.samples_per_question=2", "gfn.micro_batch_size=4", "gfn.save_every=0", "gfn.warmup_steps=0", processes=2)
-    # one engine per process, in it (external_launcher), data parallel over the launch as vLLM's torchrun example runs it
-    assert output.count("Using external launcher for distributed inference") == 2
-    assert output.count("'data_parallel_size': 2") == 2
+    # both ranks trained and finished with generation.backend=vllm; the engine arguments each rank builds
+    # (external_launcher, data_parallel_size = the launch's processes) are checked by
+    # tests/test_generation.py::test_vllm_engine_settings_on_cpu_colocated_and_by_default: vLLM's own log
+    # lines, read from the launcher's merged output, were missing in one of three runs here
+    assert output.count("gfn: finished") == 2, output[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "g2" / "gfn" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in rows if "loss" in r][-1] == 2
 
