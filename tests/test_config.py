@@ -144,7 +144,7 @@ def test_the_top_level_seed_seeds_every_section_unless_one_sets_its_own(tmp_path
     assert load_config(None).bootstrap.seed == 0
 
 
-# ----------------------------------------------------------------------------- hostile configs (issue #25)
+# ----------------------------------------------------------------------------- hostile configs
 
 
 def alias_bomb(levels: int = 8, width: int = 9) -> str:

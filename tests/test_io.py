@@ -153,7 +153,7 @@ def test_resume_guard_refuses_records_made_with_other_settings(tmp_path):
         check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
 
 
-# ----------------------------------------------------------------------------- hostile inputs (issue #25)
+# ----------------------------------------------------------------------------- hostile inputs
 
 
 def test_invalid_utf8_and_deep_nesting_name_file_and_line(tmp_path):

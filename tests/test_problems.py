@@ -459,7 +459,7 @@ def test_hub_openmathinstruct2_streams(fake_hub):
     assert hub.calls == [("nvidia/OpenMathInstruct-2", None, "train_1M", True)]
 
 
-# ----------------------------------------------------------------------------- hostile inputs (issue #25)
+# ----------------------------------------------------------------------------- hostile inputs
 
 MATH_RECORD = {"problem": "p", "solution": "so \\boxed{3}", "level": "Level 2", "type": "Algebra"}
 

@@ -1,4 +1,4 @@
-"""Stages against damaged, inconsistent or concurrent run folders (issue #25; docs/reliability.md).
+"""Stages against damaged, inconsistent or concurrent run folders (docs/reliability.md).
 
 Each test builds the run folder a stage reads (synthetic MCTS shards, a tiny problems file), damages
 it as the issue's campaign did, and checks that the stage stops with an error naming what is wrong,

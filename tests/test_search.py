@@ -187,7 +187,7 @@ def test_a_finished_candidate_is_preferred_whenever_one_exists():
 
 @pytest.mark.parametrize("aggregation", ["last", "min"])
 def test_an_answerless_stop_never_beats_a_continuation(aggregation):
-    # issue #19: after a1 the stop candidate (no answer, scored as a1: 0.9) used to beat b1 (0.6)
+    # after a1 the stop candidate (no answer, scored as a1: 0.9) would beat b1 (0.6) if answerless stops were kept
     # and the search returned ["a1"] with no answer; b1 goes on to state the right answer
     for strategy, k in (("step_best_of_k", 2), ("step_best_of_k", 4), ("beam", 4)):
         (result,) = run(["QSTOP"], strategy, k, aggregation=aggregation)

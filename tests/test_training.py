@@ -190,7 +190,7 @@ def test_a_checkpoint_of_another_model_is_refused_with_a_clear_error(tmp_path):
         other.resume()
 
 
-# ----------------------------------------------------------------------------- hostile run folders (issue #25)
+# ----------------------------------------------------------------------------- hostile run folders
 
 
 def test_when_no_checkpoint_is_usable_training_restarts_from_step_0_and_says_so(tmp_path, caplog):
