@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval.diversity import load_embedder
-from eval.evaluate import reports_dir, run_evaluation
+from eval.evaluate import parse_model_spec, reports_dir, run_evaluation
 from eval.report import write_report
 from pipeline.config import save_config
-from pipeline.generation import build_generator
+from pipeline.generation import build_generator, check_served_models
 from pipeline.io import acquire_stage_lock
 from pipeline.modeling import resolve_device
 from prm.formats import is_hub_id, load_scorer
@@ -42,6 +42,10 @@ def load_prm_scores(config):
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("evaluate", argv)
     set_threads(config, "eval")
+    # every model's folder before the first loads: a later model that cannot be served would
+    # otherwise stop the evaluation after the earlier ones had run
+    check_served_models(config, {f"eval.models.{name}": parse_model_spec(config, name, value).path
+                                 for name, value in config.eval.models.items()})
     out = reports_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     acquire_stage_lock(out / ".lock", f"make eval for run {config.run}")  # one writer per reports folder

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.generation import build_generator
+from pipeline.generation import build_generator, check_served_models
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import (
     ShardWriter,
@@ -36,6 +36,7 @@ from stages.common import cli, log, parse_args, set_threads, stage_dir, timed, t
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("mcts", argv)
     set_threads(config, "mcts")
+    check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # before any model loads
     shard_index, shard_count = parse_shard(config.mcts.shard)
     # One process per shard: `mcts.shard=i/n` runs n processes on this folder by design.
     out = stage_dir(config, "mcts", lock=f".lock-shard-{shard_index}of{shard_count}")

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from eval.evaluate import resolve_benchmark
-from pipeline.generation import build_generator
+from pipeline.generation import build_generator, check_served_models
 from pipeline.io import write_json_atomic
 from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config, question_text
@@ -60,6 +60,7 @@ def search_settings(config, kind: str) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("search", argv)
     set_threads(config, "search")
+    check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # before any model loads
     out = stage_dir(config, "search")
     unknown = [s for s in config.search.strategies if s not in STRATEGIES]
     if unknown:

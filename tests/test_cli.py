@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from pipeline.config import Config, MCTSConfig, describe_fields, load_config
-from stages import mcts, train_gfn, train_ppo, train_prm
+from stages import evaluate, mcts, search, train_gfn, train_ppo, train_prm
 from stages.common import cli, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +59,40 @@ def test_preflight_input_file_and_stage_refusals_read_as_one_line(monkeypatch, t
     assert run_cli(monkeypatch, train_prm.main, runs, f"model.prm_backbone={tmp_path}") == 2
     error = capsys.readouterr().err.splitlines()
     assert len(error) == 1 and error[0].startswith("error: missing input ")
+
+
+def test_a_model_folder_vllm_cannot_serve_is_refused_in_one_line_before_any_model_loads(monkeypatch, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    # a policy folder with a stray weight file beside model.safetensors (the stages stop before reading either)
+    served, stray = tmp_path / "models" / "base", tmp_path / "models" / "ppo"
+    for folder, names in ((served, ["model.safetensors"]), (stray, ["model.safetensors", "value_head.safetensors"])):
+        folder.mkdir(parents=True)
+        for name in names:
+            save_file({"weight": torch.zeros(2)}, str(folder / name))
+    monkeypatch.chdir(tmp_path)  # reports/ goes here
+    results = tmp_path / "reports" / "t" / "results.json"
+    results.parent.mkdir(parents=True)
+    results.write_text('{"earlier": "results"}')
+    runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=t", "generation.backend=vllm",
+            f"model.prm={tmp_path}"]
+    refusal = f"holds 2 *.safetensors files and no model.safetensors.index.json, and vLLM loads every one as weights of the model, " \
+              f"so value_head.safetensors would make the engine fail: move it out of the folder"
+    for main, key, args in ((evaluate.main, "eval.models.ppo", [f'eval.models={{"base": "{served}", "ppo": "{stray}"}}']),
+                            (mcts.main, "model.policy", [f"model.policy={stray}"]),
+                            (search.main, "model.policy", [f"model.policy={stray}"]),
+                            (train_gfn.main, "model.policy", [f"model.policy={stray}"]),
+                            (train_ppo.main, "model.policy", [f"model.policy={stray}"]),
+                            (train_prm.main, "model.policy", [f"model.policy={stray}"])):
+        assert run_cli(monkeypatch, main, *runs, *args) == 2, main.__module__
+        error = capsys.readouterr().err.splitlines()
+        assert error[0].startswith(f"error: {stray} ({key}): {refusal}"), (main.__module__, error)
+        assert "Traceback" not in "\n".join(error)
+    assert results.read_text() == '{"earlier": "results"}'  # nothing written is lost
+    assert not (tmp_path / "runs").exists()  # no stage wrote anything
+    # the HF backend reads model.safetensors only: no refusal (the stage goes on to its next check)
+    assert run_cli(monkeypatch, mcts.main, *runs[:4], f"model.policy={stray}", f"data.train_path={tmp_path / 'nope.jsonl'}") == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):

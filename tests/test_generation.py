@@ -434,3 +434,59 @@ def test_an_adapter_rank_vllm_cannot_serve_is_refused_naming_the_key(tmp_path):
         _adapter_rank(str(tmp_path))
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 16}))
     assert _adapter_rank(str(tmp_path)) == 16
+
+
+def _model_folder(path, tokenizer, *extra: str):
+    """A saved tiny Llama (model.safetensors) with ``extra`` safetensors files beside its weights."""
+    from safetensors.torch import save_file
+
+    make_model().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    for name in extra:
+        save_file({"bias": torch.zeros(3), "weight": torch.ones(1, 32)}, str(path / name))
+    return path
+
+
+def test_a_model_folder_vllm_cannot_serve_is_refused_naming_the_folder_the_files_and_the_key(tmp_path, tokenizer):
+    import json
+
+    from pipeline.generation.vllm_backend import check_servable
+    from pipeline.io import FolderError
+
+    folder = _model_folder(tmp_path / "gfn", tokenizer)
+    check_servable(folder, "eval.models.gfn")  # one weight file: served
+    check_servable("meta-llama/Llama-3.2-3B-Instruct", "model.policy")  # a hub id: left to vLLM
+    save_extra = _model_folder(tmp_path / "ppo", tokenizer, "value_head.safetensors", "adapter_model.safetensors")
+    with pytest.raises(FolderError) as refused:
+        check_servable(save_extra, "eval.models.ppo")
+    message = str(refused.value)
+    assert message.startswith(f"{save_extra} (eval.models.ppo): holds 3 *.safetensors files and no model.safetensors.index.json")
+    assert "adapter_model.safetensors, value_head.safetensors would make the engine fail: move them out" in message
+    assert "\n" not in message
+
+    # an index: vLLM reads only the files it names, so a file beside them is served; a file it names must be there
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "model-2.safetensors"}}
+    (save_extra / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FolderError, match=r"\(eval.models.ppo\): model.safetensors.index.json names model-2.safetensors, which the folder lacks"):
+        check_servable(save_extra, "eval.models.ppo")
+    index["weight_map"]["lm_head.weight"] = "model.safetensors"
+    (save_extra / "model.safetensors.index.json").write_text(json.dumps(index))
+    check_servable(save_extra, "eval.models.ppo")
+    (save_extra / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(FolderError, match=r"model.safetensors.index.json \(eval.models.ppo\): not a safetensors index"):
+        check_servable(save_extra, "eval.models.ppo")
+
+
+def test_the_hf_backend_serves_a_folder_with_a_file_beside_the_weights(tmp_path, tokenizer):
+    from pipeline.generation import check_served_models
+
+    folder = _model_folder(tmp_path / "ppo", tokenizer, "value_head.safetensors")
+    config = Config()
+    config.model = ModelConfig(policy=str(folder), device="cpu", dtype="float32")
+    check_served_models(config, {"model.policy": str(folder)})  # from_pretrained reads model.safetensors only
+    generator = build_generator(config)
+    assert generator.generate(PROMPTS[:1], temperature=0, max_new_tokens=3)[0][0].token_ids
+    generator.close()
+    config.generation.backend = "vllm"
+    with pytest.raises(ValueError, match=r"\(model.policy\): holds 2 \*.safetensors files .* value_head.safetensors would make"):
+        check_served_models(config, {"model.policy": str(folder)})

@@ -31,7 +31,7 @@ from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import check_transport
-from pipeline.generation import BACKENDS
+from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
@@ -113,9 +113,10 @@ def preflight(config: Config, stage: str) -> int:
     """What can be checked before any model is loaded (a ConfigError, not a crash halfway):
     the stage, questions_per_step against the number of processes (under ``accelerate launch``
     each process samples a whole share of the questions), the asynchronous mode's launch (Ray
-    installed, one cluster for several trainer processes), the sampling backend's package and the
-    trackers' (report_to). The searchers are checked against the cluster once it is joined
-    (check_cluster), still before any model is loaded.
+    installed, one cluster for several trainer processes), the sampling backend's package, the
+    policy folder its engine serves (check_served_models) and the trackers' (report_to). The
+    searchers are checked against the cluster once it is joined (check_cluster), still before
+    any model is loaded.
     Returns the number of processes."""
     if stage not in STAGES:
         raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
@@ -139,6 +140,7 @@ def preflight(config: Config, stage: str) -> int:
     backend = config.generation.backend
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
+    check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # the sampler's engine serves it
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError("generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
                          "or use generation.backend=hf")

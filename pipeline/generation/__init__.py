@@ -10,7 +10,7 @@ from __future__ import annotations
 from pipeline.config import ConfigError
 from pipeline.generation.base import Completion, Generator
 from pipeline.generation.hf import HFGenerator
-from pipeline.generation.vllm_backend import VLLMGenerator
+from pipeline.generation.vllm_backend import VLLMGenerator, check_servable
 
 BACKENDS = ("hf", "vllm")
 
@@ -32,4 +32,16 @@ def build_generator(config, model_path: str | None = None, adapter: str | None =
     raise ConfigError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Completion", "Generator", "build_generator"]
+def check_served_models(config, models: dict[str, str | None]) -> None:
+    """Before any model loads: each local model folder that generation.backend's engines will serve
+    ({config key: path}; None and hub ids pass) can be served, else pipeline.io.FolderError in one
+    line naming the key and the file (vLLM: vllm_backend.check_servable; the HF backend's
+    from_pretrained reads only the weight files a folder's model names, and checks them as it loads)."""
+    if config.generation.backend != "vllm":
+        return
+    for key, path in models.items():
+        if path:
+            check_servable(path, key)
+
+
+__all__ = ["BACKENDS", "Completion", "Generator", "build_generator", "check_served_models"]

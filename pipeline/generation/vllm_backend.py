@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from transformers import AutoConfig
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory
+from pipeline.io import FolderError, check_model_folder
 from pipeline.steps import encode_prompt
 
 
@@ -79,6 +80,51 @@ def _adapter_rank(adapter: str) -> int:
         raise ValueError(f"{config_file}: model.policy_adapter has LoRA rank r={rank}; vLLM serves ranks "
                          f"{', '.join(map(str, VLLM_LORA_RANKS))} (merge the adapter into the model, or use generation.backend=hf)")
     return rank
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def check_servable(path: str | Path, key: str | None = None) -> None:
+    """Refuse a local model folder a vLLM engine cannot serve, before anything loads; raises
+    FolderError in one line naming the folder, the file(s), ``key`` (the config key that names the
+    folder) and what to do. A hub id (no such folder) is left to vLLM.
+
+    vLLM's loader reads, of a folder's top level, the *.safetensors files that its
+    model.safetensors.index.json names, and without an index EVERY *.safetensors file as weights of
+    the model: a second file beside the model's (a value head, an adapter, an optimizer dump) makes
+    the engine fail after loading for minutes ("There is no module or parameter named ...").
+    from_pretrained reads only model.safetensors or the index's files, so the HF backend is not
+    affected. Refused here: several *.safetensors without an index (all but model.safetensors named
+    as stray; every one when none is named so), an index that is not a JSON object with a
+    "weight_map", an index naming a file the folder lacks. Damaged files: check_model_folder."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return
+    check_model_folder(folder)
+    where = f" ({key})" if key else ""
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (UnicodeDecodeError, ValueError, AttributeError):
+            weight_map = None
+        if not isinstance(weight_map, dict):
+            raise FolderError(f"{index}{where}: not a safetensors index (a JSON object with a \"weight_map\"): damaged; "
+                              "restore the model folder")
+        missing = sorted(name for name in {str(v) for v in weight_map.values()} if not (folder / name).is_file())
+        if missing:
+            raise FolderError(f"{folder}{where}: {SAFETENSORS_INDEX} names {', '.join(missing)}, which the folder lacks: "
+                              "the model cannot load; restore the missing weight files (or the whole folder)")
+        return
+    weights = sorted(p.name for p in folder.glob("*.safetensors"))
+    if len(weights) <= 1:
+        return
+    stray = [name for name in weights if name != "model.safetensors"]
+    raise FolderError(f"{folder}{where}: holds {len(weights)} *.safetensors files and no {SAFETENSORS_INDEX}, and vLLM loads "
+                      f"every one as weights of the model, so {', '.join(stray)} would make the engine fail: move "
+                      f"{'it' if len(stray) == 1 else 'them'} out of the folder (a model's weights are model.safetensors, or "
+                      "the files an index names), or use generation.backend=hf")
 
 
 # A question's prompt (template, few-shot exemplars) is budgeted this many tokens when
@@ -207,6 +253,7 @@ class VLLMGenerator:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: reload_weights needs no pickling
             if colocate:
                 os.environ.update(launcher_environment(os.environ))
+            check_servable(model_path)  # the stages check their keys' folders earlier, before any model loads
             model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
             kwargs = engine_kwargs(model_path, config, model_config, adapter_rank=_adapter_rank(adapter) if adapter else None,
                                    colocate=colocate, on_cpu=current_platform.is_cpu(),
