@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import os
 
-from pipeline.generation import build_generator, check_served_models
+from pipeline.generation import build_generator
 from pipeline.io import read_json, write_json_atomic
 from prm.formats import load_scorer
 from prm.prm800k import read_training_records
@@ -67,8 +67,6 @@ def natural_slip_samples(config, kind: str):
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("train_prm", argv)
     set_threads(config, "prm")
-    if config.prm.natural_slip_problems > 0:  # the policy samples after training: its folder is checked before it
-        check_served_models(config, {"model.policy": config.resolve(config.model.policy)})
     out = stage_dir(config, "prm")
     require_finished(config, "augment")
     cfg = config.prm

@@ -8,8 +8,9 @@ with ``tokenizers`` and a model a few thousand parameters wide at random init.
   writes it too (the pair that gives a double BOS when a rendered template is tokenized with
   special tokens); eos <|eot_id|>; no pad token; the generation config stops on <|eot_id|>,
   <|eom_id|> and <|end_of_text|>.
-- Qwen2.5: no BOS at all, a ChatML template (<|im_start|> ... <|im_end|>) with a default system
-  turn, eos <|im_end|>, pad <|endoftext|>.
+- Qwen2.5: a tokenizer with no BOS (the model's config names <|endoftext|> as its bos id, but
+  nothing adds it), a ChatML template (<|im_start|> ... <|im_end|>) with a default system turn,
+  eos <|im_end|>, pad <|endoftext|>.
 
 Tests that need a policy or a PRM backbone of a real architecture build them here
 (``build_llama3``, ``build_qwen2``); nothing is downloaded.
@@ -118,11 +119,18 @@ def llama3_model(tokenizer, seed: int = 0) -> transformers.LlamaForCausalLM:
 
 
 def qwen2_model(tokenizer, seed: int = 0) -> transformers.Qwen2ForCausalLM:
-    """A Qwen2ForCausalLM at random init with Qwen2.5's ids (no BOS, eos <|im_end|>)."""
+    """A Qwen2ForCausalLM at random init with Qwen2.5-Math-Instruct's ids: its config.json names
+    <|endoftext|> as bos_token_id although the tokenizer has no BOS and adds none (nothing may
+    take the model's bos id for a token to put before a prompt), eos <|im_end|>, the generation
+    config stopping on <|im_end|> and <|endoftext|>, pad <|endoftext|>."""
     torch.manual_seed(seed)
-    config = transformers.Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                                      pad_token_id=tokenizer.pad_token_id, rope_theta=1000000.0, **_SIZES)
-    return transformers.Qwen2ForCausalLM(config).eval()
+    end, pad = tokenizer.convert_tokens_to_ids(QWEN2_END), tokenizer.convert_tokens_to_ids(QWEN2_PAD)
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), bos_token_id=pad, eos_token_id=end, pad_token_id=pad,
+                                      rope_theta=1000000.0, **_SIZES)
+    model = transformers.Qwen2ForCausalLM(config)
+    model.generation_config.bos_token_id, model.generation_config.eos_token_id = pad, [end, pad]
+    model.generation_config.pad_token_id = pad
+    return model.eval()
 
 
 def save(model, tokenizer, path: str | Path) -> Path:

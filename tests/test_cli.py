@@ -82,8 +82,7 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_in_one_line_before_any_mode
                             (mcts.main, "model.policy", [f"model.policy={stray}"]),
                             (search.main, "model.policy", [f"model.policy={stray}"]),
                             (train_gfn.main, "model.policy", [f"model.policy={stray}"]),
-                            (train_ppo.main, "model.policy", [f"model.policy={stray}"]),
-                            (train_prm.main, "model.policy", [f"model.policy={stray}"])):
+                            (train_ppo.main, "model.policy", [f"model.policy={stray}"])):
         assert run_cli(monkeypatch, main, *runs, *args) == 2, main.__module__
         error = capsys.readouterr().err.splitlines()
         assert error[0].startswith(f"error: {stray} ({key}): {refusal}"), (main.__module__, error)
