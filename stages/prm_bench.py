@@ -1,7 +1,8 @@
 """make prm-bench: the ProcessBench protocol (first wrong step; F1 of the accuracies on erroneous
 and on correct solutions) for the PRM at model.prm, in any format load_scorer reads.
 
-Reads:  model.prm (model.prm_format); prm_bench.processbench_paths (ProcessBench-format JSON/JSONL),
+Reads:  model.prm (model.prm_format); prm_bench.processbench_paths (ProcessBench-format JSON/JSONL,
+        or hub splits hf://owner/name/split, e.g. hf://Qwen/ProcessBench/gsm8k),
         prm_bench.prm800k_path (PRM800K phase-2 ratings); for the policy's own samples, the policy
         (model.policy) and held-out problems (data.validation*), labelled exactly where their
         kind has a labeller (prm.processbench.FIRST_ERROR_LABELLERS: the tiny world)
@@ -19,7 +20,15 @@ from pipeline.generation import build_generator
 from pipeline.io import write_json_atomic
 from pipeline.prompts import question_text
 from prm.formats import load_scorer
-from prm.processbench import FIRST_ERROR_LABELLERS, labelled_cases, processbench, prm800k_cases, read_processbench
+from prm.processbench import (
+    FIRST_ERROR_LABELLERS,
+    labelled_cases,
+    processbench,
+    processbench_source,
+    prm800k_cases,
+    read_processbench,
+    read_processbench_hub,
+)
 from prm.validation import policy_solutions
 from stages.common import log, parse_args, require, require_prm, set_threads, stage_dir, timed, validation_problems
 
@@ -49,6 +58,15 @@ def policy_cases(config) -> tuple[str, list, str] | None:
     return f"{problems[0].kind}_policy", cases, source
 
 
+def hub_cases(spec: str, hub_id: str, hub_config: str | None, split: str) -> list:
+    """A ProcessBench split read from the hub; an unreachable hub is an error saying what to do."""
+    try:
+        return read_processbench_hub(hub_id, hub_config, split)
+    except OSError as exc:  # datasets' unreachable hub (ConnectionError) and missing dataset (FileNotFoundError)
+        raise SystemExit(f"prm_bench: could not read {spec} from the hub ({type(exc).__name__}: {exc}); download the split "
+                         "as JSON/JSONL and pass its path in prm_bench.processbench_paths") from None
+
+
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("prm_bench", argv)
     set_threads(config, "prm_bench")
@@ -56,9 +74,17 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = config.prm_bench
     with timed("prm_bench"):
         sets, sources = {}, {}
-        for path in cfg.processbench_paths:
-            path = require(Path(config.resolve(path)), "prm-bench (a ProcessBench file you supply)")
-            sets[path.stem], sources[path.stem] = read_processbench(path), f"ProcessBench-format file {path}"
+        for spec in cfg.processbench_paths:
+            hub = processbench_source(spec)
+            if hub is None:
+                path = require(Path(config.resolve(spec)), "prm-bench (a ProcessBench file you supply)")
+                name, cases, source = path.stem, read_processbench(path), f"ProcessBench-format file {path}"
+            else:
+                name, cases, source = hub[2], hub_cases(spec, *hub), f"ProcessBench-format hub split {spec}"
+            if name in sets:
+                raise SystemExit(f"prm_bench.processbench_paths: two sets named {name!r} ({sources[name]}; {source}): "
+                                 "rename one file")
+            sets[name], sources[name] = cases, source
         if cfg.prm800k_path:
             path = require(Path(config.resolve(cfg.prm800k_path)), "prm-bench (a PRM800K file you supply)")
             sets["prm800k"], sources["prm800k"] = prm800k_cases(path), f"PRM800K phase-2 ratings {path} (the first step rated -1)"
