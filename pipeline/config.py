@@ -428,7 +428,7 @@ class SearchConfig:
 class PRMBenchConfig:
     """The ProcessBench protocol for the PRM at model.prm (stages.prm_bench, docs/prm.md "ProcessBench")."""
 
-    processbench_paths: list[str] = field(default_factory=list)  # ProcessBench-format JSON/JSONL files
+    processbench_paths: list[str] = field(default_factory=list)  # ProcessBench-format JSON/JSONL files, or hub splits hf://owner/name/split
     prm800k_path: str | None = None  # PRM800K phase-2 ratings: the first step rated -1 is the label
     policy_problems: int = bounded(100, ge=0)  # held-out problems (data.validation) the policy samples, labelled exactly where the kind can be (0: off)
     policy_samples: int = bounded(4, ge=1)  # samples per problem

@@ -9,8 +9,8 @@ their label and acc_ok the share of correct cases (label -1) predicted -1,
 
 The threshold is the one of THRESHOLDS with the best F1 on a held-out part of the cases (chosen by
 a hash of each id) and F1 is reported on the rest, with a percentile-bootstrap interval that
-resamples cases. Cases come from ProcessBench-format files, PRM800K's phase-2 ratings (the first
-step rated -1) or a problem kind's exact labeller on the policy's own samples
+resamples cases. Cases come from ProcessBench-format files or hub splits, PRM800K's phase-2
+ratings (the first step rated -1) or a problem kind's exact labeller on the policy's own samples
 (FIRST_ERROR_LABELLERS; docs/prm.md, "ProcessBench").
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pipeline.io import RecordError, read_jsonl
+from pipeline.problems import _read_hub
 from pipeline.records import Problem
 from pipeline.stats import bootstrap_statistic
 from pipeline.tinyworld.problems import first_wrong_step
@@ -104,6 +106,27 @@ def read_processbench(path: str | Path) -> list[FirstErrorCase]:
     for _ in read_jsonl(path, validate=lambda obj, where, line: cases.append(processbench_case(obj, f"{where}:{line}"))):
         pass
     return cases
+
+
+_HUB_SPLIT = re.compile(r"hf://(?P<hub_id>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:\[(?P<config>[\w.-]+)\])?/(?P<split>[\w.-]+)")
+
+
+def processbench_source(spec: str) -> tuple[str, str | None, str] | None:
+    """(hub id, config or None, split) of a hub split, spelled ``hf://owner/name/split`` or
+    ``hf://owner/name[config]/split``; None for anything not starting with hf:// (a local path)."""
+    if not spec.startswith("hf://"):
+        return None
+    match = _HUB_SPLIT.fullmatch(spec)
+    if match is None:
+        raise ValueError(f"prm_bench.processbench_paths: {spec!r}: a hub split is hf://owner/name/split or "
+                         "hf://owner/name[config]/split, e.g. hf://Qwen/ProcessBench/gsm8k")
+    return match["hub_id"], match["config"], match["split"]
+
+
+def read_processbench_hub(hub_id: str, config: str | None, split: str) -> list[FirstErrorCase]:
+    """The cases of a ProcessBench-format split on the hub (Qwen/ProcessBench: gsm8k, math,
+    olympiadbench, omnimath), each checked as a file's record is; a bad one names its row."""
+    return [processbench_case(row, where) for where, row, _ in _read_hub(hub_id, config, split)]
 
 
 def prm800k_cases(path: str | Path) -> list[FirstErrorCase]:

@@ -1,7 +1,8 @@
 """make demo: the whole pipeline on the tiny world, then one honest report.
 
-Runs bootstrap, mcts, augment, prm, gfn, ppo, eval and search in order with the same config
-and overrides, times each stage, checks every stage's outputs against the DESIGN.md
+Runs bootstrap, mcts, augment, prm, gfn, ppo, eval, search and prm_bench in order with the
+same config and overrides (prm_bench last: it reads the PRM and the base policy and changes
+neither), times each stage, checks every stage's outputs against the DESIGN.md
 contracts, and writes reports/<run>/report.md from the files the stages wrote (no number in
 it is typed by hand).
 """
@@ -20,7 +21,7 @@ from pipeline.config import Config
 from pipeline.contracts import check_run
 from pipeline.io import read_json_if_exists, write_json_atomic
 from pipeline.training.metrics import MetricsLog
-from stages import augment, bootstrap, evaluate, mcts, search, train_gfn, train_ppo, train_prm
+from stages import augment, bootstrap, evaluate, mcts, prm_bench, search, train_gfn, train_ppo, train_prm
 from stages.common import cli, log, parse_args
 
 STAGES = [
@@ -32,6 +33,7 @@ STAGES = [
     ("ppo", train_ppo.main),
     ("eval", evaluate.main),
     ("search", search.main),
+    ("prm_bench", prm_bench.main),
 ]
 
 
@@ -65,6 +67,35 @@ def _fmt(value, digits=3):
     return str(value)
 
 
+def processbench_lines(bench: dict) -> list[str]:
+    """The report's lines for make prm-bench's results.json ({set name: result})."""
+    lines = []
+    for name, result in bench.items():
+        n_err, n_ok = result["n_erroneous"], result["n_correct"]
+        if result["f1"] is None:
+            missing = ("no scored case" if not n_err + n_ok else "no solution with a wrong step" if not n_err
+                       else "no solution without a wrong step")
+            figure = f"F1 n/a ({missing})"
+        else:
+            lo, hi = result["interval"]
+            figure = f"F1 {_fmt(result['f1'])} [{_fmt(lo)}, {_fmt(hi)}]"
+        if result["threshold_from"] == "given":
+            chosen = f"threshold {result['threshold']:.2f} (given; no case set aside)"
+        elif not result["n_held_out"]:
+            chosen = f"threshold {result['threshold']:.2f} (no case was set aside to choose one)"
+        elif result["held_out_f1"] is None:
+            chosen = (f"threshold {result['threshold']:.2f}, the best accuracy on {result['n_held_out']} other cases set aside to "
+                      "choose it (of one kind only: no F1 there)")
+        else:
+            chosen = (f"threshold {result['threshold']:.2f}, the best F1 on {result['n_held_out']} other cases set aside to choose "
+                      f"it (F1 there {_fmt(result['held_out_f1'])})")
+        lines += [f"- {name}: {figure} on {n_err + n_ok} scored cases ({n_err} with a wrong step, {n_ok} without); accuracy "
+                  f"{_fmt(result['accuracy_erroneous'])} on those with one (the first wrong step found exactly), "
+                  f"{_fmt(result['accuracy_correct'])} on those without (no step flagged); {chosen}. Cases: "
+                  f"{result.get('source', 'n/a')}."]
+    return lines
+
+
 def write_report(config: Config, seconds: dict[str, float], contract_problems: list[str]) -> Path:
     """reports/<run>/report.md from the stages' own output files."""
     run_dir = config.run_dir
@@ -77,10 +108,13 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     lines += ["## Claims", "", "The paper's claims at the tiny world's scale, each with a 95% interval (eval/claims.py says how "
               "each is read):", ""]
     lines += [claim.markdown() for claim in claims] + [""]
+    bench = read_json_if_exists(run_dir / "prm_bench" / "results.json")
     results_path = reports / "results.json"
     results = read_json_if_exists(results_path)
     if results is not None:
         results["claims"] = {claim.id: claim.to_json() for claim in claims}
+        if bench is not None:  # the figures without the per-case predictions (those stay in prm_bench/results.json)
+            results["prm_bench"] = {name: {k: v for k, v in result.items() if k != "cases"} for name, result in bench.items()}
         write_json_atomic(results_path, results)
     stopped = [stage for stage in ("bootstrap", "prm", "gfn", "ppo") if _stopped_by_time(run_dir / stage)]
     if stopped:
@@ -120,6 +154,12 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
         if (run_dir / "prm" / png).exists():
             shutil.copy(run_dir / "prm" / png, reports / f"prm_{png}")
             lines += ["", f"![PRM calibration](prm_{png})"]
+    if bench is not None:
+        lines += ["", "## PRM on ProcessBench's protocol (make prm-bench)", "",
+                  "A reported figure, not a claim. The PRM predicts a solution's first wrong step as its first step scored below a "
+                  "threshold (none: no wrong step); F1 is the harmonic mean of its accuracy on solutions with a wrong step and on "
+                  "solutions without one, with a 95% bootstrap interval over cases (docs/prm.md, \"ProcessBench\"):", ""]
+        lines += processbench_lines(bench)
     lines += ["", "## GFlowNet and PPO training", ""]
     for stage in ("gfn", "ppo"):
         metrics = run_dir / stage / "metrics.jsonl"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -26,7 +28,9 @@ from prm.processbench import (
     predicted_first_error,
     prm800k_cases,
     processbench,
+    processbench_source,
     read_processbench,
+    read_processbench_hub,
 )
 from prm.validation import corrupt_step, load_prm800k
 
@@ -149,6 +153,50 @@ def test_a_bad_processbench_record_names_the_file_line_and_field(tmp_path, chang
     assert line > 2
     with pytest.raises(RecordError, match=rf"set.json:{line}: field '{field}'"):
         read_processbench(tmp_path / "set.json")
+
+
+def fake_datasets(monkeypatch, load_dataset):
+    """The `datasets` module replaced by one whose load_dataset is given (no hub is reached)."""
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+
+
+def test_processbench_hub_splits_read_like_files_and_a_bad_row_is_named(tmp_path, monkeypatch):
+    rows = [{"id": "gsm8k-0", "generator": "g", "problem": "Q", "steps": ["s1", "s2"], "label": 1, "final_answer_correct": False},
+            {"id": "gsm8k-1", "generator": "g", "problem": "Q2", "steps": ["s1"], "label": -1, "final_answer_correct": True}]
+    calls = []
+    fake_datasets(monkeypatch, lambda hub_id, config=None, *, split, streaming=False: calls.append((hub_id, config, split)) or rows)
+    assert processbench_source("hf://Qwen/ProcessBench/gsm8k") == ("Qwen/ProcessBench", None, "gsm8k")
+    assert processbench_source("hf://owner/name[main]/test") == ("owner/name", "main", "test")
+    assert processbench_source(str(tmp_path / "gsm8k.json")) is None
+    with pytest.raises(ValueError, match="hf://owner/name/split"):
+        processbench_source("hf://Qwen/ProcessBench")
+    cases = read_processbench_hub("Qwen/ProcessBench", None, "gsm8k")
+    assert calls == [("Qwen/ProcessBench", None, "gsm8k")]
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    from_file = read_processbench(tmp_path / "gsm8k.jsonl")
+    assert [(c.id, c.problem, c.steps, c.label, c.final_answer_correct) for c in cases] == \
+        [(c.id, c.problem, c.steps, c.label, c.final_answer_correct) for c in from_file]
+    rows[1]["label"] = 1
+    with pytest.raises(RecordError, match=r"hf://Qwen/ProcessBench/gsm8k: row 1: field 'label'"):
+        read_processbench_hub("Qwen/ProcessBench", None, "gsm8k")
+
+
+def test_prm_bench_says_what_to_do_when_the_hub_is_unreachable_and_refuses_two_sets_of_one_name(tmp_path, monkeypatch):
+    from stages import prm_bench
+
+    def unreachable(hub_id, config=None, *, split, streaming=False):
+        raise ConnectionError(f"Couldn't reach '{hub_id}' on the Hub (LocalEntryNotFoundError)")
+
+    fake_datasets(monkeypatch, unreachable)
+    args = ["--config", REPO_CONFIG, f"runs_root={tmp_path / 'runs'}", f"model.prm={tmp_path / 'no-prm'}"]
+    with pytest.raises(SystemExit, match=r"could not read hf://Qwen/ProcessBench/math from the hub .*download the split"):
+        prm_bench.main([*args, "run=hub", "prm_bench.processbench_paths=[hf://Qwen/ProcessBench/math]"])
+    record = {"id": "a", "problem": "Q", "steps": ["s"], "label": -1, "final_answer_correct": True}
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "math.jsonl").write_text(json.dumps(record) + "\n")
+    with pytest.raises(SystemExit, match=r"two sets named 'math'"):
+        prm_bench.main([*args, "run=names", f"prm_bench.processbench_paths=[{tmp_path / 'one' / 'math.jsonl'}, {tmp_path / 'two' / 'math.jsonl'}]"])
 
 
 def test_a_prm_folder_of_no_known_format_lists_the_formats_tried(tmp_path):
