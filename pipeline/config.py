@@ -322,6 +322,9 @@ class StepTrainingConfig:
     seed: int = seed_field()
     retrain: bool = False  # train again even when <stage>/model/ holds a finished model (it is replaced once the new one is done)
     mode: str = "sync"  # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
+    # CPU cores every trainer process pins itself to (os.sched_setaffinity) when training starts, after it has started or
+    # joined Ray in async mode (so Ray's own processes keep the cores the stage was started on); None: left as started
+    trainer_cores: list[int] | None = bounded(None, ge=0)
 
 
 @dataclass
@@ -362,6 +365,8 @@ class GFNConfig(StepTrainingConfig):
     ray_connect_timeout: float = bounded(30.0, gt=0)  # seconds to wait for the cluster at ray_address to answer
     searcher_max_restarts: int = bounded(10, ge=0)  # Ray restarts a dead searcher this many times; one more death stops the run
     searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
+    # CPU cores searcher i pins its process to (os.sched_setaffinity): searcher_cores[i % len]; None: wherever the OS runs it
+    searcher_cores: list[int] | None = bounded(None, ge=0)
     weight_transport: str = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)
 
 

@@ -9,18 +9,23 @@ Writes: runs/<run>/results.json ({name: {ours_s, reference_s, ratio, machine}}, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 
+from eval.evaluate import generate_samples, paired_differences, problem_kind, score_samples
 from pipeline.bench import machine_description
 from pipeline.config import MCTSConfig, save_config
-from pipeline.finetune.bench import bench_gfn_step
+from pipeline.finetune.bench import bench_gfn_step, equal_work_overrides, equal_work_speedup, speedup_ceiling
 from pipeline.finetune.losses import subtb_loss
 from pipeline.finetune.policy import LMPolicy
 from pipeline.generation.bench import bench_shared_prompt
@@ -30,8 +35,10 @@ from pipeline.io import write_json_atomic
 from pipeline.modeling import load_causal_lm, load_tokenizer
 from pipeline.problems import write_problems_jsonl
 from pipeline.prompts import prompt_from_config
+from pipeline.records import Problem
 from pipeline.rollouts.bench import bench_mcts_batched
 from pipeline.rollouts.mcts import make_rollout_fn
+from pipeline.stats import bootstrap_ci
 from pipeline.steps import join_steps
 from pipeline.tinyworld.bench import SETTINGS
 from pipeline.tinyworld.bench import contention as thread_contention
@@ -40,13 +47,14 @@ from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import train_tokenizer
 from pipeline.training.metrics import MetricsLog
 from prm.bench import bench_one_pass_scoring, bench_prm_training
+from prm.formats import load_scorer
 from prm.model import ProcessRewardModel
 from prm.scorer import PRMScorer
 from prm.search import bench_batched_search
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
 GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0,
-         "gfn_step_scaling": 1.6, "gfn_async_speedup": 1.5}
+         "gfn_step_scaling": 1.6, "gfn_async_speedup": None}  # gfn_async_speedup's goal: 0.8 x its ceiling (the result's "goal")
 REFERENCES = {
     "generation_shared_prompt": "one generate call per prompt (64 prompts x n=16 x 48 new tokens)",
     "mcts_batched": "one generator call per pending prefix, same k and budget (completions/s ratio)",
@@ -56,9 +64,10 @@ REFERENCES = {
     "gfn_step_scaling": "make gfn in 1 process vs 2 (torchrun), the machine's cores split evenly (model.torch_threads = cores / "
                         "processes); ours/reference = s per "
                         "trajectory; ratio = trajectories/s of 2 over 1 (goal 0.8 x 2 where each process has its own GPU)",
-    "gfn_async_speedup": "make gfn gfn.mode=sync (a torch thread per core) vs async (trainer and 2 searchers on local Ray, one "
-                         "thread each): seconds to the same number of trainer updates (goal where searchers and trainer have "
-                         "their own devices)",
+    "gfn_async_speedup": "make gfn gfn.mode=sync (one process on core 0) vs async (trainer on core 0; one searcher and the "
+                         "local Ray instance on core 1), one torch thread each, at equal work (4 questions x 4 trajectories per update, nothing "
+                         "replayed, 20 updates, 3 seeds): seconds of updates 3-20, weight publication included; goal 0.8 x the "
+                         "ceiling (G + T) / max(G, T) of the sync run's generation G and training T per update",
 }
 
 
@@ -112,21 +121,84 @@ def step_scaling(config, world: Path, processes: int = 2, steps: int = 6) -> dic
             "trajectories_per_s": {str(k): v for k, v in rates.items()}}
 
 
-def async_speedup(world: Path, updates: int = 100) -> dict:
-    """gfn_async_speedup: seconds to ``updates`` trainer updates of `make gfn` on the scaling world,
-    synchronous (one process, a torch thread per core) vs asynchronous (the trainer and 2
-    searchers on a local Ray instance started by the stage, one thread each); the sum of the
-    steps' durations, setup excluded."""
-    seconds, rewards = {}, {}
-    for mode, threads in (("sync", os.cpu_count() or 1), ("async", 1)):
-        run = f"speed_{mode}"
-        subprocess.run([sys.executable, "-m", "stages.train_gfn", "--config", "configs/tiny.yaml",
-                        *_gfn_overrides(world, run, updates, threads), f"gfn.mode={mode}"], check=True, timeout=3600, stdout=subprocess.DEVNULL)
-        rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()
-        seconds[mode] = sum(r["seconds"] for r in rows)
-        rewards[mode] = statistics.mean(r["avg_reward"] for r in rows[-20:])
-    return {"ours_s": seconds["async"], "reference_s": seconds["sync"], "ratio": seconds["sync"] / seconds["async"],
-            "updates": updates, "train_reward_last_20": rewards}
+def _pinned(core: int) -> Callable[[], None]:
+    """Run in a child before it starts: it (and every process it starts) runs on ``core`` only."""
+    return lambda: os.sched_setaffinity(0, {core})
+
+
+def async_speedup(config, world: Path, held_out: list[Problem], seeds: tuple[int, ...] = (0, 1, 2), updates: int = 20,
+                  questions: int = 4, samples: int = 4, timed_from: int = 2, problems: int = 32, k: int = 4,
+                  cores: tuple[int, int] = (0, 1)) -> dict:
+    """gfn_async_speedup: `make gfn` synchronous vs asynchronous on the scaling world at equal work
+    (pipeline.finetune.bench.equal_work_overrides: ``questions`` x ``samples`` trajectories per
+    update, nothing replayed, ``updates`` updates), on CPU cores whatever the machine: the
+    synchronous process on ``cores[0]``; asynchronously the trainer on ``cores[0]``, one searcher
+    and the Ray processes the stage starts on ``cores[1]``; one torch thread each. Per seed, the
+    equal-work check and the timing of updates ``timed_from`` + 1 .. ``updates``
+    (equal_work_speedup); then each final policy's held-out PRM reward and accuracy on the first
+    ``problems`` held-out problems (``k`` samples and a greedy one each, eval's sampling and
+    scoring), async minus sync paired per seed (eval.evaluate.paired_differences) and over the seeds
+    (per problem, the mean over seeds of async minus sync; a bootstrap interval over problems)."""
+    if not set(cores) <= os.sched_getaffinity(0):
+        raise RuntimeError(f"gfn_async_speedup pins its processes to cores {list(cores)}, but this process may run on "
+                           f"{sorted(os.sched_getaffinity(0))} only")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    per_seed, models = [], {}
+    for seed in seeds:
+        rows = {}
+        for mode in ("sync", "async"):  # alternating, so that a machine slowing down meanwhile weighs on both
+            run = f"speed_{mode}_{seed}"
+            shutil.rmtree(world / run, ignore_errors=True)
+            command = [sys.executable, "-m", "stages.train_gfn", "--config", "configs/tiny.yaml", f"runs_root={world}", f"run={run}",
+                       f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}",
+                       "model.device=cpu", "model.torch_threads=1", f"gfn.num_train_steps={updates}", f"gfn.seed={seed}",
+                       *equal_work_overrides(mode, questions, samples, cores)]
+            (world / run).mkdir(parents=True)
+            # started on the trainer's core, or asynchronously on the searcher's: the Ray processes the stage
+            # starts stay there when the trainer moves to its own core (gfn.trainer_cores)
+            with open(world / run / "stage.log", "w") as stage_log:
+                subprocess.run(command, check=True, timeout=1800, env=env, stdout=stage_log, stderr=subprocess.STDOUT,
+                               preexec_fn=_pinned(cores[0] if mode == "sync" else cores[1]))
+            rows[mode] = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()
+            models[seed, mode] = world / run / "gfn" / "model"
+        per_seed.append({"seed": seed, **equal_work_speedup(rows["sync"], rows["async"], questions, samples, timed_from)})
+        log.info("bench: gfn_async_speedup seed %d: %s", seed, json.dumps({key: round(v, 3) for key, v in per_seed[-1].items()}))
+    held_out = held_out[:problems]
+    eval_config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, k=k))
+    prm = load_scorer(world / "prm", config)
+    scored = {}
+    for (seed, mode), path in models.items():
+        model = load_causal_lm(str(path), config.model)
+        generator = HFGenerator(model, load_tokenizer(str(path)), batch_size=config.generation.batch_size)
+        records = generate_samples(generator, held_out, problem_kind, eval_config, mode)
+        scored[seed, mode] = records, score_samples(records, held_out, problem_kind, eval_config, prm=prm.score_many)
+    paired = {str(seed): paired_differences(scored[seed, "sync"][0], scored[seed, "async"][0], held_out, problem_kind, eval_config,
+                                            scored[seed, "sync"][1], scored[seed, "async"][1]) for seed in seeds}
+
+    def over_seeds(per_problem) -> dict:
+        """Per problem, the mean over seeds of async minus sync, and its bootstrap interval over problems."""
+        differences = np.mean([np.asarray(per_problem(seed, "async")) - np.asarray(per_problem(seed, "sync")) for seed in seeds], axis=0)
+        mean, lo, hi = bootstrap_ci(differences, n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed)
+        return {"mean": mean, "lo": lo, "hi": hi}
+
+    def accuracy(seed: int, mode: str) -> list[float]:
+        records = [r for r in scored[seed, mode][0] if r.sample_idx >= 0]
+        return [float(np.mean([r.correct for r in records if r.problem_id == p.problem_id])) for p in held_out]
+
+    def reward(seed: int, mode: str) -> list[float]:
+        return scored[seed, mode][1]["prm_reward"]["per_problem"]
+
+    held = {mode: {"prm_reward": [scored[seed, mode][1]["prm_reward"]["mean"] for seed in seeds],
+                   "pass@1": [scored[seed, mode][1]["accuracy"]["pass@1"]["mean"] for seed in seeds]} for mode in ("sync", "async")}
+    sync_s, async_s = sum(r["sync_s"] for r in per_seed), sum(r["async_s"] for r in per_seed)
+    generate, train = (statistics.mean(r[key] for r in per_seed) for key in ("generate_s", "train_s"))
+    ceiling = speedup_ceiling(generate, train)
+    return {"ours_s": async_s, "reference_s": sync_s, "ratio": sync_s / async_s, "goal": 0.8 * ceiling, "ceiling": ceiling,
+            "fraction": sync_s / async_s / ceiling, "generate_s": generate, "train_s": train, "seeds": per_seed,
+            "settings": {"updates": updates, "timed_from": timed_from, "questions": questions, "samples": samples, "cores": list(cores),
+                         "held_out_problems": len(held_out), "k": k},
+            "held_out": {**held, "async_minus_sync": {"prm_reward": over_seeds(reward), "pass@1": over_seeds(accuracy)},
+                         "paired_per_seed": paired}}
 
 
 def _kept_rows(old: str, header: str, machine: str) -> list[str]:
@@ -163,7 +235,7 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
     ]
     lines += _kept_rows(old, ratio_header, machine)
     for name, r in results.items():
-        goal = GOALS.get(name)
+        goal = r.get("goal", GOALS.get(name))
         lines.append(f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | "
                      f"{f'>= {goal:g}x' if goal else '-'} | {REFERENCES[name]} | {machine} |")
     lines += [
@@ -252,8 +324,8 @@ def main(argv: list[str] | None = None) -> dict:
         log.info("bench: gfn_step_scaling (1 vs 2 processes)")
         world = scaling_world(model, tokenizer, splits, out / "scaling")
         results["gfn_step_scaling"] = step_scaling(config, world)
-        log.info("bench: gfn_async_speedup (synchronous vs asynchronous, 100 updates)")
-        results["gfn_async_speedup"] = async_speedup(world)
+        log.info("bench: gfn_async_speedup (synchronous vs asynchronous at equal work, 3 seeds)")
+        results["gfn_async_speedup"] = async_speedup(config, world, splits["test"])
         log.info("bench: threads under contention (%d settings, alone and beside a competitor)", len(SETTINGS))
         save_config(config, out / "contention_config.yaml")
         contention = thread_contention(str(out / "contention_config.yaml"))

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -346,15 +347,19 @@ def test_async_lockstep_equals_sync(local_ray, tmp_path):
 
 @pytest.mark.slow
 def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ray, tmp_path):
+    cores = sorted(os.sched_getaffinity(0))[:2]  # searcher i pins itself to cores[i % len]
     cfg = wide_config(mode="async", searchers=2, sync_every=2, max_staleness=3, recency_fraction=0.5, num_train_steps=8,
-                      questions_per_step=4, samples_per_question=4, async_samples_used=3, async_initial_completions=48, buffer_size=120)
+                      questions_per_step=4, samples_per_question=4, async_samples_used=3, async_initial_completions=48, buffer_size=120,
+                      searcher_cores=cores)
     trainer, _ = tabular_trainer(cfg, tmp_path, policy=WidePolicy(), questions=40,
                                  make_sampler=functools.partial(wide_sampler, cfg, questions=40, record_own_logprobs=True))
     trainer.train()
+    assert [status["cores"] for status in trainer.last_status] == [[cores[0]], [cores[1 % len(cores)]]]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 9))
     for record in records:
         assert record["questions"] == 4 and record["trajectories_per_question_min"] == record["trajectories_per_question_max"] == 3
+        assert record["trained"] == 12
         assert record["zero_gradient_fraction"] == 0.0
         assert sum(record["staleness_versions"].values()) == 12 and record["staleness_max"] <= 3
         assert record["generated_per_trained"] >= 0 and record["publish_seconds"] >= 0
@@ -432,6 +437,8 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     ("gfn.async_samples_used=1", "gfn.async_samples_used"),  # K < 2 with TB-VarGrad
     ("gfn.async_initial_completions=2000", "gfn.async_initial_completions"),  # > buffer_size
     ("gfn.max_staleness=1", "gfn.max_staleness"),  # below sync_every - 1 = 2
+    ("gfn.searcher_cores=[4096]", "gfn.searcher_cores"),  # a core the machine lacks
+    ("gfn.trainer_cores=[4096]", "gfn.trainer_cores"),
 ])
 def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
     from pipeline.config import ConfigError, load_config
@@ -441,6 +448,29 @@ def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override,
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         preflight(config, "gfn")
     assert not ray.is_initialized()
+
+
+def test_a_pinned_process_runs_every_thread_on_the_given_cores():
+    """pin_process moves every thread of the process (a thread started before it too), not only
+    the calling one; a core the machine lacks is an error naming the key."""
+    from pipeline.finetune.async_ray import pin_process
+
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, daemon=True)
+    worker.start()
+    try:
+        pin_process({core})
+        for tid in os.listdir("/proc/self/task"):
+            assert os.sched_getaffinity(int(tid)) == {core}, tid
+        with pytest.raises(ValueError, match=r"gfn\.searcher_cores: cannot pin"):
+            pin_process({4096})
+    finally:
+        stop.set()
+        pin_process(before)
+        worker.join(timeout=5)
+    assert os.sched_getaffinity(0) == before
 
 
 def test_recency_outside_zero_one_is_refused_naming_the_key():

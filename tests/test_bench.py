@@ -1,6 +1,7 @@
 """make bench's bookkeeping: the MFU formula against a real model's parameter count, and
-docs/benchmarks.md keeping other machines' rows, the thread probes' protocol (the benchmarks themselves
-measure, never tested for time)."""
+docs/benchmarks.md keeping other machines' rows, the thread probes' protocol, the equal-work
+comparison of the synchronous and asynchronous modes (its settings, its work check, the ceiling
+arithmetic) (the benchmarks themselves measure, never tested for time)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,73 @@ def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
     assert len(rates) == 2 and all(rate > 0 for rate in rates)
     with pytest.raises(RuntimeError, match="before its timed window"):
         measure_together([(1, {})], str(tmp_path / "missing.yaml"), seconds=0.5, timeout=240)
+
+
+def test_the_speedup_ceiling_is_the_sum_over_the_longer_part():
+    from pipeline.finetune.bench import speedup_ceiling
+
+    assert speedup_ceiling(1.0, 1.0) == 2.0
+    assert speedup_ceiling(3.0, 1.0) == pytest.approx(4 / 3) and speedup_ceiling(1.0, 3.0) == pytest.approx(4 / 3)
+    assert speedup_ceiling(0.0, 2.0) == 1.0
+    with pytest.raises(ValueError, match="G, T >= 0"):
+        speedup_ceiling(-1.0, 2.0)
+
+
+def equal_work_rows(updates: int, generate: float, train: float, overlapped: float, batch: int = 16, replayed: int = 0):
+    """Metrics records of a synchronous run (an update every generate + train seconds, ``generate``
+    of them sampling) and of an asynchronous one (an update every ``overlapped`` seconds)."""
+    sync = [{"step": i + 1, "sampled": batch, "empty_solutions": 0, "replayed": replayed, "trained": batch + replayed,
+             "sample_seconds": generate, "seconds": generate + train, "wall_time": 100.0 + (i + 1) * (generate + train)}
+            for i in range(updates)]
+    asynchronous = [{"step": i + 1, "trained": batch, "trajectories_per_question_min": 4, "generated_per_trained": 1.0,
+                     "staleness_mean": 1.0, "seconds": overlapped, "trainer_idle_seconds": 0.25, "publish_seconds": 0.01,
+                     "wall_time": 500.0 + (i + 1) * overlapped} for i in range(updates)]
+    return sync, asynchronous
+
+
+def test_equal_work_speedup_times_the_same_updates_and_reports_the_fraction_of_the_ceiling():
+    from pipeline.finetune.bench import equal_work_speedup
+
+    sync, asynchronous = equal_work_rows(10, generate=1.0, train=3.0, overlapped=3.75)
+    result = equal_work_speedup(sync, asynchronous, questions=4, samples=4, timed_from=2)
+    assert result["timed_updates"] == 8 and result["updates"] == 10
+    assert result["generate_s"] == pytest.approx(1.0) and result["train_s"] == pytest.approx(3.0)
+    assert result["sync_s"] == pytest.approx(8 * 4.0) and result["async_s"] == pytest.approx(8 * 3.75)
+    assert result["ceiling"] == pytest.approx(4 / 3)  # (G + T) / max(G, T)
+    assert result["speedup"] == pytest.approx(4.0 / 3.75) and result["fraction"] == pytest.approx((4.0 / 3.75) / (4 / 3))
+    assert result["sync_trained"] == result["async_trained"] == 16
+    assert result["async_busy_s"] == pytest.approx(3.5) and result["async_trainer_idle_s"] == pytest.approx(0.25)
+
+
+def test_equal_work_speedup_refuses_runs_that_did_different_work():
+    from pipeline.finetune.bench import equal_work_speedup
+
+    sync, asynchronous = equal_work_rows(10, 1.0, 1.0, 1.2, replayed=8)  # 16 fresh + 8 replayed against 16
+    with pytest.raises(ValueError, match="synchronous update 1 trained 24 rows"):
+        equal_work_speedup(sync, asynchronous, questions=4, samples=4)
+    sync, asynchronous = equal_work_rows(10, 1.0, 1.0, 1.2)
+    with pytest.raises(ValueError, match="10 synchronous updates vs 9 asynchronous"):
+        equal_work_speedup(sync, asynchronous[:9], questions=4, samples=4)
+    asynchronous[3] = {**asynchronous[3], "trained": 12, "trajectories_per_question_min": 3}
+    with pytest.raises(ValueError, match="asynchronous update 4 trained 12 rows"):
+        equal_work_speedup(sync, asynchronous, questions=4, samples=4)
+
+
+def test_the_equal_work_settings_train_the_same_rows_in_both_modes():
+    """Both modes' `make gfn` settings: the synchronous run replays nothing, the asynchronous trainer
+    draws the same questions x samples a searcher sampled once per published version; the
+    asynchronous settings pass the checks the stage runs before Ray starts."""
+    from pipeline.config import load_config
+    from pipeline.finetune.async_ray import async_shape, check_async_settings
+    from pipeline.finetune.bench import equal_work_overrides
+
+    sync = load_config("configs/tiny.yaml", equal_work_overrides("sync", 4, 4, (0, 1))).gfn
+    asynchronous = load_config("configs/tiny.yaml", equal_work_overrides("async", 4, 4, (0, 1))).gfn
+    assert (sync.mode, sync.loss, sync.replay_fraction, sync.trainer_cores) == ("sync", "tb_vargrad", 0.0, [0])
+    assert sync.questions_per_step * sync.samples_per_question == 16
+    assert async_shape(asynchronous) == (4, 4) and asynchronous.samples_per_question == 4  # K = S: every sample trained
+    assert (asynchronous.searchers, asynchronous.searcher_rounds_per_version, asynchronous.sync_every) == (1, 1, 1)
+    assert (asynchronous.trainer_cores, asynchronous.searcher_cores) == ([0], [1])
+    check_async_settings(asynchronous)
+    with pytest.raises(ValueError, match="sync or async"):
+        equal_work_overrides("lockstep", 4, 4, (0, 1))

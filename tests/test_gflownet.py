@@ -192,7 +192,10 @@ def test_replayed_trajectory_logprobs_change_after_an_optimizer_step(tmp_path):
     cfg = GFNConfig(lr=0.1, num_train_steps=2, questions_per_step=1, samples_per_question=8, micro_batch_size=64,
                     temperature=1.0, save_every=0, replay_fraction=1.0)
     trainer = make_trainer(cfg, policy, tmp_path)
-    trainer.train()
+    history = trainer.train()
+    # an update's rows are its fresh samples and the replayed ones (the record says how many of each)
+    assert history[1]["replayed"] > 0
+    assert [h["trained"] for h in history] == [h["sampled"] - h["empty_solutions"] + h["replayed"] for h in history]
     replayed = trainer.objective.buffer.sample(4)
     before = policy.logprobs(None, [t.steps for t in replayed], with_grad=False).step_logprobs.clone()
     trainer.train_step()

@@ -56,6 +56,20 @@ MakeSampler = Callable[[int, list], TrajectorySampler]  # (searcher index, train
 POLL_SECONDS = 0.05
 
 
+def pin_process(cores: set[int], key: str = "gfn.searcher_cores") -> None:
+    """Pin every thread of this process to ``cores`` (os.sched_setaffinity; threads it starts later,
+    and processes, inherit the mask). A core the machine lacks is a ValueError naming ``key``."""
+    tasks = [int(tid) for tid in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    try:
+        for tid in tasks:
+            try:
+                os.sched_setaffinity(tid, cores)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+    except OSError as error:
+        raise ValueError(f"{key}: cannot pin process {os.getpid()} to cores {sorted(cores)}: {error}") from error
+
+
 def searcher_config(cfg, index: int):
     """A searcher's copy of the section: its own seed, so searchers walk different question cycles
     (searcher 0 walks the synchronous trainer's: lockstep equals sync, docs/async.md)."""
@@ -87,6 +101,9 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
     if cfg.max_staleness is not None and cfg.max_staleness < cfg.sync_every - 1:
         raise ConfigError(f"{section}.max_staleness = {cfg.max_staleness} is below {section}.sync_every - 1 = {cfg.sync_every - 1}: "
                           "the newest weights a searcher has are up to sync_every - 1 trainer steps old, so nothing could be trained on")
+    cores = os.cpu_count() or 1
+    if cfg.searcher_cores is not None and cfg.ray_address is None and any(core >= cores for core in cfg.searcher_cores):
+        raise ConfigError(f"{section}.searcher_cores = {cfg.searcher_cores}: this machine has cores 0 to {cores - 1}")
     if cfg.kl_coef_final is not None and not (cfg.kl_coef > 0 and cfg.kl_coef_final > 0):
         raise ConfigError(f"{section}.kl_coef_final = {cfg.kl_coef_final}: an annealed beta runs from {section}.kl_coef > 0 to a "
                           f"value > 0 (got kl_coef = {cfg.kl_coef})")
@@ -170,11 +187,14 @@ class Searcher:
     start of its next round.
     """
 
-    def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str]):
+    def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str], cores: list[int] | None = None):
         """names: the store's and the weights actor's names in the run's namespace (looked up, not
-        passed as handles: Ray keeps nothing of a restartable actor's arguments alive for its restarts)."""
+        passed as handles: Ray keeps nothing of a restartable actor's arguments alive for its restarts);
+        cores: gfn.searcher_cores (this searcher pins its process to cores[index % len])."""
         import ray  # the optional extra (we run inside a Ray worker)
 
+        if cores:
+            pin_process({cores[index % len(cores)]})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         store, weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
         self.index, self.store, self.weights = index, store, weights
@@ -207,9 +227,10 @@ class Searcher:
 
     def status(self) -> dict:
         """The weights version this searcher samples with, the one its last sent trajectories carry,
-        how its weights reach it, its process and whether Ray restarted it."""
+        how its weights reach it, its process, the cores it may run on and whether Ray restarted it."""
         return {"version": self.version, "sampled_version": self.sampled_version,
-                "channel": self.channel.backend if self.channel is not None else None, "pid": os.getpid(), "restarted": self.restarted}
+                "channel": self.channel.backend if self.channel is not None else None, "pid": os.getpid(),
+                "cores": sorted(os.sched_getaffinity(0)), "restarted": self.restarted}
 
     def _take_staged(self) -> tuple[int, dict] | None:
         with self.lock:
@@ -309,7 +330,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote([self.problems_ref])
             searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=self.cfg.searcher_max_restarts,
                                   max_concurrency=2)(Searcher)
-            self.searchers = [searcher.remote(i, self.make_sampler, names) for i in range(self.cfg.searchers)]
+            self.searchers = [searcher.remote(i, self.make_sampler, names, self.cfg.searcher_cores) for i in range(self.cfg.searchers)]
             self.channels = [None] * len(self.searchers)
         collective.barrier()
         if not self.base.is_main:
@@ -503,6 +524,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         for versions in behind:
             histogram[str(versions)] = histogram.get(str(versions), 0) + 1
         record.update({
+            "trained": int(summed[1]),
             "questions": int(summed[3]),
             "trajectories_per_question_min": int(-collective.max(-min(sizes))),
             "trajectories_per_question_max": int(collective.max(max(sizes))),
@@ -523,6 +545,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         if self.step % self.cfg.sync_every == 0:
             self.publish()
         record["publish_seconds"] = self.publish_seconds  # this step's publication and any before it since the last record
+        record["wall_time"] = time.time()  # when the step ended, its publication included
         self._window = (stats["added"], stats["searcher_idle_seconds"], now)
         self.publish_seconds = 0.0
         self.base.log(record)

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,7 +26,7 @@ from safetensors.torch import save_file
 from pipeline.batches import check_divisible
 from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig, config_checks
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, searcher_config
+from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, pin_process, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
@@ -137,6 +138,9 @@ def preflight(config: Config, stage: str) -> int:
                              "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)")
         check_async_settings(cfg)
     check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
+    cores = os.cpu_count() or 1
+    if cfg.trainer_cores is not None and any(core >= cores for core in cfg.trainer_cores):
+        raise ValueError(f"{stage}.trainer_cores = {cfg.trainer_cores}: this machine has cores 0 to {cores - 1}")
     backend = config.generation.backend
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -213,6 +217,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
             return finetune_policy(config, stage, problems, make_scorer, out_dir, progress)
     if asynchronous:
         check_cluster(config, stage, problems)  # before any model is loaded
+    if cfg.trainer_cores:  # after Ray has started: its processes keep the cores this one was started on
+        pin_process(set(cfg.trainer_cores), key=f"{stage}.trainer_cores")
     torch.manual_seed(cfg.seed)
     out_dir = Path(out_dir)
     policy_path = config.resolve(config.model.policy)

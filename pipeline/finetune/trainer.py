@@ -82,6 +82,7 @@ class FinetuneTrainer:
         collective = self.sampler.collective
         fresh, info = self.sampler.sample(step)
         everyone = collective.gather(fresh, Trajectory)
+        sampled = time.monotonic()
         every = [t for part in everyone for t in part]
         if not every:
             raise RuntimeError("every sampled solution was empty: the policy stops at s_0")
@@ -89,7 +90,10 @@ class FinetuneTrainer:
         self.after_update(step + 1)
         counts = collective.sum(torch.tensor([info["sampled"], info["empty_solutions"]], dtype=torch.float64))
         record = self.record(step + 1, lr, every, totals, grad_norm, start)
-        record.update(sampled=int(counts[0]), empty_solutions=int(counts[1]))
+        # trained: the rows of the update (fresh and replayed); sample_seconds: the part of
+        # `seconds` spent sampling and scoring (the rest trains); wall_time: when the step ended
+        record.update(sampled=int(counts[0]), empty_solutions=int(counts[1]), trained=len(every) + int(record.get("replayed", 0)),
+                      sample_seconds=sampled - start, wall_time=time.time())
         self.base.log(record)
         return record
 
