@@ -14,6 +14,7 @@ import pytest
 from pipeline.io import read_records, read_stream
 from pipeline.launcher import merge_worker, shard_workers, visible_devices
 from pipeline.records import MCTSRecord, MCTSSummary, SearchRecord
+from stages import evaluate, launch, search
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,12 +48,14 @@ def test_eval_and_search_workers_take_a_shard_each_then_one_run_merges_on_the_fi
         merge_worker("mcts", [], devices)
 
 
-def _one_process_and_two_workers(stage: str, module: str, common: list[str], cwd: Path) -> None:
-    """The stage in one process (run=single), then under the launcher with 2 CPU workers (run=sharded)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
-    quiet = {"env": env, "cwd": cwd, "check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 240}
-    subprocess.run([sys.executable, "-m", module, *common, "run=single"], **quiet)
-    subprocess.run([sys.executable, "-m", "stages.launch", stage, "--workers", "2", *common, "run=sharded"], **quiet)
+def _one_process_and_two_workers(stage: str, main, common: list[str], cwd: Path, monkeypatch) -> None:
+    """The stage in one process (run=single), then the launcher with 2 CPU workers (run=sharded);
+    both called in this process (the workers and the merge run are subprocesses, one torch thread each)."""
+    monkeypatch.chdir(cwd)
+    for name, value in {"PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    main([*common, "run=single"])
+    launch.main([stage, "--workers", "2", *common, "run=sharded"])
 
 
 def _same_text(one: Path, two: Path) -> None:
@@ -61,7 +64,7 @@ def _same_text(one: Path, two: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_world, tmp_path):
+def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_world, tmp_path, monkeypatch):
     """Per-problem random streams make each problem's samples independent of the worker and batch
     holding it, so the merged samples are byte-equal; accuracy intervals, similarity, Vendi, the
     PRM reward and the paired differences are computed once over all merged samples, so results.json
@@ -79,7 +82,7 @@ def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_wor
               "eval.benchmarks=[tiny_test]", f"eval.benchmark_paths={{tiny_test: {world / 'problems_train.jsonl'}}}",
               f"eval.prm={world / 'prm'}", "eval.max_problems=7", "eval.k=3", "eval.problems_per_commit=2",
               "eval.bootstrap_resamples=200", "generation.max_new_tokens=24"]
-    _one_process_and_two_workers("eval", "stages.evaluate", common, tmp_path)
+    _one_process_and_two_workers("eval", evaluate.main, common, tmp_path, monkeypatch)
     one, two = tmp_path / "reports" / "single", tmp_path / "reports" / "sharded"
     results = json.loads((one / "results.json").read_text())
     assert results["comparisons"]["pairs"]["other_vs_base"]["tiny_test"]["pass@1"] is not None
@@ -91,7 +94,7 @@ def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_wor
 
 
 @pytest.mark.slow
-def test_two_cpu_workers_write_the_search_results_one_process_writes(random_tiny_world, tmp_path):
+def test_two_cpu_workers_write_the_search_results_one_process_writes(random_tiny_world, tmp_path, monkeypatch):
     """Every strategy's generate calls seed each prompt from (seed, problem id, ...), so a problem's
     solutions (steps, answers, tokens) do not depend on the worker or chunk holding it; the accuracy
     intervals come from one bootstrap over all merged problems, so results.json is byte-equal. The
@@ -103,7 +106,7 @@ def test_two_cpu_workers_write_the_search_results_one_process_writes(random_tiny
               "search.max_problems=7", "search.ks=[1,2]", "search.strategies=[step_best_of_k,beam,best_of_n,weighted_vote]",
               "search.beam_width=2", "search.max_depth=3", "search.problems_per_commit=2", "generation.max_step_tokens=12",
               "generation.max_new_tokens=24"]
-    _one_process_and_two_workers("search", "stages.search", common, tmp_path)
+    _one_process_and_two_workers("search", search.main, common, tmp_path, monkeypatch)
     one, two = tmp_path / "runs" / "single" / "search", tmp_path / "runs" / "sharded" / "search"
     rows = json.loads((one / "results.json").read_text())["rows"]
     assert len(rows) == 10 and all(r["n_problems"] == 7 for r in rows)
