@@ -1,8 +1,10 @@
-"""configs/paper/llama3.2-3b.yaml through every stage, in order, on real architectures at toy size.
+"""The paper configs through every stage, in order, on real architectures at toy size.
 
-The hub models are replaced by tiny ones built locally (tests/real_models.py): the policy a
-Llama shaped like Llama-3.2-Instruct (a tokenizer that adds BOS, a chat template that writes it,
-eos <|eot_id|>), the PRM backbone a Qwen2 shaped like Qwen2.5-Math (ChatML, no BOS). Problems
+The hub models are replaced by tiny ones built locally (tests/real_models.py). configs/paper/
+llama3.2-3b.yaml: the policy a Llama shaped like Llama-3.2-Instruct (a tokenizer that adds BOS, a
+chat template that writes it, eos <|eot_id|>), the PRM backbone a Qwen2 shaped like Qwen2.5-Math
+(ChatML, no BOS). configs/paper/qwen2.5-math-1.5b.yaml: a Qwen2 policy as well (its LoRA PRM,
+policy LoRA and ChatML prompts without BOS). Problems
 are real MATH, GSM8K and SAT problems from the benchmark files. The paper config's own settings
 are kept; the overrides change only sizes, model paths, and what the absence of a hub (local
 files, the offline embedder) and of a GPU (the HF backend, float32) forces. Bootstrap is skipped,
@@ -24,14 +26,15 @@ from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_prompt
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
+PAPER = REPO / "configs" / "paper"
+POLICIES = {"llama3.2-3b": real_models.build_llama3, "qwen2.5-math-1.5b": real_models.build_qwen2}  # config -> policy builder
 # what from_pretrained and vLLM read in a model folder; our manifest.json beside them
 MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "chat_template.jinja", "manifest.json"}
 
 
 def overrides(tmp_path: Path, benchmarks: Path) -> list[str]:
-    policy, backbone = tmp_path / "models" / "llama", tmp_path / "models" / "qwen2"
+    policy, backbone = tmp_path / "models" / "policy", tmp_path / "models" / "qwen2"
     eval_paths = {"math_level5": benchmarks / "math_test.jsonl", "gsm8k": benchmarks / "gsm8k_test.jsonl",
                   "sat_math_32": benchmarks / "sat_math_32.jsonl", "agieval_sat_math": benchmarks / "agieval_sat_math.jsonl"}
     return [
@@ -58,24 +61,32 @@ def overrides(tmp_path: Path, benchmarks: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_paper_config_runs_every_stage_on_real_architectures(tmp_path, benchmarks_dir, monkeypatch):
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_the_paper_config_runs_every_stage_on_real_architectures(name, tmp_path, benchmarks_dir, monkeypatch):
     from stages import augment, evaluate, mcts, search, train_gfn, train_ppo, train_prm
 
     monkeypatch.chdir(tmp_path)  # reports/ goes here
     problems = [json.loads(line) for line in (benchmarks_dir / "math_test.jsonl").read_text().splitlines()[:3]]
     texts = real_models.corpus([p["problem"] for p in problems])
-    real_models.build_llama3(tmp_path / "models" / "llama", texts)
-    real_models.build_qwen2(tmp_path / "models" / "qwen2", texts)
-    argv = ["--config", str(PAPER), *overrides(tmp_path, benchmarks_dir)]
-    config = load_config(PAPER, argv[2:])
+    POLICIES[name](tmp_path / "models" / "policy", texts)
+    real_models.build_qwen2(tmp_path / "models" / "qwen2", texts, seed=1)
+    paper = PAPER / f"{name}.yaml"
+    argv = ["--config", str(paper), *overrides(tmp_path, benchmarks_dir)]
+    config = load_config(paper, argv[2:])
     assert config.model.prm == "{run_dir}/prm/model" and config.format.use_chat_template  # the paper's own
 
-    # the prompt the policy sees: Llama-3's BOS exactly once, then the template's first header
+    # the prompt the policy sees: Llama-3's BOS exactly once, then the template's first header;
+    # Qwen2.5's ChatML starts with its first header and has no BOS
     tokenizer = load_tokenizer(config.model.policy)
     prompt = prompt_from_config(problems[0]["problem"], "math", tokenizer, config.format)
     ids = encode_prompt(tokenizer, prompt)
-    assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
-    assert ids[1] == tokenizer.convert_tokens_to_ids("<|start_header_id|>")
+    if tokenizer.bos_token_id is not None:
+        assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
+        ids_after_bos = ids[1:]
+    else:
+        ids_after_bos = ids
+    header = "<|start_header_id|>" if name.startswith("llama") else "<|im_start|>"
+    assert ids_after_bos[0] == tokenizer.convert_tokens_to_ids(header)
 
     for stage in (mcts, augment, train_prm, train_gfn, train_ppo, evaluate, search):
         stage.main(argv)
