@@ -6,6 +6,14 @@ steps, graded, and written as a samples record (pipeline.records.Sample; sample_
 (greedy pass@1, pass@1, maj@k, pass@k with bootstrap CIs) and diversity (mean pairwise cosine of
 solution embeddings, Vendi, distinct-n, distinct correct strategies) come from those records
 only, so a rerun that finds a pair's samples up to date re-scores them without generating.
+
+Problem p's samples draw from the stream stream_seed(eval.seed, p's id) (sample j: + j), so they
+depend on nothing but the problem: the samples are generated eval.problems_per_commit problems at a
+time and committed as shards (pipeline.io.ShardWriter) in reports/<run>/samples/shards/<pair>/, and
+``eval.shard = i/n`` makes a worker sample only the problems with index % n == i
+(``python -m stages.launch eval``: one worker per GPU). A run with shard 0/1 samples what is still
+missing, merges the shards into the samples file in problem order (what one process writes) and
+scores every problem at once: intervals, diversity and paired differences are over all problems.
 Decisions and formats: docs/evaluation.md; formulas: docs/metrics.md.
 """
 
@@ -17,6 +25,7 @@ import json
 import logging
 import math
 import re
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +36,21 @@ import numpy as np
 from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, per_problem_scores, summarize_accuracy
 from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
 from pipeline.config import Config
+from pipeline.generation.base import stream_seed
 from pipeline.grading import extract_answer, grade_many, normalize_answer
-from pipeline.io import InputNotFound, path_fingerprint, read_records, write_json_atomic, write_records_atomic
+from pipeline.io import (
+    InputNotFound,
+    ShardWriter,
+    check_settings,
+    completed_problem_ids,
+    held_locks,
+    parse_shard,
+    path_fingerprint,
+    read_records,
+    read_stream,
+    write_json_atomic,
+    write_records_atomic,
+)
 from pipeline.problems import HUB, load_benchmark
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
@@ -92,6 +114,12 @@ def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
     problems = load_benchmark(source.loader, path=source.path, limit=config.eval.max_problems, lenient=config.data.lenient)
     if not problems:
         raise ValueError(f"benchmark {name!r} ({source.path or 'hub'}): no problems")
+    seen: set[str] = set()
+    for problem in problems:
+        if problem.problem_id in seen:
+            raise ValueError(f"benchmark {name!r} ({source.path or 'hub'}): problem_id {problem.problem_id!r} occurs twice; "
+                             "samples, shards and paired comparisons key on it")
+        seen.add(problem.problem_id)
     return problems
 
 
@@ -184,10 +212,13 @@ def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, co
     is recorded as not finished.
 
     Two generate calls in all: every problem with n = eval.k at eval.temperature, and every
-    problem with n = 1 at temperature 0. Grading is one grade_many call per answer kind.
+    problem with n = 1 at temperature 0. Grading is one grade_many call per answer kind. Each
+    problem samples from its own stream, stream_seed(eval.seed, problem id): its samples are the
+    same whatever other problems share the call (a chunk, a worker's share).
     """
     prompts = _prompts(problems, kind_of, getattr(generator, "tokenizer", None), config)
-    common = {"top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens, "seed": config.eval.seed}
+    seeds = [stream_seed(config.eval.seed, p.problem_id) for p in problems]
+    common = {"top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens, "seed": seeds}
     k = config.eval.k
     sampled = generator.generate(prompts, n=k, temperature=config.eval.temperature, **common)
     _check_outputs(sampled, problems, k, f"n={k}")
@@ -438,7 +469,8 @@ def sampling_settings(config: Config, spec: ModelSpec, source: BenchmarkSource, 
         "adapter": spec.adapter, "adapter_fingerprint": _fingerprint(spec.adapter, spec.adapter_is_local),
         "benchmark": list(source), "problem_ids": ids, "k": config.eval.k, "temperature": config.eval.temperature,
         "greedy": config.eval.greedy, "top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens,
-        "seed": config.eval.seed, "format": dataclasses.asdict(config.format), "backend": config.generation.backend,
+        "seed": config.eval.seed, "seeding": "per problem", "format": dataclasses.asdict(config.format),
+        "backend": config.generation.backend,
     }
 
 
@@ -449,6 +481,110 @@ def _reusable_samples(path: Path, settings: dict) -> list[Sample] | None:
     if json.loads(settings_file.read_text(encoding="utf-8")) != settings:
         return None
     return list(read_records(path, Sample))
+
+
+def shard_folder(out_dir: Path, model: str, benchmark: str) -> Path:
+    """reports/<run>/samples/shards/<model>__<benchmark>/: the committed problems of a pair not merged yet."""
+    return Path(out_dir) / "samples" / "shards" / samples_path(out_dir, model, benchmark).stem
+
+
+class _LazyGenerator:
+    """A model's generator, loaded on first use (a pair whose samples are up to date loads nothing)."""
+
+    def __init__(self, make_generator: GeneratorFactory, spec: ModelSpec):
+        self.make_generator, self.spec, self.generator = make_generator, spec, None
+
+    def get(self):
+        if self.generator is None:
+            spec = self.spec
+            log.info("eval: loading model %r from %s%s", spec.name, spec.path, f" with adapter {spec.adapter}" if spec.adapter else "")
+            self.generator = self.make_generator(spec.path, spec.adapter)
+        return self.generator
+
+    def close(self) -> None:
+        if self.generator is not None:
+            self.generator.close()  # its memory back (a vLLM engine shut down) before the next model loads
+            self.generator = None
+
+
+def _in_chunks(items: Sequence, size: int) -> list[Sequence]:
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def sample_share(generator: _LazyGenerator, problems: Sequence[Problem], kind_of: KindOf, config: Config, folder: Path,
+                 settings: dict, shard: tuple[int, int], others_running: bool) -> int:
+    """Sample the problems of shard (i, n) (index % n == i) that ``folder`` holds no samples of yet,
+    eval.problems_per_commit at a time, each chunk committed as one shard; returns how many.
+    The folder's settings.json guards the resume (pipeline.io.check_settings)."""
+    index, count = shard
+    check_settings(folder, settings, f"the samples of {generator.spec.name}", others_running=others_running)
+    done = completed_problem_ids(folder)
+    todo = [p for i, p in enumerate(problems) if i % count == index and p.problem_id not in done]
+    if not todo:
+        return 0
+    log.info("eval: %s: %d problems of shard %d/%d to sample (%d already committed)", folder.name, len(todo), index, count,
+             sum(1 for i, p in enumerate(problems) if i % count == index) - len(todo))
+    per_commit = config.eval.problems_per_commit
+    with ShardWriter(folder, tag=f"{index}of{count}", commit_every=per_commit) as writer:
+        for chunk in _in_chunks(todo, per_commit):
+            records = generate_samples(generator.get(), chunk, kind_of, config, generator.spec.name)
+            by_problem: dict[str, list[Sample]] = {}
+            for record in records:
+                by_problem.setdefault(record.problem_id, []).append(record)
+            for problem in chunk:
+                writer.add(problem.problem_id, samples=by_problem[problem.problem_id])
+    return len(todo)
+
+
+def merge_samples(folder: Path, problems: Sequence[Problem]) -> list[Sample]:
+    """Every problem's samples from the committed shards of ``folder``, in benchmark order (each
+    problem's as generate_samples wrote them): the samples file one process writes."""
+    by_problem: dict[str, list[Sample]] = {}
+    for record in read_stream(folder, "samples", Sample):
+        by_problem.setdefault(record.problem_id, []).append(record)
+    missing = [p.problem_id for p in problems if p.problem_id not in by_problem]
+    if missing:
+        raise ValueError(f"{folder}: no samples of problem {missing[0]!r} ({len(missing)} of {len(problems)} problems missing)")
+    return [record for problem in problems for record in by_problem[problem.problem_id]]
+
+
+def _benchmarks(config: Config) -> tuple[dict[str, BenchmarkSource], dict[str, list[Problem]]]:
+    sources = {name: resolve_benchmark(config, name) for name in config.eval.benchmarks}
+    return sources, {name: load_eval_benchmark(config, name) for name in config.eval.benchmarks}
+
+
+def _models(config: Config):
+    """(name, ModelSpec, why it cannot be evaluated or None) for every entry of eval.models."""
+    for name, value in config.eval.models.items():
+        spec = parse_model_spec(config, name, value)
+        yield name, spec, missing_model_reason(spec)
+
+
+def sample_shard(config: Config, make_generator: GeneratorFactory, out_dir: str | Path, kind_of: KindOf = problem_kind) -> dict:
+    """Worker i of n (eval.shard = i/n): sample its share of every (model, benchmark) pair into
+    the pair's shard folder and nothing else (a run with eval.shard = 0/1 merges and scores).
+    Pairs whose samples file is up to date and models that cannot be found are left out.
+    Returns {model: {benchmark: problems sampled now}}."""
+    out = Path(out_dir)
+    shard = parse_shard(config.eval.shard)
+    sources, benchmarks = _benchmarks(config)
+    others_running = bool(held_locks(out, ".lock-shard-*"))
+    sampled: dict = {}
+    for name, spec, reason in _models(config):
+        if reason is not None:
+            log.warning("eval: skipping model %r: %s", name, reason)
+            continue
+        generator = _LazyGenerator(make_generator, spec)
+        try:
+            for bench, problems in benchmarks.items():
+                settings = sampling_settings(config, spec, sources[bench], problems)
+                if _reusable_samples(samples_path(out, name, bench), settings) is not None:
+                    continue
+                sampled.setdefault(name, {})[bench] = sample_share(generator, problems, kind_of, config, shard_folder(out, name, bench),
+                                                                   settings, shard, others_running)
+        finally:
+            generator.close()
+    return sampled
 
 
 def run_evaluation(
@@ -463,13 +599,13 @@ def run_evaluation(
     <out_dir>/samples/*.jsonl and <out_dir>/results.json (out_dir: reports/<run>/).
 
     ``make_generator(path, adapter)`` is called once per model, and only when some benchmark
-    needs new samples (samples whose settings file matches are re-scored, not regenerated).
-    A model whose local path or adapter path does not exist is skipped with a warning and listed
-    under "skipped". Returns the results.json object (docs/evaluation.md).
+    needs new samples (samples whose settings file matches are re-scored, not regenerated;
+    problems that workers of ``python -m stages.launch eval`` committed are merged, not sampled
+    again). A model whose local path or adapter path does not exist is skipped with a warning and
+    listed under "skipped". Returns the results.json object (docs/evaluation.md).
     """
     out = Path(out_dir) if out_dir is not None else reports_dir(config)
-    sources = {name: resolve_benchmark(config, name) for name in config.eval.benchmarks}
-    benchmarks = {name: load_eval_benchmark(config, name) for name in config.eval.benchmarks}
+    sources, benchmarks = _benchmarks(config)
     results: dict = {
         "run": config.run,
         "settings": {
@@ -489,29 +625,29 @@ def run_evaluation(
         "results": {},
     }
     all_records: dict[str, dict[str, list[Sample]]] = {}
-    for name, value in config.eval.models.items():
-        spec = parse_model_spec(config, name, value)
+    for name, spec, reason in _models(config):
         results["models"][name] = {"path": spec.path, "adapter": spec.adapter}
-        reason = missing_model_reason(spec)
         if reason is not None:
             log.warning("eval: skipping model %r: %s", name, reason)
             results["skipped"].append({"model": name, "path": spec.path, "adapter": spec.adapter, "reason": reason})
             continue
-        generator = None
+        generator = _LazyGenerator(make_generator, spec)
         try:
             for bench, problems in benchmarks.items():
                 path = samples_path(out, name, bench)
                 settings = sampling_settings(config, spec, sources[bench], problems)
                 records = _reusable_samples(path, settings)
                 if records is None:
-                    if generator is None:
-                        log.info("eval: loading model %r from %s%s", name, spec.path, f" with adapter {spec.adapter}" if spec.adapter else "")
-                        generator = make_generator(spec.path, spec.adapter)
                     log.info("eval: %s on %s: %d problems x %d samples%s", name, bench, len(problems), config.eval.k,
                              " + greedy" if config.eval.greedy else "")
-                    records = generate_samples(generator, problems, kind_of, config, name)
+                    folder = shard_folder(out, name, bench)
+                    sample_share(generator, problems, kind_of, config, folder, settings, (0, 1), others_running=False)
+                    records = merge_samples(folder, problems)
                     write_records_atomic(path, records)
                     write_json_atomic(path.with_suffix(".settings.json"), settings)
+                    shutil.rmtree(folder)  # merged: the samples file (and its settings) hold them now
+                    if not any(folder.parent.iterdir()):
+                        folder.parent.rmdir()
                 else:
                     log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
                 metrics = score_samples(records, problems, kind_of, config, embed, prm)
@@ -523,8 +659,7 @@ def run_evaluation(
                          "n/a" if similarity is None else f"{similarity:.3f}")
                 all_records.setdefault(name, {})[bench] = records
         finally:
-            if generator is not None:
-                generator.close()  # its memory back (a vLLM engine shut down) before the next model loads
+            generator.close()
     results["comparisons"] = compare_to_reference(all_records, benchmarks, kind_of, config, results["results"])
     write_json_atomic(out / "results.json", results)
     return results

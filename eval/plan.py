@@ -486,11 +486,12 @@ def make_plan(config: Config, config_path: str = "") -> Plan:
     policy, backbone, prm = models["policy"], models["prm_backbone"], models["prm"]
     train = data["train"].problems
     mcts = config.mcts
-    _, shards = parse_shard(mcts.shard)
     problems = None if train is None and mcts.max_problems is None else min(x for x in (train, mcts.max_problems) if x is not None)
     plan.stages.append(generation_stage(plan, "mcts", policy, None, problems, mcts.k, mcts.max_rollouts,
-                                        config.generation.max_new_tokens, 0, shards,
+                                        config.generation.max_new_tokens, 0, generation_workers(config, mcts.shard),
                                         f"rollouts (mcts.k={mcts.k} to mcts.max_rollouts={mcts.max_rollouts} a problem)"))
+    if plan.stages[-1].processes > 1:
+        plan.stages[-1].notes.append(f"python -m stages.launch mcts: {plan.stages[-1].processes} workers, one shard each")
     plan.stages.append(StageCost("augment", 1, work=["CPU: groups and splits the MCTS records (no GPU)"]))
     plan.stages.append(prm_stage(plan, backbone))
     for stage in ("gfn", "ppo"):
@@ -501,6 +502,13 @@ def make_plan(config: Config, config_path: str = "") -> Plan:
     return plan
 
 
+def generation_workers(config: Config, shard: str) -> int:
+    """The processes of mcts / eval / search: the n of a shard the config sets by hand (i/n with
+    n > 1), else plan.processes (``python -m stages.launch <stage>`` starts one worker per GPU)."""
+    _, shards = parse_shard(shard)
+    return shards if shards > 1 else config.plan.processes
+
+
 def _eval_stage(plan: Plan, models: dict[str, Model], data: dict[str, Data]) -> StageCost:
     config = plan.config
     benchmarks = [data[f"eval.{name}"] for name in config.eval.benchmarks]
@@ -509,10 +517,14 @@ def _eval_stage(plan: Plan, models: dict[str, Model], data: dict[str, Data]) -> 
     evaluated = [models[f"eval.{name}"] for name in config.eval.models]
     samples = config.eval.k + (1 if config.eval.greedy else 0)
     largest = max((m for m in evaluated if m.shape is not None), key=lambda m: m.shape.parameters(), default=evaluated[0])
+    workers = generation_workers(config, config.eval.shard)
     cost = generation_stage(plan, "eval", largest, models.get("eval.prm"), problems, samples * len(evaluated),
-                            samples * len(evaluated), config.generation.max_new_tokens, config.generation.max_new_tokens, 1,
+                            samples * len(evaluated), config.generation.max_new_tokens, config.generation.max_new_tokens, workers,
                             f"samples ({len(evaluated)} models x (eval.k={config.eval.k}{' + greedy' if config.eval.greedy else ''}))")
     cost.notes.append("one model at a time: memory is that of the largest")
+    if workers > 1:
+        cost.notes.append(f"python -m stages.launch eval: {workers} workers sample; the PRM reward and the embeddings are "
+                          "computed after them in one process on one GPU")
     return cost
 
 
@@ -525,9 +537,13 @@ def _search_stage(plan: Plan, policy: Model, prm: Model, problems: int | None) -
             per_problem += k * (s.max_depth * config.generation.max_step_tokens if strategy in step_level
                                 else config.generation.max_new_tokens)
     samples = per_problem / config.generation.max_new_tokens
-    return generation_stage(plan, "search", policy, prm, problems, samples, samples, config.generation.max_new_tokens,
-                            config.generation.max_new_tokens, 1,
+    workers = generation_workers(config, s.shard)
+    cost = generation_stage(plan, "search", policy, prm, problems, samples, samples, config.generation.max_new_tokens,
+                            config.generation.max_new_tokens, workers,
                             f"sample-equivalents of max_new_tokens ({len(s.strategies)} strategies + majority, ks {s.ks})")
+    if workers > 1:
+        cost.notes.append(f"python -m stages.launch search: {workers} workers, each with the policy and the PRM on its GPU")
+    return cost
 
 
 # ----------------------------------------------------------------------------- output

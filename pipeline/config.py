@@ -407,6 +407,11 @@ class EvalConfig:
     pairs: list[list[str]] = field(default_factory=lambda: [["gfn", "ppo"]])  # [a, b]: also report a minus b, paired (Table 4)
     bootstrap_resamples: int = bounded(2000, ge=1)
     seed: int = seed_field()
+    # i/n: this process samples the problems with index % n == i of every (model, benchmark) into
+    # reports/<run>/samples/shards/ and stops; 0/1 samples whatever is missing, merges and scores
+    # (python -m stages.launch eval sets it, one worker per GPU)
+    shard: str = "0/1"
+    problems_per_commit: int = bounded(64, ge=1)  # problems sampled per generate call and committed together
 
 
 @dataclass
@@ -427,6 +432,11 @@ class SearchConfig:
     benchmark_path: str | None = None
     max_problems: int | None = bounded(100, ge=1)
     seed: int = seed_field()
+    # i/n: this process searches the problems with index % n == i into runs/<run>/search/shards/
+    # and stops; 0/1 searches whatever is missing and writes the results over every problem
+    # (python -m stages.launch search sets it, one worker per GPU)
+    shard: str = "0/1"
+    problems_per_commit: int = bounded(32, ge=1)  # problems searched together (every strategy and k) and committed together
 
 
 @dataclass
@@ -690,10 +700,11 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
     if config.data.problem_sources and config.data.train not in SOURCE_FILTERED_DATA:
         fail("data.problem_sources", f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
              f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]")
-    try:
-        parse_shard(config.mcts.shard)  # what the MCTS stage reads it with
-    except ValueError:
-        fail("mcts.shard", f"= {_show(config.mcts.shard)}: expected i/n with 0 <= i < n (e.g. 0/4)")
+    for key, shard in (("mcts.shard", config.mcts.shard), ("eval.shard", config.eval.shard), ("search.shard", config.search.shard)):
+        try:
+            parse_shard(shard)  # what the stage reads it with
+        except ValueError:
+            fail(key, f"= {_show(shard)}: expected i/n with 0 <= i < n (e.g. 0/4)")
 
 
 def check_run_location(config: Config, sources: dict[str, str] | None = None) -> None:

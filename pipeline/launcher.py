@@ -1,11 +1,14 @@
-"""One worker per local GPU for a stage that splits its problems into shards (make mcts).
+"""One worker per local GPU for a stage that splits its problems into shards (mcts, eval, search).
 
-Worker i of n runs ``python -m stages.<stage> ... <stage>.shard=i/n`` with CUDA_VISIBLE_DEVICES
-set to its own device, so ``model.device: auto`` puts it on that GPU alone. The shards are the
-stage's own (``mcts.shard``): each worker writes its own part of the shard folder and the merged
-records are those one process writes (the per-problem random streams make a problem's search
-independent of the others; tests/test_launcher.py compares them). A worker that fails stops the
-others; a rerun resumes every shard where it stopped.
+Worker i of n runs ``python -m stages.<module> ... <key>=i/n`` with CUDA_VISIBLE_DEVICES set to
+its own device, so ``model.device: auto`` puts it on that GPU alone. The shards are the stage's
+own (``mcts.shard``, ``eval.shard``, ``search.shard``: the problems with index % n == i): each
+worker commits its own part of the stage's shard folder, and the merged outputs are those one
+process writes (per-problem random streams make a problem's samples independent of the others;
+tests/test_launcher.py compares them). eval and search then run once more without a shard
+(``merge_worker``, on the first device): that run finds every problem committed, merges, and
+computes what depends on all problems (intervals, diversity, paired differences) once. A worker
+that fails stops the others; a rerun resumes every shard where it stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-SHARDED_STAGES = {"mcts": "mcts.shard"}  # eval and search have no shards: they run in one process
+SHARDED_STAGES = {"mcts": "mcts.shard", "eval": "eval.shard", "search": "search.shard"}  # stage -> its shard key
+STAGE_MODULES = {"mcts": "stages.mcts", "eval": "stages.evaluate", "search": "stages.search"}
+MERGED_STAGES = ("eval", "search")  # a run without a shard merges the workers' shards and writes the results
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,17 @@ def shard_workers(stage: str, argv: list[str], devices: list[str] | None, worker
     count = len(devices) if devices else (workers or 0)
     if count < 1:
         raise ValueError("no devices to launch on: set CUDA_VISIBLE_DEVICES or give the number of workers")
-    return [Worker([sys.executable, "-m", f"stages.{stage}", *argv, f"{key}={i}/{count}"],
+    return [Worker([sys.executable, "-m", STAGE_MODULES[stage], *argv, f"{key}={i}/{count}"],
                    {"CUDA_VISIBLE_DEVICES": devices[i]} if devices else {}, f"{i}/{count}") for i in range(count)]
+
+
+def merge_worker(stage: str, argv: list[str], devices: list[str] | None) -> Worker:
+    """The stage run without a shard after the workers (eval, search): it finds every problem
+    committed, merges the shards and writes the files one process writes (on the first device:
+    the PRM and the embedder score there)."""
+    if stage not in MERGED_STAGES:
+        raise ValueError(f"stage {stage!r} has no merge run; stages with one: {', '.join(MERGED_STAGES)}")
+    return Worker([sys.executable, "-m", STAGE_MODULES[stage], *argv], {"CUDA_VISIBLE_DEVICES": devices[0]} if devices else {}, "merge")
 
 
 def run_workers(workers: list[Worker], timeout: float | None = None, poll_seconds: float = 0.2) -> None:

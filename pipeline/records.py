@@ -515,6 +515,27 @@ class Sample(Record):
             raise FieldError("step_scores", f"one score per step ({len(self.steps)})", self.step_scores)
 
 
+@dataclass(frozen=True)
+class SearchRecord(Record):
+    """The solution one search strategy returned for one problem at one k (make search): its
+    steps, their PRM scores ([] for the unguided majority and for a solution without steps),
+    whether it finished, the answer read from it (None: none stated) and the policy tokens
+    generated for the problem, discarded candidates included (prm.search.SearchResult)."""
+
+    problem_id: str = field(metadata=rules(non_empty=True))
+    strategy: str = field(metadata=rules(non_empty=True))
+    k: int = field(metadata=rules(minimum=1))
+    steps: list[str]
+    step_scores: list[float]
+    finished: bool
+    answer: str | None
+    tokens_generated: int = field(metadata=rules(minimum=0))
+
+    def check(self) -> None:
+        if self.step_scores and len(self.step_scores) != len(self.steps):
+            raise FieldError("step_scores", f"none, or one score per step ({len(self.steps)})", self.step_scores)
+
+
 # ----------------------------------------------------------------------------- policy training
 
 

@@ -16,6 +16,13 @@ and ONE score_many call scores every new candidate. A returned solution states a
 whenever any finished candidate that states one was seen for its problem; otherwise the best
 partial comes back with ``finished=False``, and only when no partial is left either an
 answerless stop (finished, ``answer=None``). The stage counts both wrong.
+
+Seeding: every prompt of a call draws from its own stream (pipeline.generation.base.stream_seed)
+keyed by the search seed and the problem's id: (seed, id, "whole") for the k whole solutions,
+(seed, id, "step", depth, j) for the j-th live partial of a step-level search at that depth. A
+problem's search therefore depends on nothing but the problem (not on the problems beside it in
+the batch or on the worker holding it), the whole-solution strategies at one k share their k
+samples, and the k samples are the first k of any larger k's.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.config import FormatConfig
+from pipeline.generation.base import stream_seed
 from pipeline.grading import answers_equal_many, extract_answer, normalize_answer
 from pipeline.prompts import prompt_from_config
 from pipeline.stats import bootstrap_ci
@@ -73,7 +81,7 @@ class SearchSettings:
     max_step_tokens: int = 48  # one step (step-level strategies)
     max_new_tokens: int = 160  # one whole solution (best_of_n, weighted_vote, majority)
     separator: str = "\n"
-    seed: int | None = 0  # depth d of a step-level search samples with seed + d
+    seed: int | None = 0  # the streams of a problem are drawn from (seed, problem id, ...) (module docstring); None: unseeded
     format_config: object | None = None  # FormatConfig for default prompts (None: defaults)
 
 
@@ -101,9 +109,11 @@ def aggregate(step_scores: Sequence[float], aggregation: str) -> float:
     return float(math.prod(step_scores))
 
 
-def search(question: str, policy, prm, strategy: str, k: int, prompt: str | None = None, **settings) -> SearchResult:
+def search(question: str, policy, prm, strategy: str, k: int, prompt: str | None = None, problem_id: str | None = None,
+           **settings) -> SearchResult:
     """One problem: ``search_many`` with a single question (settings: SearchSettings fields)."""
-    return search_many([question], policy, prm, strategy, k, prompts=None if prompt is None else [prompt], **settings)[0]
+    return search_many([question], policy, prm, strategy, k, prompts=None if prompt is None else [prompt],
+                       problem_ids=None if problem_id is None else [problem_id], **settings)[0]
 
 
 def search_many(
@@ -113,6 +123,7 @@ def search_many(
     strategy: str,
     k: int,
     prompts: Sequence[str] | None = None,
+    problem_ids: Sequence[str] | None = None,
     **settings,
 ) -> list[SearchResult]:
     """Search every question at once, one SearchResult each, in order.
@@ -122,6 +133,7 @@ def search_many(
     prm:       anything with score_many([(question, steps), ...]) -> [[U_1..U_n], ...]
                (unused by ``majority``; may be None there)
     prompts:   the policy's prompts (None: prompt_from_config with settings.kind/format_config)
+    problem_ids: what each problem's random streams are keyed by (module docstring); None: its question
     settings:  SearchSettings fields
     """
     s = _settings(settings)
@@ -133,13 +145,17 @@ def search_many(
         prompts = default_prompts(questions, policy, s)
     if len(prompts) != len(questions):
         raise ValueError(f"search: {len(prompts)} prompts for {len(questions)} questions; expected one each")
+    keys = list(questions) if problem_ids is None else [str(i) for i in problem_ids]
+    if len(keys) != len(questions):
+        raise ValueError(f"search: {len(keys)} problem ids for {len(questions)} questions; expected one each")
     if not questions:
         return []
     if strategy == "step_best_of_k":
-        return _step_search(questions, prompts, policy, prm, k, 1, True, s)
+        return _step_search(questions, prompts, keys, policy, prm, k, 1, True, s)
     if strategy == "beam":
-        return _step_search(questions, prompts, policy, prm, k, max(1, min(s.beam_width, k)), False, s)
-    return _whole_solution_search(questions, prompts, policy, prm, strategy, k, s)
+        return _step_search(questions, prompts, keys, policy, prm, k, max(1, min(s.beam_width, k)), False, s)
+    return _whole_solution_search(questions, prompts, keys, policy, prm, strategy, k, s)
+
 
 
 def default_prompts(questions: Sequence[str], policy, s: SearchSettings) -> list[str]:
@@ -212,7 +228,7 @@ def _result(candidate: _Candidate | None, tokens: int, s: SearchSettings) -> Sea
 # ----------------------------------------------------------------------------- step-level
 
 
-def _step_search(questions, prompts, policy, prm, k: int, width: int, rank_by_last: bool, s: SearchSettings) -> list[SearchResult]:
+def _step_search(questions, prompts, keys, policy, prm, k: int, width: int, rank_by_last: bool, s: SearchSettings) -> list[SearchResult]:
     """step_best_of_k (width 1, candidates ranked by their own step score) and beam (width W,
     ranked by the aggregated score of the whole partial solution).
 
@@ -243,17 +259,17 @@ def _step_search(questions, prompts, policy, prm, k: int, width: int, rank_by_la
             return aggregate(c.step_scores, s.aggregation)
 
     for depth in range(s.max_depth):
-        jobs = [(p, partial) for p in range(n_problems) for partial in live[p]]
+        jobs = [(p, j, partial) for p in range(n_problems) for j, partial in enumerate(live[p])]
         if not jobs:
             break
         n = k if depth == 0 else per_partial
         outputs = policy.generate(
-            [prompts[p] + join_steps(partial.steps, s.separator) for p, partial in jobs],
-            n=n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_step_tokens,
-            stop=[s.separator], seed=None if s.seed is None else s.seed + depth,
+            [prompts[p] + join_steps(partial.steps, s.separator) for p, _, partial in jobs],
+            n=n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_step_tokens, stop=[s.separator],
+            seed=None if s.seed is None else [stream_seed(s.seed, keys[p], "step", depth, j) for p, j, _ in jobs],
         )
         candidates: list[tuple[int, _Candidate]] = []
-        for (p, partial), completions in zip(jobs, outputs):
+        for (p, _, partial), completions in zip(jobs, outputs):
             for completion in completions:
                 tokens[p] += len(completion.token_ids)
                 candidate = _extend(partial, completion, s)
@@ -305,12 +321,13 @@ def _extend(partial: _Candidate, completion, s: SearchSettings) -> _Candidate | 
 # ----------------------------------------------------------------------------- whole solutions
 
 
-def _whole_solution_search(questions, prompts, policy, prm, strategy: str, k: int, s: SearchSettings) -> list[SearchResult]:
+def _whole_solution_search(questions, prompts, keys, policy, prm, strategy: str, k: int, s: SearchSettings) -> list[SearchResult]:
     """best_of_n, weighted_vote and majority over k whole solutions per problem (one generate
     call, and one score_many call unless the strategy is the unguided majority)."""
     outputs = policy.generate(
         list(prompts), n=k, temperature=s.temperature, top_p=s.top_p,
-        max_new_tokens=s.max_new_tokens, stop=None, seed=s.seed,
+        max_new_tokens=s.max_new_tokens, stop=None,
+        seed=None if s.seed is None else [stream_seed(s.seed, key, "whole") for key in keys],
     )
     samples: list[list[_Candidate]] = []
     tokens: list[int] = []

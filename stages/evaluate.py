@@ -8,6 +8,10 @@ Reads:  the models of config.eval.models ({name: path or hub id, "path::adapter"
 Writes: reports/<run>/results.json, report.md, accuracy.png, similarity.png, config.yaml,
         samples/<model>__<benchmark>.jsonl (+ .settings.json: a rerun with the same settings
         and unchanged model files re-scores these instead of generating again)
+With eval.shard=i/n (python -m stages.launch eval: one worker per GPU) a worker only samples
+the problems with index % n == i into samples/shards/<model>__<benchmark>/ and writes nothing
+else; the run with eval.shard=0/1 after them merges the shards and writes everything above,
+the files one process writes (eval.evaluate, docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval.diversity import load_embedder
-from eval.evaluate import parse_model_spec, reports_dir, run_evaluation
+from eval.evaluate import parse_model_spec, reports_dir, run_evaluation, sample_shard
 from eval.report import write_report
 from pipeline.config import save_config
 from pipeline.generation import build_generator, check_served_models
-from pipeline.io import acquire_stage_lock
+from pipeline.io import acquire_stage_lock, held_locks, parse_shard
 from pipeline.modeling import resolve_device
 from prm.formats import is_hub_id, load_scorer
 from stages.common import cli, log, parse_args, set_threads, timed
@@ -48,7 +52,14 @@ def main(argv: list[str] | None = None) -> dict:
                                  for name, value in config.eval.models.items()})
     out = reports_dir(config)
     out.mkdir(parents=True, exist_ok=True)
+    index, count = parse_shard(config.eval.shard)
+    if count > 1:
+        return sample_worker(config, out, index, count)
     acquire_stage_lock(out / ".lock", f"make eval for run {config.run}")  # one writer per reports folder
+    workers = held_locks(out, ".lock-shard-*")
+    if workers:
+        raise SystemExit(f"eval: {workers[0]['path']} is held by process {workers[0].get('pid', '?')}: workers of "
+                         "`python -m stages.launch eval` are sampling this run; wait for them (the launcher merges when they finish)")
     save_config(config, out / "config.yaml")
     with timed("eval"):
         embed = load_embedder(config.eval.embedder, device=str(resolve_device(config.model.device)))
@@ -62,6 +73,20 @@ def main(argv: list[str] | None = None) -> dict:
         paths = write_report(results, out)
     log.info("eval: report written to %s", paths["report"])
     return results
+
+
+def sample_worker(config, out: Path, index: int, count: int) -> dict:
+    """One worker of a sharded evaluation: its share of every pair's problems, sampled into the
+    shard folders (eval.evaluate.sample_shard); no scoring, report or config.yaml."""
+    acquire_stage_lock(out / f".lock-shard-{index}of{count}", f"make eval shard {index}/{count} for run {config.run}")
+    others = [h for h in held_locks(out, ".lock*") if not h["path"].endswith(f"of{count}")]
+    if others:
+        raise SystemExit(f"eval: {others[0]['path']} is held by process {others[0].get('pid', '?')}: another evaluation of this run "
+                         f"(one process, or split another way than {count} shards) is sampling the same problems")
+    with timed(f"eval shard {index}/{count}"):
+        sampled = sample_shard(config, lambda path, adapter: build_generator(config, model_path=path, adapter=adapter, progress=True), out)
+    log.info("eval: shard %d/%d sampled %s", index, count, sampled or "nothing (up to date)")
+    return {"shard": config.eval.shard, "sampled": sampled}
 
 
 if __name__ == "__main__":

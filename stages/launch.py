@@ -1,10 +1,16 @@
-"""make mcts on every local GPU: one worker per device, each on its own shard (pipeline/launcher.py).
+"""make mcts / eval / search on every local GPU: one worker per device, each on its own share of
+the problems (pipeline/launcher.py).
 
     python -m stages.launch mcts --config configs/paper/llama3.2-3b.yaml run=llama3b
-    python -m stages.launch mcts --workers 2 --config configs/tiny.yaml        # CPU: 2 workers, no device
+    python -m stages.launch eval --config configs/paper/llama3.2-3b.yaml run=llama3b
+    python -m stages.launch search --config configs/paper/llama3.2-3b.yaml run=llama3b
+    python -m stages.launch eval --workers 2 --config configs/tiny.yaml        # CPU: 2 workers, no device
 
 The devices are CUDA_VISIBLE_DEVICES when set, else every GPU torch sees; each worker gets one.
-Writes what the stage writes (runs/<run>/mcts/shards/part-*, stats.json: over every shard).
+Writes what the stage writes in one process: mcts: runs/<run>/mcts/shards/part-*, stats.json
+over every shard; eval: reports/<run>/ (results.json, report, samples); search: runs/<run>/search/
+(results.json, table.md, the plot, solutions.jsonl). eval and search merge in one more run of the
+stage on the first device once the workers finish.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import argparse
 import sys
 
 from pipeline.io import write_json_atomic
-from pipeline.launcher import SHARDED_STAGES, run_workers, shard_workers, visible_devices
+from pipeline.launcher import MERGED_STAGES, SHARDED_STAGES, merge_worker, run_workers, shard_workers, visible_devices
 from stages.common import parse_args
 from stages.mcts import mcts_stats
 
@@ -26,9 +32,12 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args("launch", rest)  # checked before any worker starts
     devices = None if args.workers else visible_devices()
     run_workers(shard_workers(args.stage, rest, devices, args.workers))
-    # each worker wrote stats.json when it finished, over the shards committed by then: the last
-    # word is over all of them
-    write_json_atomic(config.stage_dir("mcts") / "stats.json", mcts_stats(config.stage_dir("mcts") / "shards"))
+    if args.stage in MERGED_STAGES:
+        run_workers([merge_worker(args.stage, rest, devices)])
+    else:
+        # each worker wrote stats.json when it finished, over the shards committed by then: the
+        # last word is over all of them
+        write_json_atomic(config.stage_dir("mcts") / "stats.json", mcts_stats(config.stage_dir("mcts") / "shards"))
 
 
 if __name__ == "__main__":

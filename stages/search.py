@@ -6,12 +6,26 @@ Writes: runs/<run>/search/results.json  one row per (strategy, k): accuracy with
                                         finished share, tokens generated per problem
         runs/<run>/search/table.md      the same rows as a table
         runs/<run>/search/accuracy_vs_k.png  accuracy against k and against tokens per problem
+        runs/<run>/search/solutions.jsonl    the solution of every (problem, strategy, k)
+                                        (pipeline.records.SearchRecord), in problem order
 The unguided baseline ("majority": unweighted vote over k samples; k=1 is pass@1 of a single
 sample) runs at every k beside the PRM-guided strategies. docs/search.md has the rules.
+
+The problems are searched search.problems_per_commit at a time (every strategy and k), each
+chunk committed to runs/<run>/search/shards/ (pipeline.io.ShardWriter): a killed run resumes
+where it stopped. With search.shard=i/n (python -m stages.launch search: one worker per GPU) a
+worker searches only the problems with index % n == i and writes nothing else; a run with
+search.shard=0/1 searches what is still missing, then writes the files above from every problem
+at once (the intervals are over all problems) and removes the shards. A problem's search depends
+on nothing but the problem (prm.search: per-problem random streams), so n workers write what
+one process writes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import shutil
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -19,11 +33,23 @@ from tqdm import tqdm
 
 from eval.evaluate import resolve_benchmark
 from pipeline.generation import build_generator, check_served_models
-from pipeline.io import write_json_atomic
+from pipeline.io import (
+    ShardWriter,
+    check_settings,
+    completed_problem_ids,
+    held_locks,
+    parse_shard,
+    path_fingerprint,
+    read_stream,
+    write_json_atomic,
+    write_records_atomic,
+    write_text_atomic,
+)
 from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config, question_text
+from pipeline.records import SearchRecord
 from prm.formats import load_scorer
-from prm.search import STRATEGIES, search_many, summarize_search
+from prm.search import STRATEGIES, SearchResult, search_many, summarize_search
 from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed
 
 BASELINE = "majority"
@@ -45,6 +71,10 @@ def search_problems(config):
         problems = problems[: config.search.max_problems]
     if not problems:
         raise SystemExit(f"search: benchmark {name!r} has no problems")
+    ids = [p.problem_id for p in problems]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise SystemExit(f"search: benchmark {name!r}: problem_id {duplicate!r} occurs twice; each problem's search and record key on it")
     return problems
 
 
@@ -57,43 +87,120 @@ def search_settings(config, kind: str) -> dict:
     }
 
 
+def strategies_of(config) -> list[str]:
+    return [BASELINE] + [s for s in config.search.strategies if s != BASELINE]
+
+
+def shard_settings(config, settings: dict, problems) -> dict:
+    """What the committed solutions depend on (the resume guard of the shards folder): the
+    search settings, strategies and ks, the models and their files, the problems and the prompt
+    format. Not: shard, problems_per_commit."""
+    def fingerprint(path):
+        return path_fingerprint(path) if path and Path(path).exists() else None
+
+    policy, prm = config.resolve(config.model.policy), config.resolve(config.model.prm)
+    return {
+        **settings, "strategies": strategies_of(config), "ks": list(config.search.ks),
+        "policy": policy, "policy_fingerprint": fingerprint(policy), "policy_adapter": config.resolve(config.model.policy_adapter),
+        "prm": prm, "prm_fingerprint": fingerprint(prm), "prm_format": config.model.prm_format,
+        "problem_ids": hashlib.sha256("\n".join(p.problem_id for p in problems).encode()).hexdigest()[:16],
+        "format": dataclasses.asdict(config.format), "backend": config.generation.backend,
+    }
+
+
+def search_share(config, problems, kind: str, settings: dict, shards: Path, shard: tuple[int, int], others_running: bool) -> int:
+    """Search the problems of shard (i, n) (index % n == i) that ``shards`` holds no solutions of
+    yet, search.problems_per_commit at a time with every strategy and k, each chunk committed as
+    one shard; returns how many."""
+    index, count = shard
+    check_settings(shards, shard_settings(config, settings, problems), "the search run", others_running=others_running)
+    done = completed_problem_ids(shards)
+    todo = [p for i, p in enumerate(problems) if i % count == index and p.problem_id not in done]
+    log.info("search: %d problems in shard %d/%d, %d to search", sum(1 for i in range(len(problems)) if i % count == index),
+             index, count, len(todo))
+    if not todo:
+        return 0
+    policy = build_generator(config)
+    prm = load_scorer(require_prm(config.resolve(config.model.prm)), config)  # ours or another format (model.prm_format)
+    per_commit = config.search.problems_per_commit
+    chunks = [todo[start : start + per_commit] for start in range(0, len(todo), per_commit)]
+    runs = [(strategy, k) for strategy in strategies_of(config) for k in config.search.ks]
+    bar = tqdm(total=len(chunks) * len(runs), desc="search runs", unit="run", dynamic_ncols=True)
+    with ShardWriter(shards, tag=f"{index}of{count}", commit_every=per_commit) as writer:
+        for chunk in chunks:
+            questions = [question_text(p.question, p.meta.get("options")) for p in chunk]
+            prompts = [prompt_from_config(p.question, kind, policy.tokenizer, config.format, p.meta.get("options")) for p in chunk]
+            solutions: dict[str, list[SearchRecord]] = {p.problem_id: [] for p in chunk}
+            for strategy, k in runs:
+                bar.set_postfix_str(f"{strategy} k={k}")
+                results = search_many(questions, policy, prm, strategy, k, prompts=prompts,
+                                      problem_ids=[p.problem_id for p in chunk], **settings)
+                for problem, r in zip(chunk, results):
+                    solutions[problem.problem_id].append(SearchRecord(problem.problem_id, strategy, k, r.steps, r.step_scores,
+                                                                      r.finished, r.answer, r.tokens_generated))
+                bar.update(1)
+            for problem in chunk:
+                writer.add(problem.problem_id, solutions=solutions[problem.problem_id])
+    bar.close()
+    return len(todo)
+
+
+def merged_solutions(shards: Path, problems, config) -> list[SearchRecord]:
+    """Every problem's solutions from the committed shards, in problem order (and each problem's
+    in strategy and k order, as searched): what one process writes."""
+    by_problem: dict[str, list[SearchRecord]] = {}
+    for record in read_stream(shards, "solutions", SearchRecord):
+        by_problem.setdefault(record.problem_id, []).append(record)
+    runs = [(strategy, k) for strategy in strategies_of(config) for k in config.search.ks]
+    for problem in problems:
+        found = [(r.strategy, r.k) for r in by_problem.get(problem.problem_id, [])]
+        if found != runs:
+            raise ValueError(f"{shards}: problem {problem.problem_id!r} has solutions for {found or 'nothing'}; expected {runs}")
+    return [record for problem in problems for record in by_problem[problem.problem_id]]
+
+
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("search", argv)
     set_threads(config, "search")
     check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # before any model loads
-    out = stage_dir(config, "search")
+    index, count = parse_shard(config.search.shard)
+    worker = count > 1
+    out = stage_dir(config, "search", lock=f".lock-shard-{index}of{count}" if worker else ".lock", save=not worker)
+    others = [h for h in held_locks(out, ".lock*") if not (worker and h["path"].endswith(f"of{count}"))]
+    if others:
+        raise SystemExit(f"search: {others[0]['path']} is held by process {others[0].get('pid', '?')}: another search of this run "
+                         "(the workers of `python -m stages.launch search`, one process, or a split another way) is searching the same problems")
     unknown = [s for s in config.search.strategies if s not in STRATEGIES]
     if unknown:
         raise SystemExit(f"search.strategies: unknown {unknown}; expected some of {list(STRATEGIES)}")
-    with timed("search"):
+    shards = out / "shards"
+    with timed("search" if not worker else f"search shard {index}/{count}"):
         problems = search_problems(config)
         kinds = {p.kind for p in problems}
         if len(kinds) != 1:
             raise SystemExit(f"search: problems mix answer kinds {sorted(kinds)}; run one benchmark at a time")
         kind = kinds.pop()
-        policy = build_generator(config)
-        prm = load_scorer(require_prm(config.resolve(config.model.prm)), config)  # ours or another format (model.prm_format)
-        questions = [question_text(p.question, p.meta.get("options")) for p in problems]
-        prompts = [prompt_from_config(p.question, kind, policy.tokenizer, config.format, p.meta.get("options")) for p in problems]
-        golds = [p.answer for p in problems]
         settings = search_settings(config, kind)
-        strategies = [BASELINE] + [s for s in config.search.strategies if s != BASELINE]
+        searched = search_share(config, problems, kind, settings, shards, (index, count), others_running=worker and bool(held_locks(out, ".lock-shard-*")))
+        if worker:
+            return {"shard": config.search.shard, "searched": searched}
+        solutions = merged_solutions(shards, problems, config)
+        golds = [p.answer for p in problems]
         rows = []
-        bar = tqdm(total=len(strategies) * len(config.search.ks), desc="search runs", unit="run", dynamic_ncols=True)
-        for strategy in strategies:
+        for strategy in strategies_of(config):
             for k in config.search.ks:
-                bar.set_postfix_str(f"{strategy} k={k}")
-                results = search_many(questions, policy, prm, strategy, k, prompts=prompts, **settings)
+                results = [SearchResult(r.steps, r.step_scores, r.finished, r.answer, r.tokens_generated)
+                           for r in solutions if r.strategy == strategy and r.k == k]
                 row = {"strategy": strategy, "k": k, **summarize_search(results, golds, kind, seed=config.seed)}
                 log.info("search: %s k=%d accuracy %.3f [%.3f, %.3f], %.0f tokens/problem", strategy, k,
                          row["accuracy"]["mean"], row["accuracy"]["lo"], row["accuracy"]["hi"], row["tokens_per_problem"])
                 rows.append(row)
-                bar.update(1)
-        bar.close()
         summary = {"benchmark": config.search.benchmark, "n_problems": len(problems), "settings": settings, "rows": rows}
+        write_records_atomic(out / "solutions.jsonl", solutions)
         write_json_atomic(out / "results.json", summary)
-        (out / "table.md").write_text(results_table(rows), encoding="utf-8")
+        write_text_atomic(out / "table.md", results_table(rows))
         plot_accuracy_vs_k(rows, out / "accuracy_vs_k.png")
+        shutil.rmtree(shards)  # merged: solutions.jsonl holds them now
     return summary
 
 

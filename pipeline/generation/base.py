@@ -19,6 +19,8 @@ model after another calls it in between.
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -84,6 +86,16 @@ def check_sampling_args(n: int, temperature: float, top_p: float, max_new_tokens
     if any(not s for s in stops):
         raise ValueError("generate: stop strings must be non-empty")
     return stops
+
+
+def stream_seed(*parts) -> int:
+    """The seed of one random stream, a 62-bit integer drawn from ``parts`` (JSON values: a run's
+    seed, a problem id, a prefix...). Passed per prompt (``generate(..., seed=[...])``), it makes a
+    prompt's samples depend on nothing but its own parts: not on the other prompts of the call, the
+    batch it lands in, or which worker of a sharded run holds it. Sample j draws from stream + j;
+    62 bits leave room for that."""
+    text = json.dumps(list(parts), ensure_ascii=False)
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little") >> 2
 
 
 def check_seeds(seed, prompts: Sequence[str]) -> None:

@@ -25,13 +25,12 @@ Definitions (docs/mcts.md):
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterable, Sequence
 
 from pipeline.config import MCTSConfig
+from pipeline.generation.base import stream_seed
 from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary
 from pipeline.steps import join_steps, split_steps
 
@@ -225,10 +224,9 @@ def probe_seed(seed: int, problem_id: str, prefix: Sequence[str]) -> int:
     run has its own stream, and a problem's rollouts depend on nothing but the problem: not on
     which problems ran before it or beside it in a round, so a resumed run (or another
     ``mcts.shard`` split, or another ``max_active``) writes the records an uninterrupted run
-    writes. The generator's sample j draws from stream + j; 62 bits leave room for that.
+    writes (pipeline.generation.base.stream_seed).
     """
-    text = json.dumps([int(seed), str(problem_id), list(prefix)], ensure_ascii=False)
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little") >> 2
+    return stream_seed(int(seed), str(problem_id), list(prefix))
 
 
 def make_rollout_fn(
