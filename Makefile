@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 $(VENV): $(VENV)/.installed
 
 test: $(VENV)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast: $(VENV)
 	$(PY) -m pytest -q -m "not slow"
