@@ -32,13 +32,14 @@ from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS
+from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
-from pipeline.training.distributed import Collective
+from pipeline.training.distributed import Collective, fsdp_requested
 from pipeline.training.tracking import tracker_names
 
 STAGES = ("gfn", "ppo")
@@ -217,10 +218,11 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     tracking = Tracking.from_config(config, stage, out_dir)  # the trackers of report_to
     accelerator = make_accelerator(config.model, tracking=tracking)
     collective = Collective(accelerator)
-    if collective.sharded_parameters and config.generation.backend != "vllm" and not asynchronous:
-        raise ValueError("under FSDP or DeepSpeed ZeRO-3 no process holds the whole policy between forwards: sample with "
-                         "generation.backend=vllm (each process's engine gets the gathered weights after every update), "
-                         "or train with DDP / ZeRO-2")
+    zero3 = collective.sharded_parameters and not fsdp_requested(accelerator)
+    if zero3 and config.generation.backend != "vllm" and not asynchronous:
+        raise ValueError("under DeepSpeed ZeRO-3 no process holds the whole policy between forwards and the trainer gathers no "
+                         "copy for HF sampling: use configs/accelerate/policy_fsdp.yaml (FSDP2; HF or vLLM sampling), "
+                         "deepspeed_zero2.yaml or ddp.yaml with generation.backend=hf")
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
     # the GFlowNet scores its reference at training time (it may be reset); PPO's sampler stores it with each trajectory
@@ -240,6 +242,13 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
                         save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage, tracking=tracking)
     policy.prepared(base.model, base.unwrapped)
+    if base.sharded and sampler is None and not asynchronous:
+        # FSDP2: no process holds the whole policy between forwards, and HF generation would need
+        # every process in lockstep at every token: sample from a plain copy in model.dtype (what
+        # a vLLM engine holds), given the gathered weights now and after every update
+        policy.sampler = HFGenerator(load_causal_lm(policy_path, config.model).requires_grad_(False), tokenizer,
+                                     batch_size=config.generation.batch_size)
+        policy.after_update(0, base.full_state_dict)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:
         make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
@@ -252,7 +261,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
                                                reference=reference if stage == "ppo" else None, collective=collective)
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
     history = trainer.train()
-    state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part
+    state_dict = base.final_state_dict()  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
         if stage == "ppo":  # beside the model, never in it: vLLM loads every *.safetensors of a folder without an index
             head = staging_folder(out_dir / VALUE_HEAD)
