@@ -191,3 +191,24 @@ def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
 
     with pytest.raises(SystemExit, match="run `make prm` first"):
         train_gfn.main(["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=none"])
+
+
+def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_does():
+    from pipeline.config import load_config
+    from pipeline.finetune.run import check_accelerate_launch
+
+    gfn, saving = (load_config(REPO / "configs" / "tiny.yaml", [f"gfn.save_every={n}"]).gfn for n in (0, 5))
+    fsdp2, deepspeed = {**FSDP}, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}
+    zero3 = {**deepspeed, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+    for environ, backend in ((fsdp2, "hf"), (fsdp2, "vllm"), (deepspeed, "hf"), (deepspeed, "vllm"), (zero3, "vllm"), ({}, "hf")):
+        check_accelerate_launch("gfn", gfn, backend, processes=1, environ=environ)
+    check_accelerate_launch("gfn", saving, "hf", processes=2, environ=fsdp2)  # FSDP2 runs resume from their shards
+    cases = [
+        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, gfn, "hf", 2, r"FSDP version 1.*policy_fsdp\.yaml"),
+        (deepspeed, saving, "hf", 2, r"gfn\.save_every=5 under DeepSpeed.*policy_fsdp\.yaml"),
+        (zero3, gfn, "hf", 2, r"ZeRO-3 with generation\.backend=hf.*policy_fsdp\.yaml"),
+        (zero3, gfn, "vllm", 2, r"ZeRO-3 with a sampler holding its own weights.*policy_fsdp\.yaml"),
+    ]
+    for environ, cfg, backend, processes, message in cases:
+        with pytest.raises(ValueError, match=message):
+            check_accelerate_launch("gfn", cfg, backend, processes, environ=environ)

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -109,6 +110,33 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
     return prompts, kind
 
 
+def check_accelerate_launch(stage: str, cfg, backend: str, processes: int, environ=None) -> None:
+    """The accelerate config this run was launched with (as ``accelerate launch`` passes it on:
+    ACCELERATE_USE_FSDP, FSDP_VERSION, ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_ZERO_STAGE)
+    against the objective's settings and the sampling backend: a combination that cannot work is
+    refused here, before any model is loaded, naming the config that works (docs/scale.md)."""
+    environ = os.environ if environ is None else environ
+    on = lambda name: str(environ.get(name, "false")).lower() in ("1", "true", "yes")  # noqa: E731
+    if on("ACCELERATE_USE_FSDP") and str(environ.get("FSDP_VERSION", "1")) != "2":
+        raise ValueError(f"the accelerate config asks for FSDP version {environ.get('FSDP_VERSION', '1')}: the training base "
+                         "shards the policy with FSDP2 only; use configs/accelerate/policy_fsdp.yaml (fsdp_version: 2)")
+    if not on("ACCELERATE_USE_DEEPSPEED"):
+        return
+    stage_of_zero = str(environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+    if cfg.save_every > 0:
+        raise ValueError(f"{stage}.save_every={cfg.save_every} under DeepSpeed: its optimizer state cannot be saved without "
+                         f"pickling, so its runs are not resumable here; set {stage}.save_every=0, or use "
+                         "configs/accelerate/policy_fsdp.yaml (sharded resumable checkpoints)")
+    if stage_of_zero == "3" and backend != "vllm" and cfg.mode != "async":
+        raise ValueError("DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole policy between forwards and "
+                         "the trainer gathers no copy for HF sampling; use configs/accelerate/policy_fsdp.yaml (FSDP2, HF or "
+                         "vLLM sampling) or deepspeed_zero2.yaml")
+    if stage_of_zero == "3" and processes > 1 and (backend == "vllm" or cfg.mode == "async"):
+        raise ValueError("DeepSpeed ZeRO-3 with a sampler holding its own weights (vLLM, asynchronous searchers) under "
+                         f"{processes} processes: the trainer gathers ZeRO-3 weights on the main process only; use "
+                         "configs/accelerate/policy_fsdp.yaml (every process gets the gathered weights) or deepspeed_zero2.yaml")
+
+
 @config_checks
 def preflight(config: Config, stage: str) -> int:
     """What can be checked before any model is loaded (a ConfigError, not a crash halfway):
@@ -137,6 +165,7 @@ def preflight(config: Config, stage: str) -> int:
                              "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)")
         check_async_settings(cfg)
     check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
+    check_accelerate_launch(stage, cfg, config.generation.backend, processes)
     backend = config.generation.backend
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -476,9 +476,11 @@ class TrainingBase:
         distributed = self.accelerator.distributed_type
         if distributed == DistributedType.FSDP:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1:
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1 and plugin.zero_stage == 3:
             raise RuntimeError("a sampler with its own weights (vLLM) needs the full weights on every process, which DeepSpeed "
-                               "ZeRO gathers on the main process only: use DDP or FSDP with generation.backend=vllm")
+                               "ZeRO-3 gathers on the main process only: use FSDP2 (configs/accelerate/policy_fsdp.yaml), "
+                               "ZeRO-2 or DDP with generation.backend=vllm")
         return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
 
     def final_state_dict(self) -> dict[str, torch.Tensor]:
