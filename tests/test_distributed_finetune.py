@@ -174,6 +174,33 @@ def test_a_killed_fsdp2_run_resumes_from_its_shards_with_two_or_one_process(worl
         assert log_z[0] == pytest.approx(log_z[1], abs=1e-5) and log_z[0][-1] != 0.0
 
 
+def deepspeed_skip_reason() -> str | None:
+    """Why the DeepSpeed runs cannot be tested here (None: they can): DeepSpeed needs its package
+    and, through accelerate 1.15, an Accelerator that is not cpu=True, which the trainers build on
+    every CPU-only machine."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (pip install deepspeed; docs/scale.md, 'DeepSpeed on CPU')"
+    if torch.cuda.device_count() < 2:
+        return ("accelerate 1.15 turns DeepSpeed on only for an Accelerator that is not cpu=True, and the trainers build a CPU "
+                "one without GPUs: needs 2 GPUs (docs/scale.md, 'DeepSpeed on CPU')")
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", ["2"])
+def test_two_deepspeed_processes_reproduce_one_process(world, tmp_path, zero_stage):
+    """ZeRO-2 (HF sampling, save_every=0) over 2 GPUs against one process on the same seed."""
+    reason = deepspeed_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = {"gfn.loss": "tb", "gfn.learn_log_z": "true", "gfn.num_train_steps": 2, "model.device": "cuda", "model.dtype": "float32"}
+    launch("gfn", settings(world, "gfn", one, **extra), processes=1)
+    launch("gfn", settings(world, "gfn", two, **extra), processes=2,
+           env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": zero_stage})
+    assert_same_run(one / "gfn", two / "gfn", loss_tolerance=1e-4, weight_tolerance=1e-5, steps=2)
+
+
 def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
     from pipeline.config import load_config
     from pipeline.finetune.run import preflight
