@@ -45,6 +45,9 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -130,9 +133,6 @@ def shard_model(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Mo
     layer, then the root. The accelerate config's FSDP plugin, where accelerate built one (GPU
     runs), gives reshard_after_forward and activation checkpointing; bf16 mixed precision keeps
     float32 master shards, gathers bf16 weights and reduces float32 gradients."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     version = int(getattr(plugin, "fsdp_version", None) or os.environ.get("FSDP_VERSION", "2"))
     if version != 2:
@@ -158,8 +158,6 @@ def shard_model(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Mo
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a collective: every process calls it), a plain tensor as is."""
-    from torch.distributed.tensor import DTensor
-
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
@@ -623,8 +621,6 @@ class TrainingBase:
                 f"unexpected {unexpected[:3]}); it was written by another model or config: move it away to train afresh")
 
     def _load_model_tensors(self, saved: dict[str, torch.Tensor], directory: Path) -> None:
-        from torch.distributed.tensor import DTensor
-
         self._check_names(set(saved), directory)
         if self.sharded or self.accelerator.distributed_type == DistributedType.FSDP:
             whole = not any(isinstance(v, DTensor) for v in saved.values())
@@ -639,8 +635,6 @@ class TrainingBase:
         """by_name: ``state`` is keyed by parameter names (torch.distributed.checkpoint's layout,
         a sharded checkpoint), already laid out as this run holds it."""
         if by_name:
-            from torch.distributed.tensor import DTensor
-
             whole = not any(isinstance(v, DTensor) for per in state.get("state", {}).values() for v in per.values())
             set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=whole))
             return

@@ -29,6 +29,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import load as dcp_load, save as dcp_save
+from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
 from pipeline.io import STAGING_PREFIX, FolderError, fsync_path, staging_folder, verify_manifest, write_manifest
 
@@ -177,10 +179,7 @@ def is_sharded(directory: Path) -> bool:
 def write_sharded(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Every process's shards of ``tensors`` (DTensors, or plain tensors equal on every process,
     written once) into ``directory/sharded/``; every process calls this (a collective)."""
-    from torch.distributed.checkpoint import save
-    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
-
-    save(tensors, storage_writer=HuggingFaceStorageWriter(str(Path(directory) / SHARDED), save_distributed=True))
+    dcp_save(tensors, storage_writer=HuggingFaceStorageWriter(str(Path(directory) / SHARDED), save_distributed=True))
 
 
 def read_sharded(directory: Path, targets: dict[str, torch.Tensor]) -> None:
@@ -188,11 +187,8 @@ def read_sharded(directory: Path, targets: dict[str, torch.Tensor]) -> None:
     of any number of processes, or whole tensors in one process). Reads safetensors files and
     their JSON headers only. Every process calls this; a missing or unreadable shard raises
     CheckpointError naming the folder."""
-    from torch.distributed.checkpoint import load
-    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
-
     try:
-        load(targets, storage_reader=HuggingFaceStorageReader(str(Path(directory) / SHARDED)))
+        dcp_load(targets, storage_reader=HuggingFaceStorageReader(str(Path(directory) / SHARDED)))
     except Exception as error:  # DCP wraps every rank's failure in its own exception types
         raise CheckpointError(f"{directory}: cannot read its sharded state ({str(error)[:300]})") from error
 
