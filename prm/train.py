@@ -153,7 +153,7 @@ def train_prm(
 
     accelerator.wait_for_everyone()
     unwrapped: ProcessRewardModel = base.unwrapped
-    state_dict = accelerator.get_state_dict(base.model)
+    state_dict = base.final_state_dict()  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
         staging = staging_folder(output_dir / "model")
         unwrapped.save_pretrained(staging, tokenizer=tokenizer, state_dict=state_dict, dtype=_save_dtype(config.model))

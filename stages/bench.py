@@ -54,16 +54,17 @@ from prm.search import bench_batched_search
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
 GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0,
-         "gfn_step_scaling": 1.6, "gfn_async_speedup": None}  # gfn_async_speedup's goal: 0.8 x its ceiling (the result's "goal")
+         "gfn_step_scaling": 1.8, "gfn_step_scaling_fsdp2": 1.8, "gfn_async_speedup": None}  # gfn_async_speedup's goal: 0.8 x its ceiling (the result's "goal")
 REFERENCES = {
     "generation_shared_prompt": "one generate call per prompt (64 prompts x n=16 x 48 new tokens)",
     "mcts_batched": "one generator call per pending prefix, same k and budget (completions/s ratio)",
     "prm_one_pass": "one forward per step prefix of 8-step solutions",
     "gfn_batched_step": "a batch-1 teacher-forced forward per trajectory (forward + backward)",
     "search_batched": "step-level best-of-k one problem at a time",
-    "gfn_step_scaling": "make gfn in 1 process vs 2 (torchrun), the machine's cores split evenly (model.torch_threads = cores / "
-                        "processes); ours/reference = s per "
-                        "trajectory; ratio = trajectories/s of 2 over 1 (goal 0.8 x 2 where each process has its own GPU)",
+    "gfn_step_scaling": "weak scaling of make gfn under DDP: 1 process on 1 core vs 2 processes (torchrun) on a core each "
+                        "(sched_setaffinity, one torch thread each), 8 questions x 4 samples per process a step; ours/reference "
+                        "= s per trajectory; ratio = trajectories/s of 2 over 1 (ideal 2.0)",
+    "gfn_step_scaling_fsdp2": "the same with the policy sharded by FSDP2 over the 2 processes (gathered HF copy for sampling)",
     "gfn_async_speedup": "make gfn gfn.mode=sync (one process on core 0) vs async (trainer on core 0; one searcher and the "
                          "local Ray instance on core 1), one torch thread each, at equal work (4 questions x 4 trajectories per update, nothing "
                          "replayed, 20 updates, 3 seeds): seconds of updates 3-20, weight publication included; goal 0.8 x the "
@@ -101,20 +102,32 @@ def _gfn_overrides(world: Path, run: str, steps: int, threads: int) -> list[str]
             "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"model.torch_threads={threads}"]
 
 
-def step_scaling(config, world: Path, processes: int = 2, steps: int = 6) -> dict:
-    """gfn_step_scaling: `make gfn` in 1 process and in ``processes`` (torchrun), the cores split
-    evenly (cores / processes torch threads each), trajectories per second of the main process's
-    steps after the first (median)."""
-    cores = os.cpu_count() or 1
+# Runs a module in a process pinned to one core of those this one may use, picked by the
+# process's LOCAL_RANK (torchrun sets it): what each process of the weak-scaling benchmark runs.
+PINNED = ("import os, runpy, sys; cores = sorted(os.sched_getaffinity(0)); "
+          "os.sched_setaffinity(0, {cores[int(os.environ.get('LOCAL_RANK', '0')) % len(cores)]}); "
+          "module = sys.argv[1]; sys.argv = [module, *sys.argv[2:]]; runpy.run_module(module, run_name='__main__', alter_sys=True)")
+
+
+def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: bool = False) -> dict:
+    """gfn_step_scaling: weak scaling of `make gfn`: 1 process on one core, then ``processes``
+    (torchrun) on a core each (os.sched_setaffinity), one torch thread each, the same work per
+    process (8 questions x 4 samples a step each); trajectories per second of the main process's
+    steps after the first (median). ``fsdp``: the policy sharded with FSDP2 over the processes.
+    Needs ``processes`` cores."""
+    if len(os.sched_getaffinity(0)) < processes:
+        raise ValueError(f"gfn_step_scaling pins each of {processes} processes to its own core; this process may use "
+                         f"{len(os.sched_getaffinity(0))}")
     rates = {}
     for count in (1, processes):
-        run = f"run{count}"
-        threads = max(1, cores // count)
+        run = f"run{count}{'_fsdp2' if fsdp else ''}"
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(count), "--master_port",
-                   str(29400 + os.getpid() % 500 + count), "-m", "stages.train_gfn", "--config", "configs/tiny.yaml",
-                   *_gfn_overrides(world, run, steps, threads), f"model.device={config.model.device}"]
-        subprocess.run(command, check=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)},
-                       stdout=subprocess.DEVNULL)
+                   str(29400 + os.getpid() % 500 + count), "--no-python", sys.executable, "-c", PINNED, "stages.train_gfn",
+                   "--config", "configs/tiny.yaml", *_gfn_overrides(world, run, steps, 1), f"gfn.questions_per_step={8 * count}",
+                   f"model.device={config.model.device}"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               **({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"} if fsdp and count > 1 else {})}
+        subprocess.run(command, check=True, timeout=1800, env=env, stdout=subprocess.DEVNULL)
         rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()[1:]
         rates[count] = statistics.median(r["sampled"] / r["seconds"] for r in rows)
     return {"ours_s": 1 / rates[processes], "reference_s": 1 / rates[1], "ratio": rates[processes] / rates[1], "processes": processes,
@@ -324,6 +337,7 @@ def main(argv: list[str] | None = None) -> dict:
         log.info("bench: gfn_step_scaling (1 vs 2 processes)")
         world = scaling_world(model, tokenizer, splits, out / "scaling")
         results["gfn_step_scaling"] = step_scaling(config, world)
+        results["gfn_step_scaling_fsdp2"] = step_scaling(config, world, fsdp=True)
         log.info("bench: gfn_async_speedup (synchronous vs asynchronous at equal work, 3 seeds)")
         results["gfn_async_speedup"] = async_speedup(config, world, splits["test"])
         log.info("bench: threads under contention (%d settings, alone and beside a competitor)", len(SETTINGS))

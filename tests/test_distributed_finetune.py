@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,9 +46,16 @@ def settings(world: Path, stage: str, out: Path, **extra) -> list[str]:
     return ["--config", str(REPO / "configs" / "tiny.yaml"), *(f"{k}={v}" for k, v in args.items())]
 
 
-def launch(stage: str, args: list[str], processes: int, kill_when: Path | None = None) -> subprocess.CompletedProcess | None:
+# What `accelerate launch --config_file configs/accelerate/policy_fsdp.yaml` tells each process;
+# torchrun passes it on, and the training base shards the policy with FSDP2 (gloo on CPU).
+FSDP = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+
+
+def launch(stage: str, args: list[str], processes: int, kill_when: Path | None = None,
+           env: dict | None = None) -> subprocess.CompletedProcess | None:
     """Run the stage in ``processes`` processes (accelerate launch, gloo); with ``kill_when``,
-    SIGKILL the whole process group as soon as that path exists. Always bounded in time."""
+    SIGKILL the whole process group as soon as that path exists; ``env``: added to each
+    process's environment (FSDP). Always bounded in time."""
     module = f"stages.train_{stage}"
     if processes == 1:
         command = [sys.executable, "-m", module, *args]
@@ -57,7 +65,7 @@ def launch(stage: str, args: list[str], processes: int, kill_when: Path | None =
         port = 29500 + os.getpid() % 1000
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(port),
                    "-m", module, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
@@ -111,6 +119,24 @@ def test_two_processes_reproduce_one_process_with_the_same_questions(world, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stage,extra", [
+    ("gfn", {"gfn.loss": "subtb", "gfn.replay_fraction": 0.5}),
+    ("gfn", {"gfn.loss": "tb_vargrad"}),
+    ("ppo", {"ppo.ppo_epochs": 2}),
+], ids=["subtb", "tb_vargrad", "ppo"])
+def test_two_fsdp2_processes_reproduce_one_process(world, tmp_path, stage, extra):
+    """FSDP2 (the policy sharded over 2 processes, sampling from a gathered HF copy) against one
+    unsharded process: the same sampled solutions, losses within 1e-4, weights within 1e-5.
+    TB with a learned log Z is compared the same way by the resume test below."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = {f"{stage}.num_train_steps": 2, **extra}
+    launch(stage, settings(world, stage, one, **extra), processes=1)
+    result = launch(stage, settings(world, stage, two, **extra), processes=2, env=FSDP)
+    assert_same_run(one / stage, two / stage, loss_tolerance=1e-4, weight_tolerance=1e-5, steps=2)
+    assert "sharded with FSDP2" in result.stdout
+
+
+@pytest.mark.slow
 def test_a_killed_two_process_run_resumes_with_two_or_one_process(world, tmp_path):
     # six steps, killed once the step-2 checkpoint is committed: four steps of margin before the end
     extra = {"gfn.loss": "tb_vargrad", "gfn.replay_fraction": 0.5, "gfn.save_every": 1, "gfn.num_train_steps": 6}
@@ -122,6 +148,57 @@ def test_a_killed_two_process_run_resumes_with_two_or_one_process(world, tmp_pat
         assert not (out / "gfn" / "model").exists()
         launch("gfn", settings(world, "gfn", out, **extra), processes=processes)
         assert_same_run(straight / "gfn", out / "gfn", loss_tolerance=1e-4, weight_tolerance=1e-5, steps=6)
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp2_run_resumes_from_its_shards_with_two_or_one_process(world, tmp_path):
+    """TB with a learned log Z (its own optimizer state in the checkpoint) under FSDP2: killed
+    after the step-2 checkpoint (torch.distributed.checkpoint shards of 2 processes), resumed by
+    2 FSDP2 processes and by 1 unsharded process, each ending where an uninterrupted one-process
+    run ends."""
+    extra = {"gfn.loss": "tb", "gfn.learn_log_z": "true", "gfn.save_every": 1, "gfn.num_train_steps": 4}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    launch("gfn", settings(world, "gfn", straight, **extra), processes=1)
+    step_2 = killed / "gfn" / "checkpoints" / "step-00000002"
+    launch("gfn", settings(world, "gfn", killed, **extra), processes=2, kill_when=step_2, env=FSDP)
+    assert not (killed / "gfn" / "model").exists()
+    assert sorted(p.name for p in (step_2 / "sharded").iterdir()) == [  # each process wrote its own shards
+        "shard-00001-model-00001-of-00001.safetensors", "shard-00002-model-00001-of-00001.safetensors"]
+    for name, processes in (("again_two", 2), ("again_one", 1)):
+        out = tmp_path / name
+        shutil.copytree(killed, out)
+        result = launch("gfn", settings(world, "gfn", out, **extra), processes=processes, env=FSDP)
+        assert "resumed from" in result.stdout and "step 2 of 4" in result.stdout
+        assert_same_run(straight / "gfn", out / "gfn", loss_tolerance=1e-4, weight_tolerance=1e-5, steps=4)
+        log_z = [[r["log_z"] for r in metrics(run / "gfn")] for run in (straight, out)]  # trained in its own optimizer
+        assert log_z[0] == pytest.approx(log_z[1], abs=1e-5) and log_z[0][-1] != 0.0
+
+
+def deepspeed_skip_reason() -> str | None:
+    """Why the DeepSpeed runs cannot be tested here (None: they can): DeepSpeed needs its package
+    and, through accelerate 1.15, an Accelerator that is not cpu=True, which the trainers build on
+    every CPU-only machine."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (pip install deepspeed; docs/scale.md, 'DeepSpeed on CPU')"
+    if torch.cuda.device_count() < 2:
+        return ("accelerate 1.15 turns DeepSpeed on only for an Accelerator that is not cpu=True, and the trainers build a CPU "
+                "one without GPUs: needs 2 GPUs (docs/scale.md, 'DeepSpeed on CPU')")
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", ["2"])
+def test_two_deepspeed_processes_reproduce_one_process(world, tmp_path, zero_stage):
+    """ZeRO-2 (HF sampling, save_every=0) over 2 GPUs against one process on the same seed."""
+    reason = deepspeed_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = {"gfn.loss": "tb", "gfn.learn_log_z": "true", "gfn.num_train_steps": 2, "model.device": "cuda", "model.dtype": "float32"}
+    launch("gfn", settings(world, "gfn", one, **extra), processes=1)
+    launch("gfn", settings(world, "gfn", two, **extra), processes=2,
+           env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": zero_stage})
+    assert_same_run(one / "gfn", two / "gfn", loss_tolerance=1e-4, weight_tolerance=1e-5, steps=2)
 
 
 def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
@@ -141,3 +218,24 @@ def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
 
     with pytest.raises(SystemExit, match="run `make prm` first"):
         train_gfn.main(["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=none"])
+
+
+def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_does():
+    from pipeline.config import load_config
+    from pipeline.finetune.run import check_accelerate_launch
+
+    gfn, saving = (load_config(REPO / "configs" / "tiny.yaml", [f"gfn.save_every={n}"]).gfn for n in (0, 5))
+    fsdp2, deepspeed = {**FSDP}, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}
+    zero3 = {**deepspeed, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
+    for environ, backend in ((fsdp2, "hf"), (fsdp2, "vllm"), (deepspeed, "hf"), (deepspeed, "vllm"), (zero3, "vllm"), ({}, "hf")):
+        check_accelerate_launch("gfn", gfn, backend, processes=1, environ=environ)
+    check_accelerate_launch("gfn", saving, "hf", processes=2, environ=fsdp2)  # FSDP2 runs resume from their shards
+    cases = [
+        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, gfn, "hf", 2, r"FSDP version 1.*policy_fsdp\.yaml"),
+        (deepspeed, saving, "hf", 2, r"gfn\.save_every=5 under DeepSpeed.*policy_fsdp\.yaml"),
+        (zero3, gfn, "hf", 2, r"ZeRO-3 with generation\.backend=hf.*policy_fsdp\.yaml"),
+        (zero3, gfn, "vllm", 2, r"ZeRO-3 with a sampler holding its own weights.*policy_fsdp\.yaml"),
+    ]
+    for environ, cfg, backend, processes, message in cases:
+        with pytest.raises(ValueError, match=message):
+            check_accelerate_launch("gfn", cfg, backend, processes, environ=environ)

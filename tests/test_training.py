@@ -162,7 +162,10 @@ def log_z_module() -> torch.nn.Module:
 
 def test_objective_parameters_train_at_their_own_rate_and_are_checkpointed(tmp_path):
     base = make_base(tmp_path, objective=log_z_module())
-    assert [g["initial_lr"] for g in base.optimizer.param_groups] == [0.05, 0.05, 0.1]
+    assert [g["initial_lr"] for g in base.optimizer.param_groups] == [0.05, 0.05]
+    # an AdamW of their own: sharded wrappers (FSDP2, ZeRO) accept only the model's parameters in theirs
+    assert [g["initial_lr"] for g in base.objective_optimizer.param_groups] == [0.1]
+    assert all(p is not base.objective.log_z for g in base.optimizer.param_groups for p in g["params"])
     base.objective.log_z.grad = torch.tensor(1.0)
     base.optimizer_step()
     assert base.objective.log_z.item() < 0

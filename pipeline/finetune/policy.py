@@ -39,8 +39,9 @@ class LMPolicy:
     autocast_dtype: run sampling and scoring under torch.autocast to this dtype (float32 master
                weights trained in bf16, pipeline.modeling.upcast_trainable); None: as stored
     sampler:   what samples solutions: None = HF generation on the live weights (always
-               on-policy); or a generator with ``load_weights`` (the colocated vLLM engine,
-               pipeline.generation.vllm_backend), which ``after_update`` refreshes
+               on-policy); or a generator with its own copy of the weights and ``load_weights``
+               (the colocated vLLM engine, pipeline.generation.vllm_backend; an HFGenerator over
+               a plain copy when the trained model is sharded), which ``after_update`` refreshes
     lora_scaling: alpha / r of the model's LoRA adapters (merged into the weights a vLLM
                sampler is given), None without LoRA
     """
@@ -86,7 +87,10 @@ class LMPolicy:
         """The weights changed (training step ``version`` is done): a sampler holding a copy
         reloads them (``weights()``: the trained model's full state dict)."""
         if self.sampler is not None:
-            self.sampler.load_weights(self.plain_weights(weights()))
+            # gathered straight into the sampler's dtype when the sampler says which (LoRA: merged
+            # first, in the trained dtype)
+            dtype = getattr(self.sampler, "weights_dtype", None) if self.lora_scaling is None else None
+            self.sampler.load_weights(self.plain_weights(weights(dtype) if dtype is not None else weights()))
 
     def plain_weights(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The trained model's state dict as a plain transformers model's: LoRA adapters merged

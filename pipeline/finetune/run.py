@@ -33,13 +33,14 @@ from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS, check_served_models
+from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
-from pipeline.training.distributed import Collective
+from pipeline.training.distributed import Collective, fsdp_requested
 from pipeline.training.tracking import tracker_names
 
 STAGES = ("gfn", "ppo")
@@ -109,6 +110,33 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
     return prompts, kind
 
 
+def check_accelerate_launch(stage: str, cfg, backend: str, processes: int, environ=None) -> None:
+    """The accelerate config this run was launched with (as ``accelerate launch`` passes it on:
+    ACCELERATE_USE_FSDP, FSDP_VERSION, ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_ZERO_STAGE)
+    against the objective's settings and the sampling backend: a combination that cannot work is
+    refused here, before any model is loaded, naming the config that works (docs/scale.md)."""
+    environ = os.environ if environ is None else environ
+    on = lambda name: str(environ.get(name, "false")).lower() in ("1", "true", "yes")  # noqa: E731
+    if on("ACCELERATE_USE_FSDP") and str(environ.get("FSDP_VERSION", "1")) != "2":
+        raise ValueError(f"the accelerate config asks for FSDP version {environ.get('FSDP_VERSION', '1')}: the training base "
+                         "shards the policy with FSDP2 only; use configs/accelerate/policy_fsdp.yaml (fsdp_version: 2)")
+    if not on("ACCELERATE_USE_DEEPSPEED"):
+        return
+    stage_of_zero = str(environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+    if cfg.save_every > 0:
+        raise ValueError(f"{stage}.save_every={cfg.save_every} under DeepSpeed: its optimizer state cannot be saved without "
+                         f"pickling, so its runs are not resumable here; set {stage}.save_every=0, or use "
+                         "configs/accelerate/policy_fsdp.yaml (sharded resumable checkpoints)")
+    if stage_of_zero == "3" and backend != "vllm" and cfg.mode != "async":
+        raise ValueError("DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole policy between forwards and "
+                         "the trainer gathers no copy for HF sampling; use configs/accelerate/policy_fsdp.yaml (FSDP2, HF or "
+                         "vLLM sampling) or deepspeed_zero2.yaml")
+    if stage_of_zero == "3" and processes > 1 and (backend == "vllm" or cfg.mode == "async"):
+        raise ValueError("DeepSpeed ZeRO-3 with a sampler holding its own weights (vLLM, asynchronous searchers) under "
+                         f"{processes} processes: the trainer gathers ZeRO-3 weights on the main process only; use "
+                         "configs/accelerate/policy_fsdp.yaml (every process gets the gathered weights) or deepspeed_zero2.yaml")
+
+
 @config_checks
 def preflight(config: Config, stage: str) -> int:
     """What can be checked before any model is loaded (a ConfigError, not a crash halfway):
@@ -141,6 +169,7 @@ def preflight(config: Config, stage: str) -> int:
     cores = os.cpu_count() or 1
     if cfg.trainer_cores is not None and any(core >= cores for core in cfg.trainer_cores):
         raise ValueError(f"{stage}.trainer_cores = {cfg.trainer_cores}: this machine has cores 0 to {cores - 1}")
+    check_accelerate_launch(stage, cfg, config.generation.backend, processes)
     backend = config.generation.backend
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -225,10 +254,11 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     tracking = Tracking.from_config(config, stage, out_dir)  # the trackers of report_to
     accelerator = make_accelerator(config.model, tracking=tracking)
     collective = Collective(accelerator)
-    if collective.sharded_parameters and config.generation.backend != "vllm" and not asynchronous:
-        raise ValueError("under FSDP or DeepSpeed ZeRO-3 no process holds the whole policy between forwards: sample with "
-                         "generation.backend=vllm (each process's engine gets the gathered weights after every update), "
-                         "or train with DDP / ZeRO-2")
+    zero3 = collective.sharded_parameters and not fsdp_requested(accelerator)
+    if zero3 and config.generation.backend != "vllm" and not asynchronous:
+        raise ValueError("under DeepSpeed ZeRO-3 no process holds the whole policy between forwards and the trainer gathers no "
+                         "copy for HF sampling: use configs/accelerate/policy_fsdp.yaml (FSDP2; HF or vLLM sampling), "
+                         "deepspeed_zero2.yaml or ddp.yaml with generation.backend=hf")
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
     # the GFlowNet scores its reference at training time (it may be reset); PPO's sampler stores it with each trajectory
@@ -248,6 +278,13 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
                         save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage, tracking=tracking)
     policy.prepared(base.model, base.unwrapped)
+    if base.sharded and sampler is None and not asynchronous:
+        # FSDP2: no process holds the whole policy between forwards, and HF generation would need
+        # every process in lockstep at every token: sample from a plain copy in model.dtype (what
+        # a vLLM engine holds), given the gathered weights now and after every update
+        policy.sampler = HFGenerator(load_causal_lm(policy_path, config.model).requires_grad_(False), tokenizer,
+                                     batch_size=config.generation.batch_size)
+        policy.after_update(0, base.full_state_dict)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:
         make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
@@ -260,7 +297,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
                                                reference=reference if stage == "ppo" else None, collective=collective)
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
     history = trainer.train()
-    state_dict = accelerator.get_state_dict(base.model)  # gathered under FSDP / DeepSpeed: every process takes part
+    state_dict = base.final_state_dict()  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
         if stage == "ppo":  # beside the model, never in it: vLLM loads every *.safetensors of a folder without an index
             head = staging_folder(out_dir / VALUE_HEAD)

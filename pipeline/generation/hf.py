@@ -303,6 +303,23 @@ class HFGenerator:
                 bar.close()
         return results  # type: ignore[return-value]
 
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype this generator's copy of the weights is kept in (what ``load_weights`` casts to)."""
+        return next(self.model.parameters()).dtype
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Generate from now on with ``state`` (a plain model's whole state dict, e.g. gathered
+        from a sharded trained model after each update): each tensor is copied into this model's
+        own, cast to its dtype and device. Names it does not hold are refused."""
+        own = self.model.state_dict()
+        unknown = sorted(set(state) - set(own))
+        if unknown:
+            raise ValueError(f"HFGenerator.load_weights: weights this model does not have: {unknown[:3]}")
+        with torch.no_grad():
+            for name, value in state.items():
+                own[name].copy_(value)
+
     def close(self) -> None:
         """Drop the model (its memory goes back once nothing else holds it); safe to call twice."""
         self.model = None

@@ -2,8 +2,15 @@
 PRM, GFlowNet and PPO fine-tuning) shares, built on accelerate's Accelerator.
 
 - optimizer: AdamW with weight decay on matrices only (none on biases, norms, embeddings' 1-D
-  parameters), an objective's own parameters (log Z, a value head) in groups of their own;
+  parameters); an objective's own parameters (log Z, a value head) in an AdamW of their own,
+  with the same betas and schedule at their own base rate, stepped and zeroed together with the
+  model's: DDP, FSDP2 and DeepSpeed only ever see the model's parameters in the optimizer they
+  wrap (FSDP2 and ZeRO map an optimizer's parameters to their shards and refuse any other);
   fused on CUDA where the parameters are plain or DDP-replicated;
+- sharding: under an FSDP accelerate config with several processes the base applies torch's
+  FSDP2 ``fully_shard`` itself (each decoder layer, then the root) on any device, so CPU (gloo)
+  and GPU runs share one code path (docs/scale.md, "FSDP2"); DDP and DeepSpeed go through
+  ``accelerator.prepare``;
 - schedule: ``pipeline.training.schedule.learning_rate`` (warmup, then cosine / linear / constant),
   set on every group from its own base rate before each step;
 - gradient clipping over the model's and the objective's parameters together; gradient
@@ -26,7 +33,9 @@ PRM, GFlowNet and PPO fine-tuning) shares, built on accelerate's Accelerator.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +43,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 from accelerate import Accelerator, PartialState
+from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedType
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -46,6 +59,7 @@ from tqdm import tqdm
 
 from pipeline.modeling import resolve_device
 from pipeline.training import checkpoint
+from pipeline.training.distributed import fsdp_requested
 from pipeline.training.metrics import MetricsLog
 from pipeline.training.schedule import check_schedule, learning_rate
 from pipeline.training.tracking import Tracking
@@ -103,6 +117,48 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         if param.requires_grad:
             (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def decoder_layer_classes(model: torch.nn.Module) -> set[str]:
+    """The class names a transformers model never splits (its own ``_no_split_modules``, found on
+    the model or any submodule: a peft wrapper, a PRM around its backbone): FSDP2's units."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or [])
+    return names
+
+
+def shard_model(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Module:
+    """FSDP2 full sharding of ``model`` over every process (in place; returns it): each decoder
+    layer, then the root. The accelerate config's FSDP plugin, where accelerate built one (GPU
+    runs), gives reshard_after_forward and activation checkpointing; bf16 mixed precision keeps
+    float32 master shards, gathers bf16 weights and reduces float32 gradients."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    version = int(getattr(plugin, "fsdp_version", None) or os.environ.get("FSDP_VERSION", "2"))
+    if version != 2:
+        raise ValueError(f"fsdp_version {version}: the training base shards with FSDP2 only; set fsdp_config.fsdp_version: 2 "
+                         "(configs/accelerate/policy_fsdp.yaml)")
+    reshard = bool(getattr(plugin, "reshard_after_forward", True)) if plugin is not None else True
+    if plugin is not None and getattr(plugin, "activation_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mixed = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+             if accelerator.mixed_precision == "bf16" else MixedPrecisionPolicy())
+    mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
+    layers = decoder_layer_classes(model)
+    units = 0
+    for module in list(model.modules()):
+        if module is not model and type(module).__name__ in layers:
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mixed)
+            units += 1
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mixed)
+    log.info("the model is sharded with FSDP2 over %d processes (%d %s units and the root)", accelerator.num_processes, units,
+             "/".join(sorted(layers)) or "layer")
+    return model
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a collective: every process calls it), a plain tensor as is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 class TrainingBase:
@@ -168,18 +224,32 @@ class TrainingBase:
             deepspeed.deepspeed_config["gradient_clipping"] = settings.max_grad_norm
 
         self.objective = objective.to(accelerator.device) if objective is not None else None
-        groups = parameter_groups(model, settings.weight_decay)
-        if self.objective is not None:
-            own = [p for p in self.objective.parameters() if p.requires_grad]
-            if own:
-                groups.append({"params": own, "weight_decay": 0.0, "lr": objective_lr if objective_lr is not None else settings.lr})
+        self.sharded = fsdp_requested(accelerator)  # FSDP2, applied here (docs/scale.md)
+        if self.sharded:
+            model = shard_model(model, accelerator)  # before the optimizer: it holds the shards
         # fused: one kernel per step; CUDA, plain or DDP parameters only (FSDP and DeepSpeed
         # shard or replace them and keep the default implementation)
-        fused = accelerator.device.type == "cuda" and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU)
-        optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=tuple(settings.betas), fused=fused)
-        for group in optimizer.param_groups:
-            group["initial_lr"] = group["lr"]
-        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        fused = (accelerator.device.type == "cuda" and not self.sharded
+                 and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU))
+        optimizer = torch.optim.AdamW(parameter_groups(model, settings.weight_decay), lr=settings.lr, betas=tuple(settings.betas),
+                                      fused=fused)
+        # the objective's parameters: an AdamW of their own, outside every wrapper, replicated on
+        # every process (their gradients are averaged in clip_gradients), so they stay identical
+        own = [p for p in self.objective.parameters() if p.requires_grad] if self.objective is not None else []
+        objective_optimizer = None
+        if own:
+            objective_optimizer = torch.optim.AdamW([{"params": own, "weight_decay": 0.0}], betas=tuple(settings.betas),
+                                                    lr=objective_lr if objective_lr is not None else settings.lr,
+                                                    fused=accelerator.device.type == "cuda" and own[0].device.type == "cuda")
+        for opt in (optimizer, objective_optimizer):
+            for group in opt.param_groups if opt is not None else []:
+                group["initial_lr"] = group["lr"]
+        if self.sharded:  # accelerate's wrapper only for its accumulation boundaries (fit)
+            self.model, self.optimizer = model, AcceleratedOptimizer(optimizer, device_placement=False)
+        else:
+            self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.objective_optimizer = (AcceleratedOptimizer(objective_optimizer, device_placement=False)
+                                    if objective_optimizer is not None else None)
         self._set_lr()
 
     # ------------------------------------------------------------------ state
@@ -200,10 +270,16 @@ class TrainingBase:
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
+    @property
+    def optimizers(self) -> list:
+        """The model's optimizer, then the objective's (when it has parameters)."""
+        return [self.optimizer] + ([self.objective_optimizer] if self.objective_optimizer is not None else [])
+
     def _set_lr(self) -> None:
         s = self.settings
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.step, group["initial_lr"], s.total_steps, s.warmup_steps, s.schedule, s.min_lr_ratio)
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(self.step, group["initial_lr"], s.total_steps, s.warmup_steps, s.schedule, s.min_lr_ratio)
 
     def _trained_parameters(self) -> list[torch.nn.Parameter]:
         own = [p for p in self.objective.parameters() if p.requires_grad] if self.objective is not None else []
@@ -251,13 +327,36 @@ class TrainingBase:
                     param.grad = self.accelerator.reduce(param.grad, reduction="mean")
         if self.settings.max_grad_norm <= 0:
             return None
+        if self.sharded:
+            return self._clip_sharded(self.settings.max_grad_norm)
         return self.accelerator.clip_grad_norm_(self._trained_parameters(), self.settings.max_grad_norm)
+
+    def _clip_sharded(self, max_norm: float) -> torch.Tensor:
+        """clip_grad_norm_ over FSDP2-sharded model gradients (DTensors: their norm is reduced
+        over the shards) and the objective's replicated ones, with torch's clip coefficient."""
+        model_grads = [p.grad for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        own = self.objective.parameters() if self.objective is not None else []
+        own_grads = [p.grad for p in own if p.requires_grad and p.grad is not None]
+        device = self.accelerator.device
+        squares = torch.zeros((), dtype=torch.float32, device=device)
+        if model_grads:
+            squares = squares + _full(torch.nn.utils.get_total_norm(model_grads)).float().square()
+        if own_grads:
+            squares = squares + torch.nn.utils.get_total_norm(own_grads).float().square()
+        total = squares.sqrt()
+        coef = min(float(max_norm / (total + 1e-6)), 1.0)
+        with torch.no_grad():
+            for grad in model_grads + own_grads:
+                grad.mul_(coef)
+        return total
 
     def optimizer_step(self) -> float | None:
         """Clip, step, zero the gradients, advance the schedule; returns the gradient norm."""
         norm = self.clip_gradients()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.step()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self._set_lr()
         return None if norm is None else float(norm)
@@ -302,8 +401,10 @@ class TrainingBase:
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     self.clip_gradients()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                for optimizer in self.optimizers:
+                    optimizer.step()
+                for optimizer in self.optimizers:
+                    optimizer.zero_grad(set_to_none=True)
             window_loss += loss.detach().double()  # stays on the device: read once per logged step
             window_batches += 1
             for name, value in counts.items():
@@ -356,16 +457,37 @@ class TrainingBase:
         params = dict(self.unwrapped.named_parameters())
         return {name: params[name] for name in names}
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's whole state dict on EVERY process (gathered from the shards under FSDP):
-        what a sampler with its own copy of the weights (a colocated vLLM engine) reloads."""
+    def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The model's whole state dict on EVERY process: what a sampler with its own copy of the
+        weights (a colocated vLLM engine, an HF copy) reloads. Under FSDP2 it is gathered one
+        tensor at a time (full_tensor), each cast to ``dtype`` (the sampler's) at once, so a
+        process holds the whole model in the sampler's dtype plus one float32 tensor, never a
+        float32 copy of the whole model; unsharded, the live tensors themselves (no copy)."""
+        if self.sharded:
+            gathered, seen = {}, {}
+            for name, value in self.model.state_dict(keep_vars=True).items():
+                if id(value) not in seen:  # tied weights (embeddings and lm_head) stay one tensor
+                    full = _full(value.detach())
+                    seen[id(value)] = full.to(dtype) if dtype is not None and full.is_floating_point() else full
+                gathered[name] = seen[id(value)]
+            return gathered
         distributed = self.accelerator.distributed_type
         if distributed == DistributedType.FSDP:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1:
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1 and plugin.zero_stage == 3:
             raise RuntimeError("a sampler with its own weights (vLLM) needs the full weights on every process, which DeepSpeed "
-                               "ZeRO gathers on the main process only: use DDP or FSDP with generation.backend=vllm")
+                               "ZeRO-3 gathers on the main process only: use FSDP2 (configs/accelerate/policy_fsdp.yaml), "
+                               "ZeRO-2 or DDP with generation.backend=vllm")
         return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
+
+    def final_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's whole state dict for saving it (every process calls this; gathered from
+        FSDP2 / DeepSpeed shards, whole on the main process at least)."""
+        if self.sharded:
+            moved: dict[int, torch.Tensor] = {}  # tied weights stay one tensor (save_pretrained drops the tied copy)
+            return {name: moved.setdefault(id(value), value.cpu()) for name, value in self.full_state_dict().items()}
+        return self.accelerator.get_state_dict(self.model)
 
     def save_checkpoint(self, loop_state: dict | None = None) -> Path | None:
         """A resumable checkpoint of this step (crash-safe; the newest ``keep_checkpoints`` kept).
@@ -376,13 +498,19 @@ class TrainingBase:
             staging = checkpoint.staging_dir(self.checkpoint_root, self.step)
         accelerator.wait_for_everyone()
         staging = staging or self.checkpoint_root / f"{checkpoint.STAGING}{checkpoint.PREFIX}{self.step:08d}"
-        model_tensors = self._model_tensors()
-        optimizer_state = self._optimizer_state()
+        if self.sharded:  # every process writes its own shards (torch.distributed.checkpoint)
+            self._save_sharded(staging)
+        else:  # replicated: the main process writes the one copy
+            model_tensors = self._model_tensors()
+            optimizer_state = self._optimizer_state()
         if self.is_main:
-            checkpoint.write_tensors(staging / "model.safetensors", model_tensors)
-            checkpoint.write_state(staging, "optimizer", optimizer_state)
+            if not self.sharded:
+                checkpoint.write_tensors(staging / "model.safetensors", model_tensors)
+                checkpoint.write_state(staging, "optimizer", optimizer_state)
             if self.objective is not None:
                 checkpoint.write_state(staging, "objective", self.objective.state_dict())
+            if self.objective_optimizer is not None:
+                checkpoint.write_state(staging, "objective_optimizer", self.objective_optimizer.state_dict())
             checkpoint.write_state(staging, "trainer", {"step": self.step, "processes": accelerator.num_processes,
                                                         "loop": loop_state})
         checkpoint.write_state(staging, f"rng-rank{accelerator.process_index}", checkpoint.rng_state())
@@ -394,8 +522,48 @@ class TrainingBase:
         accelerator.wait_for_everyone()
         return committed
 
+    def _trainable_names(self) -> list[str]:
+        return [name for name, p in self.unwrapped.named_parameters() if p.requires_grad]
+
+    def _save_sharded(self, staging: Path) -> None:
+        """FSDP2: the trainable weights' and the optimizer's shards of every process into
+        staging/sharded/ (torch.distributed.checkpoint), the optimizer state's skeleton and the
+        parameter names as JSON (sharded.json, main process)."""
+        names = self._trainable_names()
+        model_state = get_model_state_dict(self.model)
+        skeleton, optimizer_tensors = checkpoint.flatten_state(get_optimizer_state_dict(self.model, self.optimizer.optimizer),
+                                                               to_cpu=False)
+        checkpoint.write_sharded(staging, {**{f"model.{n}": model_state[n] for n in names},
+                                           **{f"optimizer.{k}": v for k, v in optimizer_tensors.items()}})
+        if self.is_main:
+            checkpoint.write_json(staging / "sharded.json", {"model": names, "optimizer": skeleton,
+                                                             "processes": self.accelerator.num_processes})
+
+    def _read_sharded(self, directory: Path) -> tuple[dict[str, torch.Tensor], dict]:
+        """A sharded checkpoint's trainable weights and optimizer state, loaded into copies laid
+        out as this run holds them (its shards under FSDP2, whole tensors otherwise): resharded
+        from however many processes wrote it. Every process calls this."""
+        try:
+            meta = json.loads((directory / "sharded.json").read_text(encoding="utf-8"))
+            names, skeleton = list(meta["model"]), meta["optimizer"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise checkpoint.CheckpointError(f"{directory}: cannot read sharded.json ({error})") from error
+        self._check_names(set(names), directory)
+        model_now = get_model_state_dict(self.model)
+        _, optimizer_now = checkpoint.flatten_state(get_optimizer_state_dict(self.model, self.optimizer.optimizer), to_cpu=False)
+        paths = checkpoint.tensor_paths(skeleton)
+        if paths != set(optimizer_now):
+            raise checkpoint.CheckpointError(
+                f"{directory}: its optimizer state (written by {meta.get('processes')} processes) does not match this run's "
+                f"optimizer ({len(paths)} tensors against {len(optimizer_now)}); it was written by another model or config")
+        targets = {**{f"model.{n}": model_now[n].detach().clone() for n in names},
+                   **{f"optimizer.{k}": optimizer_now[k].clone() for k in paths}}
+        checkpoint.read_sharded(directory, targets)  # into copies: a failure leaves the model untouched
+        return ({n: targets[f"model.{n}"] for n in names},
+                checkpoint.unflatten_state(skeleton, {k: targets[f"optimizer.{k}"] for k in paths}))
+
     def _optimizer_state(self) -> dict:
-        if self.accelerator.distributed_type == DistributedType.FSDP:
+        if self.sharded or self.accelerator.distributed_type == DistributedType.FSDP:
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             return get_optimizer_state_dict(self.model, self.optimizer.optimizer, options=options)
         return self.optimizer.state_dict()
@@ -412,9 +580,14 @@ class TrainingBase:
         accelerator.wait_for_everyone()
 
         def read(directory: Path) -> tuple:  # everything before anything is applied: a bad file leaves the model untouched
-            return (checkpoint.read_state(directory, "trainer"), checkpoint.read_tensors(directory / "model.safetensors"),
-                    checkpoint.read_state(directory, "optimizer"),
-                    checkpoint.read_state(directory, "objective") if self.objective is not None else None)
+            trainer = checkpoint.read_state(directory, "trainer")
+            if checkpoint.is_sharded(directory):
+                weights, optimizer_state = self._read_sharded(directory)
+            else:
+                weights, optimizer_state = checkpoint.read_tensors(directory / "model.safetensors"), checkpoint.read_state(directory, "optimizer")
+            return (trainer, weights, optimizer_state,
+                    checkpoint.read_state(directory, "objective") if self.objective is not None else None,
+                    checkpoint.read_state(directory, "objective_optimizer") if self.objective_optimizer is not None else None)
 
         loaded = checkpoint.newest(self.checkpoint_root, read, self.desc)
         if loaded is None:
@@ -422,11 +595,14 @@ class TrainingBase:
                 log.warning("%s: no usable checkpoint in %s: training restarts from step 0", self.desc, self.checkpoint_root)
             self.metrics.trim(0)
             return None
-        directory, (trainer, saved, optimizer_state, objective_state) = loaded
+        directory, (trainer, saved, optimizer_state, objective_state, objective_optimizer_state) = loaded
+        sharded = checkpoint.is_sharded(directory)
         self._load_model_tensors(saved, directory)
-        self._load_optimizer_state(optimizer_state)
+        self._load_optimizer_state(optimizer_state, by_name=sharded)
         if self.objective is not None:
             self.objective.load_state_dict(objective_state)
+        if self.objective_optimizer is not None:
+            self.objective_optimizer.load_state_dict(objective_optimizer_state)
         rank_rng = f"rng-rank{accelerator.process_index}"
         if checkpoint.has_state(directory, rank_rng):
             checkpoint.restore_rng(checkpoint.read_state(directory, rank_rng))
@@ -436,23 +612,33 @@ class TrainingBase:
         log.info("%s: resumed from %s (step %d of %d)", self.desc, directory, self.step, self.settings.total_steps)
         return trainer.get("loop") or {}
 
-    def _load_model_tensors(self, saved: dict[str, torch.Tensor], directory: Path) -> None:
-        trainable = {name for name, p in self.unwrapped.named_parameters() if p.requires_grad}
-        missing, unexpected = sorted(trainable - set(saved)), sorted(set(saved) - trainable)
+    def _check_names(self, saved: set[str], directory: Path) -> None:
+        trainable = set(self._trainable_names())
+        missing, unexpected = sorted(trainable - saved), sorted(saved - trainable)
         if missing or unexpected:
             raise checkpoint.CheckpointError(
                 f"{directory}: its parameters do not match this model's trainable ones (missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]}); it was written by another model or config: move it away to train afresh")
-        if self.accelerator.distributed_type == DistributedType.FSDP:
-            set_model_state_dict(self.model, saved, options=StateDictOptions(full_state_dict=True, strict=False))
+
+    def _load_model_tensors(self, saved: dict[str, torch.Tensor], directory: Path) -> None:
+        self._check_names(set(saved), directory)
+        if self.sharded or self.accelerator.distributed_type == DistributedType.FSDP:
+            whole = not any(isinstance(v, DTensor) for v in saved.values())
+            set_model_state_dict(self.model, saved, options=StateDictOptions(full_state_dict=whole, strict=False))
             return
         params = dict(self.unwrapped.named_parameters())
         with torch.no_grad():
             for name, value in saved.items():
                 params[name].copy_(value.to(params[name].device, params[name].dtype))
 
-    def _load_optimizer_state(self, state: dict) -> None:
-        if self.accelerator.distributed_type == DistributedType.FSDP:
+    def _load_optimizer_state(self, state: dict, by_name: bool = False) -> None:
+        """by_name: ``state`` is keyed by parameter names (torch.distributed.checkpoint's layout,
+        a sharded checkpoint), already laid out as this run holds it."""
+        if by_name:
+            whole = not any(isinstance(v, DTensor) for per in state.get("state", {}).values() for v in per.values())
+            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=whole))
+            return
+        if self.sharded or self.accelerator.distributed_type == DistributedType.FSDP:
             set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
             return
         self.optimizer.load_state_dict(state)

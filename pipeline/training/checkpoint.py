@@ -8,6 +8,12 @@ unreadable is reported in the log and skipped, so a kill at any moment leaves ei
 checkpoint or the previous one, never a crash loop. Nothing is ever unpickled: arbitrary nested
 state (an optimizer's state_dict, RNG states) is split by ``flatten_state`` into a JSON skeleton
 and a flat dict of tensors.
+
+A sharded model's weights and optimizer state (FSDP2) go into ``sharded/`` through
+torch.distributed.checkpoint: every process writes its own shards in parallel, as safetensors
+files whose JSON headers record each shard's offsets (its Hugging Face storage writer; the
+default writer's ``.metadata`` is a pickle and is not used), and loading reshards them to any
+number of processes, one included. The skeleton of the optimizer state stays JSON beside it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import load as dcp_load, save as dcp_save
+from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
 from pipeline.io import STAGING_PREFIX, FolderError, fsync_path, staging_folder, verify_manifest, write_manifest
 
@@ -39,14 +47,15 @@ class CheckpointError(RuntimeError):
 # ----------------------------------------------------------------------------- nested state
 
 
-def flatten_state(obj: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+def flatten_state(obj: Any, prefix: str = "", to_cpu: bool = True) -> tuple[Any, dict[str, torch.Tensor]]:
     """(JSON skeleton, {key: tensor}) of nested dicts / lists / tuples of tensors, numpy arrays,
-    numbers, strings, bools and None. Dict keys keep their type (int or str); tuples stay tuples."""
+    numbers, strings, bools and None. Dict keys keep their type (int or str); tuples stay tuples.
+    ``to_cpu=False``: the tensors as they are (sharded ones stay sharded, for write_sharded)."""
     tensors: dict[str, torch.Tensor] = {}
 
     def walk(value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
-            tensors[path] = value.detach().to("cpu").contiguous()
+            tensors[path] = value.detach().to("cpu").contiguous() if to_cpu else value.detach()
             return {"__tensor__": path}
         if isinstance(value, np.ndarray):
             tensors[path] = torch.from_numpy(np.ascontiguousarray(value))
@@ -85,6 +94,20 @@ def unflatten_state(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(skeleton, list):
         return [unflatten_state(value, tensors) for value in skeleton]
     return skeleton
+
+
+def tensor_paths(skeleton: Any) -> set[str]:
+    """The tensor keys a ``flatten_state`` skeleton refers to."""
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return {skeleton["__tensor__"]}
+        if "__ndarray__" in skeleton:
+            return {skeleton["__ndarray__"]}
+        items = skeleton.get("__dict__") or [[None, v] for v in skeleton.get("__tuple__", [])]
+        return set().union(*(tensor_paths(value) for _, value in items)) if items else set()
+    if isinstance(skeleton, list):
+        return set().union(*(tensor_paths(value) for value in skeleton)) if skeleton else set()
+    return set()
 
 
 def rng_state() -> dict:
@@ -144,6 +167,30 @@ def read_state(directory: Path, name: str) -> Any:
 
 def has_state(directory: Path, name: str) -> bool:
     return (directory / f"{name}.json").is_file()
+
+
+SHARDED = "sharded"  # a checkpoint's torch.distributed.checkpoint shards
+
+
+def is_sharded(directory: Path) -> bool:
+    return (Path(directory) / SHARDED).is_dir()
+
+
+def write_sharded(directory: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Every process's shards of ``tensors`` (DTensors, or plain tensors equal on every process,
+    written once) into ``directory/sharded/``; every process calls this (a collective)."""
+    dcp_save(tensors, storage_writer=HuggingFaceStorageWriter(str(Path(directory) / SHARDED), save_distributed=True))
+
+
+def read_sharded(directory: Path, targets: dict[str, torch.Tensor]) -> None:
+    """Load ``directory/sharded/`` into ``targets`` in place, resharded to their layout (DTensors
+    of any number of processes, or whole tensors in one process). Reads safetensors files and
+    their JSON headers only. Every process calls this; a missing or unreadable shard raises
+    CheckpointError naming the folder."""
+    try:
+        dcp_load(targets, storage_reader=HuggingFaceStorageReader(str(Path(directory) / SHARDED)))
+    except Exception as error:  # DCP wraps every rank's failure in its own exception types
+        raise CheckpointError(f"{directory}: cannot read its sharded state ({str(error)[:300]})") from error
 
 
 # ----------------------------------------------------------------------------- commit and find

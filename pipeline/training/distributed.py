@@ -13,11 +13,21 @@ from typing import Sequence, TypeVar
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, parse_flag_from_env
 
 from pipeline.records import Record
 
 R = TypeVar("R", bound=Record)
+
+
+def fsdp_requested(accelerator: Accelerator | None) -> bool:
+    """Whether this run shards the trained model with FSDP2 (docs/scale.md, "FSDP2"): several
+    processes, and an accelerate config with ``distributed_type: FSDP`` (which ``accelerate
+    launch`` passes on as ACCELERATE_USE_FSDP=true; accelerate itself turns FSDP on only on GPUs,
+    the training base applies ``fully_shard`` itself on any device)."""
+    if accelerator is None or accelerator.num_processes < 2:
+        return False
+    return accelerator.distributed_type == DistributedType.FSDP or parse_flag_from_env("ACCELERATE_USE_FSDP", default=False)
 
 
 class Collective:
@@ -38,7 +48,7 @@ class Collective:
     def lockstep(self) -> bool:
         """Whether every process must run the same number of forward and backward passes of
         the trained model: under FSDP and DeepSpeed ZeRO they are collectives."""
-        return self.world > 1 and self.accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        return self.world > 1 and (fsdp_requested(self.accelerator) or self.accelerator.distributed_type == DistributedType.DEEPSPEED)
 
     @property
     def sharded_parameters(self) -> bool:
@@ -46,7 +56,7 @@ class Collective:
         ZeRO-3): generating with it would need every process in lockstep at every token."""
         if self.world == 1:
             return False
-        if self.accelerator.distributed_type == DistributedType.FSDP:
+        if fsdp_requested(self.accelerator):
             return True
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         return plugin is not None and plugin.zero_stage == 3
