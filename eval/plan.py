@@ -26,9 +26,9 @@ from eval.evaluate import parse_model_spec, resolve_benchmark
 from pipeline.batches import check_divisible, gradient_accumulation
 from pipeline.config import Config, ConfigError
 from pipeline.finetune.objectives import needs_reference
+from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.io import parse_shard
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
-from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.shapes import ModelShape, activation_bytes, engine_memory_share, lora_parameters, model_shape
 
 GIB = 1024**3
