@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench export-trl prm-bench clean-venv
+.PHONY: help test test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench clean-venv
 
 help:
 	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
@@ -94,6 +94,11 @@ prm-bench: $(VENV)
 
 bench: $(VENV)
 	$(STAGE).bench --config $(CONFIG) run=bench $(ARGS)
+
+# make bench's generation_vllm_vs_hf row (vLLM vs HF backend), in .venv-vllm where vllm is installed;
+# make bench in .venv logs that it did not run the row, and keeps the row this target wrote
+bench-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_PY) -m stages.bench_vllm --config $(CONFIG) run=bench $(ARGS)
 
 demo: $(VENV)
 	$(STAGE).demo --config $(CONFIG) run=$(RUN) $(ARGS)

@@ -12,6 +12,7 @@ or a warning. Token counts are upper bounds (every sample runs to max_new_tokens
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import math
@@ -23,11 +24,12 @@ import yaml
 
 from eval.evaluate import parse_model_spec, resolve_benchmark
 from pipeline.batches import check_divisible, gradient_accumulation
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 from pipeline.finetune.objectives import needs_reference
+from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.io import parse_shard
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
-from pipeline.shapes import ModelShape, activation_bytes, lora_parameters, model_shape
+from pipeline.shapes import ModelShape, activation_bytes, engine_memory_share, lora_parameters, model_shape
 
 GIB = 1024**3
 
@@ -96,6 +98,11 @@ class StageCost:
     memory: dict[str, float] = field(default_factory=dict)  # item -> bytes on one GPU
     gpu_seconds: tuple[float, float] | None = None  # (low, high); None: unknown
     notes: list[str] = field(default_factory=list)
+    # a vLLM sampler: what one engine needs to start, engines per device, the share it gets
+    engine_needs: dict[str, float] = field(default_factory=dict)
+    engines: int = 1
+    engine_share: float | None = None
+    colocated_kv: tuple[int, int, int] | None = None  # (bytes, sequences, tokens) of a colocated engine's step
 
 
 @dataclass
@@ -108,6 +115,7 @@ class Plan:
     data: list[Data] = field(default_factory=list)
     stages: list[StageCost] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    launch: Launch | None = None  # the running launch (engine_share), instead of plan.accelerate's files
 
     @property
     def errors(self) -> list[Finding]:
@@ -243,6 +251,8 @@ def resolve_all_data(plan: Plan) -> dict[str, Data]:
 
 def read_launch(plan: Plan, stage: str) -> Launch:
     """The strategy of the accelerate config plan.accelerate[stage]; its num_processes must be plan.processes."""
+    if plan.launch is not None:
+        return plan.launch
     config = plan.config
     file = config.plan.accelerate.get(stage)
     processes = config.plan.processes
@@ -265,6 +275,19 @@ def read_launch(plan: Plan, stage: str) -> Launch:
         stage_number = int((settings.get("deepspeed_config") or {}).get("zero_stage", 0))
         return Launch({3: "zero3", 2: "zero2"}.get(stage_number, "ddp"), False, file)
     return Launch("ddp" if processes > 1 else "single", False, file)
+
+
+def launch_from_environment(environ: dict) -> Launch:
+    """The strategy of the launch this process runs under, from the variables ``accelerate launch``
+    sets (ACCELERATE_USE_FSDP, FSDP_ACTIVATION_CHECKPOINTING, ACCELERATE_USE_DEEPSPEED,
+    ACCELERATE_DEEPSPEED_ZERO_STAGE, WORLD_SIZE)."""
+    processes = int(environ.get("WORLD_SIZE", "1"))
+    if environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return Launch("fsdp", environ.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() == "true", "the running launch")
+    if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        zero = environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+        return Launch({"3": "zero3", "2": "zero2"}.get(zero, "ddp"), False, "the running launch")
+    return Launch("ddp" if processes > 1 else "single", False, None)
 
 
 def check_wrap_class(plan: Plan, stage: str, model: Model) -> None:
@@ -313,44 +336,78 @@ def _tokens_per_second(plan: Plan, parameters: int, mfu: float, flops_per_parame
 RUNTIME_RESERVE = 2 * GIB  # CUDA context, NCCL buffers, allocator slack: an assumption, said in the output
 
 
+VLLM_SHARE_KEY = "generation.vllm_gpu_memory_utilization"
+VLLM_SHARE_ITEM = "vLLM share (weights + KV cache)"
+
+
 def _check_memory(plan: Plan, cost: StageCost, key: str) -> None:
     if plan.config.model.device == "cpu":
         cost.notes.append("model.device is cpu: memory not checked against a GPU")
         return
     cost.memory["CUDA context and buffers (assumed)"] = RUNTIME_RESERVE
-    total = sum(cost.memory.values())
     device = plan.gpu.memory_gib * GIB
+    if cost.engine_needs:
+        if not _engine_share(plan, cost, device):
+            return
+    total = sum(cost.memory.values())
     if total > device:
         items = " + ".join(f"{v / GIB:.1f}" for v in cost.memory.values())
         plan.error(key, f"make {cost.name}: estimated {items} = {total / GIB:.1f} GiB per GPU exceeds the {plan.gpu_name}'s "
                         f"{plan.gpu.memory_gib:g} GiB")
 
 
-def _vllm_share(plan: Plan) -> float:
-    return plan.config.generation.vllm_gpu_memory_utilization * plan.gpu.memory_gib * GIB
+def _engine_share(plan: Plan, cost: StageCost, device: float) -> bool:
+    """The vLLM engines' share of the device beside the stage's other items
+    (pipeline.shapes.engine_memory_share: derived when the key is unset, else checked); an error
+    naming the key when it does not fit. Sets cost.engine_share; False after an error."""
+    requested = plan.config.generation.vllm_gpu_memory_utilization
+    beside = {name: value for name, value in cost.memory.items() if name != VLLM_SHARE_ITEM}
+    try:
+        share = engine_memory_share(device, beside, cost.engine_needs, cost.engines, requested, VLLM_SHARE_KEY, f"make {cost.name}")
+    except ValueError as error:
+        plan.error(VLLM_SHARE_KEY, str(error))
+        return False
+    cost.engine_share = share
+    cost.memory = {**beside, VLLM_SHARE_ITEM: share * device * cost.engines}
+    if requested is None:
+        cost.notes.append(f"{VLLM_SHARE_KEY} unset: derived {share:.2f} per engine ({cost.engines} on a device) from what shares it")
+    return True
 
 
-def _sampler_memory(plan: Plan, cost: StageCost, policy: ModelShape, sequences: int, tokens: int, with_weights: bool) -> None:
-    """The memory of sampling: vLLM's whole share (its weights and KV cache), or HF's KV cache
-    (+ the bf16 weights when the sampler is not the model being trained, ``with_weights``). A
-    share too small for the weights is an error; for a colocated engine (``not with_weights``)
-    one too small for a step's samples at once is a warning (vLLM queues them)."""
+def _sampler_memory(plan: Plan, cost: StageCost, policy: ModelShape, sequences: int, tokens: int, with_weights: bool,
+                    engines: int = 1) -> None:
+    """The memory of sampling: vLLM's share of the device (its weights and KV cache: derived from
+    or checked against the stage's other items in _check_memory), or HF's KV cache (+ the weights
+    when the sampler is not the model being trained, ``with_weights``). For a colocated engine
+    (``not with_weights``) a share too small for a step's samples at once is a warning (vLLM
+    queues them)."""
     config = plan.config
-    kv = sequences * tokens * policy.kv_cache_bytes_per_token(_half_bytes(config))
+    kv_per_token = policy.kv_cache_bytes_per_token(_half_bytes(config))
+    kv = sequences * tokens * kv_per_token
     if config.generation.backend == "vllm":
-        share = _vllm_share(plan)
-        cost.memory["vLLM share (weights + KV cache)"] = share
-        weights = 2 * policy.parameters()
-        if config.model.device != "cpu" and (share < weights or (share < weights + kv and not with_weights)):
-            level = plan.error if share < weights else plan.warn
-            level("generation.vllm_gpu_memory_utilization",
-                  f"make {cost.name}: {config.generation.vllm_gpu_memory_utilization:g} x {plan.gpu.memory_gib:g} GiB = "
-                  f"{share / GIB:.1f} GiB for vLLM, which needs {weights / GIB:.1f} GiB of weights + {kv / GIB:.1f} GiB of KV "
-                  f"cache for {sequences} sequences of {tokens} tokens" + ("" if share < weights else " at once (it will queue them)"))
+        max_model_len = config.generation.vllm_max_model_len or default_max_model_len(config.generation.max_new_tokens, None)
+        weights = _half_bytes(config) * policy.parameters()
+        cost.engine_needs = {"weights": weights, f"KV cache of one {max_model_len}-token sequence": max_model_len * kv_per_token}
+        cost.engines = engines
+        cost.memory[VLLM_SHARE_ITEM] = 0.0  # sized in _check_memory, beside everything else the stage holds
+        cost.colocated_kv = None if with_weights else (kv, sequences, tokens)
     else:
         if with_weights:
             cost.memory["policy weights"] = _half_bytes(config) * policy.parameters()
         cost.memory[f"KV cache ({sequences} x {tokens} tokens)"] = kv
+
+
+def _warn_queued(plan: Plan, cost: StageCost) -> None:
+    """A colocated engine whose share holds fewer than a step's samples at once: a warning."""
+    if cost.engine_share is None or cost.colocated_kv is None:
+        return
+    kv, sequences, tokens = cost.colocated_kv
+    share = cost.engine_share * plan.gpu.memory_gib * GIB
+    weights = cost.engine_needs["weights"]
+    if share < weights + kv:
+        plan.warn(VLLM_SHARE_KEY, f"make {cost.name}: {cost.engine_share:g} x {plan.gpu.memory_gib:g} GiB = {share / GIB:.1f} GiB for "
+                                  f"vLLM, which needs {weights / GIB:.1f} GiB of weights + {kv / GIB:.1f} GiB of KV cache for "
+                                  f"{sequences} sequences of {tokens} tokens at once (it will queue them)")
 
 
 def _fmt(n: float) -> str:
@@ -381,7 +438,7 @@ def generation_stage(plan: Plan, name: str, policy: Model, prm: Model | None, pr
                    for n in (low, high)]
         seconds = [s + t for s, t in zip(seconds, scoring)]
     cost.gpu_seconds = (seconds[0], seconds[1])
-    _check_memory(plan, cost, "generation.vllm_gpu_memory_utilization" if config.generation.backend == "vllm" else "generation.batch_size")
+    _check_memory(plan, cost, VLLM_SHARE_KEY if cost.engine_needs else "generation.batch_size")
     return cost
 
 
@@ -443,7 +500,7 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
                      f"generated tokens at most {_fmt(fresh * config.generation.max_new_tokens)}; trained on at most "
                      f"{_fmt(trained * tokens)} tokens ({_fmt(trained)} trajectories x {tokens})")
     if cfg.mode == "async":
-        cost.notes.append("mode=async: the searcher actors' memory and time are not estimated here")
+        cost.notes.append("mode=async: this process trains; the searchers' memory is the next entry, their time is not estimated")
     if policy.shape is None or prm.shape is None:
         return cost
     shape = policy.shape
@@ -457,7 +514,8 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     if reference:
         cost.memory["frozen reference"] = _half_bytes(config) * shape.parameters()
     per_process = cfg.questions_per_step // max(1, processes) * cfg.samples_per_question
-    _sampler_memory(plan, cost, shape, per_process, tokens, with_weights=False)
+    if cfg.mode != "async":  # asynchronous: the searchers sample (searcher_stage), this process only trains
+        _sampler_memory(plan, cost, shape, per_process, tokens, with_weights=False)
     flops = (4 if cfg.lora else 6) + (2 if checkpointing else 0)
     seconds = (fresh * config.generation.max_new_tokens / _tokens_per_second(plan, shape.parameters(), config.plan.generation_mfu, 2)
                + trained * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, flops)
@@ -465,7 +523,43 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
                + (fresh * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, 2) if reference else 0))
     cost.gpu_seconds = (seconds, seconds)
     cost.notes.append(f"launch: {launch.strategy}" + (f" ({launch.file})" if launch.file else ""))
-    _check_memory(plan, cost, "generation.vllm_gpu_memory_utilization" if config.generation.backend == "vllm" else f"{stage}.micro_batch_size")
+    _check_memory(plan, cost, VLLM_SHARE_KEY if cost.engine_needs else f"{stage}.micro_batch_size")
+    _warn_queued(plan, cost)
+    return cost
+
+
+def searchers_per_device(cfg) -> int:
+    """Asynchronous searchers that share one GPU: 1 / gfn.searcher_gpus of them (Ray packs
+    fractional GPUs onto one device)."""
+    return max(1, math.floor(1 / cfg.searcher_gpus + 1e-9)) if cfg.searcher_gpus else 1
+
+
+def searcher_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCost:
+    """The asynchronous searchers' memory on their GPU: each holds the PRM and samples with its
+    own vLLM engine (or HF generate on a copy of the policy); 1 / gfn.searcher_gpus of them share a
+    device. The trainer's own GPU is the stage's entry before this one."""
+    config, cfg = plan.config, getattr(plan.config, stage)
+    engines = searchers_per_device(cfg)
+    cost = StageCost(f"{stage} searchers", cfg.searchers)
+    cost.work.append(f"gfn.searchers={cfg.searchers}, {engines} per GPU (gfn.searcher_gpus={cfg.searcher_gpus:g}), each sampling "
+                     f"{cfg.questions_per_step} questions x {cfg.samples_per_question} a round")
+    if not cfg.searcher_gpus:
+        cost.notes.append("gfn.searcher_gpus=0: the searchers run on CPUs; no GPU memory")
+        return cost
+    if policy.shape is None or prm.shape is None:
+        return cost
+    tokens = config.plan.prompt_tokens + config.generation.max_new_tokens
+    cost.memory[f"frozen PRM x {engines}"] = engines * _half_bytes(config) * prm.shape.parameters(lm_head=False)
+    if engines > 1:  # each searcher is a process of its own; _check_memory counts one
+        cost.memory[f"CUDA contexts of {engines - 1} more searchers (assumed)"] = (engines - 1) * RUNTIME_RESERVE
+    sequences = cfg.questions_per_step * cfg.samples_per_question
+    if config.generation.backend == "vllm":
+        _sampler_memory(plan, cost, policy.shape, sequences, tokens, with_weights=True, engines=engines)
+    else:  # HF generate on each searcher's copy of the policy
+        cost.memory[f"policy copies x {engines}"] = engines * _half_bytes(config) * policy.shape.parameters()
+        cost.memory[f"KV caches ({sequences} x {tokens} tokens) x {engines}"] = \
+            engines * sequences * tokens * policy.shape.kv_cache_bytes_per_token(_half_bytes(config))
+    _check_memory(plan, cost, VLLM_SHARE_KEY if cost.engine_needs else "gfn.searcher_gpus")
     return cost
 
 
@@ -496,6 +590,8 @@ def make_plan(config: Config, config_path: str = "") -> Plan:
     plan.stages.append(prm_stage(plan, backbone))
     for stage in ("gfn", "ppo"):
         plan.stages.append(finetune_stage(plan, stage, policy, prm))
+        if getattr(config, stage).mode == "async":
+            plan.stages.append(searcher_stage(plan, stage, policy, prm))
     eval_cost = _eval_stage(plan, models, data)
     plan.stages.append(eval_cost)
     plan.stages.append(_search_stage(plan, policy, prm, data["search"].problems))
@@ -544,6 +640,59 @@ def _search_stage(plan: Plan, policy: Model, prm: Model, problems: int | None) -
     if workers > 1:
         cost.notes.append(f"python -m stages.launch search: {workers} workers, each with the policy and the PRM on its GPU")
     return cost
+
+
+# ----------------------------------------------------------------------------- a stage's engine share at its start
+
+
+# stages.<name> -> the plan's stage whose memory its vLLM engines share the device with (None: the engine alone)
+ENGINE_STAGES = {"mcts": "mcts", "evaluate": "eval", "search": "search", "train_gfn": "gfn", "train_ppo": "ppo",
+                 "bootstrap": None, "train_prm": None, "prm_bench": None}
+
+
+def engine_share(config: Config, stage: str, device_bytes: float, environ: dict) -> float:
+    """generation.vllm_gpu_memory_utilization for the vLLM engines ``stage`` (a stages.<name>
+    module) starts on a GPU of ``device_bytes``: make plan's memory estimate of that stage on that
+    device under the running launch (``environ``: accelerate's variables), the share derived when
+    the key is unset, else checked (pipeline.shapes.engine_memory_share). For an asynchronous
+    fine-tuning run: the searchers' share (each searcher's GPU taken to be the size of this one).
+    Raises ConfigError naming the key, with the arithmetic; reads config.json files only."""
+    if stage not in ENGINE_STAGES:
+        raise ValueError(f"{stage}: not a stage that starts a vLLM engine ({', '.join(ENGINE_STAGES)})")
+    config = copy.deepcopy(config)
+    launch = launch_from_environment(environ)
+    config.plan.processes = int(environ.get("WORLD_SIZE", "1"))
+    plan = Plan("", config, "this GPU", GPU(device_bytes / GIB, 1.0), launch=launch)
+    policy = resolve_model(config, "model.policy", config.model.policy)
+    name = ENGINE_STAGES[stage]
+    if name in ("gfn", "ppo"):
+        prm = resolve_model(config, "model.prm", config.model.prm, resolve_model(config, "model.prm_backbone", config.model.prm_backbone))
+        cfg = getattr(config, name)
+        if cfg.mode == "async" and not cfg.searcher_gpus:
+            raise ConfigError(f"gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "
+                              "searcher that asks for none, and vLLM's GPU build cannot start without one; set gfn.searcher_gpus "
+                              "(1: a GPU each; 0.5: two searchers a GPU)")
+        cost = searcher_stage(plan, name, policy, prm) if cfg.mode == "async" else finetune_stage(plan, name, policy, prm)
+    elif name == "eval":
+        models = resolve_models(plan)
+        data = {f"eval.{benchmark}": Data(benchmark, benchmark, "counted at the stage", 1) for benchmark in config.eval.benchmarks}
+        cost = _eval_stage(plan, models, data)
+    elif name == "search":
+        prm = resolve_model(config, "model.prm", config.model.prm, resolve_model(config, "model.prm_backbone", config.model.prm_backbone))
+        cost = _search_stage(plan, policy, prm, 1)
+    else:
+        samples = (config.mcts.k, config.mcts.max_rollouts) if name == "mcts" else (1, config.generation.batch_size)
+        cost = generation_stage(plan, name or stage, policy, None, 1, samples[0], samples[1], config.generation.max_new_tokens, 0, 1,
+                                "samples")
+    errors = [f.message for f in plan.errors if f.key == VLLM_SHARE_KEY]
+    if errors:
+        raise ConfigError("; ".join(errors))
+    if cost.engine_share is None:
+        unknown = [m.key for m in (policy,) if m.shape is None]
+        raise ConfigError(f"{VLLM_SHARE_KEY}: make {name or stage}'s memory cannot be estimated "
+                          f"({', '.join(unknown) or 'a model'}'s shape is unknown: no local config.json, hub cache entry or "
+                          f"published shape); set {VLLM_SHARE_KEY}")
+    return cost.engine_share
 
 
 # ----------------------------------------------------------------------------- output

@@ -144,7 +144,9 @@ class GenerationConfig:
     max_step_tokens: int = bounded(48, ge=1)  # one step (step-level search)
     top_p: float = bounded(1.0, gt=0, le=1)
     vllm_tensor_parallel_size: int = bounded(1, ge=1)
-    vllm_gpu_memory_utilization: float = bounded(0.85, gt=0, le=1)
+    # each engine's share of its whole GPU (vLLM's gpu_memory_utilization); null: derived at the stage's start from what
+    # shares the device (make plan's estimate: a colocated trainer, a PRM, several searchers), or refused with the arithmetic
+    vllm_gpu_memory_utilization: float | None = bounded(None, gt=0, le=1)
     vllm_max_model_len: int | None = bounded(None, ge=1)
     vllm_enable_prefix_caching: bool = True
     vllm_enforce_eager: bool = False  # true: no torch.compile at engine start (~35 s on 2 CPU cores for the tiny model)

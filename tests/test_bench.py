@@ -44,6 +44,35 @@ def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_
     assert thread_rows == ["| 1 thread | 30.0 | 15.0 | 2.00x | 7.0 | GPU-A |", "| 1 thread | 12.0 | 6.0 | 2.00x | 7.0 | CPU-B |"]
 
 
+def test_the_vllm_row_is_written_alone_and_kept_by_a_bench_run_without_it(tmp_path):
+    from stages.bench import write_markdown, write_ratio_row
+
+    path = tmp_path / "benchmarks.md"
+    result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0}
+    vllm = {"ours_s": 1.0, "reference_s": 3.0, "ratio": 3.0, "ours_tokens": 700, "reference_tokens": 690}
+    write_markdown({"prm_one_pass": result(1.0)}, path, "random init", "CPU-B", contention={})
+    write_ratio_row(path, "generation_vllm_vs_hf", vllm, "random init", "CPU-B")
+    write_ratio_row(path, "generation_vllm_vs_hf", {**vllm, "ratio": 4.0}, "random init", "CPU-B")  # replaces its own row
+    write_markdown({"prm_one_pass": result(5.0)}, path, "random init", "CPU-B", contention={})  # make bench where vllm is absent
+    rows = [line for line in path.read_text().splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows if "CPU-B" in row] == ["generation_vllm_vs_hf", "prm_one_pass"]
+    vllm_row = next(row for row in rows if row.startswith("| generation_vllm_vs_hf"))
+    assert "| 4.00x |" in vllm_row and "generated tokens: ours 700, reference 690" in vllm_row
+    assert "| 5.000 |" in next(row for row in rows if row.startswith("| prm_one_pass"))
+
+
+def test_two_backends_are_timed_on_the_same_prompts_and_budget():
+    from pipeline.generation.bench import bench_backends
+    from pipeline.generation.hf import HFGenerator
+    from test_generation import PROMPTS, make_model, make_tokenizer
+
+    tokenizer = make_tokenizer()
+    result = bench_backends(HFGenerator(make_model(), tokenizer), HFGenerator(make_model(), tokenizer), PROMPTS, n_prompts=3, n=2,
+                            max_new_tokens=3)
+    assert result["sequences"] == 6 and result["ours_tokens"] == result["reference_tokens"] <= 18
+    assert result["ratio"] == result["reference_s"] / result["ours_s"]
+
+
 @pytest.mark.slow
 def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
     """The contention benchmark's probes run in their own processes, wait for each other after

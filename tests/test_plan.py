@@ -148,8 +148,69 @@ def test_the_paper_defects_are_errors_naming_the_key_and_the_arithmetic(paper_wo
     assert "4 x 8 = 32 (144 / 32 = 4.5)" in errors["prm.batch_size"]
     assert "gfn.questions_per_step=20 must be a positive multiple of the number of processes (8)" in errors["gfn.questions_per_step"]
     shares = [f.message for f in plan.errors if f.key == "generation.vllm_gpu_memory_utilization"]
-    gfn = [m for m in shares if m.startswith("make gfn: estimated")]  # 0.85 x 80 GiB for vLLM beside the trainer
-    assert len(gfn) == 1 and "+ 68.0 +" in gfn[0] and "per GPU exceeds the A100-80GB's 80 GiB" in gfn[0]
+    gfn = [m for m in shares if m.startswith("make gfn: ")]  # 0.85 x 80 GiB for vLLM beside the trainer
+    assert len(gfn) == 1 and "= 0.85: 1 x 0.85 x 80.00 GiB for vLLM + 26.24 GiB beside it (" in gfn[0]
+    assert "exceeds the device's 80.00 GiB (vLLM takes its share of the whole device); at most 0.67" in gfn[0]
+    search = [m for m in shares if m.startswith("make search: ")]  # beside the 7B PRM
+    assert len(search) == 1 and "+ 15.17 GiB beside it (frozen PRM 13.17 + CUDA context" in search[0]
+
+
+def test_an_engine_share_is_derived_from_what_shares_the_device_or_refused_with_the_arithmetic():
+    from pipeline.shapes import engine_memory_share
+
+    device, needs = 80 * GIB, {"weights": 6 * GIB, "KV cache of one 1344-token sequence": 0.1 * GIB}
+    assert engine_memory_share(device, {"trainer": 30 * GIB}, needs) == 0.62  # (80 - 30) / 80, rounded down
+    assert engine_memory_share(device, {"two PRMs": 30 * GIB}, needs, engines=2) == 0.31  # two searchers' engines on one GPU
+    assert engine_memory_share(device, {}, needs) == 0.9  # alone on the device: vLLM's own default
+    assert engine_memory_share(device, {"trainer": 30 * GIB}, needs, requested=0.5) == 0.5
+    with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization = 0.85: 1 x 0.85 x 80.00 GiB for vLLM \+ 30.00 GiB "
+                                         r"beside it \(trainer 30.00\) = 98.00 GiB exceeds the device's 80.00 GiB .*at most 0.62"):
+        engine_memory_share(device, {"trainer": 30 * GIB}, needs, requested=0.85)
+    with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization \(unset: derived\) = \(80.00 GiB device - 76.00 GiB "
+                                         r"beside the engine \(trainer 76.00\)\) = 0.05 of the device = 4.00 GiB, below the 6.10 GiB"):
+        engine_memory_share(device, {"trainer": 76 * GIB}, needs)
+    with pytest.raises(ValueError, match=r"= 0.05: 0.05 x 80.00 GiB = 4.00 GiB is below the 6.10 GiB a vLLM engine needs"):
+        engine_memory_share(device, {}, needs, requested=0.05)
+
+
+FSDP_LAUNCH = {"WORLD_SIZE": "8", "ACCELERATE_USE_FSDP": "true", "FSDP_ACTIVATION_CHECKPOINTING": "true"}
+
+
+def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(paper_world):
+    from stages.common import engine_memory
+
+    unset = "generation.vllm_gpu_memory_utilization=null"
+    planned = {s.name: s.engine_share for s in make_plan(paper("llama3.2-3b", unset)).stages}
+    for stage, name, environ in [("train_gfn", "gfn", FSDP_LAUNCH), ("search", "search", {}), ("mcts", "mcts", {})]:
+        config = paper("llama3.2-3b", unset)
+        engine_memory(config, stage, environ, device_bytes=80 * GIB)
+        assert config.generation.vllm_gpu_memory_utilization == planned[name] is not None
+    assert planned["gfn"] == 0.67 and planned["search"] == 0.81 and planned["mcts"] == 0.9
+    shares = {}
+    for gpus in ("1", "0.5"):  # one or two asynchronous searchers (engine + 7B PRM each) on a GPU
+        config = paper("llama3.2-3b", unset, "gfn.mode=async", f"gfn.searcher_gpus={gpus}")
+        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+        shares[gpus] = config.generation.vllm_gpu_memory_utilization
+    assert shares == {"1": 0.81, "0.5": 0.31}  # (80 - 13.17 - 2) / 80; (80 - 2 x (13.17 + 2)) / 2 / 80
+
+
+def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_loads(paper_world):
+    from pipeline.config import ConfigError
+    from stages.common import engine_memory
+
+    config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=0.85")
+    with pytest.raises(ConfigError, match=r"make gfn: generation.vllm_gpu_memory_utilization = 0.85: 1 x 0.85 x 80.00 GiB .* exceeds"):
+        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+    config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0.25")
+    with pytest.raises(ConfigError, match=r"make gfn searchers: .*\(unset: derived\) = .* / 4 = 0.0\d of the device .* per engine "
+                                          r"\(4 on the device\), below the"):
+        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+    config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0")
+    with pytest.raises(ConfigError, match=r"gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU"):
+        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+    hf = paper("llama3.2-3b", "generation.backend=hf", "generation.vllm_gpu_memory_utilization=0.99")
+    engine_memory(hf, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)  # no engine: nothing to check
+    assert hf.generation.vllm_gpu_memory_utilization == 0.99
 
 
 def test_a_hard_coded_wrap_class_of_another_family_is_refused(paper_world, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-from pipeline.config import FormatConfig, GFNConfig, ModelConfig, TinyWorldConfig, load_config
+from pipeline.config import FormatConfig, GFNConfig, ModelConfig, PPOConfig, TinyWorldConfig, load_config
 from pipeline.generation.base import FINISH_REASONS
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator
@@ -161,39 +161,41 @@ def test_reloaded_weights_serve_the_new_greedy_tokens_and_no_stale_prefix(updata
     assert after != before
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora_merged"])
-def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatable_engine, tmp_path, lora):
-    """GFlowNet steps on the policy; after every optimizer step the engine's greedy tokens equal
-    the trained policy's own (tied embeddings; LoRA merged into the plain weights; the weights go
-    through LMPolicy.after_update)."""
+@pytest.mark.parametrize("stage,lora", [("gfn", False), ("gfn", True), ("ppo", False)], ids=["gfn-full", "gfn-lora_merged", "ppo-full"])
+def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatable_engine, tmp_path, stage, lora):
+    """GFlowNet or PPO steps on the policy; after every training step (PPO: its ppo_epochs optimizer
+    steps) the engine's greedy tokens equal the trained policy's own (tied embeddings; LoRA merged
+    into the plain weights; the weights go through LMPolicy.after_update)."""
     from pipeline.finetune.objectives import build_objective
     from pipeline.finetune.policy import LMPolicy
-    from pipeline.finetune.run import add_lora, optimizer_settings
+    from pipeline.finetune.run import add_lora, optimizer_settings, trained_lora_scaling
     from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
     from pipeline.finetune.trainer import FinetuneTrainer
     from pipeline.modeling import load_causal_lm, load_tokenizer
     from pipeline.training import TrainingBase, make_accelerator
 
-    cfg = GFNConfig(loss="tb_vargrad", lr=3e-2, scheduler="constant", warmup_steps=0, num_train_steps=2, questions_per_step=2,
-                    samples_per_question=2, micro_batch_size=8, save_every=0, lora=lora, lora_r=4, lora_alpha=16,
-                    lora_target_modules=["q_proj", "v_proj", "o_proj"])
+    common = dict(lr=3e-2, scheduler="constant", warmup_steps=0, num_train_steps=2, questions_per_step=2, samples_per_question=2,
+                  micro_batch_size=8, save_every=0, lora=lora, lora_r=4, lora_alpha=16, lora_target_modules=["q_proj", "v_proj", "o_proj"])
+    cfg = GFNConfig(loss="tb_vargrad", **common) if stage == "gfn" else PPOConfig(kl_coef=0.0, ppo_epochs=2, **common)
     tokenizer = load_tokenizer(str(tiny_llama))
     model = load_causal_lm(str(tiny_llama), ModelConfig(device="cpu", dtype="float32"), is_trainable=True)
     updatable_engine.load_weights(model.state_dict())  # an earlier test replaced them
     if lora:
         model = add_lora(model, cfg)
     model.train()
-    policy = LMPolicy(model, tokenizer, max_new_tokens=16, sampler=updatable_engine, lora_scaling=cfg.lora_alpha / cfg.lora_r if lora else None)
+    policy = LMPolicy(model, tokenizer, max_new_tokens=16, sampler=updatable_engine, lora_scaling=trained_lora_scaling(model))
     objective = build_objective(cfg, policy, hidden_size=model.config.hidden_size)
-    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), model, optimizer_settings(cfg, 1), tmp_path,
-                        objective=objective, progress=False)
+    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), model,
+                        optimizer_settings(cfg, objective.updates_per_rollout), tmp_path, objective=objective, objective_lr=objective.lr,
+                        updates_per_record=objective.updates_per_rollout, progress=False)
     policy.prepared(base.model, base.unwrapped)
     problems = [TrainProblem(f"p{i}", "How many?", prompt, "5") for i, prompt in enumerate(PROMPTS * 2)]
     scorer = SimpleNamespace(log_scores_many=lambda pairs: [[-0.5] * len(steps) for _, steps in pairs])
     trainer = FinetuneTrainer(base, TrajectorySampler(policy, scorer, problems, "tiny", cfg), objective, cfg, progress=False)
     start = engine_greedy(updatable_engine, PROMPTS, 12)
-    for _ in range(2):
+    for step in range(2):
         trainer.train_step()
+        assert base.step == (step + 1) * objective.updates_per_rollout
         base.unwrapped.eval()
         assert engine_greedy(updatable_engine, PROMPTS, 12) == hf_greedy(base.unwrapped, tokenizer, PROMPTS, 12)
         base.unwrapped.train()

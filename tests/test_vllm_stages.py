@@ -109,3 +109,127 @@ def test_eval_samples_every_model_with_the_vllm_backend(world, tmp_path):
               "eval.bootstrap_resamples=10")
     results = json.loads((tmp_path / "reports" / "e" / "results.json").read_text())  # reports/<run>/ below the working folder
     assert "base" in json.dumps(results)
+
+
+def test_ppo_fine_tunes_with_a_colocated_engine_and_no_launcher(world, tmp_path):
+    run_stage("stages.train_ppo", world, tmp_path / "p", "ppo.num_train_steps=2", "ppo.questions_per_step=2",
+              "ppo.samples_per_question=2", "ppo.micro_batch_size=4", "ppo.save_every=0", "ppo.warmup_steps=0")
+    rows = [json.loads(line) for line in (tmp_path / "p" / "ppo" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in rows if "loss" in r][-1] == 2
+    assert (tmp_path / "p" / "ppo" / "model" / "config.json").is_file()
+    assert (tmp_path / "p" / "ppo" / "value_head" / "value_head.safetensors").is_file()
+
+
+GREEDY_PROMPTS = ["Question: Tom has 4 pens and buys 3 more. How many pens?\nAnswer:\n", "Question: 9 - 5 = ?\nAnswer:\n"]
+GREEDY_TOKENS = 12
+
+
+class ConstantScorer:
+    """A PRM stand-in that every searcher builds in its actor (the test checks sampling, not rewards)."""
+
+    def log_scores_many(self, pairs):
+        return [[-0.5] * len(steps) for _, steps in pairs]
+
+
+def recording_searcher(config, record: str, index: int, problems: list):
+    """The production searcher sampler (pipeline.finetune.run.searcher_sampler: its own vLLM
+    engine, built in the Ray actor), which before each round appends to ``record`` the weights
+    version it samples with and its engine's greedy tokens on GREEDY_PROMPTS."""
+    from pipeline.finetune.run import searcher_sampler
+
+    sampler = searcher_sampler(config, "gfn", ConstantScorer, index, problems)
+    sample = sampler.sample
+
+    def recorded(step, version=None):
+        outputs = sampler.policy.sampler.generate(GREEDY_PROMPTS, n=1, temperature=0.0, max_new_tokens=GREEDY_TOKENS)
+        with open(record, "a", encoding="utf-8") as file:
+            file.write(json.dumps({"version": version, "greedy": [per_prompt[0].token_ids for per_prompt in outputs]}) + "\n")
+        return sample(step, version)
+
+    sampler.sample = recorded
+    return sampler
+
+
+def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_weights(world, tmp_path):
+    """gfn.mode=async with generation.backend=vllm: one searcher actor on a local Ray instance
+    samples with its own engine while the trainer takes a few updates; before every round its
+    engine's greedy tokens equal transformers' greedy tokens of the weights the trainer published
+    as the version the round is tagged with."""
+    import functools
+    import time
+
+    import ray
+    import transformers
+
+    from pipeline.config import load_config
+    from pipeline.finetune.async_ray import AsyncFinetuneTrainer
+    from pipeline.finetune.objectives import build_objective
+    from pipeline.finetune.policy import LMPolicy
+    from pipeline.finetune.run import optimizer_settings, train_problems
+    from pipeline.finetune.sampling import TrajectorySampler
+    from pipeline.generation.hf import HFGenerator
+    from pipeline.modeling import load_causal_lm, load_tokenizer
+    from pipeline.problems import load_benchmark
+    from pipeline.training import TrainingBase, make_accelerator
+
+    config = load_config(REPO / "configs" / "tiny.yaml", [
+        f"runs_root={tmp_path}", f"model.policy={world / 'policy'}", "generation.backend=vllm", "generation.vllm_enforce_eager=true",
+        "generation.max_new_tokens=24", "gfn.mode=async", "gfn.searchers=1", "gfn.num_train_steps=3", "gfn.questions_per_step=4",
+        "gfn.async_questions=2", "gfn.samples_per_question=2", "gfn.temperature=1.0", "gfn.micro_batch_size=4", "gfn.save_every=0",
+        "gfn.warmup_steps=0", "gfn.lr=3e-2", "gfn.buffer_size=64", "gfn.loss=tb_vargrad", "gfn.kl_coef=0", "gfn.reference_prior_coef=0",
+        # one round per published version: the trainer's steps wait for rounds sampled with its newer weights
+        "gfn.searcher_rounds_per_version=1"])
+    cfg, policy_path = config.gfn, str(world / "policy")
+    tokenizer = load_tokenizer(policy_path)
+    model = load_causal_lm(policy_path, config.model, is_trainable=True)
+    model.train()
+    policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens)
+    objective = build_objective(cfg, policy, hidden_size=model.config.hidden_size)
+    base = TrainingBase(make_accelerator(config.model), model, optimizer_settings(cfg, 1), tmp_path / "gfn", objective=objective,
+                        objective_lr=objective.lr, progress=False)
+    policy.prepared(base.model, base.unwrapped)
+    problems = load_benchmark("problems", path=world / "train.jsonl")
+    prompts, kind = train_problems(config, problems, tokenizer)
+    record = tmp_path / "searcher_greedy.jsonl"
+    published: dict[int, dict] = {}
+
+    def export():
+        state = {name: value.detach().clone() for name, value in base.full_state_dict().items()}
+        published[base.step] = state
+        return state
+
+    class Trainer(AsyncFinetuneTrainer):
+        def draw(self):
+            """The production wait, with a deadline: a test never hangs."""
+            deadline, waited = time.monotonic() + 120, 0.0
+            while True:
+                groups, recent, seconds = self.draw_once()
+                waited += seconds
+                if groups is not None:
+                    return groups, recent, waited
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no batch within 120 s at step {self.step}: {ray.get(self.store.stats.remote())}")
+
+    trainer = Trainer(base, TrajectorySampler(policy, None, prompts, kind, cfg), objective, cfg,
+                      functools.partial(recording_searcher, config, str(record)), export=export,
+                      problems=[p.to_json() for p in problems], run_name="vllm-async", progress=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=f"vllm-async-{os.getpid()}",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]), "OMP_NUM_THREADS": "1",
+                                       "TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        history = trainer.train()
+    finally:
+        ray.shutdown()
+    assert [r["step"] for r in history] == [1, 2, 3]
+    rounds = [json.loads(line) for line in record.read_text().splitlines()]
+    assert rounds and {r["version"] for r in rounds} <= set(published)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(policy_path, torch_dtype="float32").eval()
+    greedy = {}
+    for version, state in published.items():
+        reference.load_state_dict(state)
+        outputs = HFGenerator(reference, tokenizer).generate(GREEDY_PROMPTS, n=1, temperature=0.0, max_new_tokens=GREEDY_TOKENS)
+        greedy[version] = [per_prompt[0].token_ids for per_prompt in outputs]
+    for r in rounds:
+        assert r["greedy"] == greedy[r["version"]], r["version"]
+    assert len({r["version"] for r in rounds}) >= 2  # the searcher took new weights while the trainer trained
+    assert greedy[max(published)] != greedy[0]  # and training moved the greedy tokens

@@ -109,3 +109,51 @@ def test_lora_adapters_reach_the_engine_merged_into_plain_weight_names(random_ti
     assert loaded.keys() == reference.keys()
     for name, value in reference.items():
         assert torch.allclose(loaded[name], value, atol=1e-6), name
+
+
+def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_sample(random_tiny_world, tmp_path, monkeypatch):
+    """The engine loads model.policy alone; the policy being fine-tuned is policy + adapter: the
+    engine gets the merged weights (the adapter's own alpha / r) before it samples anything."""
+    import importlib.util
+
+    from peft import LoraConfig, get_peft_model
+
+    from pipeline.finetune import run
+    from pipeline.problems import load_benchmark
+
+    base_model = load_causal_lm(str(random_tiny_world / "policy"), ModelConfig(device="cpu", dtype="float32"))
+    tuned = get_peft_model(base_model, LoraConfig(r=2, lora_alpha=6, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    tuned.save_pretrained(tmp_path / "adapter")  # B != 0: the adapter changes the policy
+    merged = copy.deepcopy(tuned).merge_and_unload().state_dict()
+    tokenizer = load_tokenizer(str(random_tiny_world / "policy"))
+    events: list[str] = []
+
+    class RecordingEngine(FakeEngine):
+        def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
+            events.append("generate")
+            return super().generate(prompts, sampling_params, use_tqdm, lora_request)
+
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            events.append(method)
+            return super().collective_rpc(method, timeout, args, kwargs)
+
+    engines = []
+
+    def fake_generator(path, config, **kwargs):
+        engines.append(RecordingEngine(tokenizer))
+        return VLLMGenerator(path, config, engine=engines[-1], sampling_params_cls=SimpleNamespace)
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(run, "VLLMGenerator", fake_generator)
+    config = load_config(None, [f"runs_root={tmp_path}", "format.use_chat_template=false", "model.device=cpu", "model.dtype=float32",
+                                f"model.policy={random_tiny_world / 'policy'}", f"model.policy_adapter={tmp_path / 'adapter'}",
+                                "generation.backend=vllm", "gfn.num_train_steps=1", "gfn.questions_per_step=2", "gfn.samples_per_question=2",
+                                "gfn.micro_batch_size=8", "gfn.save_every=0", "gfn.warmup_steps=0"])
+    problems = load_benchmark("problems", path=random_tiny_world / "problems_train.jsonl")
+    run.finetune_policy(config, "gfn", problems, ConstantScorer, tmp_path / "gfn", progress=False)
+    assert events[:2] == ["reload_weights", "generate"]
+    first = engines[0].model.loads[0]
+    assert first.keys() == merged.keys()
+    for name, value in merged.items():
+        assert torch.allclose(first[name], value, atol=1e-6), name

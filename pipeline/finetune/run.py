@@ -34,7 +34,7 @@ from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
-from pipeline.generation.vllm_backend import VLLMGenerator
+from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
 from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
 from pipeline.prompts import prompt_from_config
@@ -177,8 +177,33 @@ def preflight(config: Config, stage: str) -> int:
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ValueError("generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
                          "or use generation.backend=hf")
+    if backend == "vllm":
+        check_vllm_sampler(config)
     tracker_names(config.report_to)
     return processes
+
+
+def check_vllm_sampler(config: Config) -> None:
+    """What a fine-tuning run's vLLM sampler (the colocated engine, or each asynchronous
+    searcher's) needs, before anything loads: its weights are replaced in its own process after
+    every update, so one engine holds the whole model (tensor parallel 1); a model.policy_adapter
+    reaches it merged into the plain weights (LoRA, one alpha / r: lora_scaling)."""
+    tensor_parallel = config.generation.vllm_tensor_parallel_size
+    if tensor_parallel > 1:
+        raise ValueError(f"generation.vllm_tensor_parallel_size={tensor_parallel}: a fine-tuning sampler's weights are replaced in "
+                         "its own process after every update (vLLM's reload_weights there reaches that process's shard only); "
+                         "use 1 (one engine per training process or searcher, data parallel over the processes)")
+    adapter = config.resolve(config.model.policy_adapter)
+    if adapter and Path(adapter).is_dir():
+        lora_scaling(adapter_config(adapter))
+
+
+def trained_lora_scaling(model) -> float | None:
+    """alpha / r of the trained model's LoRA adapters (added from the section's lora_* settings,
+    or a model.policy_adapter loaded to train on), merged into the weights a vLLM sampler is
+    given; None without adapters."""
+    settings = getattr(model, "peft_config", {}).get("default")
+    return None if settings is None else lora_scaling(settings.to_dict())
 
 
 def load_reference(config: Config, tokenizer) -> LMPolicy:
@@ -190,7 +215,7 @@ def load_reference(config: Config, tokenizer) -> LMPolicy:
 
 def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: int, problems: list[dict]) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
-    policy (the trainer publishes plain weights, LoRA merged), HF generate or its own vLLM engine,
+    policy (the trainer publishes plain weights, LoRA merged) for HF generate, or its own vLLM engine,
     the PRM, its own question cycle (the trainer scores the reference itself).
 
     problems: the training problems as JSON (Problem.to_json; read from Ray's object store by the
@@ -199,9 +224,11 @@ def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: i
     cfg = searcher_config(getattr(config, stage), index)
     policy_path = config.resolve(config.model.policy)
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
-    model = load_causal_lm(policy_path, config.model)
-    model.requires_grad_(False)
-    sampler = VLLMGenerator(policy_path, config, weight_updates=True) if config.generation.backend == "vllm" else None
+    if config.generation.backend == "vllm":  # the engine samples and takes the published weights: no transformers copy
+        model, sampler = None, VLLMGenerator(policy_path, config, weight_updates=True)
+    else:
+        model, sampler = load_causal_lm(policy_path, config.model), None
+        model.requires_grad_(False)
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
                       sampler=sampler)
     problems_with_prompts, kind = train_problems(config, [Problem.from_json(p, "training problems") for p in problems], tokenizer)
@@ -271,7 +298,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     model.train()
     sampler = VLLMGenerator(policy_path, config, colocate=True) if config.generation.backend == "vllm" and not asynchronous else None
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
-                      autocast_dtype=half_dtype, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if cfg.lora else None)
+                      autocast_dtype=half_dtype, sampler=sampler, lora_scaling=trained_lora_scaling(model))
     objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective,
                                 reference=reference if stage == "gfn" else None)
     updates = objective.updates_per_rollout
@@ -284,6 +311,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
         # a vLLM engine holds), given the gathered weights now and after every update
         policy.sampler = HFGenerator(load_causal_lm(policy_path, config.model).requires_grad_(False), tokenizer,
                                      batch_size=config.generation.batch_size)
+        policy.after_update(0, base.full_state_dict)
+    elif sampler is not None and config.model.policy_adapter:  # the engine loaded model.policy alone: it samples the adapter's policy
         policy.after_update(0, base.full_state_dict)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:

@@ -72,3 +72,28 @@ def _hf_generate_per_prompt(model, tokenizer, prompts, n, temperature, max_new_t
                 ids, attention_mask=torch.ones_like(ids), do_sample=temperature > 0, temperature=temperature or None,
                 top_p=1.0, num_return_sequences=n, max_new_tokens=max_new_tokens, pad_token_id=pad,
             )
+
+
+def bench_backends(ours: Generator, reference: Generator, prompts: Sequence[str], n_prompts: int = 64, n: int = 16,
+                   max_new_tokens: int = 48, temperature: float = 1.0, seed: int = 0) -> dict:
+    """Seconds for ONE generate call over the same ``n_prompts`` prompts, n samples each and the
+    same token budget, with two generators (e.g. the vLLM backend vs the HF backend on the same
+    model folder), each warmed up first; engine start-up is not timed.
+
+    returns: {ours_s, reference_s, ratio = reference_s / ours_s (> 1: ours is faster), sequences,
+              ours_tokens, reference_tokens (generated tokens: a sample that ends on the end
+              token stops early, so the two counts can differ)}
+    """
+    if not prompts:
+        raise ValueError("bench_backends: no prompts")
+    chosen = [prompts[i % len(prompts)] for i in range(n_prompts)]
+    seconds, tokens = {}, {}
+    for name, generator in (("ours", ours), ("reference", reference)):
+        generator.generate(chosen[:2], n=2, temperature=temperature, max_new_tokens=4, seed=seed)  # warm-up
+        outputs: list = []
+        seconds[name] = timed(lambda: outputs.extend(generator.generate(chosen, n=n, temperature=temperature,
+                                                                       max_new_tokens=max_new_tokens, seed=seed)))
+        tokens[name] = sum(len(c.token_ids) for outs in outputs for c in outs)
+    return {"ours_s": seconds["ours"], "reference_s": seconds["reference"],
+            "ratio": seconds["reference"] / seconds["ours"] if seconds["ours"] > 0 else float("inf"), "sequences": n_prompts * n,
+            "ours_tokens": tokens["ours"], "reference_tokens": tokens["reference"]}

@@ -11,6 +11,7 @@ pure function ``completions_from_request_output``, unit-tested with a fake engin
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -70,14 +71,19 @@ def sampling_params_kwargs(
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def _adapter_rank(adapter: str) -> int:
-    """The served adapter's rank, checked against VLLM_LORA_RANKS before the engine loads anything."""
+def adapter_config(adapter: str, key: str = "model.policy_adapter") -> dict:
+    """A local peft adapter folder's adapter_config.json (FileNotFoundError naming ``key`` without one)."""
     config_file = Path(adapter) / "adapter_config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file}: not found; model.policy_adapter must be a peft adapter folder")
-    rank = int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 16))
+        raise FileNotFoundError(f"{config_file}: not found; {key} must be a peft adapter folder")
+    return json.loads(config_file.read_text(encoding="utf-8"))
+
+
+def adapter_rank(adapter: str, key: str = "model.policy_adapter") -> int:
+    """The served adapter's rank, checked against VLLM_LORA_RANKS before the engine loads anything."""
+    rank = int(adapter_config(adapter, key).get("r", 16))
     if rank not in VLLM_LORA_RANKS:
-        raise ValueError(f"{config_file}: model.policy_adapter has LoRA rank r={rank}; vLLM serves ranks "
+        raise ValueError(f"{Path(adapter) / 'adapter_config.json'}: {key} has LoRA rank r={rank}; vLLM serves ranks "
                          f"{', '.join(map(str, VLLM_LORA_RANKS))} (merge the adapter into the model, or use generation.backend=hf)")
     return rank
 
@@ -125,6 +131,22 @@ def check_servable(path: str | Path, key: str | None = None) -> None:
                       f"every one as weights of the model, so {', '.join(stray)} would make the engine fail: move "
                       f"{'it' if len(stray) == 1 else 'them'} out of the folder (a model's weights are model.safetensors, or "
                       "the files an index names), or use generation.backend=hf")
+
+
+def lora_scaling(settings: dict, key: str = "model.policy_adapter") -> float:
+    """alpha / r of a peft LoRA config (alpha / sqrt(r) with rsLoRA): what merging its adapters into
+    the plain weights a vLLM sampler is given multiplies B A by. Refused (naming ``key``) when the
+    adapters do not merge that way: per-module ranks or alphas, DoRA, or other than LoRA."""
+    peft_type = settings.get("peft_type", "LORA")
+    peft_type = str(getattr(peft_type, "value", peft_type))  # peft's PeftType in a live config, a string in the file
+    if peft_type.upper() != "LORA":
+        raise ValueError(f"{key}: a {peft_type} adapter; a vLLM sampler is given the weights with the adapter "
+                         "merged, which is done for LoRA only (use generation.backend=hf)")
+    if settings.get("rank_pattern") or settings.get("alpha_pattern") or settings.get("use_dora"):
+        raise ValueError(f"{key}: the adapter has per-module ranks or alphas (rank_pattern, alpha_pattern) or DoRA; a vLLM "
+                         "sampler is given the weights with one alpha / r merged (use generation.backend=hf)")
+    rank, alpha = int(settings.get("r", 8)), float(settings.get("lora_alpha", 8))
+    return alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
 
 
 # A question's prompt (template, few-shot exemplars) is budgeted this many tokens when
@@ -199,7 +221,6 @@ def engine_kwargs(model_path: str, config, model_config, *, adapter_rank: int | 
         "model": model_path,
         "tensor_parallel_size": gen.vllm_tensor_parallel_size,
         "enable_prefix_caching": gen.vllm_enable_prefix_caching,
-        "gpu_memory_utilization": gen.vllm_gpu_memory_utilization,
         "max_model_len": max_model_len,
         "trust_remote_code": config.model.trust_remote_code,
         "seed": config.seed,
@@ -207,9 +228,14 @@ def engine_kwargs(model_path: str, config, model_config, *, adapter_rank: int | 
     }
     if config.model.dtype != "auto":
         kwargs["dtype"] = config.model.dtype
-    if on_cpu:
+    if on_cpu:  # the KV cache sized below: a share of a GPU means nothing here
         dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
         kwargs.update(cpu_engine_kwargs(max_model_len, kv_bytes_per_token(model_config, dtype_bytes)))
+    elif gen.vllm_gpu_memory_utilization is None:
+        raise ValueError("generation.vllm_gpu_memory_utilization is unset: a stage (python -m stages.<name>) derives it from what "
+                         "shares the GPU before anything loads (eval.plan.engine_share); outside a stage, set it")
+    else:
+        kwargs["gpu_memory_utilization"] = gen.vllm_gpu_memory_utilization
     if adapter_rank is not None:
         kwargs["enable_lora"] = True
         kwargs["max_lora_rank"] = adapter_rank
@@ -255,7 +281,7 @@ class VLLMGenerator:
                 os.environ.update(launcher_environment(os.environ))
             check_servable(model_path)  # the stages check their keys' folders earlier, before any model loads
             model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-            kwargs = engine_kwargs(model_path, config, model_config, adapter_rank=_adapter_rank(adapter) if adapter else None,
+            kwargs = engine_kwargs(model_path, config, model_config, adapter_rank=adapter_rank(adapter) if adapter else None,
                                    colocate=colocate, on_cpu=current_platform.is_cpu(),
                                    processes=int(os.environ.get("WORLD_SIZE", "1")) if colocate else 1)
             engine = vllm.LLM(**kwargs)
