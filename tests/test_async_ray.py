@@ -29,9 +29,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from async_trainers import DeadlineTrainer  # noqa: E402
 from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig, load_config  # noqa: E402
 from pipeline.finetune import ray_cluster  # noqa: E402
-from pipeline.finetune.async_ray import AsyncFinetuneTrainer, searcher_config  # noqa: E402
+from pipeline.finetune.async_ray import searcher_config  # noqa: E402
 from pipeline.finetune.objectives import build_objective  # noqa: E402
 from pipeline.finetune.policy import SampledSolution  # noqa: E402
 from pipeline.finetune.run import optimizer_settings  # noqa: E402
@@ -195,24 +196,14 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
                         objective=objective, objective_lr=objective.lr, save_every=cfg.save_every, progress=False)
     sampler = TrajectorySampler(policy, None, problems(questions), "tiny", cfg)
 
-    class Trainer(AsyncFinetuneTrainer):
+    class Trainer(DeadlineTrainer):
         published_states: dict = {}
         rejoined = False
+        deadline_seconds = wait_seconds
 
         def publish(self):
             self.published_states[self.step] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
             super().publish()
-
-        def draw(self):
-            """The production wait, with a deadline: a test never hangs."""
-            deadline, waited = time.monotonic() + wait_seconds, 0.0
-            while True:
-                groups, recent, seconds = self.draw_once()
-                waited += seconds
-                if groups is not None:
-                    return groups, recent, waited
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no batch within {wait_seconds} s at step {self.step}: {ray.get(self.store.stats.remote())}")
 
         def prepare(self):
             super().prepare()

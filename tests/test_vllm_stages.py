@@ -156,13 +156,12 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
     engine's greedy tokens equal transformers' greedy tokens of the weights the trainer published
     as the version the round is tagged with."""
     import functools
-    import time
 
     import ray
     import transformers
 
+    from async_trainers import DeadlineTrainer
     from pipeline.config import load_config
-    from pipeline.finetune.async_ray import AsyncFinetuneTrainer
     from pipeline.finetune.objectives import build_objective
     from pipeline.finetune.policy import LMPolicy
     from pipeline.finetune.run import optimizer_settings, train_problems
@@ -198,19 +197,7 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
         published[base.step] = state
         return state
 
-    class Trainer(AsyncFinetuneTrainer):
-        def draw(self):
-            """The production wait, with a deadline: a test never hangs."""
-            deadline, waited = time.monotonic() + 120, 0.0
-            while True:
-                groups, recent, seconds = self.draw_once()
-                waited += seconds
-                if groups is not None:
-                    return groups, recent, waited
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no batch within 120 s at step {self.step}: {ray.get(self.store.stats.remote())}")
-
-    trainer = Trainer(base, TrajectorySampler(policy, None, prompts, kind, cfg), objective, cfg,
+    trainer = DeadlineTrainer(base, TrajectorySampler(policy, None, prompts, kind, cfg), objective, cfg,
                       functools.partial(recording_searcher, config, str(record)), export=export,
                       problems=[p.to_json() for p in problems], run_name="vllm-async", progress=False)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=f"vllm-async-{os.getpid()}",
