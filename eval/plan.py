@@ -103,6 +103,7 @@ class StageCost:
     engines: int = 1
     engine_share: float | None = None
     colocated_kv: tuple[int, int, int] | None = None  # (bytes, sequences, tokens) of a colocated engine's step
+    memory_errors: list[Finding] = field(default_factory=list)  # the device cannot hold the stage (or its engines' share)
 
 
 @dataclass
@@ -115,7 +116,7 @@ class Plan:
     data: list[Data] = field(default_factory=list)
     stages: list[StageCost] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    launch: Launch | None = None  # the running launch (engine_share), instead of plan.accelerate's files
+    launch: Launch | None = None  # the running launch (stage_memory), instead of plan.accelerate's files
 
     @property
     def errors(self) -> list[Finding]:
@@ -352,8 +353,13 @@ def _check_memory(plan: Plan, cost: StageCost, key: str) -> None:
     total = sum(cost.memory.values())
     if total > device:
         items = " + ".join(f"{v / GIB:.1f}" for v in cost.memory.values())
-        plan.error(key, f"make {cost.name}: estimated {items} = {total / GIB:.1f} GiB per GPU exceeds the {plan.gpu_name}'s "
-                        f"{plan.gpu.memory_gib:g} GiB")
+        _memory_error(plan, cost, key, f"make {cost.name}: estimated {items} = {total / GIB:.1f} GiB per GPU exceeds the "
+                                       f"{plan.gpu_name}'s {plan.gpu.memory_gib:g} GiB")
+
+
+def _memory_error(plan: Plan, cost: StageCost, key: str, message: str) -> None:
+    plan.error(key, message)
+    cost.memory_errors.append(Finding("error", key, message))
 
 
 def _engine_share(plan: Plan, cost: StageCost, device: float) -> bool:
@@ -365,7 +371,7 @@ def _engine_share(plan: Plan, cost: StageCost, device: float) -> bool:
     try:
         share = engine_memory_share(device, beside, cost.engine_needs, cost.engines, requested, VLLM_SHARE_KEY, f"make {cost.name}")
     except ValueError as error:
-        plan.error(VLLM_SHARE_KEY, str(error))
+        _memory_error(plan, cost, VLLM_SHARE_KEY, str(error))
         return False
     cost.engine_share = share
     cost.memory = {**beside, VLLM_SHARE_ITEM: share * device * cost.engines}
@@ -642,51 +648,63 @@ def _search_stage(plan: Plan, policy: Model, prm: Model, problems: int | None) -
     return cost
 
 
-# ----------------------------------------------------------------------------- a stage's engine share at its start
+# ----------------------------------------------------------------------------- a stage's memory at its start
 
 
-# stages.<name> -> the plan's stage whose memory its vLLM engines share the device with (None: the engine alone)
-ENGINE_STAGES = {"mcts": "mcts", "evaluate": "eval", "search": "search", "train_gfn": "gfn", "train_ppo": "ppo",
-                 "bootstrap": None, "train_prm": None, "prm_bench": None}
+# stages.<name> -> the plan's stage whose memory estimate the stage checks on its GPU before any model
+# loads (None: a vLLM engine of its own only, sized alone on the device)
+MEMORY_STAGES = {"mcts": "mcts", "evaluate": "eval", "search": "search", "train_gfn": "gfn", "train_ppo": "ppo",
+                 "train_prm": "prm", "bootstrap": None, "prm_bench": None}
 
 
-def engine_share(config: Config, stage: str, device_bytes: float, environ: dict) -> float:
-    """generation.vllm_gpu_memory_utilization for the vLLM engines ``stage`` (a stages.<name>
-    module) starts on a GPU of ``device_bytes``: make plan's memory estimate of that stage on that
-    device under the running launch (``environ``: accelerate's variables), the share derived when
-    the key is unset, else checked (pipeline.shapes.engine_memory_share). For an asynchronous
-    fine-tuning run: the searchers' share (each searcher's GPU taken to be the size of this one).
-    Raises ConfigError naming the key, with the arithmetic; reads config.json files only."""
-    if stage not in ENGINE_STAGES:
-        raise ValueError(f"{stage}: not a stage that starts a vLLM engine ({', '.join(ENGINE_STAGES)})")
+def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict) -> float | None:
+    """make plan's memory estimate of ``stage`` (a stages.<name> module) on a GPU of
+    ``device_bytes`` under the running launch (``environ``: accelerate's variables): a ConfigError
+    naming the key, with the arithmetic, when the device cannot hold it. With
+    generation.backend=vllm, returns generation.vllm_gpu_memory_utilization for the stage's
+    engines, derived when the key is unset, else checked (pipeline.shapes.engine_memory_share; an
+    asynchronous fine-tuning run: the searchers' share, each searcher's GPU taken to be the size of
+    this one); else None. A model whose shape is unknown (no local config.json, hub cache entry or
+    published shape) is not estimated, except that a vLLM share cannot be derived without it.
+    Reads config.json files only."""
+    if stage not in MEMORY_STAGES:
+        raise ValueError(f"{stage}: not a stage whose memory is checked at its start ({', '.join(MEMORY_STAGES)})")
+    vllm = config.generation.backend == "vllm"
     config = copy.deepcopy(config)
     launch = launch_from_environment(environ)
     config.plan.processes = int(environ.get("WORLD_SIZE", "1"))
-    plan = Plan("", config, "this GPU", GPU(device_bytes / GIB, 1.0), launch=launch)
+    plan = Plan("", config, "GPU", GPU(device_bytes / GIB, 1.0), launch=launch)
     policy = resolve_model(config, "model.policy", config.model.policy)
-    name = ENGINE_STAGES[stage]
+    name = MEMORY_STAGES[stage]
+    costs = []
+    if name == "prm":  # PRM training; the tiny world's natural-slip sampling runs before it, its engine alone
+        costs.append(prm_stage(plan, resolve_model(config, "model.prm_backbone", config.model.prm_backbone)))
+        name = None
     if name in ("gfn", "ppo"):
         prm = resolve_model(config, "model.prm", config.model.prm, resolve_model(config, "model.prm_backbone", config.model.prm_backbone))
         cfg = getattr(config, name)
-        if cfg.mode == "async" and not cfg.searcher_gpus:
+        if vllm and cfg.mode == "async" and not cfg.searcher_gpus:
             raise ConfigError(f"gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "
                               "searcher that asks for none, and vLLM's GPU build cannot start without one; set gfn.searcher_gpus "
                               "(1: a GPU each; 0.5: two searchers a GPU)")
-        cost = searcher_stage(plan, name, policy, prm) if cfg.mode == "async" else finetune_stage(plan, name, policy, prm)
+        costs.append(searcher_stage(plan, name, policy, prm) if cfg.mode == "async" else finetune_stage(plan, name, policy, prm))
     elif name == "eval":
         models = resolve_models(plan)
         data = {f"eval.{benchmark}": Data(benchmark, benchmark, "counted at the stage", 1) for benchmark in config.eval.benchmarks}
-        cost = _eval_stage(plan, models, data)
+        costs.append(_eval_stage(plan, models, data))
     elif name == "search":
         prm = resolve_model(config, "model.prm", config.model.prm, resolve_model(config, "model.prm_backbone", config.model.prm_backbone))
-        cost = _search_stage(plan, policy, prm, 1)
-    else:
+        costs.append(_search_stage(plan, policy, prm, 1))
+    elif name == "mcts" or vllm:
         samples = (config.mcts.k, config.mcts.max_rollouts) if name == "mcts" else (1, config.generation.batch_size)
-        cost = generation_stage(plan, name or stage, policy, None, 1, samples[0], samples[1], config.generation.max_new_tokens, 0, 1,
-                                "samples")
-    errors = [f.message for f in plan.errors if f.key == VLLM_SHARE_KEY]
+        costs.append(generation_stage(plan, name or stage, policy, None, 1, samples[0], samples[1], config.generation.max_new_tokens,
+                                      0, 1, "samples"))
+    errors = [f.message if f.key in f.message else f"{f.key}: {f.message}" for cost in costs for f in cost.memory_errors]
     if errors:
         raise ConfigError("; ".join(errors))
+    if not vllm:
+        return None
+    cost = costs[-1]
     if cost.engine_share is None:
         unknown = [m.key for m in (policy,) if m.shape is None]
         raise ConfigError(f"{VLLM_SHARE_KEY}: make {name or stage}'s memory cannot be estimated "

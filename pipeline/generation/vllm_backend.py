@@ -233,7 +233,7 @@ def engine_kwargs(model_path: str, config, model_config, *, adapter_rank: int | 
         kwargs.update(cpu_engine_kwargs(max_model_len, kv_bytes_per_token(model_config, dtype_bytes)))
     elif gen.vllm_gpu_memory_utilization is None:
         raise ValueError("generation.vllm_gpu_memory_utilization is unset: a stage (python -m stages.<name>) derives it from what "
-                         "shares the GPU before anything loads (eval.plan.engine_share); outside a stage, set it")
+                         "shares the GPU before anything loads (eval.plan.stage_memory); outside a stage, set it")
     else:
         kwargs["gpu_memory_utilization"] = gen.vllm_gpu_memory_utilization
     if adapter_rank is not None:
