@@ -103,21 +103,20 @@ def test_search_runs_with_the_vllm_backend(world, tmp_path):
     assert {(r["strategy"], r["k"]) for r in rows} >= {("step_best_of_k", 2), ("best_of_n", 2)}
 
 
-def test_eval_samples_every_model_with_the_vllm_backend(world, tmp_path):
-    run_stage("stages.evaluate", world, tmp_path / "e", "eval.benchmarks=[tiny_test]", f"eval.benchmark_paths={{tiny_test: {world / 'test.jsonl'}}}",
-              f"eval.models={{base: {world / 'policy'}}}", "eval.pairs=[]", "eval.k=2", "eval.max_problems=4",
-              "eval.bootstrap_resamples=10")
-    results = json.loads((tmp_path / "reports" / "e" / "results.json").read_text())  # reports/<run>/ below the working folder
-    assert "base" in json.dumps(results)
-
-
-def test_ppo_fine_tunes_with_a_colocated_engine_and_no_launcher(world, tmp_path):
+def test_ppo_fine_tunes_with_a_colocated_engine_and_the_evaluation_serves_its_folder(world, tmp_path):
     run_stage("stages.train_ppo", world, tmp_path / "p", "ppo.num_train_steps=2", "ppo.questions_per_step=2",
               "ppo.samples_per_question=2", "ppo.micro_batch_size=4", "ppo.save_every=0", "ppo.warmup_steps=0")
     rows = [json.loads(line) for line in (tmp_path / "p" / "ppo" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [r["step"] for r in rows if "loss" in r][-1] == 2
     assert (tmp_path / "p" / "ppo" / "model" / "config.json").is_file()
     assert (tmp_path / "p" / "ppo" / "value_head" / "value_head.safetensors").is_file()
+    # the fine-tuned folder as vLLM reads it (every *.safetensors of a folder without an index), beside
+    # the base model: two engines, the first shut down before the second starts
+    run_stage("stages.evaluate", world, tmp_path / "e", "eval.benchmarks=[tiny_test]", f"eval.benchmark_paths={{tiny_test: {world / 'test.jsonl'}}}",
+              f"eval.models={{base: {world / 'policy'}, ppo: {tmp_path / 'p' / 'ppo' / 'model'}}}", "eval.pairs=[]", "eval.k=2",
+              "eval.max_problems=4", "eval.bootstrap_resamples=10")
+    results = json.loads((tmp_path / "reports" / "e" / "results.json").read_text())  # reports/<run>/ below the working folder
+    assert list(results["results"]) == ["base", "ppo"] and results["skipped"] == []
 
 
 GREEDY_PROMPTS = ["Question: Tom has 4 pens and buys 3 more. How many pens?\nAnswer:\n", "Question: 9 - 5 = ?\nAnswer:\n"]
