@@ -136,7 +136,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def metrics_without_timing(path: Path) -> list[dict]:
-    timing = ("seconds", "_per_s")
+    timing = ("seconds", "_per_s", "wall_time")  # durations, rates and the clock time a record was written
     return [{k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
             for line in path.read_text().splitlines() if line.strip()]
 
