@@ -158,18 +158,15 @@ def alias_bomb(levels: int = 8, width: int = 9) -> str:
 
 
 @pytest.mark.parametrize("where", ["file", "section", "value", "override"])
-def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_message(tmp_path, where):
-    import time
-
+def test_a_yaml_alias_bomb_is_refused_at_its_first_alias_with_a_short_message(tmp_path, where):
     bomb = alias_bomb()
     text = {"file": f"{bomb}\n", "section": f"search: {bomb}\n", "value": f"search:\n  ks: {bomb}\n", "override": "run: x\n"}[where]
     assert len(text.encode()) < 400
     path = tmp_path / "bomb.yaml"
     path.write_text(text)
-    start = time.monotonic()
     with pytest.raises(ConfigError) as info:
         load_config(path, [f"search.ks={bomb}"] if where == "override" else [])
-    assert time.monotonic() - start < 1.0
+    # *a0 is the first alias of the text: refused where it is read, before anything is expanded
     assert "alias *a0 is not allowed" in str(info.value) and len(str(info.value)) < 800
     assert (str(path) if where != "override" else "command line") in str(info.value)
 
