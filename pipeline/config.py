@@ -33,7 +33,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import yaml
 
@@ -100,17 +100,38 @@ def seed_field(default: int = 0) -> Any:
     return bounded(default, ge=0, le=SEED_MAX)
 
 
-# Fields that take one of a few names (checked where they are set, naming the file or the command line).
-REPORT_TO = ("none", "tensorboard", "wandb", "all")  # experiment trackers (pipeline/training/tracking.py)
+# Fields that take one of a few names are typed Literal[...], the one list of those names: the loader
+# checks any such field (or list of them) where it is set, naming the file or the command line, with
+# ``check_choice``, which library calls taking such a name use too; typing.get_args lists them
+# (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES).
+ReportTo = Literal["none", "tensorboard", "wandb", "all"]  # experiment trackers (pipeline/training/tracking.py)
+PRMFormat = Literal["auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"]  # docs/prm.md, "Other PRMs"
+TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
+WeightTransport = Literal["object_store", "collective"]  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
+AsyncPriority = Literal["softmax", "uniform"]  # gfn.async_priority (pipeline/finetune/grouped_replay.py)
+GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
+SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority"]  # prm/search.py
+Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)
+PRM_FORMATS = typing.get_args(PRMFormat)
 # The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
 SOURCE_FILTERED_DATA = ("openmathinstruct2",)
-PRM_FORMATS = ("auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm")  # docs/prm.md, "Other PRMs"
-TRAINING_MODES = ("sync", "async")  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
-WEIGHT_TRANSPORTS = ("object_store", "collective")  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
-ASYNC_PRIORITIES = ("softmax", "uniform")  # gfn.async_priority (pipeline/finetune/grouped_replay.py)
-CHOICES = {"report_to": REPORT_TO, "model.prm_format": PRM_FORMATS, "gfn.mode": TRAINING_MODES, "ppo.mode": TRAINING_MODES,
-           "gfn.weight_transport": WEIGHT_TRANSPORTS, "gfn.async_priority": ASYNC_PRIORITIES}
+
+
+def choices_of(tp: Any) -> tuple | None:
+    """The values a Literal annotation allows (None: ``tp`` is no Literal)."""
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+
+
+def check_choice(value: Any, tp: Any, key: str, where: str | None = None) -> Any:
+    """``value`` when the Literal ``tp`` allows it; else ConfigError "<where>: <key> must be one of
+    <choices>, got <value>". The loader's check of every Literal field, and the check of library
+    calls that take such a name without a config file (``where`` None)."""
+    allowed = typing.get_args(tp)
+    if value not in allowed:
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}{key} must be one of {', '.join(map(str, allowed))}, got {_show(value)}")
+    return value
 
 
 # ----------------------------------------------------------------------------- sections
@@ -126,7 +147,7 @@ class ModelConfig:
     prm: str = "{run_dir}/prm/model"  # the trained PRM the later stages score with (or a third-party PRM: hub id or path)
     # how to read the PRM a stage loads (model.prm; eval.prm in make eval): auto (sniffed from its folder) | stepflow |
     # token_classification (TRL's PRMTrainer) | math_shepherd | qwen_prm (docs/prm.md, "Other PRMs")
-    prm_format: str = "auto"
+    prm_format: PRMFormat = "auto"
     trust_remote_code: bool = False  # never on unless you trust the repository
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
@@ -323,7 +344,7 @@ class StepTrainingConfig:
     save_every: int = bounded(20, ge=0)  # steps between resumable checkpoints (0: none)
     seed: int = seed_field()
     retrain: bool = False  # train again even when <stage>/model/ holds a finished model (it is replaced once the new one is done)
-    mode: str = "sync"  # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
+    mode: TrainingMode = "sync"  # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
     # CPU cores every trainer process pins itself to (os.sched_setaffinity) when training starts, after it has started or
     # joined Ray in async mode (so Ray's own processes keep the cores the stage was started on); None: left as started
     trainer_cores: list[int] | None = bounded(None, ge=0)
@@ -333,7 +354,7 @@ class StepTrainingConfig:
 class GFNConfig(StepTrainingConfig):
     """Step-level GFlowNet fine-tuning (paper 4, appendices F-H)."""
 
-    loss: str = "subtb"  # subtb | tb | tb_vargrad
+    loss: GFlowNetLoss = "subtb"  # subtb | tb | tb_vargrad
     lam: float = bounded(1.0, ge=0)  # SubTB lambda
     reward_temperature: float = bounded(1.0, gt=0)  # log R is multiplied by 1/this
     reference_prior_coef: float = bounded(0.0, ge=0)  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
@@ -360,7 +381,7 @@ class GFNConfig(StepTrainingConfig):
     async_questions: int | None = bounded(None, ge=1)  # B, questions per trainer step (None: questions_per_step)
     async_samples_used: int | None = bounded(None, ge=1)  # K <= S, distinct completions per question in a batch (None: S)
     async_initial_completions: int = bounded(0, ge=0)  # the first step waits until the buffer holds this many (paper: 500)
-    async_priority: str = "softmax"  # softmax (p ~ exp(log_reward / buffer_temperature)) | uniform: a question's K completions
+    async_priority: AsyncPriority = "softmax"  # softmax (p ~ exp(log_reward / buffer_temperature)) | uniform: a question's K completions
     searcher_rounds_per_version: int | None = bounded(None, ge=1)  # rounds a searcher samples per published version (None: no limit)
     max_staleness: int | None = bounded(16, ge=0)  # completions sampled by weights more than this many trainer steps old are dropped (None: kept)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
@@ -369,7 +390,7 @@ class GFNConfig(StepTrainingConfig):
     searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
     # CPU cores searcher i pins its process to (os.sched_setaffinity): searcher_cores[i % len]; None: wherever the OS runs it
     searcher_cores: list[int] | None = bounded(None, ge=0)
-    weight_transport: str = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)
+    weight_transport: WeightTransport = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)
 
 
 @dataclass
@@ -420,7 +441,7 @@ class EvalConfig:
 class SearchConfig:
     """PRM-guided search at inference (paper 3.4, Figure 2)."""
 
-    strategies: list[str] = field(default_factory=lambda: ["step_best_of_k", "beam", "best_of_n", "weighted_vote"])
+    strategies: list[SearchStrategy] = field(default_factory=lambda: ["step_best_of_k", "beam", "best_of_n", "weighted_vote"])
     ks: list[int] = bounded(default_factory=lambda: [1, 2, 4, 8, 16], ge=1)
     temperature: float = bounded(0.8, ge=0, le=MAX_TEMPERATURE)
     max_depth: int = bounded(12, ge=1)
@@ -429,7 +450,7 @@ class SearchConfig:
     # PRM is trained on Monte Carlo values, so U of the last step estimates P(correct) of the whole
     # prefix (of the answer, for a finished one) and compares solutions of any length; min and
     # prod can only fall as steps are added and prefer short solutions (docs/search.md)
-    aggregation: str = "last"
+    aggregation: Aggregation = "last"
     benchmark: str = "tiny_test"
     benchmark_path: str | None = None
     max_problems: int | None = bounded(100, ge=1)
@@ -478,7 +499,7 @@ class Config:
     run: str = "demo"
     runs_root: str = "runs"  # relative: below the working folder; absolute: anywhere (explicit)
     seed: int = seed_field()  # every section's seed unless the section sets its own (tiny world, training, sampling, evaluation)
-    report_to: str = "none"  # experiment trackers of every trainer: none | tensorboard | wandb | all (extra `tracking`)
+    report_to: ReportTo = "none"  # experiment trackers of every trainer: none | tensorboard | wandb | all (extra `tracking`)
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
@@ -553,6 +574,8 @@ def _yaml_load(text: str) -> Any:
 
 
 def _type_name(tp: Any) -> str:
+    if choices_of(tp) is not None:  # a choice reads as its values' type; describe_fields lists the choices
+        return type(typing.get_args(tp)[0]).__name__
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -584,6 +607,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             _coerce(k, key_tp, f"{key}.<key>", where): _coerce(v, val_tp, f"{key}.{k}", where)
             for k, v in value.items()
         }
+    if origin is Literal:
+        return check_choice(value, tp, key, where)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -619,8 +644,6 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: 
             _apply(current, value, f"{key}.", where, sources)
         else:
             value = _coerce(value, tp, key, where)
-            if key in CHOICES and value not in CHOICES[key]:
-                raise ConfigError(f"{where}: {key} must be one of {', '.join(CHOICES[key])}, got {_show(value)}")
             setattr(obj, name, value)
             sources[key] = where
 
@@ -782,7 +805,9 @@ def describe_fields(config: Any = None, prefix: str = "") -> list[str]:
             lines.extend("  " + line for line in describe_fields(value, key + "."))
             continue
         extra = [str(item.metadata[_RANGE_KEY])] if _RANGE_KEY in item.metadata else []
-        extra += [f"one of {', '.join(CHOICES[key])}"] if key in CHOICES else []
+        tp = hints[item.name]
+        choices = choices_of(typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp)
+        extra += [f"one of {', '.join(map(str, choices))}"] if choices is not None else []
         shown = json.dumps(value, ensure_ascii=False)  # JSON is YAML: a default reads as it would be written
         lines.append(f"{key}: {_type_name(hints[item.name])} = {shown}" + (f"  ({'; '.join(extra)})" if extra else ""))
     return lines

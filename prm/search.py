@@ -30,20 +30,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Sequence, get_args
 
 import numpy as np
 
-from pipeline.config import FormatConfig
+from pipeline.config import Aggregation, FormatConfig, SearchStrategy, check_choice
 from pipeline.generation.base import stream_seed
 from pipeline.grading import answers_equal_many, extract_answer, normalize_answer
 from pipeline.prompts import prompt_from_config
 from pipeline.stats import bootstrap_ci
 from pipeline.steps import join_steps, split_steps
 
-STRATEGIES = ("step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority")
+STRATEGIES = get_args(SearchStrategy)
 STEP_STRATEGIES = ("step_best_of_k", "beam")
-AGGREGATIONS = ("last", "mean", "min", "prod")
+AGGREGATIONS = get_args(Aggregation)
 
 
 @dataclass
@@ -96,8 +96,7 @@ class _Candidate:
 def aggregate(step_scores: Sequence[float], aggregation: str) -> float:
     """One score for a solution from its step scores: the last, the mean, the min or the product.
     A solution without steps scores -inf (it never beats one with steps)."""
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation is {aggregation!r}; expected one of {', '.join(AGGREGATIONS)}")
+    check_choice(aggregation, Aggregation, "aggregation")
     if not step_scores:
         return -math.inf
     if aggregation == "last":
@@ -137,8 +136,7 @@ def search_many(
     settings:  SearchSettings fields
     """
     s = _settings(settings)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"search strategy is {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+    check_choice(strategy, SearchStrategy, "search strategy")
     if k < 1:
         raise ValueError(f"search: k must be >= 1, got {k}")
     if prompts is None:

@@ -49,7 +49,7 @@ from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import SearchRecord
 from prm.formats import load_scorer
-from prm.search import STRATEGIES, SearchResult, search_many, summarize_search
+from prm.search import SearchResult, search_many, summarize_search
 from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed
 
 BASELINE = "majority"
@@ -170,9 +170,6 @@ def main(argv: list[str] | None = None) -> dict:
     if others:
         raise SystemExit(f"search: {others[0]['path']} is held by process {others[0].get('pid', '?')}: another search of this run "
                          "(the workers of `python -m stages.launch search`, one process, or a split another way) is searching the same problems")
-    unknown = [s for s in config.search.strategies if s not in STRATEGIES]
-    if unknown:
-        raise SystemExit(f"search.strategies: unknown {unknown}; expected some of {list(STRATEGIES)}")
     shards = out / "shards"
     with timed("search" if not worker else f"search shard {index}/{count}"):
         problems = search_problems(config)

@@ -232,10 +232,9 @@ def test_a_second_writer_stops_at_once_and_a_dead_holders_lock_is_taken_over(tmp
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        start = time.monotonic()
         with pytest.raises(LockError, match=rf"held by process {holder.pid} on host "):
             StageLock(lock, "make prm").acquire()
-        assert time.monotonic() - start < 1.0
+        assert holder.poll() is None  # refused while the holder (asleep for minutes) still holds it: not waited for
         assert [h["pid"] for h in held_locks(lock.parent, ".lock*")] == [holder.pid]
     finally:
         holder.kill()

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 import numpy as np
 import torch
 
-from pipeline.config import GFNConfig
+from pipeline.config import GFlowNetLoss, GFNConfig, check_choice
 from pipeline.finetune.losses import subtb_loss, tb_vargrad_loss, trajectory_balance_loss, trajectory_logprob
 from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.rewards import StateLogRewards, pad_rows
 from pipeline.records import Trajectory
 from pipeline.training.distributed import Collective
 
-LOSSES = ("subtb", "tb", "tb_vargrad")
+LOSSES = typing.get_args(GFlowNetLoss)
 
 
 def micro_batches(items: list, size: int, key=None) -> list[list]:
@@ -95,8 +96,7 @@ class GFlowNetObjective(torch.nn.Module):
     def __init__(self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None, reference=None):
         super().__init__()
         self.collective = collective or Collective()
-        if cfg.loss not in LOSSES:
-            raise ValueError(f"gfn.loss must be one of {', '.join(LOSSES)}, got {cfg.loss!r}")
+        check_choice(cfg.loss, GFlowNetLoss, "gfn.loss")  # a config built in code, not by the loader
         self.name = cfg.loss
         self.cfg, self.reward = cfg, reward
         # used, not owned: the policy's parameters are the trained model's, not the objective's

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from pipeline.config import ASYNC_PRIORITIES as PRIORITIES
+from pipeline.config import AsyncPriority, check_choice
 from pipeline.finetune.replay_buffer import _checked_copy, _identity, _jsonable
 from pipeline.records import Trajectory
 
@@ -55,8 +55,7 @@ class GroupedReplay:
             raise ValueError(f"grouped replay: capacity: expected >= 1, got {capacity}")
         if per_question < 1:
             raise ValueError(f"grouped replay: per_question: expected >= 1, got {per_question}")
-        if priority not in PRIORITIES:
-            raise ValueError(f"grouped replay: priority: expected one of {PRIORITIES}, got {priority!r}")
+        check_choice(priority, AsyncPriority, "grouped replay: priority")
         if not temperature > 0:
             raise ValueError(f"grouped replay: temperature: expected > 0, got {temperature}")
         if not 0.0 <= recency <= 1.0:

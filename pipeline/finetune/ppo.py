@@ -67,6 +67,10 @@ class PPOObjective(torch.nn.Module):
     def begin_update(self, step: int) -> None:
         """Nothing of PPO's depends on the training step."""
 
+    def reset_reference(self, weights: dict, step: int) -> None:
+        """PPO's reference stays frozen: its log-probs come with the trajectories (the sampler's),
+        and the ppo section has no reference_reset_every."""
+
     def values(self, lp) -> torch.Tensor:
         hidden = lp.boundary_hidden
         head = self.value_head  # stays float32 (its optimizer state too) under a bf16 policy

@@ -24,7 +24,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
 from pipeline.batches import check_divisible
-from pipeline.config import TRAINING_MODES, Config, GFNConfig, PPOConfig, config_checks
+from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode, check_choice, config_checks
 from pipeline.finetune import ray_cluster
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, pin_process, searcher_config
 from pipeline.finetune.objectives import build_objective, needs_reference
@@ -151,8 +151,7 @@ def preflight(config: Config, stage: str) -> int:
         raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
     processes = process_count(config.model)  # also gives each process its GPU before anything is loaded on it
     cfg = getattr(config, stage)
-    if cfg.mode not in TRAINING_MODES:
-        raise ValueError(f"{stage}.mode must be one of {' | '.join(TRAINING_MODES)}, got {cfg.mode!r}")
+    check_choice(cfg.mode, TrainingMode, f"{stage}.mode")
     if cfg.mode == "async":
         if stage == "ppo":
             raise ValueError("ppo.mode=async: PPO is on-policy (its ratio and advantages assume the trajectories come from the "

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from pipeline.config import WEIGHT_TRANSPORTS
+from pipeline.config import WeightTransport, check_choice
 
 Spec = list[tuple[str, list[int], str]]  # (name, shape, dtype name) per tensor, in sending order
 TIMEOUT = datetime.timedelta(minutes=10)  # a peer that is gone fails the send or receive after at most this
@@ -27,9 +27,7 @@ POLL_SECONDS = 0.05
 
 
 def check_transport(name: str) -> str:
-    if name not in WEIGHT_TRANSPORTS:
-        raise ValueError(f"gfn.weight_transport must be one of {' | '.join(WEIGHT_TRANSPORTS)}, got {name!r}")
-    return name
+    return check_choice(name, WeightTransport, "gfn.weight_transport")
 
 
 def state_spec(state: dict[str, torch.Tensor]) -> Spec:

@@ -30,7 +30,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker, TensorBoardTracker, WandBTracker
 
-from pipeline.config import REPORT_TO
+from pipeline.config import ReportTo, check_choice
 
 # tracker name -> the package it needs
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -41,8 +41,7 @@ DEFAULT_WANDB_PROJECT = "stepflow"
 def tracker_names(report_to: str) -> list[str]:
     """The trackers of a ``report_to`` value; an unknown value, or a tracker whose package is not
     installed, is an error that says what to do."""
-    if report_to not in REPORT_TO:
-        raise ValueError(f"report_to must be one of {', '.join(REPORT_TO)}, got {report_to!r}")
+    check_choice(report_to, ReportTo, "report_to")
     names = {"none": [], "all": list(PACKAGES)}.get(report_to, [report_to])
     missing = [PACKAGES[name] for name in names if importlib.util.find_spec(PACKAGES[name]) is None]
     if missing:

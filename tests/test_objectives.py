@@ -1,0 +1,54 @@
+"""Every registered objective satisfies the objective contract (pipeline.finetune.objectives.Objective)."""
+
+import inspect
+
+import pytest
+import torch
+
+from pipeline.config import GFNConfig, PPOConfig
+from pipeline.finetune.objectives import OBJECTIVES, Objective, build_objective
+
+METHODS = [name for name, member in vars(Objective).items() if inspect.isfunction(member) and not name.startswith("_")]
+ATTRIBUTES = {"name": str, "off_policy": bool, "updates_per_rollout": int, "lr": float}
+
+
+def built(name: str):
+    cfg = PPOConfig() if name == "ppo" else GFNConfig(loss=name)
+    return build_objective(cfg, policy=object(), hidden_size=4)
+
+
+def test_the_contract_lists_what_the_loop_calls():
+    assert set(METHODS) == {"rollout", "loss", "filler", "summary", "begin_update", "reset_reference"}
+    assert set(Objective.__annotations__) == set(ATTRIBUTES)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_every_registered_objective_satisfies_the_contract(name):
+    objective = built(name)
+    assert isinstance(objective, OBJECTIVES[name]) and isinstance(objective, torch.nn.Module)
+    assert isinstance(objective, Objective)
+    for attribute, kind in ATTRIBUTES.items():
+        assert type(getattr(objective, attribute)) is kind, attribute
+    assert objective.name == name and objective.updates_per_rollout >= 1
+    for method in METHODS:
+        wanted = [p for p in inspect.signature(getattr(Objective, method)).parameters if p != "self"]
+        assert list(inspect.signature(getattr(objective, method)).parameters) == wanted, method
+
+
+def test_an_object_lacking_a_member_of_the_contract_does_not_satisfy_it():
+    class Partial:
+        name, off_policy, updates_per_rollout, lr = "partial", True, 1, 1e-3
+
+        def rollout(self, fresh, everyone): ...
+
+        def loss(self, micro): ...
+
+        def summary(self): ...
+
+        def begin_update(self, step): ...
+
+        def reset_reference(self, weights, step): ...
+
+    assert not isinstance(Partial(), Objective)  # no filler
+    Partial.filler = lambda self, micro_batches: None
+    assert isinstance(Partial(), Objective)
