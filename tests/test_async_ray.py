@@ -587,3 +587,34 @@ def test_too_many_searchers_are_refused_before_any_model_loads_and_ray_is_shut_d
         assert not ray.is_initialized()  # the local instance the stage started is shut down
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def ray_with_three_gpus():
+    """A local Ray instance that advertises 3 GPUs (logical: Ray hands out their ids, nothing
+    touches a device), so the placement of GPU searchers is tested on a CPU machine; always shut down."""
+    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_the_trainer_and_each_searcher_get_their_own_bundle_and_gpus(ray_with_three_gpus, tmp_path):
+    cfg = tabular_config(searchers=2, searcher_gpus=1.0)
+    trainer, _ = tabular_trainer(cfg, tmp_path)
+    trainer.trainer_gpus = lambda: 1  # as a trainer on one GPU: its bundle reserves it
+    trainer.start()
+    try:
+        trainer.keep_searching()
+        placements = [status["placement"] for status in ray.get([s.status.remote() for s in trainer.searchers], timeout=30)]
+        assert [p["group"] for p in placements] == [trainer.placement_group.id.hex()] * 2
+        assert [p["bundles"] for p in placements] == [[1], [2]]  # bundle 0 is the trainer's
+        assert len(trainer.trainer_gpu_ids) == 1 and all(len(p["gpus"]) == 1 for p in placements)
+        gpus = [trainer.trainer_gpu_ids[0]] + [p["gpus"][0] for p in placements]
+        assert len(set(gpus)) == 3, gpus  # no searcher on the trainer's GPU, nor two on one
+    finally:
+        trainer.stop()
+    assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())
+
