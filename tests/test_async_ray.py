@@ -618,3 +618,17 @@ def test_the_trainer_and_each_searcher_get_their_own_bundle_and_gpus(ray_with_th
         trainer.stop()
     assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())
 
+
+def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_reports(ray_with_three_gpus):
+    cfg = GFNConfig(mode="async", searchers=2, searcher_gpus=1.0)
+    resources = ray.cluster_resources()
+    with pytest.raises(ValueError, match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ 2 for the trainer's processes = 4 GPUs but "
+                                         r"the local Ray instance has 3 \(Ray reports \{CPU: 2, GPU: 3\}\)"):
+        ray_cluster.check_searchers_fit(cfg, resources, 0, "the local Ray instance", trainer_gpus=2)
+    assert ray_cluster.check_searchers_fit(cfg, resources, 0, "the local Ray instance", trainer_gpus=1) == []
+    # a group Ray cannot place (here: 4 GPUs asked of 3) is refused within the bounded wait and removed
+    with pytest.raises(ValueError, match=r"gfn\.searchers=2 searchers of \{'CPU': 1\.0, 'GPU': 1\.0\} each and a trainer bundle of "
+                                         r"\{.*'GPU': 2\.0\} could not be placed within 2 s on the local Ray instance "
+                                         r"\(Ray reports \{CPU: 2, GPU: 3\}"):
+        ray_cluster.reserve(cfg, 2, timeout=2.0, where="the local Ray instance")
+    assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())

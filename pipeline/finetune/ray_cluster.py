@@ -122,10 +122,11 @@ def folder_bytes(path: str | Path | None) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.suffix in {".safetensors", ".bin"} and f.is_file())
 
 
-def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str) -> list[str]:
+def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str, trainer_gpus: int = 0) -> list[str]:
     """Refuse searchers the cluster cannot run at once (each takes 1 CPU and gfn.searcher_gpus
-    GPUs: the rest would never be scheduled and the run would wait for them at its end); return
-    a warning when their estimated memory (``searcher_bytes`` each) exceeds Ray's memory.
+    GPUs, besides the trainer's ``trainer_gpus``: the rest would never be scheduled and the run
+    would wait for them at its end); return a warning when their estimated memory
+    (``searcher_bytes`` each) exceeds Ray's memory.
 
     resources: ray.cluster_resources() ({"CPU": 2.0, "GPU": 1.0, "memory": bytes, ...})
     where:     how the cluster was reached, for the message (e.g. "the local Ray instance")
@@ -135,9 +136,11 @@ def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str) -
     if n > cpus:
         raise ValueError(f"gfn.searchers={n} needs {n} CPUs (1 per searcher) but {where} has {cpus:g}: at most {int(cpus)} "
                          "searchers can run; lower gfn.searchers, or join a larger cluster with gfn.ray_address")
-    if cfg.searcher_gpus and n * cfg.searcher_gpus > gpus:
-        raise ValueError(f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g} = {n * cfg.searcher_gpus:g} GPUs but {where} "
-                         f"has {gpus:g}: lower gfn.searchers or gfn.searcher_gpus")
+    if (cfg.searcher_gpus or trainer_gpus) and n * cfg.searcher_gpus + trainer_gpus > gpus:
+        trainer = f" + {trainer_gpus} for the trainer's processes" if trainer_gpus else ""
+        raise ValueError(f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g}{trainer} = "
+                         f"{n * cfg.searcher_gpus + trainer_gpus:g} GPUs but {where} has {gpus:g} (Ray reports "
+                         f"{short_resources(resources)}): lower gfn.searchers or gfn.searcher_gpus")
     warnings = []
     memory = resources.get("memory", 0.0)
     if memory and n * searcher_bytes > memory:
