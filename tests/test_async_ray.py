@@ -619,7 +619,7 @@ def test_the_trainer_and_each_searcher_get_their_own_bundle_and_gpus(ray_with_th
     assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())
 
 
-def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_reports(ray_with_three_gpus):
+def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_reports(ray_with_three_gpus, monkeypatch):
     cfg = GFNConfig(mode="async", searchers=2, searcher_gpus=1.0)
     resources = ray.cluster_resources()
     with pytest.raises(ValueError, match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ 2 for the trainer's processes = 4 GPUs but "
@@ -632,3 +632,6 @@ def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_re
                                          r"\(Ray reports \{CPU: 2, GPU: 3\}"):
         ray_cluster.reserve(cfg, 2, timeout=2.0, where="the local Ray instance")
     assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")  # a trainer on a machine outside the cluster
+    with pytest.raises(ValueError, match=r"the trainer's machine \(192\.0\.2\.1\) is not a node of the local Ray instance"):
+        ray_cluster.reserve(cfg, 0, timeout=2.0, where="the local Ray instance")

@@ -359,7 +359,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             if own not in self.trainer_gpu_ids:
                 raise ValueError(f"Ray reserved GPUs {self.trainer_gpu_ids} of this node for the trainer, but its main process runs "
                                  f"on GPU {own}: searchers could be placed on it. Start the trainer on the node's first GPUs "
-                                 "(CUDA_VISIBLE_DEVICES unset) or give the Ray node only the searchers' GPUs")
+                                 "(CUDA_VISIBLE_DEVICES unset, or the ids Ray reserves)")
 
     def publish(self) -> None:
         """The trainer's weights, as of its current step, for every searcher (sent by the main process)."""

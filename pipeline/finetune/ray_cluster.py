@@ -188,7 +188,12 @@ def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    asked = bundles(cfg, trainer_gpus, ray.util.get_node_ip_address())
+    node = ray.util.get_node_ip_address()
+    if f"node:{node}" not in ray.cluster_resources():
+        raise ValueError(f"the trainer's machine ({node}) is not a node of {where}: its bundle is reserved on the node it runs on, "
+                         "so run the stage on a node that has joined the cluster (`ray start --address=HEAD:6379` there first; "
+                         "Ray Client addresses, ray://, are not supported)")
+    asked = bundles(cfg, trainer_gpus, node)
     group = placement_group(asked, strategy="PACK")
     try:
         ray.get(group.ready(), timeout=timeout)
