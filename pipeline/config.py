@@ -388,6 +388,7 @@ class GFNConfig(StepTrainingConfig):
     ray_connect_timeout: float = bounded(30.0, gt=0)  # seconds to wait for the cluster at ray_address to answer
     searcher_max_restarts: int = bounded(10, ge=0)  # Ray restarts a dead searcher this many times; one more death stops the run
     searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
+    placement_timeout: float = bounded(60.0, gt=0)  # seconds to wait for Ray to place the trainer's and searchers' bundles
     # CPU cores searcher i pins its process to (os.sched_setaffinity): searcher_cores[i % len]; None: wherever the OS runs it
     searcher_cores: list[int] | None = bounded(None, ge=0)
     weight_transport: WeightTransport = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)

@@ -590,3 +590,51 @@ def test_too_many_searchers_are_refused_before_any_model_loads_and_ray_is_shut_d
         assert not ray.is_initialized()  # the local instance the stage started is shut down
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def ray_with_three_gpus():
+    """A local Ray instance that advertises 3 GPUs (logical: Ray hands out their ids, nothing
+    touches a device), so the placement of GPU searchers is tested on a CPU machine; always shut down."""
+    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_the_trainer_and_each_searcher_get_their_own_bundle_and_gpus(ray_with_three_gpus, tmp_path):
+    cfg = tabular_config(searchers=2, searcher_gpus=1.0)
+    trainer, _ = tabular_trainer(cfg, tmp_path)
+    trainer.trainer_gpus = lambda: 1  # as a trainer on one GPU: its bundle reserves it
+    trainer.start()
+    try:
+        trainer.keep_searching()
+        placements = [status["placement"] for status in ray.get([s.status.remote() for s in trainer.searchers], timeout=30)]
+        assert [p["group"] for p in placements] == [trainer.placement_group.id.hex()] * 2
+        assert [p["bundles"] for p in placements] == [[1], [2]]  # bundle 0 is the trainer's
+        assert len(trainer.trainer_gpu_ids) == 1 and all(len(p["gpus"]) == 1 for p in placements)
+        gpus = [trainer.trainer_gpu_ids[0]] + [p["gpus"][0] for p in placements]
+        assert len(set(gpus)) == 3, gpus  # no searcher on the trainer's GPU, nor two on one
+    finally:
+        trainer.stop()
+    assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())
+
+
+def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_reports(ray_with_three_gpus, monkeypatch):
+    cfg = GFNConfig(mode="async", searchers=2, searcher_gpus=1.0)
+    resources = ray.cluster_resources()
+    with pytest.raises(ValueError, match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ 2 for the trainer's processes = 4 GPUs but "
+                                         r"the local Ray instance has 3 \(Ray reports \{CPU: 2, GPU: 3\}\)"):
+        ray_cluster.check_searchers_fit(cfg, resources, 0, "the local Ray instance", trainer_gpus=2)
+    assert ray_cluster.check_searchers_fit(cfg, resources, 0, "the local Ray instance", trainer_gpus=1) == []
+    # a group Ray cannot place (here: 4 GPUs asked of 3) is refused within the bounded wait and removed
+    with pytest.raises(ValueError, match=r"gfn\.searchers=2 searchers of \{'CPU': 1\.0, 'GPU': 1\.0\} each and a trainer bundle of "
+                                         r"\{.*'GPU': 2\.0\} could not be placed within 2 s on the local Ray instance "
+                                         r"\(Ray reports \{CPU: 2, GPU: 3\}"):
+        ray_cluster.reserve(cfg, 2, timeout=2.0, where="the local Ray instance")
+    assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")  # a trainer on a machine outside the cluster
+    with pytest.raises(ValueError, match=r"the trainer's machine \(192\.0\.2\.1\) is not a node of the local Ray instance"):
+        ray_cluster.reserve(cfg, 0, timeout=2.0, where="the local Ray instance")

@@ -227,10 +227,11 @@ class Searcher:
 
     def status(self) -> dict:
         """The weights version this searcher samples with, the one its last sent trajectories carry,
-        how its weights reach it, its process, the cores it may run on and whether Ray restarted it."""
+        how its weights reach it, its process, the cores it may run on, whether Ray restarted it and
+        where Ray placed it (placement group, bundle, GPU ids: ray_cluster.placement)."""
         return {"version": self.version, "sampled_version": self.sampled_version,
                 "channel": self.channel.backend if self.channel is not None else None, "pid": os.getpid(),
-                "cores": sorted(os.sched_getaffinity(0)), "restarted": self.restarted}
+                "cores": sorted(os.sched_getaffinity(0)), "restarted": self.restarted, "placement": ray_cluster.placement()}
 
     def _take_staged(self) -> tuple[int, dict] | None:
         with self.lock:
@@ -305,6 +306,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         self.channels: list[WeightChannel | None] = []
         self.runs: list = []
         self._started_ray = False
+        self.placement_group, self.trainer_gpu_ids = None, []  # the run's group; the GPUs Ray reserved for the trainer
         self.published = -1  # the version of the newest publication
         self.publish_seconds = 0.0  # spent publishing since the last metrics record
         self._window = (0, 0.0, time.monotonic())
@@ -328,13 +330,36 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             # has started, and a searcher restarted later would have nothing to start from.
             self.problems_ref = ray.put(self.problems)
             self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote([self.problems_ref])
+            self.reserve()
             searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=self.cfg.searcher_max_restarts,
                                   max_concurrency=2)(Searcher)
-            self.searchers = [searcher.remote(i, self.make_sampler, names, self.cfg.searcher_cores) for i in range(self.cfg.searchers)]
+            self.searchers = [searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(self.placement_group, i))
+                              .remote(i, self.make_sampler, names, self.cfg.searcher_cores) for i in range(self.cfg.searchers)]
             self.channels = [None] * len(self.searchers)
         collective.barrier()
         if not self.base.is_main:
             self.store, self.weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
+
+    def trainer_gpus(self) -> int:
+        """GPUs the trainer's processes hold (one each on CUDA; they run on the main process's node)."""
+        return self.sampler.collective.world if self.base.accelerator.device.type == "cuda" else 0
+
+    def reserve(self) -> None:
+        """The run's placement group (ray_cluster.bundles): the trainer's bundle, then one per searcher,
+        so Ray never places a searcher on the trainer's GPUs. On CUDA, the GPUs Ray reserved for the
+        trainer must be the ones its main process runs on, else the run is refused naming both."""
+        where = f"the Ray cluster at gfn.ray_address={self.cfg.ray_address}" if self.cfg.ray_address else "the local Ray instance"
+        gpus = self.trainer_gpus()
+        self.placement_group, self.trainer_gpu_ids = ray_cluster.reserve(self.cfg, gpus, self.cfg.placement_timeout, where)
+        device = self.base.accelerator.device
+        if gpus and device.type == "cuda":
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            own = visible.split(",")[index] if visible else str(index)
+            if own not in self.trainer_gpu_ids:
+                raise ValueError(f"Ray reserved GPUs {self.trainer_gpu_ids} of this node for the trainer, but its main process runs "
+                                 f"on GPU {own}: searchers could be placed on it. Start the trainer on the node's first GPUs "
+                                 "(CUDA_VISIBLE_DEVICES unset, or the ids Ray reserves)")
 
     def publish(self) -> None:
         """The trainer's weights, as of its current step, for every searcher (sent by the main process)."""
@@ -425,6 +450,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                 ray.wait(self.runs, num_returns=len(self.runs), timeout=60)
                 for actor in [*self.searchers, self.store, self.weights]:
                     ray.kill(actor)
+                if self.placement_group is not None:
+                    ray.util.remove_placement_group(self.placement_group)
                 for channel in self.channels:
                     if channel is not None:
                         channel.close()

@@ -122,10 +122,11 @@ def folder_bytes(path: str | Path | None) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.suffix in {".safetensors", ".bin"} and f.is_file())
 
 
-def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str) -> list[str]:
+def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str, trainer_gpus: int = 0) -> list[str]:
     """Refuse searchers the cluster cannot run at once (each takes 1 CPU and gfn.searcher_gpus
-    GPUs: the rest would never be scheduled and the run would wait for them at its end); return
-    a warning when their estimated memory (``searcher_bytes`` each) exceeds Ray's memory.
+    GPUs, besides the trainer's ``trainer_gpus``: the rest would never be scheduled and the run
+    would wait for them at its end); return a warning when their estimated memory
+    (``searcher_bytes`` each) exceeds Ray's memory.
 
     resources: ray.cluster_resources() ({"CPU": 2.0, "GPU": 1.0, "memory": bytes, ...})
     where:     how the cluster was reached, for the message (e.g. "the local Ray instance")
@@ -135,9 +136,11 @@ def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str) -
     if n > cpus:
         raise ValueError(f"gfn.searchers={n} needs {n} CPUs (1 per searcher) but {where} has {cpus:g}: at most {int(cpus)} "
                          "searchers can run; lower gfn.searchers, or join a larger cluster with gfn.ray_address")
-    if cfg.searcher_gpus and n * cfg.searcher_gpus > gpus:
-        raise ValueError(f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g} = {n * cfg.searcher_gpus:g} GPUs but {where} "
-                         f"has {gpus:g}: lower gfn.searchers or gfn.searcher_gpus")
+    if (cfg.searcher_gpus or trainer_gpus) and n * cfg.searcher_gpus + trainer_gpus > gpus:
+        trainer = f" + {trainer_gpus} for the trainer's processes" if trainer_gpus else ""
+        raise ValueError(f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g}{trainer} = "
+                         f"{n * cfg.searcher_gpus + trainer_gpus:g} GPUs but {where} has {gpus:g} (Ray reports "
+                         f"{short_resources(resources)}): lower gfn.searchers or gfn.searcher_gpus")
     warnings = []
     memory = resources.get("memory", 0.0)
     if memory and n * searcher_bytes > memory:
@@ -147,3 +150,85 @@ def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str) -
     for warning in warnings:
         log.warning("async: %s", warning)
     return warnings
+
+
+def short_resources(resources: dict) -> str:
+    """CPU, GPU and custom resources of ray.cluster_resources(), without the per-node and memory entries."""
+    kept = {k: v for k, v in sorted(resources.items()) if not k.startswith("node:") and "memory" not in k}
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in kept.items()) + "}"
+
+
+def bundles(cfg, trainer_gpus: int, node_ip: str) -> list[dict]:
+    """The run's placement group: bundle 0 is the trainer's (on the trainer's node, named by Ray's
+    ``node:<ip>`` resource; its GPUs when it trains on GPUs), bundle 1 + i is searcher i's
+    (1 CPU, gfn.searcher_gpus GPUs)."""
+    trainer = {f"node:{node_ip}": NODE_SHARE, **({"GPU": float(trainer_gpus)} if trainer_gpus else {})}
+    searcher = {"CPU": 1.0, **({"GPU": float(cfg.searcher_gpus)} if cfg.searcher_gpus else {})}
+    return [trainer] + [dict(searcher) for _ in range(cfg.searchers)]
+
+
+NODE_SHARE = 0.001  # of the trainer node's `node:<ip>` resource: pins bundle 0 to that node, takes nothing from others
+
+
+class BundleProbe:
+    """An actor in the trainer's bundle that reports the GPUs Ray reserved there (then it is killed;
+    the reservation stays with the bundle)."""
+
+    def gpu_ids(self) -> list[str]:
+        import ray  # the optional extra (we run inside a Ray worker)
+
+        return [str(i) for i in ray.get_gpu_ids()]
+
+
+def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
+    """Create and wait for the run's placement group (``bundles``) for at most ``timeout`` seconds:
+    (group, the GPU ids Ray reserved for the trainer). A group Ray cannot place in that time is
+    removed and refused with what was asked and what Ray reports."""
+    import ray  # the optional extra (extra `distributed`)
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    node = ray.util.get_node_ip_address()
+    if f"node:{node}" not in ray.cluster_resources():
+        raise ValueError(f"the trainer's machine ({node}) is not a node of {where}: its bundle is reserved on the node it runs on, "
+                         "so run the stage on a node that has joined the cluster (`ray start --address=HEAD:6379` there first; "
+                         "Ray Client addresses, ray://, are not supported)")
+    asked = bundles(cfg, trainer_gpus, node)
+    group = placement_group(asked, strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        searcher = {k: v for k, v in asked[1].items()} if len(asked) > 1 else {}
+        raise ValueError(f"gfn.searchers={cfg.searchers} searchers of {searcher} each and a trainer bundle of {asked[0]} "
+                         f"could not be placed within {timeout:g} s on {where} (Ray reports {short_resources(ray.cluster_resources())}"
+                         f", available {short_resources(ray.available_resources())}): lower gfn.searchers or "
+                         "gfn.searcher_gpus, or join a larger cluster with gfn.ray_address") from None
+    ids: list[str] = []
+    if trainer_gpus:
+        probe = ray.remote(num_cpus=0, num_gpus=trainer_gpus)(BundleProbe).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)).remote()
+        try:
+            ids = ray.get(probe.gpu_ids.remote(), timeout=timeout)
+        finally:
+            ray.kill(probe)
+    return group, ids
+
+
+def searcher_strategy(group, index: int):
+    """Searcher ``index``'s scheduling: its own bundle (1 + index) of the run's placement group."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + index)
+
+
+def placement() -> dict:
+    """Where this Ray worker runs: its placement group id, the bundle indices of the resources it
+    holds (Ray names them <resource>_group_<bundle>_<group id>) and its GPU ids."""
+    import ray  # the optional extra (we run inside a Ray worker)
+
+    context = ray.get_runtime_context()
+    names = context.worker.core_worker.resource_ids().keys()
+    indices = sorted({int(name.split("_group_", 1)[1].split("_", 1)[0]) for name in names
+                      if "_group_" in name and name.split("_group_", 1)[1].split("_", 1)[0].isdigit()})
+    return {"group": context.get_placement_group_id(), "bundles": indices, "gpus": [str(i) for i in ray.get_gpu_ids()]}

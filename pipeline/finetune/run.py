@@ -36,7 +36,7 @@ from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
 from pipeline.io import commit_folder, staging_folder
-from pipeline.modeling import load_causal_lm, load_tokenizer, upcast_trainable
+from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
@@ -236,9 +236,10 @@ def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: i
 
 def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> list[str]:
     """The asynchronous searchers against the Ray cluster this process has joined: refused when
-    the cluster lacks the CPUs or GPUs to run them all at once, a warning (returned and logged)
-    when their estimated memory exceeds what Ray offers. Each searcher's estimate: a worker process
-    (ray_cluster.WORKER_BYTES), its policy, PRM and reference weights, the training problems."""
+    the cluster lacks the CPUs or GPUs to run them all at once beside the trainer's GPUs (one per
+    trainer process on CUDA), a warning (returned and logged) when their estimated memory exceeds
+    what Ray offers. Each searcher's estimate: a worker process (ray_cluster.WORKER_BYTES), its
+    policy, PRM and reference weights, the training problems."""
     import ray  # the optional extra (extra `distributed`)
 
     cfg = getattr(config, stage)
@@ -246,7 +247,8 @@ def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> li
     searcher_bytes = (ray_cluster.WORKER_BYTES + sum(ray_cluster.folder_bytes(config.resolve(m)) for m in models)
                       + len(json.dumps([p.to_json() for p in problems])))
     where = f"the Ray cluster at gfn.ray_address={cfg.ray_address}" if cfg.ray_address else "the local Ray instance"
-    return ray_cluster.check_searchers_fit(cfg, ray.cluster_resources(), searcher_bytes, where)
+    trainer_gpus = process_count(config.model) if resolve_device(config.model.device).type == "cuda" else 0
+    return ray_cluster.check_searchers_fit(cfg, ray.cluster_resources(), searcher_bytes, where, trainer_gpus=trainer_gpus)
 
 
 def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], make_scorer: Callable, out_dir: Path,
