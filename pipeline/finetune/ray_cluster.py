@@ -185,8 +185,8 @@ def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
     (group, the GPU ids Ray reserved for the trainer). A group Ray cannot place in that time is
     removed and refused with what was asked and what Ray reports."""
     import ray  # the optional extra (extra `distributed`)
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.placement_group import placement_group, remove_placement_group  # the optional extra
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # the optional extra
 
     node = ray.util.get_node_ip_address()
     if f"node:{node}" not in ray.cluster_resources():
@@ -217,7 +217,7 @@ def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
 
 def searcher_strategy(group, index: int):
     """Searcher ``index``'s scheduling: its own bundle (1 + index) of the run's placement group."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # the optional extra (extra `distributed`)
 
     return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + index)
 
