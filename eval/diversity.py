@@ -189,6 +189,19 @@ def distinct_correct_strategies(
     return len(strategies)
 
 
+def strategy_entropy(strategies: Sequence[str]) -> float:
+    """Entropy in bits of the empirical distribution of strategy names (one problem's correct
+    solutions): 0 for one strategy or none, log2(m) for m strategies used equally often.
+
+        ["a", "a", "b", "b"] -> 1.0;  ["a", "a", "a", "b"] -> 0.811;  ["a"] -> 0.0
+    """
+    if not strategies:
+        return 0.0
+    _, counts = np.unique(np.asarray(list(strategies), dtype=object).astype(str), return_counts=True)
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum() + 0.0)
+
+
 def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_size: int = 64) -> Embedder:
     """A sentence embedder: list of N texts -> (N, d) float32, L2-normalised rows.
 

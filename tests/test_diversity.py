@@ -140,3 +140,19 @@ def test_real_minilm_ranks_paraphrases_above_unrelated_steps():
     assert same > different + 0.3  # measured 0.85 vs 0.18
     assert vendi_score(vectors[:4]) < vendi_score(vectors[4:])
     assert embed([]).shape == (0, 384)
+
+
+def test_strategy_entropy_matches_a_float64_brute_force():
+    import math
+    from collections import Counter
+
+    from eval.diversity import strategy_entropy
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        names = [str(x) for x in rng.integers(0, 4, size=int(rng.integers(1, 12)))]
+        counts = Counter(names)
+        expected = -sum(c / len(names) * math.log2(c / len(names)) for c in counts.values())
+        assert strategy_entropy(names) == pytest.approx(expected, abs=1e-12)
+    assert strategy_entropy([]) == 0.0
+    assert strategy_entropy(["a", "a", "b", "b"]) == pytest.approx(1.0)

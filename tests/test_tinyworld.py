@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import re
 from pathlib import Path
@@ -20,6 +22,7 @@ from pipeline.tinyworld.problems import (
     make_problem,
     num_strategies,
     solution_strategy,
+    strategy_of,
     step_equations,
     valid_step_orders,
 )
@@ -152,6 +155,11 @@ def test_the_two_orders_of_the_example():
     assert solution_strategy(problem, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == 1
     assert solution_strategy(problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples."]) == 0
     assert solution_strategy(problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"]) is None
+    # its name: meta["strategies"] at that index, the index itself for a problem without names
+    assert strategy_of(problem, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == "1"
+    named = dataclasses.replace(problem, meta={**problem.meta, "strategies": ["narrative", "reversed"]})
+    assert strategy_of(named, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == "reversed"
+    assert strategy_of(named, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"]) is None
     assert arithmetic_errors(["Ann has 5 + 12 = 18 apples.", "Ann buys 3 * 4 = 12 apples."]) == ["Ann has 5 + 12 = 18 apples."]
 
 

@@ -16,6 +16,7 @@ from pipeline.tinyworld.problems import (
     num_strategies,
     solution_strategy,
     step_equations,
+    strategy_of,
     valid_step_orders,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "num_strategies",
     "solution_strategy",
     "step_equations",
+    "strategy_of",
     "valid_step_orders",
 ]

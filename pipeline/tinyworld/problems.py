@@ -284,6 +284,17 @@ def solution_strategy(problem: Problem, steps: Sequence[str]) -> int | None:
     return None
 
 
+def strategy_of(problem: Problem, steps: Sequence[str]) -> str | None:
+    """The name of the strategy a solution carries out (``meta["strategies"]`` at the index
+    solution_strategy finds; the index as a string for a problem without names), None when it
+    matches no valid solution."""
+    index = solution_strategy(problem, steps)
+    if index is None:
+        return None
+    names = problem.meta.get("strategies")
+    return str(names[index]) if names else str(index)
+
+
 def arithmetic_errors(steps: Sequence[str]) -> list[str]:
     """The steps that write a wrong calculation (``a op b = c`` with c not its value)."""
     apply = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
