@@ -112,6 +112,8 @@ AsyncPriority = Literal["softmax", "uniform"]  # gfn.async_priority (pipeline/fi
 GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
 SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority"]  # prm/search.py
 Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)
+TinyFamily = Literal["gains_losses", "shared_containers", "mixed"]  # tinyworld.families (pipeline/tinyworld/problems.py FAMILIES)
+TinyStrategy = Literal["running_total", "gains_losses", "containers_first"]  # tinyworld.strategies (docs/tinyworld.md)
 PRM_FORMATS = typing.get_args(PRMFormat)
 # The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
@@ -213,7 +215,10 @@ class TinyWorldConfig:
     max_result: int = bounded(75, ge=1)
     min_ops: int = bounded(2, ge=1)
     max_ops: int = bounded(4, ge=1)  # >= min_ops
-    swap_fraction: float = bounded(0.5, ge=0, le=1)  # problems whose gold solution uses the other valid step order
+    # problem families drawn uniformly per problem (a name listed twice is drawn twice as often); docs/tinyworld.md
+    families: list[TinyFamily] = field(default_factory=lambda: ["gains_losses", "shared_containers"])
+    # the strategies a gold solution may use, drawn uniformly per problem among those that solve its family
+    strategies: list[TinyStrategy] = field(default_factory=lambda: list(typing.get_args(TinyStrategy)))
 
 
 @dataclass

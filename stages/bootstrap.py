@@ -7,7 +7,8 @@ Writes: runs/<run>/bootstrap/problems_{train,val,test}.jsonl   (the problems con
         runs/<run>/bootstrap/config.yaml   the resolved config
 
 Library: pipeline.tinyworld.bootstrap.build_base_policy (problems, tokenizer, training on the
-training base), then eval.policy_checks on the saved model, reloaded through the one generation
+training base), then eval.policy_checks and ``strategy_checks`` (per-family accuracy, the
+strategy entropy of correct samples) on the saved model, reloaded through the one generation
 interface as every later stage will load it. A finished bootstrap with the same
 tinyworld/bootstrap/format settings (recorded in the model's manifest) is not redone unless
 bootstrap.retrain=true.
@@ -17,13 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from collections import defaultdict
 from pathlib import Path
 
+from eval.diversity import strategy_entropy
+from eval.evaluate import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
 from eval.policy_checks import policy_checks
 from pipeline.config import Config, save_config
 from pipeline.generation import build_generator
 from pipeline.io import FolderError, read_json, verify_manifest, write_json_atomic
+from pipeline.records import Problem, Sample
 from pipeline.tinyworld.bootstrap import build_base_policy
+from pipeline.tinyworld.problems import strategy_names, strategy_of
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
 # The config sections that determine what bootstrap writes.
@@ -42,10 +49,67 @@ def main(argv: list[str] | None = None) -> dict:
     with timed("bootstrap"):
         metrics, splits = build_base_policy(config, out, settings=input_settings(config))
         generator = build_generator(config, str(out / "model"))  # loaded back exactly as a later stage loads it
-        metrics.update(policy_checks(generator, splits["test"][: config.bootstrap.eval_problems], config))
+        held_out = splits["test"][: config.bootstrap.eval_problems]
+        metrics.update(policy_checks(generator, held_out, config))
+        metrics.update(strategy_checks(generator, held_out, config))
     write_json_atomic(out / "metrics.json", metrics)
     log.info("bootstrap: %s", {k: v for k, v in metrics.items() if k not in ("examples", "loss_curve")})
     return metrics
+
+
+def strategy_checks(generator, problems: list[Problem], config: Config) -> dict:
+    """Which strategies the policy uses, on held-out problems: the greedy and sampled accuracy
+    of each problem family, the share of correct greedy solutions per strategy, and the strategy
+    entropy (bits, eval.diversity.strategy_entropy of the strategy names of a problem's correct
+    samples) averaged over the problems with more than one strategy. The samples are drawn as
+    eval.policy_checks draws them (bootstrap.eval_samples at bootstrap.sample_temperature, seed
+    bootstrap.seed + 1, plus the greedy one)."""
+    if not problems:
+        return {}
+    boot = config.bootstrap
+    settings = dataclasses.replace(config, eval=dataclasses.replace(
+        config.eval, k=boot.eval_samples, temperature=boot.sample_temperature, seed=boot.seed + 1, greedy=True))
+    start = time.monotonic()
+    records = generate_samples(generator, problems, problem_kind, settings, model="bootstrap")
+    return strategy_metrics(problems, records) | {"strategy_seconds": round(time.monotonic() - start, 1)}
+
+
+def strategy_metrics(problems: list[Problem], records: list[Sample]) -> dict:
+    """strategy_checks' figures from the samples records of ``problems`` (sample_idx -1: greedy)."""
+    by_problem: dict[str, list[Sample]] = defaultdict(list)
+    for record in records:
+        by_problem[record.problem_id].append(record)
+    families: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    counts: dict[str, int] = defaultdict(int)
+    entropies: dict[str, list[float]] = defaultdict(list)
+    greedy_strategies: dict[str, int] = defaultdict(int)
+    for problem in problems:
+        family = str(problem.meta.get("family", "unnamed"))
+        counts[family] += 1
+        greedy = [r for r in by_problem[problem.problem_id] if r.sample_idx == GREEDY_SAMPLE_IDX]
+        sampled = [r for r in by_problem[problem.problem_id] if r.sample_idx != GREEDY_SAMPLE_IDX]
+        families[family]["greedy"] += [float(r.correct) for r in greedy]
+        families[family]["sampled"] += [float(r.correct) for r in sampled]
+        for r in greedy:
+            if r.correct:
+                greedy_strategies[strategy_of(problem, r.steps) or "none"] += 1
+        if len(strategy_names(problem)) > 1:
+            names = [strategy_of(problem, r.steps) for r in sampled if r.correct]
+            entropy = strategy_entropy([n for n in names if n is not None])
+            entropies[family].append(entropy)
+            entropies["all"].append(entropy)
+
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 4) if values else None
+
+    return {
+        "family_accuracy": {family: {"problems": counts[family], "greedy": mean(acc["greedy"]),
+                                     "sampled": mean(acc["sampled"])} for family, acc in sorted(families.items())},
+        "greedy_strategy_counts": dict(sorted(greedy_strategies.items())),
+        "strategy_entropy_multi": mean(entropies.pop("all", [])),
+        "strategy_entropy_problems": sum(len(v) for v in entropies.values()),
+        "family_strategy_entropy": {family: mean(values) for family, values in sorted(entropies.items())},
+    }
 
 
 def input_settings(config: Config) -> dict:

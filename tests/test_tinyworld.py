@@ -15,13 +15,17 @@ from pipeline.grading import grade
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory, join_steps
 from pipeline.tinyworld.problems import (
+    FAMILIES,
+    STRATEGY_SOLUTIONS,
     Event,
     Story,
     arithmetic_errors,
+    first_wrong_step,
     generate_splits,
     make_problem,
     num_strategies,
     solution_strategy,
+    strategy_names,
     strategy_of,
     step_equations,
     valid_step_orders,
@@ -52,8 +56,15 @@ def all_problems(splits):
 EXAMPLE = Story(name=0, item=0, start=5, events=(Event(1, 3, 4, 0, 0), Event(-1, 2, 1, 0, 0)))
 
 
-def example_problem(swap=False):
-    return make_problem(EXAMPLE, "tiny-example-00000", max_result=50, swap=swap)
+def example_problem():
+    return make_problem(EXAMPLE, "tiny-example-00000", max_result=50, family="mixed", gold="running_total")
+
+
+# Ann has 5 apples, buys 3, finds 7, gives away 2 (family gains_losses).
+GAINS = Story(name=0, item=0, start=5, events=(Event(1, 3, 1, 0, 0), Event(1, 7, 1, 1, 0), Event(-1, 2, 1, 0, 0)))
+# Eva has 5 books, gets 9 bags with 2 books each, gets 6 bags with 2 books each (family shared_containers).
+CONTAINERS = Story(name=4, item=6, start=5, events=(Event(1, 9, 2, 2, 0), Event(1, 6, 2, 2, 0)))
+STORIES = {"gains_losses": GAINS, "shared_containers": CONTAINERS, "mixed": EXAMPLE}
 
 
 # ----------------------------------------------------------------------------- generator
@@ -79,8 +90,11 @@ def test_splits_are_disjoint_and_well_formed(splits):
         for index, problem in enumerate(problems):
             assert problem.problem_id == f"tiny-{split}-{index:05d}"
             assert problem.source == "tiny" and problem.kind == "tiny"
-            assert set(problem.meta) == {"solutions", "num_ops"}
-            assert SMALL.min_ops <= problem.meta["num_ops"] <= SMALL.max_ops
+            assert set(problem.meta) == {"solutions", "strategies", "family", "num_ops"}
+            assert problem.meta["family"] in SMALL.families
+            assert len(problem.meta["strategies"]) == len(problem.meta["solutions"])
+            assert set(problem.meta["strategies"]) <= set(FAMILIES[problem.meta["family"]])
+            assert problem.meta["num_ops"] == len(step_equations(problem.meta["solutions"][0]))
 
 
 def test_every_gold_solution_computes_and_reaches_the_answer(splits):
@@ -91,43 +105,40 @@ def test_every_gold_solution_computes_and_reaches_the_answer(splits):
         solutions = valid_step_orders(problem)
         assert len(solutions) == num_strategies(problem) >= 1
         assert len({tuple(s) for s in solutions}) == len(solutions)
-        for steps in solutions:
+        for index, steps in enumerate(solutions):
             assert steps[-1] == f"The answer is {answer}"
             equations = step_equations(steps)
-            assert len(equations) == problem.meta["num_ops"] == len(steps) - 1  # one calculation per step
+            assert len(equations) == len(steps) - 1  # one calculation per step
             assert arithmetic_errors(steps) == []
             for a, op, b, c in equations:
                 assert APPLY[op](a, b) == c and 0 <= c <= SMALL.max_result
             assert equations[-1][3] == answer  # the last calculation is the running total
-            # the products are the same in every order; only their place changes
-            products = sorted(e for e in equations if e[1] == "*")
-            assert products == sorted(e for e in step_equations(solutions[0]) if e[1] == "*")
+            assert first_wrong_step(problem, steps) == -1
+            assert solution_strategy(problem, steps) == index
+            assert strategy_of(problem, steps) == problem.meta["strategies"][index]
 
 
-def told_amounts(problem) -> list[int]:
-    """The amount of every event, in the order the question tells them."""
-    events = re.findall(r"(\d+) (?:\w+ with (\d+))?", problem.question.split(".", 1)[1])
-    return [int(a) * int(b) if b else int(a) for a, b in events]
-
-
-def applied_amounts(steps) -> list[int]:
-    """The amount each running-total step of a solution adds or removes, in order."""
-    return [b for a, op, b, c in step_equations(steps) if op != "*"]
-
-
-def test_gold_solutions_use_the_told_or_the_reverse_order(splits):
+def test_the_gold_strategy_is_drawn_per_problem(splits):
+    """Both strategies of each family are gold for about half its problems, and the question does
+    not tell which: the trained policy learns to mix them."""
     train = splits["train"]
-    assert sum(num_strategies(p) > 1 for p in train) > len(train) // 2
-    reversible, reversed_gold = 0, 0
-    for problem in train:
-        told = told_amounts(problem)
-        gold = applied_amounts(problem.meta["solutions"][0])
-        assert gold in (told, told[::-1])
-        if told != told[::-1] and any(applied_amounts(s) == told[::-1] for s in problem.meta["solutions"]):
-            reversible += 1
-            reversed_gold += gold == told[::-1]
-    # swap_fraction = 0.5: about half the problems whose reverse order is valid train on it
-    assert 0.35 * reversible < reversed_gold < 0.65 * reversible
+    for family in SMALL.families:
+        problems = [p for p in train if p.meta["family"] == family]
+        assert len(problems) > len(train) // 4
+        golds = [p.meta["strategies"][0] for p in problems]
+        for strategy in FAMILIES[family]:
+            assert 0.35 * len(problems) < golds.count(strategy) < 0.65 * len(problems), (family, strategy)
+        # nearly every problem has both strategies among its valid solutions
+        assert sum(len(strategy_names(p)) == 2 for p in problems) > 0.95 * len(problems)
+
+
+def test_the_gold_strategies_can_be_restricted_by_name():
+    only = generate_splits(dataclasses.replace(SMALL, n_train=60, strategies=["running_total"]))
+    assert {p.meta["strategies"][0] for p in only["train"]} == {"running_total"}
+    assert {s for p in only["train"] for s in p.meta["strategies"]} == {"running_total", "gains_losses", "containers_first"}
+    mixed = generate_splits(dataclasses.replace(SMALL, n_train=60, families=["mixed"]))
+    assert {p.meta["family"] for split in mixed.values() for p in split} == {"mixed"}
+    assert all(set(p.meta["strategies"]) == {"running_total"} for p in mixed["train"])
 
 
 def test_grader_accepts_every_gold_solution(splits):
@@ -149,14 +160,15 @@ def test_the_two_orders_of_the_example():
         ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"],
     ]
     assert num_strategies(problem) == 2
-    # swapped: the gold solution (listed first) applies the events in the reverse order
-    assert valid_step_orders(example_problem(swap=True)) == valid_step_orders(problem)[::-1]
+    assert problem.meta["strategies"] == ["running_total", "running_total"] and strategy_names(problem) == ["running_total"]
     # the strategy of a solution is read from its calculations, wording aside
     assert solution_strategy(problem, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == 1
     assert solution_strategy(problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples."]) == 0
     assert solution_strategy(problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"]) is None
     # its name: meta["strategies"] at that index, the index itself for a problem without names
-    assert strategy_of(problem, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == "1"
+    unnamed = dataclasses.replace(problem, meta={"solutions": problem.meta["solutions"]})
+    assert strategy_of(unnamed, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == "1"
+    assert strategy_names(unnamed) == ["0", "1"]
     named = dataclasses.replace(problem, meta={**problem.meta, "strategies": ["narrative", "reversed"]})
     assert strategy_of(named, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == "reversed"
     assert strategy_of(named, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"]) is None
@@ -166,8 +178,91 @@ def test_the_two_orders_of_the_example():
 def test_orders_that_leave_the_range_are_not_valid():
     # 5 - 6 would go below zero before the gain: only the narrative order is valid
     story = Story(name=1, item=1, start=5, events=(Event(1, 10, 1, 0, 0), Event(-1, 6, 1, 0, 0)))
-    problem = make_problem(story, "tiny-example-00001", max_result=50, swap=True)
+    problem = make_problem(story, "tiny-example-00001", max_result=50, family="mixed", gold="running_total")
     assert valid_step_orders(problem) == [["Ben has 5 + 10 = 15 pens.", "Ben has 15 - 6 = 9 pens.", "The answer is 9"]]
+
+
+TEMPLATES = {
+    ("gains_losses", "running_total"): ["Ann has 5 + 3 = 8 apples.", "Ann has 8 + 7 = 15 apples.", "Ann has 15 - 2 = 13 apples.",
+                                        "The answer is 13"],
+    ("gains_losses", "gains_losses"): ["Ann gets 3 + 7 = 10 apples.", "Ann has 5 + 10 = 15 apples.", "Ann has 15 - 2 = 13 apples.",
+                                       "The answer is 13"],
+    ("shared_containers", "running_total"): ["Eva gets 9 * 2 = 18 books.", "Eva has 5 + 18 = 23 books.", "Eva gets 6 * 2 = 12 books.",
+                                             "Eva has 23 + 12 = 35 books.", "The answer is 35"],
+    ("shared_containers", "containers_first"): ["Eva gets 9 + 6 = 15 bags.", "Eva gets 15 * 2 = 30 books.",
+                                                "Eva has 5 + 30 = 35 books.", "The answer is 35"],
+    ("mixed", "running_total"): ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.",
+                                 "The answer is 15"],
+}
+
+
+@pytest.mark.parametrize("family, strategy", list(TEMPLATES))
+def test_each_strategy_template_is_a_right_solution_and_the_gold_when_drawn(family, strategy):
+    problem = make_problem(STORIES[family], "tiny-example-00002", max_result=50, family=family, gold=strategy)
+    template = TEMPLATES[family, strategy]
+    assert problem.meta["solutions"][0] == template and problem.meta["strategies"][0] == strategy
+    assert problem.meta["family"] == family and problem.meta["num_ops"] == len(template) - 1
+    assert template[-1] == f"The answer is {problem.answer}"
+    assert first_wrong_step(problem, template) == -1
+    assert strategy_of(problem, template) == strategy
+    assert strategy_names(problem) == [strategy] + [s for s in FAMILIES[family] if s != strategy]
+    # the other strategy's template is a right solution too, named by its strategy
+    for other in FAMILIES[family]:
+        assert strategy_of(problem, TEMPLATES[family, other]) == other
+        assert first_wrong_step(problem, TEMPLATES[family, other]) == -1
+
+
+@pytest.mark.parametrize("family, strategy", list(TEMPLATES))
+def test_a_slip_in_each_template_is_located_exactly(family, strategy):
+    problem = make_problem(STORIES[family], "tiny-example-00003", max_result=50, family=family, gold=strategy)
+    template = TEMPLATES[family, strategy]
+    for index, step in enumerate(template[:-1]):
+        ((a, op, b, c),) = step_equations([step])
+        for wrong in (step.replace(f"= {c}", f"= {c + 1}"), step.replace(f"{a} {op} {b}", f"{a} {op} {b + 1}")):
+            slipped = template[:index] + [wrong] + template[index + 1:]
+            assert first_wrong_step(problem, slipped) == index, slipped
+            assert strategy_of(problem, slipped) is None
+    assert first_wrong_step(problem, template[:-1] + ["The answer is 99"]) == len(template) - 1
+
+
+def test_other_correct_ways_of_writing_a_strategy_are_right():
+    gains = make_problem(GAINS, "tiny-example-00004", max_result=50, family="gains_losses", gold="gains_losses")
+    for steps in (
+        ["Ann gets 7 + 3 = 10 apples.", "Ann has 10 + 5 = 15 apples.", "Ann has 15 - 2 = 13 apples.", "The answer is 13"],  # operands swapped
+        ["Ann gets 3 + 7 = 10 apples.", "Ann has 5 - 2 = 3 apples.", "Ann has 3 + 10 = 13 apples.", "The answer is 13"],  # losses applied first
+        ["Ann has 5 - 2 = 3 apples.", "Ann gets 3 + 7 = 10 apples.", "Ann has 3 + 10 = 13 apples.", "The answer is 13"],  # summed after
+    ):
+        assert first_wrong_step(gains, steps) == -1 and strategy_of(gains, steps) == "gains_losses", steps
+    assert strategy_of(gains, ["Ann has 5 + 7 = 12 apples.", "Ann has 12 - 2 = 10 apples.", "Ann has 10 + 3 = 13 apples.",
+                               "The answer is 13"]) == "running_total"  # another event order
+    boxes = make_problem(CONTAINERS, "tiny-example-00005", max_result=50, family="shared_containers", gold="running_total")
+    assert strategy_of(boxes, ["Eva gets 6 + 9 = 15 bags.", "Eva gets 2 * 15 = 30 books.", "Eva has 5 + 30 = 35 books.",
+                               "The answer is 35"]) == "containers_first"
+    # a strategy the world does not define (the products first, then their sum) is wrong where it leaves them
+    assert first_wrong_step(boxes, ["Eva gets 9 * 2 = 18 books.", "Eva gets 6 * 2 = 12 books.", "Eva has 18 + 12 = 30 books."]) == 1
+
+
+def test_a_strategy_that_does_not_solve_the_family_is_refused():
+    with pytest.raises(ValueError, match="has no strategy 'containers_first'"):
+        make_problem(GAINS, "tiny-example-00006", max_result=50, family="gains_losses", gold="containers_first")
+
+
+def test_unknown_family_or_strategy_names_are_refused_naming_the_key(tmp_path):
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"command line: tinyworld\.families\[1\] must be one of .*shared_containers.*got 'nope'"):
+        load_config(None, ["tinyworld.families=[gains_losses, nope]"])
+    path = tmp_path / "c.yaml"
+    path.write_text("tinyworld:\n  strategies: [running_total, sideways]\n")
+    with pytest.raises(ConfigError, match=rf"{path}: tinyworld\.strategies\[1\] must be one of .*containers_first.*got 'sideways'"):
+        load_config(path)
+    # names the loader accepts but that leave a family without a gold strategy, or no family at all
+    with pytest.raises(ValueError, match=r"tinyworld\.strategies: none of family 'shared_containers'"):
+        generate_splits(dataclasses.replace(SMALL, strategies=["gains_losses"]))
+    with pytest.raises(ValueError, match=r"tinyworld\.families: empty"):
+        generate_splits(dataclasses.replace(SMALL, families=[]))
+    with pytest.raises(ValueError, match=r"tinyworld\.families\[0\]: unknown family 'x'"):
+        generate_splits(dataclasses.replace(SMALL, families=["x"]))
 
 
 def test_bad_ranges_are_refused():

@@ -1,25 +1,37 @@
-"""Synthetic multi-step arithmetic word problems with more than one valid step order.
+"""Synthetic multi-step arithmetic word problems whose correct solutions follow different strategies.
 
 A problem is a start amount and a list of events, each adding or removing items:
 
-    Ann has 5 apples. She buys 3 bags with 4 apples each. She gives away 2 apples.
+    Ann has 5 apples. She buys 3 apples. She finds 7 apples. She gives away 2 apples.
     How many apples does Ann have now?
 
-An event is simple (``+n`` / ``-n``: one calculation) or grouped (``+a*b`` / ``-a*b``: two
-calculations, the product and then its application). A solution applies the events to the
-running total in some order, one calculation per step; a grouped event's product is computed
-in the step right before it is applied. Every order of the events whose intermediate totals
-stay within [0, max_result] is a valid strategy: the example has two,
+An event is simple (``+n`` / ``-n``) or grouped (``+a*b`` / ``-a*b``: ``a`` containers with
+``b`` items each). Every problem belongs to a *family* (``FAMILIES``), which fixes how its
+events are drawn and which *strategies* solve it; each strategy is a fixed step template, one
+calculation ``a op b = c`` per step, ending with ``The answer is N``:
 
-    Ann buys 3 * 4 = 12 apples.          Ann has 5 - 2 = 3 apples.
-    Ann has 5 + 12 = 17 apples.          Ann buys 3 * 4 = 12 apples.
-    Ann has 17 - 2 = 15 apples.          Ann has 3 + 12 = 15 apples.
-    The answer is 15                     The answer is 15
+- ``running_total`` (every family): apply the events to the running total one at a time; a
+  grouped event's product is computed in the step right before it is applied.
+- ``gains_losses`` (family ``gains_losses``: simple events, at least two gains or two losses):
+  sum the gains, sum the losses, then start + gains - losses.
+- ``containers_first`` (family ``shared_containers``: two grouped events with the same sign and
+  container size): add the container counts, multiply once, apply.
 
-``meta["solutions"]`` lists every valid strategy's steps; the first is the gold solution the
-base policy is trained on (the narrative order, or with probability ``swap_fraction`` another
-valid order, so that the training data holds both). Operands are at most ``max_operand``,
-products and running totals within [0, max_result]. Everything is deterministic in the seed.
+    running_total                    gains_losses
+    Ann has 5 + 3 = 8 apples.        Ann gets 3 + 7 = 10 apples.
+    Ann has 8 + 7 = 15 apples.       Ann has 5 + 10 = 15 apples.
+    Ann has 15 - 2 = 13 apples.      Ann has 15 - 2 = 13 apples.
+    The answer is 13                 The answer is 13
+
+The gold solution (``meta["solutions"][0]``, what the base policy is trained on) is one
+strategy's template, the strategy drawn per problem from the seeded stream, independently of the
+question text, so the trained policy mixes strategies. ``meta["solutions"]`` also lists every
+other solution a correct reasoner could write with the family's strategies (the running total in
+every valid event order, the other strategies' sums in any order and with the two totals applied
+in either order), ``meta["strategies"]`` their strategy names, ``meta["family"]`` the family.
+Calculations are compared up to the order of the operands of + and * (``3 + 7 = 10`` is
+``7 + 3 = 10``). Operands are at most ``max_operand``, products and every intermediate result
+within [0, max_result]. Everything is deterministic in the seed.
 """
 
 from __future__ import annotations
@@ -27,13 +39,24 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import typing
 from dataclasses import dataclass
 from typing import Sequence
 
+from pipeline.config import TinyFamily, TinyStrategy
 from pipeline.records import Problem
 
 SOURCE = "tiny"
 ANSWER_STEP = "The answer is {answer}"
+
+# family -> the strategies that solve its problems, running_total first (every family has it)
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "gains_losses": ("running_total", "gains_losses"),
+    "shared_containers": ("running_total", "containers_first"),
+    "mixed": ("running_total",),
+}
+STRATEGIES = tuple(dict.fromkeys(s for strategies in FAMILIES.values() for s in strategies))
+assert set(FAMILIES) == set(typing.get_args(TinyFamily)) and set(STRATEGIES) == set(typing.get_args(TinyStrategy))
 
 NAMES = [("Ann", "She"), ("Ben", "He"), ("Cara", "She"), ("Dan", "He"), ("Eva", "She"), ("Finn", "He"),
          ("Gina", "She"), ("Hugo", "He"), ("Ivy", "She"), ("Jack", "He"), ("Kim", "She"), ("Leo", "He")]
@@ -43,8 +66,8 @@ CONTAINERS = ["bags", "boxes", "packs"]
 # (question verb, step verb); {n} items, or {a} containers "with {b} items each".
 GAIN_VERBS = [("buys", "buys"), ("finds", "finds"), ("gets", "gets")]
 LOSS_VERBS = [("gives away", "gives away"), ("sells", "sells"), ("loses", "loses")]
-
-
+# the verb of a step that sums several gains (or losses, or their containers)
+SUM_VERBS = {1: "gets", -1: "loses"}
 @dataclass(frozen=True)
 class Event:
     """One change to the amount: sign * count * size (size 1 for a simple event)."""
@@ -157,11 +180,145 @@ def valid_orders(story: Story, max_result: int) -> list[tuple[int, ...]]:
     return orders
 
 
+# ----------------------------------------------------------------------------- strategies' solutions
+#
+# Each function returns the strategy's solutions of a story, its template (the gold solution
+# when the strategy is drawn) first; an empty list when the strategy does not apply.
+
+
+def running_total_solutions(story: Story, max_result: int, template_only: bool = False) -> list[list[str]]:
+    """The events applied one at a time, in every valid order. Template: the narrative order."""
+    if template_only:
+        narrative = tuple(range(len(story.events)))
+        return [solution_steps(story, narrative)] if order_is_valid(story, narrative, max_result) else []
+    return [solution_steps(story, order) for order in valid_orders(story, max_result)]
+
+
+def _sum_steps(name: str, sign: int, terms: Sequence[int], word: str) -> tuple[list[str], int]:
+    """Steps adding ``terms`` left to right ("Ann gets 3 + 7 = 10 apples."), and their sum."""
+    steps, total = [], terms[0]
+    for term in terms[1:]:
+        steps.append(f"{name} {SUM_VERBS[sign]} {total} + {term} = {total + term} {word}.")
+        total += term
+    return steps, total
+
+
+def _apply(name: str, item: str, total: int, sign: int, amount: int, max_result: int) -> tuple[str, int] | None:
+    """The step applying ``sign * amount`` to ``total`` and the new total; None out of range."""
+    new_total = total + sign * amount
+    if not 0 <= new_total <= max_result:
+        return None
+    return f"{name} has {total} {'+' if sign > 0 else '-'} {amount} = {new_total} {item}.", new_total
+
+
+def _orderings(terms: Sequence[int]) -> list[tuple[int, ...]]:
+    """The distinct orders of a list of terms, the given order first."""
+    return list(dict.fromkeys(itertools.permutations(terms)))
+
+
+def gains_losses_solutions(story: Story, max_result: int, template_only: bool = False) -> list[list[str]]:
+    """Sum the gains, sum the losses, then combine (simple events; at least two gains or two losses).
+
+    Template: the gains summed in narrative order, then the losses, then start + gains - losses.
+    Also valid: the sums in any term order, either sum first, the two totals applied in either
+    order (each running total in range), and each total applied right after it is summed.
+    """
+    if any(e.grouped for e in story.events):
+        return []
+    blocks = [(sign, [e.count for e in story.events if e.sign == sign]) for sign in (1, -1)]
+    blocks = [(sign, terms) for sign, terms in blocks if terms]
+    if max(len(terms) for _, terms in blocks) < 2:
+        return []
+    name, item = NAMES[story.name][0], ITEMS[story.item]
+    solutions = []
+    all_chains = list(itertools.product(*[_orderings(terms) for _, terms in blocks]))
+    for chains in all_chains[:1] if template_only else all_chains:
+        summed = [(sign, *_sum_steps(name, sign, chain, item)) for (sign, _), chain in zip(blocks, chains)]
+        plans = []  # (blocks in the order they are summed, in the order they are applied, interleaved)
+        for sum_order in itertools.permutations(range(len(summed))):
+            plans += [(sum_order, apply_order, False) for apply_order in itertools.permutations(range(len(summed)))]
+            plans.append((sum_order, sum_order, True))
+        for sum_order, apply_order, interleaved in plans[:1] if template_only else plans:
+            steps, total = [], story.start
+            if not interleaved:
+                steps = [step for b in sum_order for step in summed[b][1]]
+            for b in apply_order:
+                sign, sum_steps, amount = summed[b]
+                applied = _apply(name, item, total, sign, amount, max_result)
+                if applied is None:
+                    break
+                steps += (sum_steps if interleaved else []) + [applied[0]]
+                total = applied[1]
+            else:
+                solutions.append(steps + [ANSWER_STEP.format(answer=total)])
+    return solutions
+
+
+def _shared_group(story: Story) -> list[int]:
+    """Indices of the grouped events when there are at least two and they share sign and size."""
+    grouped = [i for i, e in enumerate(story.events) if e.grouped]
+    if len(grouped) < 2 or len({(story.events[i].sign, story.events[i].size) for i in grouped}) != 1:
+        return []
+    return grouped
+
+
+def containers_first_solutions(story: Story, max_result: int, template_only: bool = False) -> list[list[str]]:
+    """Add the container counts of the grouped events (when they share sign and container size),
+    multiply once, apply (``Ann gets 3 + 2 = 5 boxes.``, ``Ann gets 5 * 4 = 20 pens.``,
+    ``Ann has 5 + 20 = 25 pens.``).
+
+    Template: the counts in narrative order, the merged event applied where the first grouped
+    event is told. Also valid: the counts in any order, the merged event and the other events
+    applied in any valid order (the merged event's sum and product right before it is applied).
+    """
+    grouped = _shared_group(story)
+    if not grouped:
+        return []
+    name, item = NAMES[story.name][0], ITEMS[story.item]
+    first = story.events[grouped[0]]
+    word = CONTAINERS[first.container]
+    merged = -1  # stands for the merged event in an order
+    units = [merged if i == grouped[0] else i for i in range(len(story.events)) if i not in grouped[1:]]
+    chains = _orderings([story.events[i].count for i in grouped])
+    orders = list(dict.fromkeys(itertools.permutations(units)))
+    solutions = []
+    for chain, order in itertools.product(chains[:1], orders[:1]) if template_only else itertools.product(chains, orders):
+        count_steps, count = _sum_steps(name, first.sign, chain, word)
+        product = f"{name} {SUM_VERBS[first.sign]} {count} * {first.size} = {count * first.size} {item}."
+        steps, total = [], story.start
+        for unit in order:
+            if unit == merged:
+                sign, amount, before = first.sign, count * first.size, count_steps + [product]
+            else:
+                event = story.events[unit]
+                sign, amount = event.sign, event.amount
+                before = [f"{name} {_verb(event)[1]} {event.count} * {event.size} = {amount} {item}."] if event.grouped else []
+            applied = _apply(name, item, total, sign, amount, max_result)
+            if applied is None:
+                break
+            steps += before + [applied[0]]
+            total = applied[1]
+        else:
+            solutions.append(steps + [ANSWER_STEP.format(answer=total)])
+    return solutions
+
+
+STRATEGY_SOLUTIONS = {
+    "running_total": running_total_solutions,
+    "gains_losses": gains_losses_solutions,
+    "containers_first": containers_first_solutions,
+}
+assert set(STRATEGY_SOLUTIONS) == set(STRATEGIES)
+
+
 # ----------------------------------------------------------------------------- sampling
+
+_MAX_TRIES = 10_000
 
 
 def sample_story(rng: random.Random, num_ops: int, max_operand: int, max_result: int) -> Story:
-    """A story with exactly ``num_ops`` calculations whose narrative order is valid.
+    """Family ``mixed``: simple and grouped events of either sign, exactly ``num_ops``
+    calculations, the narrative order valid.
 
     The events are drawn along the narrative: a loss never exceeds the running total, a gain
     never pushes it past max_result, a product never exceeds max_result.
@@ -191,32 +348,129 @@ def sample_story(rng: random.Random, num_ops: int, max_operand: int, max_result:
             return Story(rng.randrange(len(NAMES)), rng.randrange(len(ITEMS)), start, tuple(events))
 
 
-def make_problem(story: Story, problem_id: str, max_result: int, swap: bool) -> Problem:
-    """The Problem of a story. Its gold solution (``meta["solutions"][0]``) applies the events in
-    the order the question tells them or, with ``swap``, in the reverse order when that order is
-    valid: two strategies a small model can learn to tell apart, both in the training data."""
-    orders = valid_orders(story, max_result)
-    reverse = tuple(reversed(orders[0]))
-    if swap and reverse != orders[0] and reverse in orders:
-        orders.remove(reverse)
-        orders.insert(0, reverse)
+def sample_gains_losses(rng: random.Random, num_ops: int, max_operand: int, max_result: int) -> Story:
+    """Family ``gains_losses``: ``num_ops`` simple events (one calculation each in either
+    strategy), at least two gains or two losses; drawn along the narrative (valid), and start +
+    all gains within max_result (the template's order valid)."""
+    for _ in range(_MAX_TRIES):
+        start = rng.randint(1, min(max_operand, max_result))
+        total, events = start, []
+        for _ in range(num_ops):
+            sign = 1 if rng.random() < 0.5 else -1
+            room = max_result - total if sign > 0 else total
+            if room < 1:
+                break
+            count = rng.randint(1, min(max_operand, room))
+            events.append(Event(sign, count, 1, rng.randrange(len(GAIN_VERBS)), 0))
+            total += sign * count
+        gains = [e.count for e in events if e.sign > 0]
+        if len(events) == num_ops and max(len(gains), num_ops - len(gains)) >= 2 and start + sum(gains) <= max_result:
+            return Story(rng.randrange(len(NAMES)), rng.randrange(len(ITEMS)), start, tuple(events))
+    raise ValueError(f"tinyworld: could not draw a gains_losses problem with {num_ops} events within "
+                     f"max_operand={max_operand}, max_result={max_result}")
+
+
+def sample_shared_containers(rng: random.Random, num_ops: int, max_operand: int, max_result: int) -> Story:
+    """Family ``shared_containers``: two grouped events with the same sign, container and size
+    (``She buys 3 boxes with 4 pens each. She finds 2 boxes with 4 pens each.``) and
+    max(0, num_ops - 3) simple events told anywhere among them: the containers-first solution
+    has max(num_ops, 3) calculations, the running total one more. Both templates valid, every
+    product within max_result."""
+    for _ in range(_MAX_TRIES):
+        start = rng.randint(1, min(max_operand, max_result))
+        sign = 1 if rng.random() < 0.5 else -1
+        size = rng.randint(2, max(2, min(max_operand, max_result // 4)))
+        container = rng.randrange(len(CONTAINERS))
+        first = rng.randint(2, max(2, min(max_operand, max_result // size - 2)))
+        second = rng.randint(2, max(2, min(max_operand, max_result // size - first)))
+        events = [Event(sign, count, size, rng.randrange(len(GAIN_VERBS)), container) for count in (first, second)]
+        for _ in range(max(0, num_ops - 3)):
+            simple_sign = 1 if rng.random() < 0.5 else -1
+            event = Event(simple_sign, rng.randint(1, max_operand), 1, rng.randrange(len(GAIN_VERBS)), 0)
+            events.insert(rng.randint(0, len(events)), event)
+        story = Story(rng.randrange(len(NAMES)), rng.randrange(len(ITEMS)), start, tuple(events))
+        if ((first + second) * size <= max_result and order_is_valid(story, range(len(events)), max_result)
+                and containers_first_solutions(story, max_result, template_only=True)):
+            return story
+    raise ValueError(f"tinyworld: could not draw a shared_containers problem within max_operand={max_operand}, "
+                     f"max_result={max_result} (two containers of at least 2 items, at least 2 each, need max_result >= 8)")
+
+
+SAMPLERS = {"gains_losses": sample_gains_losses, "shared_containers": sample_shared_containers, "mixed": sample_story}
+assert set(SAMPLERS) == set(FAMILIES)
+
+
+def _calculation_key(equation: tuple[int, str, int, int]) -> tuple[int, str, int, int]:
+    """A calculation up to the order of the operands of + and * (3 + 7 = 10 is 7 + 3 = 10)."""
+    a, op, b, c = equation
+    return (min(a, b), op, max(a, b), c) if op in "+*" else equation
+
+
+def _calculations(steps: Sequence[str]) -> tuple:
+    return tuple(_calculation_key(e) for e in step_equations(steps))
+
+
+def make_problem(story: Story, problem_id: str, max_result: int, family: str, gold: str) -> Problem:
+    """The Problem of a story of ``family`` whose gold solution is strategy ``gold``'s template.
+
+    ``meta["solutions"]``: the gold template, then the family's other strategies' templates,
+    then every other solution of each strategy; a solution whose calculations (up to operand
+    order) repeat an earlier one is left out. ``meta["strategies"]`` names each one's strategy.
+    """
+    if gold not in FAMILIES[family]:
+        raise ValueError(f"tinyworld: family {family!r} has no strategy {gold!r} (its strategies: {', '.join(FAMILIES[family])})")
+    template = STRATEGY_SOLUTIONS[gold](story, max_result, template_only=True)
+    if not template:
+        raise ValueError(f"tinyworld: strategy {gold!r} has no valid template for {question_text(story)!r}")
+    others = [s for s in FAMILIES[family] if s != gold]
+    every = {s: STRATEGY_SOLUTIONS[s](story, max_result) for s in FAMILIES[family]}
+    candidates = [(gold, template[0])] + [(s, every[s][0]) for s in others if every[s]]
+    candidates += [(s, steps) for s in [gold] + others for steps in every[s]]
+    solutions, strategies, seen = [], [], set()
+    for strategy, steps in candidates:
+        key = _calculations(steps)
+        if key not in seen:
+            seen.add(key)
+            solutions.append(steps)
+            strategies.append(strategy)
     return Problem(
         problem_id=problem_id,
         question=question_text(story),
         answer=str(story.answer),
         source=SOURCE,
-        meta={"solutions": [solution_steps(story, order) for order in orders], "num_ops": story.num_ops},
+        meta={"solutions": solutions, "strategies": strategies, "family": family, "num_ops": len(step_equations(solutions[0]))},
     )
 
 
 SPLITS = ("test", "val", "train")
 
 
+def drawn_strategies(cfg) -> dict[str, list[str]]:
+    """family -> the strategies its gold solutions are drawn from (those of tinyworld.strategies
+    that solve it); ValueError naming the key when a family gets none or no family is listed."""
+    if not cfg.families:
+        raise ValueError(f"tinyworld.families: empty; known: {', '.join(FAMILIES)}")
+    drawn = {}
+    for index, family in enumerate(cfg.families):
+        if family not in FAMILIES:
+            raise ValueError(f"tinyworld.families[{index}]: unknown family {family!r}; known: {', '.join(FAMILIES)}")
+        drawn[family] = [s for s in FAMILIES[family] if s in cfg.strategies]
+        if not drawn[family]:
+            raise ValueError(f"tinyworld.strategies: none of family {family!r}'s strategies ({', '.join(FAMILIES[family])}) "
+                             f"is listed, got {list(cfg.strategies)}")
+    for index, strategy in enumerate(cfg.strategies):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"tinyworld.strategies[{index}]: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    return drawn
+
+
 def generate_splits(cfg) -> dict[str, list[Problem]]:
     """train / val / test problems (a TinyWorldConfig), disjoint by question text.
 
     One seeded stream fills test first, then val, then train, so the test set does not change
-    when n_train does. Ids are "tiny-<split>-<index:05d>".
+    when n_train does. Per problem it draws the family (uniformly from tinyworld.families), the
+    number of calculations, the story, and the gold strategy (uniformly from the family's
+    strategies in tinyworld.strategies). Ids are "tiny-<split>-<index:05d>".
     """
     if not 1 <= cfg.min_ops <= cfg.max_ops:
         raise ValueError(f"tinyworld: need 1 <= min_ops <= max_ops, got min_ops={cfg.min_ops} max_ops={cfg.max_ops}")
@@ -225,6 +479,7 @@ def generate_splits(cfg) -> dict[str, list[Problem]]:
             f"tinyworld: need max_operand >= 2 and max_result >= 2 * max_operand, "
             f"got max_operand={cfg.max_operand} max_result={cfg.max_result}"
         )
+    drawn = drawn_strategies(cfg)
     rng = random.Random(cfg.seed)
     sizes = {"test": cfg.n_test, "val": cfg.n_val, "train": cfg.n_train}
     seen: set[str] = set()
@@ -239,9 +494,10 @@ def generate_splits(cfg) -> dict[str, list[Problem]]:
                     f"tinyworld: could not draw {sizes[split]} distinct {split} problems; "
                     "widen max_operand / max_result / the ops range or ask for fewer"
                 )
-            story = sample_story(rng, rng.randint(cfg.min_ops, cfg.max_ops), cfg.max_operand, cfg.max_result)
-            swap = rng.random() < cfg.swap_fraction
-            problem = make_problem(story, f"tiny-{split}-{len(problems):05d}", cfg.max_result, swap)
+            family = rng.choice(cfg.families)
+            story = SAMPLERS[family](rng, rng.randint(cfg.min_ops, cfg.max_ops), cfg.max_operand, cfg.max_result)
+            gold = rng.choice(drawn[family])
+            problem = make_problem(story, f"tiny-{split}-{len(problems):05d}", cfg.max_result, family, gold)
             if problem.question in seen:
                 continue
             seen.add(problem.question)
@@ -265,21 +521,29 @@ def step_equations(steps: Sequence[str]) -> tuple[tuple[int, str, int, int], ...
 
 
 def valid_step_orders(problem: Problem) -> list[list[str]]:
-    """Every valid strategy's steps (the first is the gold solution)."""
+    """Every valid solution's steps (the first is the gold solution)."""
     return [list(steps) for steps in problem.meta["solutions"]]
 
 
 def num_strategies(problem: Problem) -> int:
-    """How many distinct valid strategies (step orders) a problem has."""
+    """How many distinct valid solutions (step orders of the problem's strategies) a problem has."""
     return len(problem.meta["solutions"])
 
 
+def strategy_names(problem: Problem) -> list[str]:
+    """The distinct strategy names of a problem's valid solutions, in order of first appearance
+    (each solution index as its own name for a problem without ``meta["strategies"]``)."""
+    names = problem.meta.get("strategies") or [str(i) for i in range(len(problem.meta["solutions"]))]
+    return list(dict.fromkeys(map(str, names)))
+
+
 def solution_strategy(problem: Problem, steps: Sequence[str]) -> int | None:
-    """Index (into valid_step_orders) of the strategy whose calculations ``steps`` carry out,
-    wording aside; None when they match none (a wrong or unfinished solution)."""
-    equations = step_equations(steps)
+    """Index (into valid_step_orders) of the solution whose calculations ``steps`` carry out,
+    wording and the order of the operands of + and * aside; None when they match none (a wrong
+    or unfinished solution)."""
+    calculations = _calculations(steps)
     for index, solution in enumerate(problem.meta["solutions"]):
-        if step_equations(solution) == equations:
+        if _calculations(solution) == calculations:
             return index
     return None
 
@@ -306,18 +570,18 @@ def first_wrong_step(problem: Problem, steps: Sequence[str]) -> int:
     (ProcessBench's label), exact because the world knows every valid strategy:
 
     - a step that writes calculations is right while the calculations written so far are the
-      start of some valid strategy's (a wrong result, a wrong operand or an order no strategy
-      takes is wrong; wording aside, as in solution_strategy);
+      start of some valid solution's (a wrong result, a wrong operand or an order no strategy
+      takes is wrong; wording and the operand order of + and * aside, as in solution_strategy);
     - a step without a calculation is right when it is ``The answer is <the answer>``.
 
-        problem with valid strategies [(3*4=12, 5+12=17, 17-2=15), (5-2=3, 3*4=12, 3+12=15)], answer 15
+        problem with valid solutions [(3*4=12, 5+12=17, 17-2=15), (5-2=3, 3*4=12, 3+12=15)], answer 15
         ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 13 apples.", ...]  ->  1
         ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "The answer is 17"]  ->  2
     """
-    strategies = [step_equations(solution) for solution in problem.meta["solutions"]]
+    strategies = [_calculations(solution) for solution in problem.meta["solutions"]]
     written: tuple = ()
     for index, step in enumerate(steps):
-        equations = step_equations([step])
+        equations = _calculations([step])
         if equations:
             written += equations
             if not any(strategy[: len(written)] == written for strategy in strategies):
