@@ -257,7 +257,7 @@ def test_unknown_family_or_strategy_names_are_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=rf"{path}: tinyworld\.strategies\[1\] must be one of .*containers_first.*got 'sideways'"):
         load_config(path)
     # names the loader accepts but that leave a family without a gold strategy, or no family at all
-    with pytest.raises(ValueError, match=r"tinyworld\.strategies: none of family 'shared_containers'"):
+    with pytest.raises(ValueError, match=r"tinyworld\.strategies: family 'shared_containers' has none of its strategies"):
         generate_splits(dataclasses.replace(SMALL, strategies=["gains_losses"]))
     with pytest.raises(ValueError, match=r"tinyworld\.families: empty"):
         generate_splits(dataclasses.replace(SMALL, families=[]))

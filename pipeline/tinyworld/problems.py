@@ -456,8 +456,8 @@ def drawn_strategies(cfg) -> dict[str, list[str]]:
             raise ValueError(f"tinyworld.families[{index}]: unknown family {family!r}; known: {', '.join(FAMILIES)}")
         drawn[family] = [s for s in FAMILIES[family] if s in cfg.strategies]
         if not drawn[family]:
-            raise ValueError(f"tinyworld.strategies: none of family {family!r}'s strategies ({', '.join(FAMILIES[family])}) "
-                             f"is listed, got {list(cfg.strategies)}")
+            raise ValueError(f"tinyworld.strategies: family {family!r} has none of its strategies ({', '.join(FAMILIES[family])}) "
+                             f"listed, got {list(cfg.strategies)}")
     for index, strategy in enumerate(cfg.strategies):
         if strategy not in STRATEGIES:
             raise ValueError(f"tinyworld.strategies[{index}]: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
