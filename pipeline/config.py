@@ -232,6 +232,8 @@ class BootstrapConfig:
     num_heads: int = bounded(4, ge=1)
     intermediate_size: int = bounded(512, ge=1)
     max_position_embeddings: int = bounded(256, ge=1)
+    # train on every strategy's template of each problem (false: on its gold solution only); docs/tinyworld.md
+    every_strategy: bool = True
     train_seconds: float = bounded(3600.0, gt=0)  # wall-clock safety net: a run still training then stops, with a loud warning
     max_train_steps: int = bounded(100000, ge=1)  # optimizer steps: what bounds the run
     batch_size: int = bounded(32, ge=1)

@@ -54,7 +54,7 @@ def build_base_policy(config, out: Path, progress: bool = True, settings: dict |
     log.info("bootstrap: %s problems", {name: len(p) for name, p in splits.items()})
 
     tokenizer, model = untrained_policy(config, splits)
-    examples = training_examples(splits["train"], tokenizer, config.format, boot.max_position_embeddings)
+    examples = training_examples(splits["train"], tokenizer, config.format, boot.max_position_embeddings, boot.every_strategy)
     log.info("bootstrap: %d parameters, vocabulary %d, %d training examples", count_parameters(model), len(tokenizer), len(examples))
 
     with torch_threads(boot.torch_threads):

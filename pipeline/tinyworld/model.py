@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 from pipeline.io import commit_folder, staging_folder
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory
+from pipeline.tinyworld.problems import strategy_templates
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 
 IGNORE_INDEX = -100
@@ -88,8 +89,11 @@ class TrainingExample:
     labels: list[int]
 
 
-def training_examples(problems, tokenizer, format_config, max_length: int | None = None) -> list[TrainingExample]:
-    """One example per problem: its prompt and its gold solution (``meta["solutions"][0]``).
+def training_examples(problems, tokenizer, format_config, max_length: int | None = None,
+                      every_strategy: bool = False) -> list[TrainingExample]:
+    """One example per problem: its prompt and its gold solution (``meta["solutions"][0]``); with
+    ``every_strategy``, one per strategy of the problem: its prompt and that strategy's template
+    (``pipeline.tinyworld.problems.strategy_templates``, the gold first).
 
     Examples longer than ``max_length`` tokens are an error naming the problem: a model cannot
     learn to finish a solution it never sees the end of.
@@ -97,15 +101,15 @@ def training_examples(problems, tokenizer, format_config, max_length: int | None
     examples = []
     for problem in problems:
         prompt = prompt_from_config(problem.question, problem.kind, tokenizer, format_config)
-        steps = problem.meta["solutions"][0]
-        segmented = encode_trajectory(tokenizer, prompt, steps, format_config.separator, add_end=True)
-        ids = segmented.input_ids
-        if max_length is not None and len(ids) > max_length:
-            raise ValueError(
-                f"problem {problem.problem_id}: {len(ids)} tokens exceed bootstrap.max_position_embeddings={max_length}"
-            )
-        labels = [IGNORE_INDEX] * segmented.prompt_len + ids[segmented.prompt_len:]
-        examples.append(TrainingExample(ids, labels))
+        for steps in strategy_templates(problem) if every_strategy else [problem.meta["solutions"][0]]:
+            segmented = encode_trajectory(tokenizer, prompt, steps, format_config.separator, add_end=True)
+            ids = segmented.input_ids
+            if max_length is not None and len(ids) > max_length:
+                raise ValueError(
+                    f"problem {problem.problem_id}: {len(ids)} tokens exceed bootstrap.max_position_embeddings={max_length}"
+                )
+            labels = [IGNORE_INDEX] * segmented.prompt_len + ids[segmented.prompt_len:]
+            examples.append(TrainingExample(ids, labels))
     return examples
 
 

@@ -537,6 +537,16 @@ def strategy_names(problem: Problem) -> list[str]:
     return list(dict.fromkeys(map(str, names)))
 
 
+def strategy_templates(problem: Problem) -> list[list[str]]:
+    """The first listed solution of each strategy name: the gold, then the other strategies'
+    templates (make_problem lists them right after the gold)."""
+    names = problem.meta.get("strategies") or [str(i) for i in range(len(problem.meta["solutions"]))]
+    first: dict[str, list[str]] = {}
+    for name, steps in zip(map(str, names), problem.meta["solutions"]):
+        first.setdefault(name, list(steps))
+    return list(first.values())
+
+
 def solution_strategy(problem: Problem, steps: Sequence[str]) -> int | None:
     """Index (into valid_step_orders) of the solution whose calculations ``steps`` carry out,
     wording and the order of the operands of + and * aside; None when they match none (a wrong
