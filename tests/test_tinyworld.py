@@ -345,6 +345,20 @@ def test_training_examples_mask_the_prompt(splits, tokenizer):
         training_examples([problem], tokenizer, FormatConfig(), max_length=10)
 
 
+def test_every_strategy_trains_each_strategy_template_of_a_problem(splits, tokenizer):
+    from pipeline.tinyworld.model import training_examples
+    from pipeline.tinyworld.problems import strategy_templates
+
+    problem = next(p for p in splits["train"] if len(strategy_names(p)) == 2)
+    examples = training_examples([problem], tokenizer, FormatConfig(), every_strategy=True)
+    prompt_len = len(tokenizer(prompt_from_config(problem.question, problem.kind, tokenizer, FormatConfig()))["input_ids"])
+    texts = [tokenizer.decode(e.input_ids[prompt_len:], skip_special_tokens=True) for e in examples]
+    templates = strategy_templates(problem)
+    assert texts == [join_steps(steps) for steps in templates]
+    assert templates[0] == problem.meta["solutions"][0]  # the gold first
+    assert [strategy_of(problem, steps) for steps in templates] == strategy_names(problem)
+
+
 @pytest.mark.slow
 def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path):
     import torch
