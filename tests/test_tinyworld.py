@@ -265,6 +265,29 @@ def test_unknown_family_or_strategy_names_are_refused_naming_the_key(tmp_path):
         generate_splits(dataclasses.replace(SMALL, families=["x"]))
 
 
+def test_the_bootstrap_strategy_metrics_read_the_strategy_names_of_correct_samples():
+    from pipeline.records import Sample
+    from stages.bootstrap import strategy_metrics
+
+    gains = make_problem(GAINS, "tiny-example-00007", max_result=50, family="gains_losses", gold="running_total")
+    mixed = example_problem()  # one strategy name: not in the entropy's average
+    rt, gl = TEMPLATES["gains_losses", "running_total"], TEMPLATES["gains_losses", "gains_losses"]
+    wrong = ["Ann has 5 + 3 = 9 apples.", "The answer is 14"]
+
+    def sample(problem, index, steps, correct=True):
+        return Sample(problem_id=problem.problem_id, model="m", sample_idx=index, steps=steps, final_answer=None, correct=correct)
+
+    records = [sample(gains, -1, gl), sample(gains, 0, rt), sample(gains, 1, gl), sample(gains, 2, gl), sample(gains, 3, wrong, False),
+               sample(mixed, -1, wrong, False), *(sample(mixed, i, valid_step_orders(mixed)[i % 2]) for i in range(4))]
+    metrics = strategy_metrics([gains, mixed], records)
+    assert metrics["strategy_entropy_multi"] == pytest.approx(0.9183, abs=1e-4)  # running_total once, gains_losses twice
+    assert metrics["strategy_entropy_problems"] == 1
+    assert metrics["family_strategy_entropy"] == {"gains_losses": pytest.approx(0.9183, abs=1e-4)}
+    assert metrics["family_accuracy"] == {"gains_losses": {"problems": 1, "greedy": 1.0, "sampled": 0.75},
+                                          "mixed": {"problems": 1, "greedy": 0.0, "sampled": 1.0}}
+    assert metrics["greedy_strategy_counts"] == {"gains_losses": 1}
+
+
 def test_bad_ranges_are_refused():
     with pytest.raises(ValueError, match="min_ops"):
         generate_splits(TinyWorldConfig(min_ops=3, max_ops=2))
@@ -381,7 +404,8 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
     assert len((out / "problems_test.jsonl").read_text().splitlines()) == 20
     assert json.loads((out / "metrics.json").read_text()) == metrics
     assert metrics["train_steps"] > 0 and metrics["parameters"] > 0
-    for key in ("greedy_accuracy", "sampled_accuracy", "pass@2", "maj@2", "mc_prefixes", "step_arithmetic_error_rate"):
+    for key in ("greedy_accuracy", "sampled_accuracy", "pass@2", "maj@2", "mc_prefixes", "step_arithmetic_error_rate",
+                "family_accuracy", "strategy_entropy_multi", "greedy_strategy_counts"):
         assert key in metrics
     assert 0.0 <= metrics["greedy_accuracy"] <= 1.0
     assert (out / "model" / "model.safetensors").is_file()

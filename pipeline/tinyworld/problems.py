@@ -393,7 +393,7 @@ def sample_shared_containers(rng: random.Random, num_ops: int, max_operand: int,
                 and containers_first_solutions(story, max_result, template_only=True)):
             return story
     raise ValueError(f"tinyworld: could not draw a shared_containers problem within max_operand={max_operand}, "
-                     f"max_result={max_result} (two containers of at least 2 items, at least 2 each, need max_result >= 8)")
+                     f"max_result={max_result} (two grouped events of at least 2 containers of at least 2 items need max_result >= 8)")
 
 
 SAMPLERS = {"gains_losses": sample_gains_losses, "shared_containers": sample_shared_containers, "mixed": sample_story}
