@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import yaml
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 from eval.evaluate import parse_model_spec, resolve_benchmark
 from pipeline.batches import check_divisible, gradient_accumulation
 from pipeline.config import Config, ConfigError
@@ -30,6 +32,7 @@ from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.io import parse_shard
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
 from pipeline.shapes import ModelShape, activation_bytes, engine_memory_share, lora_parameters, model_shape
+from prm.formats import is_hub_id
 
 GIB = 1024**3
 
@@ -168,9 +171,34 @@ def resolve_model(config: Config, key: str, raw: str, derived_from: Model | None
     return Model(key, spec.path, "local" if spec.path_is_local else "hub", shape, source)
 
 
+def unresolvable_model(config: Config, key: str, raw: str, missing_ok: bool = False) -> str | None:
+    """Why the model ``raw`` names (config key ``key``) cannot be loaded, in one line naming the
+    key, or None: a local path (eval.evaluate.parse_model_spec's rule) that is not a folder, or a
+    hub id that is not of the hub's form owner/name (huggingface_hub's validate_repo_id). A hub id
+    of that form passes unlooked-up (nothing is downloaded); a path a stage of this run makes
+    ({run_dir}/<stage>/...) is left to the stage that reads it (stages.common.require names the
+    target that makes it). ``missing_ok``: a local path that does not exist at all passes too (make
+    eval skips such a model with a note)."""
+    if _made_by(config, raw) is not None:
+        return None
+    spec = parse_model_spec(config, key, raw)
+    path = Path(spec.path).expanduser()
+    if spec.path_is_local:
+        if path.is_dir() or (missing_ok and not path.exists()):
+            return None
+    elif is_hub_id(spec.path):
+        try:
+            validate_repo_id(spec.path)
+            return None
+        except HFValidationError:
+            pass
+    return f"{key}: {spec.path} is neither a local folder nor a hub id (owner/name)"
+
+
 def _check_model(plan: Plan, model: Model) -> None:
-    if model.status == "local" and not Path(model.value).expanduser().exists():
-        plan.error(model.key, f"{model.value} does not exist (a local path: neither a hub id 'org/name' nor made by a stage)")
+    problem = unresolvable_model(plan.config, model.key, model.value) if not model.status.startswith("made by") else None
+    if problem is not None:
+        plan.error(model.key, problem.split(": ", 1)[1])
     elif model.shape is None and not model.status.startswith("made by"):
         plan.warn(model.key, f"shape unknown ({model.source}): its memory and cost are not estimated")
 

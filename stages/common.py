@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from eval.evaluate import parse_model_spec
-from eval.plan import MEMORY_STAGES, stage_memory
+from eval.evaluate import ADAPTER_SEPARATOR, parse_model_spec
+from eval.plan import MEMORY_STAGES, stage_memory, unresolvable_model
 from pipeline.config import Config, ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.io import FolderError, InputNotFound, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
@@ -27,6 +27,7 @@ from pipeline.records import RecordError
 from pipeline.training.base import CHECKPOINTS
 from pipeline.training.checkpoint import CheckpointError
 from prm.formats import is_hub_id
+from prm.validation import SLIP_CHECKERS
 
 log = logging.getLogger("stepflow")
 
@@ -63,9 +64,48 @@ def parse_args(stage: str, argv: list[str] | None = None) -> Config:
     if printing:
         sys.stdout.write(config_text(config))
         raise SystemExit(0)
+    check_models(config, stage)
     check_served_adapters(config, stage)
     device_memory(config, stage)
     return config
+
+
+def _natural_slip_policy(config: Config) -> list[tuple[str, str]]:
+    """model.policy when make prm samples it for the natural-slip check (prm.kind unset: the
+    training problems' kind, known once they are read, may have a checker)."""
+    cfg = config.prm
+    if cfg.natural_slip_problems > 0 and (cfg.kind is None or cfg.kind in SLIP_CHECKERS):
+        return [("model.policy", config.model.policy)]
+    return []
+
+
+# stages.<name> -> the models it loads with this config, as (config key, value); make eval's
+# (eval.*) are the ones it skips with a note, or reports without, when not there (MISSING_OK)
+STAGE_MODELS: dict[str, Callable[[Config], list[tuple[str, str]]]] = {
+    "mcts": lambda c: [("model.policy", c.model.policy)],
+    "search": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
+    "train_prm": lambda c: [("model.prm", c.model.prm) if c.prm.eval_only else ("model.prm_backbone", c.model.prm_backbone)]
+    + _natural_slip_policy(c),
+    "train_gfn": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
+    "train_ppo": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
+    "prm_bench": lambda c: [("model.prm", c.model.prm)] + ([("model.policy", c.model.policy)] if c.prm_bench.policy_problems > 0 else []),
+    "evaluate": lambda c: [(f"eval.models.{name}", raw) for name, raw in c.eval.models.items()]
+    + ([("eval.prm", c.eval.prm)] if c.eval.prm else []),
+}
+MISSING_OK = ("eval.",)
+
+
+def check_models(config: Config, stage: str) -> None:
+    """Before any model loads: every model the stage loads (STAGE_MODELS) is a local folder or a
+    hub id of the hub's form (not looked up), else a ConfigError in one line naming the key
+    (eval.plan.unresolvable_model, the rule make plan applies). A path a stage of this run makes is
+    required where it is read (require: which target makes it); of an eval.models entry
+    "model::adapter", the model."""
+    for key, raw in STAGE_MODELS.get(stage, lambda c: [])(config):
+        model = raw.partition(ADAPTER_SEPARATOR)[0].strip()
+        problem = unresolvable_model(config, key, model, missing_ok=key.startswith(MISSING_OK)) if model else f"{key}: {raw!r} names no model"
+        if problem is not None:
+            raise ConfigError(problem)
 
 
 # stages.<name> whose vLLM engine serves model.policy_adapter as a LoRA (the fine-tuning stages merge it: pipeline.finetune.run)

@@ -19,8 +19,8 @@ import argparse
 import sys
 
 from pipeline.io import write_json_atomic
-from pipeline.launcher import MERGED_STAGES, SHARDED_STAGES, merge_worker, run_workers, shard_workers, visible_devices
-from stages.common import parse_args
+from pipeline.launcher import MERGED_STAGES, SHARDED_STAGES, STAGE_MODULES, merge_worker, run_workers, shard_workers, visible_devices
+from stages.common import check_models, parse_args
 from stages.mcts import mcts_stats
 
 
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=None, help="workers without a GPU each (CPU); default: one per GPU")
     args, rest = parser.parse_known_args(argv)
     config = parse_args("launch", rest)  # checked before any worker starts
+    check_models(config, STAGE_MODULES[args.stage].rpartition(".")[2])
     devices = None if args.workers else visible_devices()
     run_workers(shard_workers(args.stage, rest, devices, args.workers))
     if args.stage in MERGED_STAGES:

@@ -94,6 +94,80 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_in_one_line_before_any_mode
     assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
 
 
+def forbid_model_loads(monkeypatch) -> None:
+    """Every way a stage loads a model fails the test if called."""
+    import transformers
+
+    from stages import prm_bench
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the stage checked the config's models")
+
+    for module in (mcts, search, evaluate, train_prm, prm_bench):
+        for name in ("build_generator", "load_scorer"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, loaded)
+    monkeypatch.setattr(train_gfn, "finetune_policy", loaded)
+    monkeypatch.setattr(train_prm, "train_prm", loaded)
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel, transformers.AutoTokenizer):
+        monkeypatch.setattr(auto, "from_pretrained", loaded)
+
+
+def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_key_before_any_model_loads(monkeypatch, tmp_path, capsys):
+    from eval.plan import make_plan
+    from pipeline.config import ConfigError
+    from stages import launch, prm_bench
+
+    forbid_model_loads(monkeypatch)
+    monkeypatch.chdir(tmp_path)  # reports/ goes here
+    runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=t"]
+    missing, malformed = str(tmp_path / "no-such-model"), "org/not a name"
+    cases = [(mcts.main, "model.policy", missing, []),
+             (search.main, "model.prm", malformed, []),
+             (train_prm.main, "model.prm_backbone", missing, []),
+             (train_prm.main, "model.prm", malformed, ["prm.eval_only=true"]),
+             (train_prm.main, "model.policy", missing, [f"model.prm_backbone={tmp_path}"]),  # its natural-slip samples
+             (train_gfn.main, "model.prm", missing, []),
+             (train_ppo.main, "model.policy", malformed, []),
+             (evaluate.main, "eval.models.sft", malformed, [f'eval.models={{"base": "{missing}", "sft": "{malformed}::{missing}"}}']),
+             (evaluate.main, "eval.prm", "a--b/prm", [])]
+    for main, key, value, extra in cases:
+        overrides = extra if key.startswith("eval.models") else [f"{key}={value}", *extra]
+        assert run_cli(monkeypatch, main, *runs, *overrides) == 2, (main.__module__, key)
+        error = capsys.readouterr().err.splitlines()
+        stage = main.__module__.split(".")[1]
+        assert error == [f"error: {key}: {value} is neither a local folder nor a hub id (owner/name)",
+                         f"hint: python -m stages.{stage} --help lists every config field with its default"], (main.__module__, error)
+    with pytest.raises(ConfigError, match=rf"^model\.prm: {missing} is neither a local folder nor a hub id"):
+        prm_bench.main([*runs, f"model.prm={missing}"])
+    with pytest.raises(ConfigError, match=r"^eval\.models\.base: org/not a name is neither"):  # before any worker starts
+        launch.main(["eval", "--workers", "2", *runs, f'eval.models={{"base": "{malformed}"}}'])
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()  # no stage wrote anything
+    # make plan says the same of the same model
+    plan = make_plan(load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", f"model.policy={malformed}"]))
+    assert [str(f) for f in plan.errors] == [f"ERROR: model.policy: {malformed} is neither a local folder nor a hub id (owner/name)"]
+
+
+def test_a_hub_id_a_local_folder_and_a_model_an_earlier_stage_makes_pass_the_stages_model_check(monkeypatch, tmp_path, capsys):
+    from stages.common import STAGE_MODELS, check_models
+
+    hub = {"model.policy=meta-llama/Llama-3.2-3B-Instruct", "model.prm_backbone=Qwen/Qwen2.5-Math-7B", "model.prm=Qwen/Qwen2.5-Math-PRM-7B",
+           "eval.prm=Qwen/Qwen2.5-Math-PRM-7B"}
+    local = f'eval.models={{"base": "meta-llama/Llama-3.2-3B-Instruct", "here": "{tmp_path}", "gone": "{tmp_path / "gone"}", ' \
+            '"gfn": "{run_dir}/gfn/model"}'  # make eval skips "gone" with a note, and "gfn" until make gfn made it
+    for eval_only in ("false", "true"):
+        config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", *hub, local, f"prm.eval_only={eval_only}"])
+        tiny = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", f"prm.eval_only={eval_only}"])
+        for stage in STAGE_MODELS:
+            check_models(config, stage)  # nothing is looked up on the hub (no network here)
+            check_models(tiny, stage)  # every model is {run_dir}/<stage>/model, not made yet: the stage reading it requires it
+    # through a stage: the hub id passes and the stage goes on to its next check
+    forbid_model_loads(monkeypatch)
+    assert run_cli(monkeypatch, mcts.main, "--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}",
+                   "model.policy=meta-llama/Llama-3.2-3B-Instruct", f"data.train_path={tmp_path / 'nope.jsonl'}") == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
+
+
 def test_a_bug_keeps_its_traceback(monkeypatch):
     def broken(argv):
         raise ZeroDivisionError("a bug")

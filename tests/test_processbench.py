@@ -188,6 +188,7 @@ def test_prm_bench_says_what_to_do_when_the_hub_is_unreachable_and_refuses_two_s
         raise ConnectionError(f"Couldn't reach '{hub_id}' on the Hub (LocalEntryNotFoundError)")
 
     fake_datasets(monkeypatch, unreachable)
+    (tmp_path / "no-prm").mkdir()  # a folder (it passes the stage's model check); the sets are read before any PRM loads
     args = ["--config", REPO_CONFIG, f"runs_root={tmp_path / 'runs'}", f"model.prm={tmp_path / 'no-prm'}"]
     with pytest.raises(SystemExit, match=r"could not read hf://Qwen/ProcessBench/math from the hub .*download the split"):
         prm_bench.main([*args, "run=hub", "prm_bench.processbench_paths=[hf://Qwen/ProcessBench/math]"])

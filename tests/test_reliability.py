@@ -31,6 +31,9 @@ PROBLEMS = [f"tiny-train-{i:05d}" for i in range(24)]  # 1 of them in the valida
 
 
 def args(tmp_path: Path, *extra: str) -> list[str]:
+    """A stage's command line whose policy is an empty folder: it passes the stage's model check
+    (a local folder) and fails only if a model were loaded from it."""
+    (tmp_path / "no-policy").mkdir(exist_ok=True)
     return ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=r",
             f"data.train_path={tmp_path / 'train.jsonl'}", f"model.policy={tmp_path / 'no-policy'}", *extra]
 
@@ -221,7 +224,8 @@ def test_a_start_that_committed_no_record_never_blocks_a_rerun_with_other_settin
         for pid in PROBLEMS[:2]:
             handle.write(json.dumps(Problem(pid, f"question {pid}", "7", "tiny").to_json()) + "\n")
     shards = tmp_path / "runs" / "r" / "mcts" / "shards"
-    for policy in ("typo-policy", "no-policy"):  # a typo in the model's path, corrected: both fail to load here
+    for policy in ("typo-policy", "no-policy"):  # a folder named wrongly, corrected: both hold no model, so both fail to load here
+        (tmp_path / policy).mkdir(exist_ok=True)
         with pytest.raises(Exception) as failure:
             mcts.main(args(tmp_path, f"model.policy={tmp_path / policy}"))
         assert "other settings" not in str(failure.value)
