@@ -16,11 +16,10 @@ stage on the first device once the workers finish.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from pipeline.io import write_json_atomic
 from pipeline.launcher import MERGED_STAGES, SHARDED_STAGES, STAGE_MODULES, merge_worker, run_workers, shard_workers, visible_devices
-from stages.common import check_models, parse_args
+from stages.common import check_models, cli, parse_args
 from stages.mcts import mcts_stats
 
 
@@ -32,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args("launch", rest)  # checked before any worker starts
     check_models(config, STAGE_MODULES[args.stage].rpartition(".")[2])
     devices = None if args.workers else visible_devices()
+    if devices is not None and not devices:
+        raise SystemExit("launch: no GPU is visible to launch on: set CUDA_VISIBLE_DEVICES, or give --workers N for CPU workers")
     run_workers(shard_workers(args.stage, rest, devices, args.workers))
     if args.stage in MERGED_STAGES:
         run_workers([merge_worker(args.stage, rest, devices)])
@@ -42,4 +43,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)

@@ -13,7 +13,6 @@ Library: prm.processbench.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from pipeline.generation import build_generator
@@ -30,7 +29,7 @@ from prm.processbench import (
     read_processbench_hub,
 )
 from prm.validation import policy_solutions
-from stages.common import log, parse_args, require, require_prm, set_threads, stage_dir, timed, validation_problems
+from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed, validation_problems
 
 
 def policy_cases(config) -> tuple[str, list, str] | None:
@@ -107,4 +106,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(main)
