@@ -209,14 +209,18 @@ def make_problem(story: Story, problem_id: str, max_result: int, swap: bool) -> 
     )
 
 
-SPLITS = ("test", "val", "train")
+# The order the one seeded stream fills the splits in: the held-out ones first (evaluation's,
+# then the reinforcement-learning problems), the bootstrap's training problems last.
+SPLITS = ("test", "val", "rl", "train")
 
 
 def generate_splits(cfg) -> dict[str, list[Problem]]:
-    """train / val / test problems (a TinyWorldConfig), disjoint by question text.
+    """train / val / test / rl problems (a TinyWorldConfig), disjoint by question text: the
+    bootstrap trains on train; rl is what the stages after it (mcts, gfn, ppo) draw from.
 
-    One seeded stream fills test first, then val, then train, so the test set does not change
-    when n_train does. Ids are "tiny-<split>-<index:05d>".
+    One seeded stream fills test first, then val, then rl, then train, so a split does not change
+    when the size of a split drawn after it does (test and val never with n_rl or n_train, rl
+    never with n_train). Ids are "tiny-<split>-<index:05d>".
     """
     if not 1 <= cfg.min_ops <= cfg.max_ops:
         raise ValueError(f"tinyworld: need 1 <= min_ops <= max_ops, got min_ops={cfg.min_ops} max_ops={cfg.max_ops}")
@@ -226,7 +230,7 @@ def generate_splits(cfg) -> dict[str, list[Problem]]:
             f"got max_operand={cfg.max_operand} max_result={cfg.max_result}"
         )
     rng = random.Random(cfg.seed)
-    sizes = {"test": cfg.n_test, "val": cfg.n_val, "train": cfg.n_train}
+    sizes = {"test": cfg.n_test, "val": cfg.n_val, "rl": cfg.n_rl, "train": cfg.n_train}
     seen: set[str] = set()
     splits: dict[str, list[Problem]] = {}
     attempts_left = 50 * sum(sizes.values()) + 1000
@@ -247,7 +251,7 @@ def generate_splits(cfg) -> dict[str, list[Problem]]:
             seen.add(problem.question)
             problems.append(problem)
         splits[split] = problems
-    return {split: splits[split] for split in ("train", "val", "test")}
+    return {split: splits[split] for split in ("train", "val", "test", "rl")}
 
 
 # ----------------------------------------------------------------------------- strategies
