@@ -39,20 +39,21 @@ def test_slip_counts_count_first_wrong_steps_over_the_steps_reached_with_a_corre
 
 class TemperatureGenerator:
     """At temperature T, of each problem's n samples the first round(n * T / 2) slip at their
-    first step; the rest are the gold solution. Records the temperatures asked for."""
+    first step and answer wrong; the rest are the gold solution. Records the temperatures asked for."""
 
     tokenizer = None
 
-    def __init__(self, golds: dict[str, list[str]]):
-        self.golds, self.temperatures = golds, []
+    def __init__(self, problems):
+        self.problems, self.temperatures = problems, []
 
     def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, stop=None, seed=None):
         self.temperatures.append(temperature)
         out = []
         for prompt in prompts:
-            gold = next(steps for question, steps in self.golds.items() if question in prompt)
-            wrong = round(n * temperature / 2)
-            out.append([Completion("\n".join(slipped(gold, 0) if j < wrong else gold) + "\n") for j in range(n)])
+            problem = next(p for p in self.problems if p.question in prompt)
+            gold = list(problem.meta["solutions"][0])
+            wrong = slipped(gold, 0)[:-1] + [f"The answer is {int(problem.answer) + 1}"]
+            out.append([Completion("\n".join(wrong if j < round(n * temperature / 2) else gold) + "\n") for j in range(n)])
         return out
 
 
@@ -62,7 +63,7 @@ class Completion:
 
 
 def test_the_sweep_reports_slips_accuracy_and_the_searched_share_at_each_temperature():
-    generator = TemperatureGenerator({p.question: list(p.meta["solutions"][0]) for p in PROBLEMS})
+    generator = TemperatureGenerator(PROBLEMS)
     config = load_config(None, ["format.use_chat_template=false"])
     rows = temperature_sweep(generator, PROBLEMS, config, [0.0, 1.0, 2.0], k=4, seed=0, first_wrong=first_wrong_step)
     assert generator.temperatures == [0.0, 1.0, 2.0]
@@ -72,10 +73,10 @@ def test_the_sweep_reports_slips_accuracy_and_the_searched_share_at_each_tempera
     assert cold["root_mc_between"] == 0 and cold["arithmetic_share_of_first_wrong"] is None
     # T = 1: 2 of 4 samples per problem slip at their first step: 2 first wrong steps over 2 + 2 * steps reached
     assert warm["first_wrong_per_step"] == round(2 * len(PROBLEMS) / (2 * len(PROBLEMS) + 2 * steps), 4)
-    assert warm["wrong_solutions"] == 0.5 and warm["arithmetic_share_of_first_wrong"] == 1
+    assert warm["wrong_solutions"] == 0.5 and warm["sampled_accuracy"] == 0.5 and warm["arithmetic_share_of_first_wrong"] == 1
     assert warm["root_mc_between"] == 1 and warm["root_mc_one"] == 0
     assert hot["wrong_solutions"] == 1 and hot["first_wrong_per_step"] == 1 and hot["root_mc_between"] == 0
-    assert hot["sampled_accuracy"] <= warm["sampled_accuracy"] <= cold["sampled_accuracy"]
+    assert hot["sampled_accuracy"] == 0 and hot["root_mc_zero"] == 1
     table = sweep_table(rows).splitlines()
     assert len(table) == 5 and table[0].startswith("| T | slip/step |") and table[3].startswith("| 1 | ")
 
