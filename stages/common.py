@@ -271,8 +271,8 @@ def refuse_overlap(config: Config, problems) -> None:
     for raw in config.data.disjoint_from:
         other = config.resolve(raw)
         if not Path(other).is_file():
-            raise InputNotFound(f"data.disjoint_from: {other} not found (the problems data.train's may not share: "
-                                f"for the tiny world, `make bootstrap` writes it; data.disjoint_from=[] checks nothing)")
+            raise InputNotFound(f"data.disjoint_from: {other} not found (a file the training problems may share no question "
+                                f"with; the tiny world's `make bootstrap` writes it; data.disjoint_from=[] checks nothing)")
         places = question_places(other, lenient=config.data.lenient)
         shared = [problem for problem in problems if problem.question in places]
         if not shared:
