@@ -18,7 +18,7 @@ PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 .PHONY: help test test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
 
 help:
-	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
