@@ -15,10 +15,10 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench clean-venv
+.PHONY: help test test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
 
 help:
-	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,10 @@ export-trl: $(VENV)
 
 prm-bench: $(VENV)
 	$(STAGE).prm_bench --config $(CONFIG) run=$(RUN) $(ARGS)
+
+# the policy's per-step slip rate, sampled accuracy and searched share by rollout temperature (docs/mcts.md)
+rollout-temperature: $(VENV)
+	$(STAGE).rollout_temperature --config $(CONFIG) run=$(RUN) $(ARGS)
 
 bench: $(VENV)
 	$(STAGE).bench --config $(CONFIG) run=bench $(ARGS)

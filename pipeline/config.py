@@ -191,7 +191,12 @@ class DataConfig:
 
     train: str = "problems"  # a pipeline.problems benchmark name (paper: openmathinstruct2)
     # a *_path: a file; null: the repository's copy (data/benchmarks/), else the hub's; "hub": the hub's
-    train_path: str | None = "{run_dir}/bootstrap/problems_train.jsonl"
+    # (the tiny world: the reinforcement-learning split, problems the bootstrap never trained on)
+    train_path: str | None = "{run_dir}/bootstrap/problems_rl.jsonl"
+    # problems-contract files (JSONL or a JSON array) that may share no question with data.train's
+    # problems, e.g. the base policy's own training problems: a shared question is an error naming
+    # both files and the first such problem (stages.common.training_problems)
+    disjoint_from: list[str] = field(default_factory=list)
     train_limit: int | None = bounded(None, ge=1)  # paper: 10000
     validation: str = "problems"
     validation_path: str | None = "{run_dir}/bootstrap/problems_val.jsonl"
@@ -211,6 +216,9 @@ class TinyWorldConfig:
     n_train: int = bounded(6000, ge=1)
     n_val: int = bounded(200, ge=1)
     n_test: int = bounded(200, ge=1)
+    # problems the bootstrap never trains on, for the stages after it (data.train_path): MCTS reads
+    # up to mcts.max_problems of them, the GFlowNet and PPO draw their questions from them
+    n_rl: int = bounded(1000, ge=1)
     max_operand: int = bounded(15, ge=1)
     max_result: int = bounded(75, ge=1)
     min_ops: int = bounded(2, ge=1)
@@ -273,6 +281,17 @@ class MCTSConfig:
     # problems in flight at once: bounds one round's generator call to max_active x k rollouts
     # (memory) and lets finished problems be committed while later ones start
     max_active: int | None = bounded(256, ge=1)
+
+
+@dataclass
+class RolloutTemperatureConfig:
+    """make rollout-temperature: the policy's per-step slip rate, sampled accuracy and share of
+    problems MCTS would search, by rollout temperature (stages.rollout_temperature, docs/mcts.md)."""
+
+    temperatures: list[float] = bounded(default_factory=lambda: [0.6, 0.8, 1.0, 1.2, 1.4], gt=0, le=MAX_TEMPERATURE)
+    problems: int = bounded(200, ge=1)  # held-out problems (data.validation) sampled at each temperature
+    k: int | None = bounded(None, ge=1)  # samples per problem (null: mcts.k, the rollouts of an MC estimate at the root)
+    seed: int = seed_field()
 
 
 @dataclass
@@ -515,6 +534,7 @@ class Config:
     tinyworld: TinyWorldConfig = field(default_factory=TinyWorldConfig)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     mcts: MCTSConfig = field(default_factory=MCTSConfig)
+    rollout_temperature: RolloutTemperatureConfig = field(default_factory=RolloutTemperatureConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
     gfn: GFNConfig = field(default_factory=GFNConfig)

@@ -647,6 +647,32 @@ def load_problems_jsonl(path: str | Path, *, limit: int | None = None, lenient: 
                     lenient=lenient, limit=limit)
 
 
+def question_places(path: str | Path, *, lenient: bool = False, validate: bool = True) -> dict[str, tuple[str, str]]:
+    """Question text -> (where, problem id) of the first record holding it ("file:line", or "file:
+    item i" in a JSON array), for a local file of problems-contract records. ``validate``: each
+    record checked by ``Problem.from_json`` (RecordError naming the file, line and field; skipped
+    with ``lenient``); without it, records lacking a string "question" are passed over (a file of
+    another benchmark's layout: its lines are then not known)."""
+    places: dict[str, tuple[str, str]] = {}
+    for where, record, error in _read_local(path):
+        try:
+            if error is not None:
+                raise error
+            if validate:
+                problem = Problem.from_json(record, where)
+                question, problem_id = problem.question, problem.problem_id
+            elif isinstance(record, dict) and isinstance(record.get("question"), str):
+                question, problem_id = record["question"], str(record.get("problem_id", "?"))
+            else:
+                continue
+        except RecordError:
+            if validate and not lenient:
+                raise
+            continue
+        places.setdefault(question, (where, problem_id))
+    return places
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 

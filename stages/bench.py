@@ -104,7 +104,7 @@ def _gfn_overrides(world: Path, run: str, steps: int, threads: int) -> list[str]
     """`make gfn` on the scaling world: TB-VarGrad, 8 questions x 4 samples a step, ``threads``
     torch threads per process."""
     return [f"runs_root={world}", f"run={run}", f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}",
-            f"data.train_path={world / 'problems_train.jsonl'}", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={steps}",
+            f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={steps}",
             "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"model.torch_threads={threads}"]
 
 
@@ -169,7 +169,7 @@ def async_speedup(config, world: Path, held_out: list[Problem], seeds: tuple[int
             run = f"speed_{mode}_{seed}"
             shutil.rmtree(world / run, ignore_errors=True)
             command = [sys.executable, "-m", "stages.train_gfn", "--config", "configs/tiny.yaml", f"runs_root={world}", f"run={run}",
-                       f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}",
+                       f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]",
                        "model.device=cpu", "model.torch_threads=1", f"gfn.num_train_steps={updates}", f"gfn.seed={seed}",
                        *equal_work_overrides(mode, questions, samples, cores)]
             (world / run).mkdir(parents=True)

@@ -1,7 +1,8 @@
 """make bootstrap: the tiny world's problems, tokenizer and from-scratch base policy.
 
 Reads:  nothing (everything is generated from config.tinyworld and config.bootstrap)
-Writes: runs/<run>/bootstrap/problems_{train,val,test}.jsonl   (the problems contract)
+Writes: runs/<run>/bootstrap/problems_{train,val,test,rl}.jsonl   (the problems contract; the model trains on
+        problems_train.jsonl only, rl is what the stages after it read: data.train_path)
         runs/<run>/bootstrap/model/        weights (safetensors) + config + tokenizer
         runs/<run>/bootstrap/metrics.json  size, training, and quick checks of the policy
         runs/<run>/bootstrap/config.yaml   the resolved config

@@ -22,7 +22,7 @@ from eval.plan import MEMORY_STAGES, stage_memory, unresolvable_model
 from pipeline.config import Config, ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.io import FolderError, InputNotFound, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
-from pipeline.problems import load_benchmark
+from pipeline.problems import load_benchmark, question_places
 from pipeline.records import RecordError
 from pipeline.training.base import CHECKPOINTS
 from pipeline.training.checkpoint import CheckpointError
@@ -294,10 +294,36 @@ def timed(stage: str):
 
 def training_problems(config: Config):
     """The problems the training stages draw from (config.data.train*, filtered by
-    data.problem_sources: the config refuses a filter data.train's loader cannot apply)."""
+    data.problem_sources: the config refuses a filter data.train's loader cannot apply), refused
+    when one shares its question with a file data.disjoint_from lists (``refuse_overlap``)."""
     filters = {"problem_sources": config.data.problem_sources} if config.data.problem_sources else {}
-    return load_benchmark(config.data.train, path=config.resolve(config.data.train_path), limit=config.data.train_limit,
-                          lenient=config.data.lenient, **filters)
+    problems = load_benchmark(config.data.train, path=config.resolve(config.data.train_path), limit=config.data.train_limit,
+                              lenient=config.data.lenient, **filters)
+    refuse_overlap(config, problems)
+    return problems
+
+
+def refuse_overlap(config: Config, problems) -> None:
+    """A RecordError naming both files and the first of ``problems`` (data.train's, in order) whose
+    question text a file of data.disjoint_from also holds, with its id and line in each; an
+    InputNotFound naming the key for a listed file that is not there."""
+    train_file = config.resolve(config.data.train_path) or f"data.train={config.data.train}"
+    for raw in config.data.disjoint_from:
+        other = config.resolve(raw)
+        if not Path(other).is_file():
+            raise InputNotFound(f"data.disjoint_from: {other} not found (a file the training problems may share no question "
+                                f"with; the tiny world's `make bootstrap` writes it; data.disjoint_from=[] checks nothing)")
+        places = question_places(other, lenient=config.data.lenient)
+        shared = [problem for problem in problems if problem.question in places]
+        if not shared:
+            continue
+        first = shared[0]
+        local = Path(train_file).is_file()
+        where = (question_places(train_file, validate=False).get(first.question) if local else None) or (train_file, first.problem_id)
+        other_where, other_id = places[first.question]
+        raise RecordError(f"data.disjoint_from: {train_file} (data.train_path) and {other} share {len(shared)} of "
+                          f"{len(problems)} questions; first: {first.problem_id!r} at {where[0]} is {other_id!r} at {other_where}. "
+                          f"The problems the stages train on must be disjoint from the files data.disjoint_from lists")
 
 
 def validation_problems(config: Config):

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
 def mcts_settings(config) -> dict:
     """What the records depend on: the policy (and its weights), the search parameters, the
     problems and the step format. Not: shard, max_active, problems_per_commit, max_problems,
-    data.lenient."""
+    data.lenient, data.disjoint_from (a check of the problems, which it changes none of)."""
     policy = config.resolve(config.model.policy)
     search = {k: v for k, v in dataclasses.asdict(config.mcts).items() if k not in ("shard", "max_active", "problems_per_commit", "max_problems")}
     return {
@@ -102,7 +102,7 @@ def mcts_settings(config) -> dict:
         "policy_adapter": config.resolve(config.model.policy_adapter), "mcts": search, "seed": config.seed,
         # not data.lenient: skipping malformed problem records changes no other problem's records
         "data": {k: config.resolve(v) if k == "train_path" else v for k, v in dataclasses.asdict(config.data).items()
-                 if not k.startswith("validation") and k != "lenient"},
+                 if not k.startswith("validation") and k not in ("lenient", "disjoint_from")},
         "train_fingerprint": _fingerprint_if_local(config.resolve(config.data.train_path)),
         "format": dataclasses.asdict(config.format), "max_new_tokens": config.generation.max_new_tokens,
     }

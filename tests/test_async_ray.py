@@ -401,7 +401,7 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     world = random_tiny_world
     # the tiny world's asynchronous config, at a smaller scale still
     args = ["--config", str(REPO / "configs" / "tiny-async.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "generation.max_new_tokens=24",
+            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=24",
             "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4", "gfn.async_samples_used=3",
             "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -518,7 +518,7 @@ def unused_port() -> int:
 def test_an_unreachable_cluster_fails_within_the_connect_timeout_naming_the_key(random_tiny_world, tmp_path):
     world, port = random_tiny_world, unused_port()
     args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "gfn.mode=async",
+            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "gfn.mode=async",
             "gfn.loss=tb_vargrad", f"gfn.ray_address=127.0.0.1:{port}", "gfn.ray_connect_timeout=3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,

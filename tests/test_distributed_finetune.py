@@ -37,7 +37,7 @@ def world(random_tiny_world) -> Path:
 def settings(world: Path, stage: str, out: Path, **extra) -> list[str]:
     args = {
         "runs_root": out.parent, "run": out.name, "model.policy": world / "policy", "model.prm": world / "prm",
-        "model.prm_backbone": world / "policy", "data.train_path": world / "problems_train.jsonl",
+        "model.prm_backbone": world / "policy", "data.train_path": world / "problems_train.jsonl", "data.disjoint_from": "[]",
         "generation.max_new_tokens": 24, "generation.batch_size": 8,
         f"{stage}.num_train_steps": 3, f"{stage}.questions_per_step": 4, f"{stage}.samples_per_question": 4,
         f"{stage}.micro_batch_size": 8, f"{stage}.temperature": 1.0, f"{stage}.save_every": 0, f"{stage}.warmup_steps": 0,

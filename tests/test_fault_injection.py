@@ -86,7 +86,7 @@ def world(tmp_path_factory) -> Path:
 def argv(world: Path, runs: Path, run: str) -> list[str]:
     return ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={runs}", f"run={run}",
             f"model.policy={world / 'policy'}", f"model.prm_backbone={world / 'policy'}",
-            f"data.train_path={world / 'train.jsonl'}", f"data.validation_path={world / 'val.jsonl'}", *REDUCED]
+            f"data.train_path={world / 'train.jsonl'}", "data.disjoint_from=[]", f"data.validation_path={world / 'val.jsonl'}", *REDUCED]
 
 
 class Harness:

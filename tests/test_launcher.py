@@ -123,7 +123,7 @@ def test_two_cpu_workers_write_the_search_results_one_process_writes(random_tiny
 def test_two_cpu_workers_write_the_records_one_process_writes(random_tiny_world, tmp_path):
     world = random_tiny_world
     common = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", f"model.policy={world / 'policy'}",
-              f"data.train_path={world / 'problems_train.jsonl'}", "generation.max_new_tokens=32", "mcts.k=4", "mcts.max_problems=6",
+              f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=32", "mcts.k=4", "mcts.max_problems=6",
               "mcts.max_iterations=1", "mcts.max_rollouts=8", "mcts.search_trivial=true"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
     quiet = {"env": env, "cwd": tmp_path, "check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 240}

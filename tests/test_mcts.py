@@ -362,7 +362,7 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     write_problems_jsonl(splits["train"], tmp_path / "train.jsonl")
     argv = [sys.executable, "-m", "stages.mcts", "--config", str(repo / "configs" / "tiny.yaml"),
             f"runs_root={tmp_path / 'runs'}", f"model.policy={tmp_path / 'policy'}",
-            f"data.train_path={tmp_path / 'train.jsonl'}", "generation.max_new_tokens=40",
+            f"data.train_path={tmp_path / 'train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=40",
             "mcts.k=4", "mcts.max_problems=24", "mcts.max_iterations=2", "mcts.max_rollouts=24",
             "mcts.search_trivial=true", "mcts.problems_per_commit=1", "mcts.max_active=2"]
     env = {**os.environ, "PYTHONPATH": str(repo), "TQDM_DISABLE": "1"}

@@ -554,3 +554,48 @@ def test_data_lenient_reaches_the_stages_loader(tmp_path):
     with pytest.raises(RecordError, match=r"train\.jsonl:2: not valid JSON"):
         training_problems(load_config(None, [f"data.train_path={path}"]))
     assert [p.problem_id for p in training_problems(load_config(None, [f"data.train_path={path}", "data.lenient=true"]))] == ["p1", "p2"]
+
+
+def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_refused(tmp_path):
+    from pipeline.config import load_config
+    from pipeline.io import InputNotFound
+    from stages.common import training_problems
+
+    def record(problem_id, question):
+        return json.dumps({"problem_id": problem_id, "question": question, "answer": "1", "source": "tiny"})
+
+    base = _write_lines(tmp_path / "base_train.jsonl", [record("b0", "q zero"), record("b1", "q one"), record("b2", "q two")])
+    rl = _write_lines(tmp_path / "rl.jsonl", [record("r0", "q new"), "", record("r1", "q two"), record("r2", "q one")])
+    clean = _write_lines(tmp_path / "clean.jsonl", [record("r0", "q new"), record("r1", "q newer")])
+    # the first shared problem in the training file's order, with its id and line in both files (line 3: a blank line counts)
+    with pytest.raises(RecordError, match=r"rl\.jsonl \(data\.train_path\) and .*base_train\.jsonl share 2 of 3 questions; "
+                                          r"first: 'r1' at .*rl\.jsonl:3 is 'b2' at .*base_train\.jsonl:3"):
+        training_problems(load_config(None, [f"data.train_path={rl}", f"data.disjoint_from=[{base}]"]))
+    assert [p.problem_id for p in training_problems(load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{base}]"]))] == ["r0", "r1"]
+    assert len(training_problems(load_config(None, [f"data.train_path={rl}"]))) == 3  # nothing to be disjoint from: no check
+    with pytest.raises(InputNotFound, match=r"data\.disjoint_from: .*nope\.jsonl not found"):
+        training_problems(load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{tmp_path / 'nope.jsonl'}]"]))
+    broken = _write_lines(tmp_path / "broken.jsonl", [record("b0", "q zero"), "{oops"])
+    with pytest.raises(RecordError, match=r"broken\.jsonl:2: not valid JSON"):
+        training_problems(load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{broken}]"]))
+
+
+def test_the_tiny_config_trains_the_later_stages_on_the_rl_split_disjoint_from_the_bootstraps(tmp_path):
+    from pipeline.config import TinyWorldConfig, load_config
+    from pipeline.problems import write_problems_jsonl
+    from pipeline.tinyworld import generate_splits
+    from stages.common import training_problems
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "run=d"])
+    assert config.data.train_path.endswith("/bootstrap/problems_rl.jsonl")
+    splits = generate_splits(TinyWorldConfig(n_train=30, n_val=2, n_test=2, n_rl=20))
+    out = tmp_path / "d" / "bootstrap"
+    out.mkdir(parents=True)
+    for name, problems in splits.items():
+        write_problems_jsonl(problems, out / f"problems_{name}.jsonl")
+    assert [p.problem_id for p in training_problems(config)] == [f"tiny-rl-{i:05d}" for i in range(20)]
+    write_problems_jsonl(splits["rl"] + splits["train"][5:6], out / "problems_rl.jsonl")  # one of the bootstrap's problems slipped in
+    with pytest.raises(RecordError, match=r"problems_rl\.jsonl \(data\.train_path\) and .*problems_train\.jsonl share 1 of 21 "
+                                          r"questions; first: 'tiny-train-00005' at .*problems_rl\.jsonl:21 is 'tiny-train-00005' at "
+                                          r".*problems_train\.jsonl:6"):
+        training_problems(config)

@@ -35,7 +35,7 @@ def args(tmp_path: Path, *extra: str) -> list[str]:
     (a local folder) and fails only if a model were loaded from it."""
     (tmp_path / "no-policy").mkdir(exist_ok=True)
     return ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=r",
-            f"data.train_path={tmp_path / 'train.jsonl'}", f"model.policy={tmp_path / 'no-policy'}", *extra]
+            f"data.train_path={tmp_path / 'train.jsonl'}", "data.disjoint_from=[]", f"model.policy={tmp_path / 'no-policy'}", *extra]
 
 
 def mcts_record(pid: str, depth: int) -> MCTSRecord:
@@ -195,7 +195,7 @@ def test_a_finished_stage_is_recognised_and_retrains_only_when_asked(tmp_path, c
 def test_a_killed_retrain_leaves_the_model_it_was_replacing(random_tiny_world, tmp_path):
     world = random_tiny_world
     base = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=r", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "model.torch_threads=1",
+            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "model.torch_threads=1",
             "generation.max_new_tokens=16", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.save_every=1"]
     train_gfn.main([*base, "gfn.num_train_steps=2"])
     release_stage_locks()  # as the process ending would: the retrain below runs in another one

@@ -32,7 +32,7 @@ from pipeline.tinyworld.problems import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = TinyWorldConfig(seed=3, n_train=400, n_val=50, n_test=50)
+SMALL = TinyWorldConfig(seed=3, n_train=400, n_val=50, n_test=50, n_rl=60)
 APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -49,7 +49,7 @@ def tokenizer(splits):
 
 
 def all_problems(splits):
-    return [p for split in ("train", "val", "test") for p in splits[split]]
+    return [p for split in ("train", "val", "test", "rl") for p in splits[split]]
 
 
 # Ann has 5 apples, buys 3 bags with 4 apples each, gives away 2.
@@ -73,19 +73,31 @@ STORIES = {"gains_losses": GAINS, "shared_containers": CONTAINERS, "mixed": EXAM
 def test_generator_is_deterministic_in_the_seed(splits):
     again = generate_splits(SMALL)
     assert {k: [p.to_json() for p in v] for k, v in again.items()} == {k: [p.to_json() for p in v] for k, v in splits.items()}
-    other = generate_splits(TinyWorldConfig(seed=4, n_train=400, n_val=50, n_test=50))
+    other = generate_splits(TinyWorldConfig(seed=4, n_train=400, n_val=50, n_test=50, n_rl=60))
     assert [p.question for p in other["test"]] != [p.question for p in splits["test"]]
 
 
 def test_test_split_does_not_depend_on_train_size(splits):
-    bigger = generate_splits(TinyWorldConfig(seed=3, n_train=800, n_val=50, n_test=50))
+    bigger = generate_splits(TinyWorldConfig(seed=3, n_train=800, n_val=50, n_test=50, n_rl=60))
     assert [p.to_json() for p in bigger["test"]] == [p.to_json() for p in splits["test"]]
 
 
+def test_held_out_splits_do_not_depend_on_the_sizes_drawn_after_them(splits):
+    # test, val and the reinforcement-learning split are drawn before the bootstrap's training
+    # problems: a bigger training set changes none of them, a bigger rl split neither test nor val
+    bigger_train = generate_splits(TinyWorldConfig(seed=3, n_train=800, n_val=50, n_test=50, n_rl=60))
+    bigger_rl = generate_splits(TinyWorldConfig(seed=3, n_train=400, n_val=50, n_test=50, n_rl=120))
+    for split in ("test", "val", "rl"):
+        assert [p.to_json() for p in bigger_train[split]] == [p.to_json() for p in splits[split]], split
+    for split in ("test", "val"):
+        assert [p.to_json() for p in bigger_rl[split]] == [p.to_json() for p in splits[split]], split
+    assert [p.to_json() for p in bigger_rl["rl"][:60]] == [p.to_json() for p in splits["rl"]]
+
+
 def test_splits_are_disjoint_and_well_formed(splits):
-    assert {k: len(v) for k, v in splits.items()} == {"train": 400, "val": 50, "test": 50}
-    questions = [set(p.question for p in splits[k]) for k in ("train", "val", "test")]
-    assert sum(len(q) for q in questions) == 500  # distinct within and across splits
+    assert {k: len(v) for k, v in splits.items()} == {"train": 400, "val": 50, "test": 50, "rl": 60}
+    questions = [set(p.question for p in splits[k]) for k in ("train", "val", "test", "rl")]
+    assert len(set().union(*questions)) == sum(len(q) for q in questions) == 560  # distinct within and across splits
     for split, problems in splits.items():
         for index, problem in enumerate(problems):
             assert problem.problem_id == f"tiny-{split}-{index:05d}"
@@ -391,7 +403,7 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
 
     argv = [
         "--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=t",
-        "tinyworld.n_train=300", "tinyworld.n_val=10", "tinyworld.n_test=20",
+        "tinyworld.n_train=300", "tinyworld.n_val=10", "tinyworld.n_test=20", "tinyworld.n_rl=30",
         "bootstrap.max_train_steps=150", "bootstrap.hidden_size=32", "bootstrap.num_layers=2",
         "bootstrap.num_heads=2", "bootstrap.intermediate_size=64", "bootstrap.batch_size=16",
         "bootstrap.warmup_steps=5", "bootstrap.eval_problems=8", "bootstrap.eval_samples=2",
@@ -399,9 +411,11 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
     ]
     metrics = main(argv)
     out = tmp_path / "t" / "bootstrap"
-    for name in ("problems_train.jsonl", "problems_val.jsonl", "problems_test.jsonl", "metrics.json", "config.yaml"):
+    for name in ("problems_train.jsonl", "problems_val.jsonl", "problems_test.jsonl", "problems_rl.jsonl", "metrics.json", "config.yaml"):
         assert (out / name).is_file(), name
     assert len((out / "problems_test.jsonl").read_text().splitlines()) == 20
+    assert len((out / "problems_rl.jsonl").read_text().splitlines()) == 30
+    assert len((out / "problems_train.jsonl").read_text().splitlines()) == 300  # the bootstrap trains on these only
     assert json.loads((out / "metrics.json").read_text()) == metrics
     assert metrics["train_steps"] > 0 and metrics["parameters"] > 0
     for key in ("greedy_accuracy", "sampled_accuracy", "pass@2", "maj@2", "mc_prefixes", "step_arithmetic_error_rate",

@@ -187,7 +187,7 @@ def test_no_tracker_by_default_writes_nothing_more(tmp_path):
 def test_fine_tuning_reports_to_tensorboard(random_tiny_world, tmp_path, stage):
     world = random_tiny_world
     args = {"runs_root": tmp_path, "run": "tb", "report_to": "tensorboard", "model.policy": world / "policy", "model.prm": world / "prm",
-            "data.train_path": world / "problems_train.jsonl", "generation.max_new_tokens": 16, "generation.batch_size": 8,
+            "data.train_path": world / "problems_train.jsonl", "data.disjoint_from": "[]", "generation.max_new_tokens": 16, "generation.batch_size": 8,
             f"{stage}.num_train_steps": 2, f"{stage}.questions_per_step": 2, f"{stage}.samples_per_question": 2,
             f"{stage}.save_every": 0, f"{stage}.warmup_steps": 0}
     train_gfn.main(["--config", str(REPO / "configs" / "tiny.yaml"), *(f"{k}={v}" for k, v in args.items())], stage=stage)

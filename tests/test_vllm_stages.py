@@ -46,7 +46,7 @@ def world(tmp_path_factory) -> Path:
 def run_stage(module: str, world: Path, out: Path, *overrides: str, processes: int = 1) -> str:
     args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={out.parent}", f"run={out.name}",
             f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}", f"model.prm_backbone={world / 'policy'}",
-            f"data.train_path={world / 'train.jsonl'}", "generation.backend=vllm", "generation.vllm_enforce_eager=true",
+            f"data.train_path={world / 'train.jsonl'}", "data.disjoint_from=[]", "generation.backend=vllm", "generation.vllm_enforce_eager=true",
             "generation.max_new_tokens=24", *overrides]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

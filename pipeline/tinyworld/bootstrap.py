@@ -1,6 +1,6 @@
 """The tiny world's base policy from nothing: problems, tokenizer, model, training (make bootstrap).
 
-``build_base_policy`` writes runs/<run>/bootstrap/problems_{train,val,test}.jsonl (the problems
+``build_base_policy`` writes runs/<run>/bootstrap/problems_{train,val,test,rl}.jsonl (the problems
 contract), trains a BPE tokenizer on the training problems, trains a small causal LM from
 scratch on their gold solutions (``pipeline.tinyworld.model``, on the training base) and saves
 both to bootstrap/model/, loadable like any hub model.

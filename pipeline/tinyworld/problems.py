@@ -442,7 +442,9 @@ def make_problem(story: Story, problem_id: str, max_result: int, family: str, go
     )
 
 
-SPLITS = ("test", "val", "train")
+# The order the one seeded stream fills the splits in: the held-out ones first (evaluation's,
+# then the reinforcement-learning problems), the bootstrap's training problems last.
+SPLITS = ("test", "val", "rl", "train")
 
 
 def drawn_strategies(cfg) -> dict[str, list[str]]:
@@ -465,10 +467,12 @@ def drawn_strategies(cfg) -> dict[str, list[str]]:
 
 
 def generate_splits(cfg) -> dict[str, list[Problem]]:
-    """train / val / test problems (a TinyWorldConfig), disjoint by question text.
+    """train / val / test / rl problems (a TinyWorldConfig), disjoint by question text: the
+    bootstrap trains on train; rl is what the stages after it (mcts, gfn, ppo) draw from.
 
-    One seeded stream fills test first, then val, then train, so the test set does not change
-    when n_train does. Per problem it draws the family (uniformly from tinyworld.families), the
+    One seeded stream fills test first, then val, then rl, then train, so a split does not change
+    when the size of a split drawn after it does (test and val never with n_rl or n_train, rl
+    never with n_train). Per problem it draws the family (uniformly from tinyworld.families), the
     number of calculations, the story, and the gold strategy (uniformly from the family's
     strategies in tinyworld.strategies). Ids are "tiny-<split>-<index:05d>".
     """
@@ -481,7 +485,7 @@ def generate_splits(cfg) -> dict[str, list[Problem]]:
         )
     drawn = drawn_strategies(cfg)
     rng = random.Random(cfg.seed)
-    sizes = {"test": cfg.n_test, "val": cfg.n_val, "train": cfg.n_train}
+    sizes = {"test": cfg.n_test, "val": cfg.n_val, "rl": cfg.n_rl, "train": cfg.n_train}
     seen: set[str] = set()
     splits: dict[str, list[Problem]] = {}
     attempts_left = 50 * sum(sizes.values()) + 1000
@@ -503,7 +507,7 @@ def generate_splits(cfg) -> dict[str, list[Problem]]:
             seen.add(problem.question)
             problems.append(problem)
         splits[split] = problems
-    return {split: splits[split] for split in ("train", "val", "test")}
+    return {split: splits[split] for split in ("train", "val", "test", "rl")}
 
 
 # ----------------------------------------------------------------------------- strategies
