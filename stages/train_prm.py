@@ -103,9 +103,10 @@ def main(argv: list[str] | None = None) -> dict:
         write_validation(report, out)
         result["validation"] = {k: v for k, v in report.items() if k not in ("reliability",)}
         write_json_atomic(out / "summary.json", result)
-        log.info("prm: val bce %.4f MC-label auc %.4f ece %.4f brier %.4f exact auc %s slip-pair auc %s",
-                 report.get("bce", float("nan")), report.get("auc", float("nan")), report.get("ece", float("nan")),
-                 report.get("brier", float("nan")), (report.get("exact") or {}).get("auc"), (report.get("slip_pair") or {}).get("auc"))
+        figure = lambda value: "n/a" if value is None else f"{value:.4f}"  # noqa: E731
+        log.info("prm: val bce %s MC-label auc %s ece %s brier %s exact auc %s slip-pair auc %s", figure(report.get("bce")),
+                 figure(report.get("auc")), figure(report.get("ece")), figure(report.get("brier")),
+                 figure((report.get("exact") or {}).get("auc")), figure((report.get("slip_pair") or {}).get("auc")))
     return result
 
 
