@@ -50,12 +50,12 @@ def prm_kind(config) -> str:
     return kinds.pop()
 
 
-def exact_check_samples(config) -> list[PolicySample] | None:
+def exact_check_samples(config, kind: str) -> list[PolicySample] | None:
     """The policy's samples of the held-out problems whose kind has an exact labeller, each beside
-    its problem, for the exact check and the slip pairs; None when none has one or
-    prm.exact_check_problems is 0."""
+    its problem, for the exact check and the slip pairs; None when prm.exact_check_problems is 0,
+    or the PRM's kind has no labeller (then no held-out problem is read), or no problem has one."""
     cfg = config.prm
-    if cfg.exact_check_problems <= 0:
+    if cfg.exact_check_problems <= 0 or kind not in FIRST_ERROR_LABELLERS:
         return None
     problems = [p for p in validation_problems(config)[: cfg.exact_check_problems] if p.kind in FIRST_ERROR_LABELLERS]
     if not problems:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
         report = validate_prm(
             scorer, val_records, bins=config.prm.calibration_bins, corrupt_examples=config.prm.corrupt_examples,
             prm800k_path=config.resolve(config.prm.prm800k_path), seed=config.prm.seed, merge_prefixes=config.prm.merge_prefixes,
-            policy_samples=exact_check_samples(config),
+            policy_samples=exact_check_samples(config, scorer.kind or prm_kind(config)),
         )
         write_validation(report, out)
         result["validation"] = {k: v for k, v in report.items() if k not in ("reliability",)}
