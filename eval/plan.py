@@ -705,7 +705,7 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
     policy = resolve_model(config, "model.policy", config.model.policy)
     name = MEMORY_STAGES[stage]
     costs = []
-    if name == "prm":  # PRM training; the tiny world's natural-slip sampling runs before it, its engine alone
+    if name == "prm":  # PRM training; the tiny world's exact-check sampling runs before it, its engine alone
         costs.append(prm_stage(plan, resolve_model(config, "model.prm_backbone", config.model.prm_backbone)))
         name = None
     if name in ("gfn", "ppo"):

@@ -114,6 +114,7 @@ SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote",
 Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)
 TinyFamily = Literal["gains_losses", "shared_containers", "mixed"]  # tinyworld.families (pipeline/tinyworld/problems.py FAMILIES)
 TinyStrategy = Literal["running_total", "gains_losses", "containers_first"]  # tinyworld.strategies (docs/tinyworld.md)
+PRMLabels = Literal["soft", "hard"]  # prm.labels: the BCE targets, the MC value or MC > prm.hard_label_threshold (prm/train.py)
 PRM_FORMATS = typing.get_args(PRMFormat)
 # The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
@@ -312,6 +313,10 @@ class PRMConfig:
     train_path: str = "{run_dir}/augment/prm_train.jsonl"
     val_path: str = "{run_dir}/augment/prm_val.jsonl"
     prm800k_neutral_label: float = bounded(1.0, ge=0, le=1)  # the label of a PRM800K rating 0 (1 -> 1.0, -1 -> 0.0)
+    # the training targets: soft = the stored label (the MC value, paper 3.3); hard = 1 where it exceeds
+    # hard_label_threshold, else 0 (Zhang et al. 2025, "The Lessons of Developing PRMs": threshold 0; docs/prm.md)
+    labels: PRMLabels = "soft"
+    hard_label_threshold: float = bounded(0.0, ge=0, lt=1)
     lr: float = bounded(1e-3, gt=0)  # paper: 8e-6
     batch_size: int = bounded(32, ge=1)  # sequences per optimizer step, all processes together (paper: 144 examples)
     micro_batch_size: int = bounded(32, ge=1)  # sequences per forward and process; accumulation = batch_size / (micro x processes)
@@ -338,9 +343,11 @@ class PRMConfig:
     retrain: bool = False  # train again even when prm/model/ holds a finished model (it is replaced once the new one is done)
     eval_only: bool = False  # stages.train_prm: validate the model at model.prm, train nothing
     corrupt_examples: int = bounded(200, ge=0)  # E.4 check: correct steps whose result is altered (+1..9 and +-1)
-    natural_slip_problems: int = bounded(200, ge=0)  # held-out problems (data.validation) the policy samples for the natural-slip AUC (0: off)
-    natural_slip_samples: int = bounded(4, ge=1)  # samples per problem
-    natural_slip_temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
+    # held-out problems (data.validation) the policy samples for the exact check and the slip pairs (0: off); only kinds
+    # with an exact labeller (prm.validation.FIRST_ERROR_LABELLERS) are sampled
+    exact_check_problems: int = bounded(200, ge=0)
+    exact_check_samples: int = bounded(4, ge=1)  # samples per problem
+    exact_check_temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     prm800k_path: str | None = None  # PRM800K-format file for first-error accuracy
     score_batch_size: int = bounded(64, ge=1)  # sequences per scorer forward
     calibration_bins: int = bounded(10, ge=1)  # equal-width bins of the expected calibration error

@@ -11,7 +11,7 @@ The threshold is the one of THRESHOLDS with the best F1 on a held-out part of th
 a hash of each id) and F1 is reported on the rest, with a percentile-bootstrap interval that
 resamples cases. Cases come from ProcessBench-format files or hub splits, PRM800K's phase-2
 ratings (the first step rated -1) or a problem kind's exact labeller on the policy's own samples
-(FIRST_ERROR_LABELLERS; docs/prm.md, "ProcessBench").
+(prm.validation.FIRST_ERROR_LABELLERS; docs/prm.md, "ProcessBench").
 """
 
 from __future__ import annotations
@@ -29,14 +29,9 @@ from pipeline.io import RecordError, read_jsonl
 from pipeline.problems import _read_hub
 from pipeline.records import Problem
 from pipeline.stats import bootstrap_statistic
-from pipeline.tinyworld.problems import first_wrong_step
 from prm.validation import load_prm800k
 
 THRESHOLDS = tuple(round(0.01 * k, 2) for k in range(1, 100))  # the candidates the held-out part chooses from
-
-# Problem kind -> (problem, steps) -> index of the first wrong step or -1, where the kind's steps
-# can be checked exactly (only the tiny world's: it knows every valid strategy).
-FIRST_ERROR_LABELLERS: dict[str, Callable[[Problem, Sequence[str]], int]] = {"tiny": first_wrong_step}
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""PRM training: BCE against soft step labels, with accelerate (paper 3.3, appendix E.2-E.3).
+"""PRM training: BCE against step labels (prm.labels: soft MC values or hard 0/1), with accelerate
+(paper 3.3, appendix E.2-E.3).
 
 One optimizer step = ``batch_size`` sequences (all processes together), taken as micro-batches
 of ``micro_batch_size`` sequences per process with gradient accumulation. AdamW (no decay on
@@ -27,8 +28,10 @@ from accelerate.utils import set_seed
 from torch import Tensor
 
 from pipeline.batches import gradient_accumulation
+from pipeline.config import PRMLabels, check_choice
 from pipeline.io import commit_folder, staging_folder
 from pipeline.modeling import load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
+from pipeline.records import PRMExample
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 from prm.data import PRMCollator, PRMDataset, iter_training_batches, pad_token_id, sorted_batches
 from prm.model import ProcessRewardModel, new_prm
@@ -48,6 +51,19 @@ def prm_bce_loss(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
     weights = mask.to(logits.dtype)
     per_step = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
     return (per_step * weights).sum() / weights.sum().clamp_min(torch.finfo(logits.dtype).tiny)
+
+
+def training_targets(records: Sequence[PRMExample], labels: str = "soft", threshold: float = 0.0) -> list[PRMExample]:
+    """The records with the label the BCE trains on (prm.labels), the one place it is chosen.
+
+    soft: the stored label (an MCTS step's MC value, a similarity group's label, a human rating's;
+    paper 3.3). hard: 1.0 where the stored label exceeds ``threshold``, else 0.0 (Zhang et al. 2025
+    train on MC > 0). Validation's MC-label AUC, calibration and E.4 check read the stored labels.
+    """
+    check_choice(labels, PRMLabels, "prm.labels")
+    if labels == "soft":
+        return list(records)
+    return [dataclasses.replace(record, label=1.0 if record.label > threshold else 0.0) for record in records]
 
 
 @torch.no_grad()
@@ -111,6 +127,8 @@ def train_prm(
     upcast_trainable(model)  # float32 master weights; accelerate autocasts to bf16 on GPU
 
     format_config = model.info.format_config()
+    train_records = training_targets(train_records, cfg.labels, cfg.hard_label_threshold)
+    val_records = training_targets(val_records, cfg.labels, cfg.hard_label_threshold) if val_records else val_records
     train_set = PRMDataset(train_records, tokenizer, format_config, kind, cfg.max_length, cfg.merge_prefixes)
     val_set = PRMDataset(val_records, tokenizer, format_config, kind, cfg.max_length, cfg.merge_prefixes) if val_records else None
     if len(train_set) == 0:
@@ -168,6 +186,7 @@ def train_prm(
         "train_loss": result["loss"],
         "train_seconds": result["seconds"],
         "train_tokens": int(result["counts"].get("tokens", 0)),  # non-padding tokens this process read
+        "labels": cfg.labels if cfg.labels == "soft" else f"hard (label > {cfg.hard_label_threshold})",
         "n_train_records": train_set.n_records,
         "n_train_sequences": len(train_set),
         "n_train_labels": train_set.n_labels,

@@ -12,7 +12,7 @@ exactly where ours do, with the same text before them:
   text TRL would have built from those steps as completions (TRL puts no separator between the
   prompt and the first completion, so neither do we);
 - labels are booleans (TRL casts them with int()): True when our label (the mean of the records
-  at that step) is above 0.5, the positives of our validation AUC; ``soft_labels`` keeps the
+  at that step) is above 0.5, the positives of our MC-label AUC; ``soft_labels`` keeps the
   values (TRL drops extra columns), with ``problem_id``.
 """
 

@@ -67,6 +67,12 @@ def _fmt(value, digits=3):
     return str(value)
 
 
+def _span(interval) -> str:
+    """``[lo, hi]`` of a 95% interval, "" where it is missing."""
+    lo, hi = interval or (None, None)
+    return "" if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
+
+
 def processbench_lines(bench: dict) -> list[str]:
     """The report's lines for make prm-bench's results.json ({set name: result})."""
     lines = []
@@ -133,7 +139,18 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     lines += [f"- augment {k}: {_fmt(v)}" for k, v in aug.items() if not isinstance(v, (dict, list))]
     val = read_json_if_exists(run_dir / "prm" / "validation.json") or {}
     lines += ["", "## PRM validation", ""]
-    lines += [f"- {k}: {_fmt(v)}" for k, v in val.items() if not isinstance(v, (dict, list))]
+    if "auc" in val:
+        lines += [f"- MC-label AUC (held-out PRM records, MC label > 0.5 positive): {_fmt(val['auc'])} {_span(val.get('auc_interval'))}"]
+    lines += [f"- {k}: {_fmt(v)}" for k, v in val.items() if not isinstance(v, (dict, list)) and k != "auc"]
+    exact, pair = val.get("exact"), val.get("slip_pair")
+    if exact:
+        lines += [f"- exact labels (the policy's own samples of held-out problems, {exact['n_solutions']} solutions): AUC "
+                  f"{_fmt(exact['auc'])} {_span(exact['interval'])} of {exact['n_correct']} correct steps after a correct prefix "
+                  f"against {exact['n_wrong']} first wrong steps (mean score {_fmt(exact['mean_correct'])} vs {_fmt(exact['mean_wrong'])})"]
+    if pair:
+        lines += [f"- slip pairs (a first wrong step with a wrong result against the same step with the right result, same "
+                  f"prefix): {pair['n_pairs']} pairs, counterpart above the slip in a share {_fmt(pair['auc'])} {_span(pair['interval'])} "
+                  f"(mean score {_fmt(pair['mean_counterpart'])} vs {_fmt(pair['mean_slip'])})"]
     for key, what in (("corruption", "+1..9"), ("corruption_pm1", "+-1")):
         corruption = val.get(key) or {}
         if corruption.get("n"):
@@ -142,11 +159,6 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
                       f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"]
         elif key in val:
             lines += [f"- corrupted steps (E.4, {what}): none to corrupt (no validation step labelled correct holds a calculation)"]
-    slip = val.get("natural_slip")
-    if slip:
-        lines += [f"- natural slips (the policy's own samples of held-out problems, {slip['n_solutions']} solutions): AUC "
-                  f"{_fmt(slip['auc'])} of {slip['n_clean']} clean steps after a clean prefix against {slip['n_slipped']} first "
-                  f"slips (mean score {_fmt(slip['mean_clean'])} vs {_fmt(slip['mean_slipped'])})"]
     if val.get("prm800k"):
         lines += [f"- PRM800K-format first-error check: " + ", ".join(f"{k} {_fmt(v)}" for k, v in val["prm800k"].items()
                                                                      if not isinstance(v, (dict, list)))]

@@ -5,7 +5,7 @@ Reads:  model.prm (model.prm_format); prm_bench.processbench_paths (ProcessBench
         or hub splits hf://owner/name/split, e.g. hf://Qwen/ProcessBench/gsm8k),
         prm_bench.prm800k_path (PRM800K phase-2 ratings); for the policy's own samples, the policy
         (model.policy) and held-out problems (data.validation*), labelled exactly where their
-        kind has a labeller (prm.processbench.FIRST_ERROR_LABELLERS: the tiny world)
+        kind has a labeller (prm.validation.FIRST_ERROR_LABELLERS: the tiny world)
 Writes: runs/<run>/prm_bench/results.json ({set name: source, threshold, f1, interval, accuracies, cases}),
         config.yaml
 Library: prm.processbench.
@@ -20,7 +20,6 @@ from pipeline.io import write_json_atomic
 from pipeline.prompts import question_text
 from prm.formats import load_scorer
 from prm.processbench import (
-    FIRST_ERROR_LABELLERS,
     labelled_cases,
     processbench,
     processbench_source,
@@ -28,7 +27,7 @@ from prm.processbench import (
     read_processbench,
     read_processbench_hub,
 )
-from prm.validation import policy_solutions
+from prm.validation import FIRST_ERROR_LABELLERS, policy_solutions
 from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed, validation_problems
 
 
@@ -47,8 +46,7 @@ def policy_cases(config) -> tuple[str, list, str] | None:
         return None
     samples = policy_solutions(build_generator(config), problems, config.format, cfg.policy_samples, cfg.temperature,
                                config.generation.max_new_tokens, seed=cfg.seed)
-    repeated = [problem for problem in problems for _ in range(cfg.policy_samples)]  # policy_solutions: n per problem, in order
-    cases = labelled_cases(repeated, [steps for _, steps in samples], labeller,
+    cases = labelled_cases([sample.problem for sample in samples], [sample.steps for sample in samples], labeller,
                            question=lambda p: question_text(p.question, p.meta.get("options")))
     source = (f"the policy's ({config.resolve(config.model.policy)}) {cfg.policy_samples} samples at temperature {cfg.temperature} "
               f"of each of {len(problems)} held-out problems (data.validation: "

@@ -2,7 +2,7 @@
 
 Reads:  runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (prm.train_path / prm.val_path: our records, or PRM800K-format
         human labels, prm/prm800k.py); the backbone (config.model.prm_backbone);
-        for the natural-slip check, the policy (config.model.policy) and held-out problems (data.validation*)
+        for the exact check and the slip pairs, the policy (config.model.policy) and held-out problems (data.validation*)
 Writes: runs/<run>/prm/model/ (the PRM), metrics.jsonl, validation.json, calibration.png,
         config.yaml; checkpoints/step-<n>/ every prm.save_every steps (a rerun resumes from the newest good one)
 With prm.eval_only=true: validates the PRM at config.model.prm, trains nothing.
@@ -23,7 +23,7 @@ from prm.formats import load_scorer
 from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer
 from prm.train import train_prm
-from prm.validation import SLIP_CHECKERS, policy_solutions, validate_prm, write_validation
+from prm.validation import FIRST_ERROR_LABELLERS, PolicySample, policy_solutions, validate_prm, write_validation
 from stages.common import (
     cli,
     finished_model,
@@ -50,18 +50,20 @@ def prm_kind(config) -> str:
     return kinds.pop()
 
 
-def natural_slip_samples(config, kind: str):
-    """(the policy's samples of held-out problems, the kind's slip checker) for the natural-slip
-    check, or (None, None) when the kind has no checker or prm.natural_slip_problems is 0."""
-    has_slip = SLIP_CHECKERS.get(kind)
+def exact_check_samples(config, kind: str) -> list[PolicySample] | None:
+    """The policy's samples of the held-out problems whose kind has an exact labeller, each beside
+    its problem, for the exact check and the slip pairs; None when prm.exact_check_problems is 0,
+    or the PRM's kind has no labeller (then no held-out problem is read), or no problem has one."""
     cfg = config.prm
-    if has_slip is None or cfg.natural_slip_problems <= 0:
-        return None, None
-    problems = validation_problems(config)[: cfg.natural_slip_problems]
+    if cfg.exact_check_problems <= 0 or kind not in FIRST_ERROR_LABELLERS:
+        return None
+    problems = [p for p in validation_problems(config)[: cfg.exact_check_problems] if p.kind in FIRST_ERROR_LABELLERS]
+    if not problems:
+        log.info("prm: no held-out problem has an exact step labeller: the exact check and the slip pairs are skipped")
+        return None
     generator = build_generator(config, progress=True)  # one generate call: its bar is the sampling's
-    samples = policy_solutions(generator, problems, config.format, cfg.natural_slip_samples, cfg.natural_slip_temperature,
-                               config.generation.max_new_tokens, seed=cfg.seed)
-    return samples, has_slip
+    return policy_solutions(generator, problems, config.format, cfg.exact_check_samples, cfg.exact_check_temperature,
+                            config.generation.max_new_tokens, seed=cfg.seed)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -93,18 +95,18 @@ def main(argv: list[str] | None = None) -> dict:
             return result  # under accelerate launch, validation runs once, on the main process
         # eval_only: ours or another format (model.prm_format); after training: the PRM just trained
         scorer = load_scorer(model_dir, config) if cfg.eval_only else PRMScorer.from_pretrained(model_dir, config)
-        samples, has_slip = natural_slip_samples(config, scorer.kind or prm_kind(config))
         report = validate_prm(
             scorer, val_records, bins=config.prm.calibration_bins, corrupt_examples=config.prm.corrupt_examples,
             prm800k_path=config.resolve(config.prm.prm800k_path), seed=config.prm.seed, merge_prefixes=config.prm.merge_prefixes,
-            policy_samples=samples, has_slip=has_slip,
+            policy_samples=exact_check_samples(config, scorer.kind or prm_kind(config)),
         )
         write_validation(report, out)
         result["validation"] = {k: v for k, v in report.items() if k not in ("reliability",)}
         write_json_atomic(out / "summary.json", result)
-        log.info("prm: val bce %.4f auc %.4f ece %.4f brier %.4f natural-slip auc %s", report.get("bce", float("nan")),
-                 report.get("auc", float("nan")), report.get("ece", float("nan")), report.get("brier", float("nan")),
-                 (report.get("natural_slip") or {}).get("auc"))
+        figure = lambda value: "n/a" if value is None else f"{value:.4f}"  # noqa: E731
+        log.info("prm: val bce %s MC-label auc %s ece %s brier %s exact auc %s slip-pair auc %s", figure(report.get("bce")),
+                 figure(report.get("auc")), figure(report.get("ece")), figure(report.get("brier")),
+                 figure((report.get("exact") or {}).get("auc")), figure((report.get("slip_pair") or {}).get("auc")))
     return result
 
 

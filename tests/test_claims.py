@@ -7,21 +7,22 @@ import re
 
 import pytest
 
-from eval.claims import CLAIM_IDS, evaluate_claims
+from eval.claims import AUC_THRESHOLD, CLAIM_IDS, SLIP_PAIR_THRESHOLD, evaluate_claims
 
 
 def diff(mean, lo, hi):
     return {"mean": mean, "lo": lo, "hi": hi}
 
 
-def write_run(tmp_path, *, auc=0.85, slip=0.82, search_gain=1, reward=diff(0.01, 0.002, 0.02), greedy=diff(0.0, -0.05, 0.05),
+def write_run(tmp_path, *, auc=0.85, slip=0.93, search_gain=1, reward=diff(0.01, 0.002, 0.02), greedy=diff(0.0, -0.05, 0.05),
               similarity=diff(-0.01, -0.02, -0.005), strategies=diff(0.3, 0.1, 0.5)):
     run, reports = tmp_path / "runs" / "r", tmp_path / "reports" / "r"
     (run / "prm").mkdir(parents=True)
     (run / "search").mkdir()
     reports.mkdir(parents=True)
-    (run / "prm" / "validation.json").write_text(json.dumps({
-        "auc": auc, "auc_interval": [auc - 0.03, auc + 0.03], "natural_slip": {"auc": slip, "interval": [slip - 0.04, slip + 0.04]}}))
+    (run / "prm" / "validation.json").write_text(json.dumps({  # the MC-label AUC (0.6) is reported, not judged
+        "auc": 0.6, "auc_interval": [0.55, 0.65], "exact": {"auc": auc, "interval": [auc - 0.03, auc + 0.03]},
+        "slip_pair": {"auc": slip, "interval": [slip - 0.04, slip + 0.04], "n_pairs": 120}}))
     rows = []
     for strategy in ("majority", "step_best_of_k", "beam", "weighted_vote"):
         for k in (1, 4, 16):
@@ -41,13 +42,16 @@ def test_every_claim_holds_on_outputs_that_show_it(tmp_path):
     assert all(c.holds for c in claims), [c.markdown() for c in claims]
     line = re.compile(r"^- [a-z_]+: (holds|fails): [+-]?[0-9.e+-]+( \[[-+0-9.e]+, [-+0-9.e]+\])? \(.+\)$")
     assert all(line.match(c.markdown()) for c in claims), [c.markdown() for c in claims]
-    assert claims[0].markdown().startswith("- prm_auc: holds: 0.85 [0.82, 0.88] (held-out step AUC >= 0.8")
+    assert claims[0].markdown().startswith("- prm_auc: holds: 0.85 [0.82, 0.88] (AUC of first wrong steps vs correct steps after "
+                                           "a correct prefix, exact labels")
+    assert claims[1].markdown().startswith("- prm_slip_pair_auc: holds: 0.93 [0.89, 0.97] (share of the policy's slips scored below "
+                                           "their correct counterpart, same prefix (120 pairs) >= 0.9")
     assert claims[2].to_json()["holds"] and claims[2].value == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("change,failing", [
     ({"auc": 0.79}, "prm_auc"),
-    ({"slip": 0.6}, "prm_natural_slip_auc"),
+    ({"slip": 0.89}, "prm_slip_pair_auc"),
     ({"search_gain": 0}, "search_rises_with_k"),
     ({"reward": diff(0.01, -0.001, 0.02)}, "gfn_reward_higher"),
     ({"greedy": diff(-0.08, -0.15, -0.01)}, "gfn_accuracy_not_lower"),
@@ -58,6 +62,13 @@ def test_each_claim_fails_when_its_evidence_does(tmp_path, change, failing):
     claims = {c.id: c for c in evaluate_claims(*write_run(tmp_path, **change))}
     assert not claims[failing].holds
     assert all(c.holds for claim_id, c in claims.items() if claim_id != failing)
+
+
+def test_the_prm_claims_come_first_with_the_thresholds_fixed_before_the_runs(tmp_path):
+    assert CLAIM_IDS[:3] == ("prm_auc", "prm_slip_pair_auc", "search_rises_with_k")
+    assert (AUC_THRESHOLD, SLIP_PAIR_THRESHOLD) == (0.8, 0.9)
+    at = {c.id: c.holds for c in evaluate_claims(*write_run(tmp_path / "at", auc=0.8, slip=0.9))}
+    assert at["prm_auc"] and at["prm_slip_pair_auc"]  # a threshold met holds
 
 
 def test_missing_stage_outputs_make_every_claim_fail_and_say_so(tmp_path):

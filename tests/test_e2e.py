@@ -37,7 +37,8 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
     assert check_run(run_dir, reports) == []
     text = report.read_text()
     for section in ("Stage timings", "PRM validation", "GFlowNet and PPO training", "Accuracy and diversity", "Against `base` (paired)",
-                    "PRM-guided search", "corrupted steps (E.4", "natural slips (", "Mean PRM reward"):
+                    "PRM-guided search", "corrupted steps (E.4", "MC-label AUC", "exact labels (", "slip pairs (",
+                    "Mean PRM reward"):
         assert section in text
     assert (reports / "gfn_training_curves.png").exists()
     # the PRM on ProcessBench's protocol: the base policy's samples of validation problems, which no

@@ -59,7 +59,7 @@ REDUCED = [
     "mcts.k=8", f"mcts.max_problems={PROBLEMS}", "mcts.max_iterations=4", "mcts.max_rollouts=64", "mcts.search_trivial=true",
     "mcts.problems_per_commit=2", "mcts.max_active=8",
     "prm.epochs=8", "prm.batch_size=8", "prm.micro_batch_size=8", "prm.save_every=2", "prm.log_every=1",
-    "prm.corrupt_examples=8", "prm.natural_slip_problems=0",
+    "prm.corrupt_examples=8", "prm.exact_check_problems=0",
     "gfn.num_train_steps=40", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.micro_batch_size=8",
     "gfn.save_every=1", "gfn.warmup_steps=0",
 ]

@@ -385,7 +385,7 @@ def test_sampling_arguments_vllm_refuses_are_refused_by_the_interface(kwargs, me
 
 
 @pytest.mark.parametrize("key", ["mcts.temperature", "eval.temperature", "search.temperature", "gfn.temperature",
-                                 "ppo.temperature", "bootstrap.sample_temperature", "prm.natural_slip_temperature"])
+                                 "ppo.temperature", "bootstrap.sample_temperature", "prm.exact_check_temperature"])
 def test_a_sampling_temperature_vllm_refuses_is_refused_when_the_config_loads(key):
     from pipeline.config import load_config
 

@@ -55,7 +55,7 @@ def overrides(tmp_path: Path, benchmarks: Path) -> list[str]:
         # sizes
         "generation.max_new_tokens=24", "generation.max_step_tokens=12", "data.train_limit=3", "data.validation_limit=2",
         "mcts.k=2", "mcts.max_iterations=1", "mcts.max_rollouts=4", "mcts.search_trivial=true", "augment.val_fraction=0.34",
-        "prm.batch_size=4", "prm.micro_batch_size=4", "prm.max_length=512", "prm.natural_slip_problems=1", "prm.corrupt_examples=4",
+        "prm.batch_size=4", "prm.micro_batch_size=4", "prm.max_length=512", "prm.exact_check_problems=1", "prm.corrupt_examples=4",
         "gfn.num_train_steps=1", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.micro_batch_size=4",
         "ppo.num_train_steps=1", "ppo.questions_per_step=2", "ppo.samples_per_question=2", "ppo.micro_batch_size=4",
         "eval.max_problems=2", "eval.k=2", "eval.bootstrap_resamples=50",

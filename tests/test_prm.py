@@ -12,25 +12,26 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import FormatConfig, TinyWorldConfig, load_config
+from pipeline.config import ConfigError, FormatConfig, TinyWorldConfig, load_config
 from pipeline.io import RecordError, read_records
 from pipeline.problems import write_problems_jsonl
-from pipeline.records import PRMExample
+from pipeline.records import PRMExample, Problem
 from pipeline.stats import mann_whitney_auc
-from pipeline.tinyworld.problems import generate_splits
+from pipeline.tinyworld.problems import corrected_step, generate_splits
 from pipeline.training import checkpoint
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.scorer import PRMScorer
-from prm.train import prm_bce_loss, train_prm
+from prm.train import prm_bce_loss, train_prm, training_targets
 from prm.validation import (
-    SLIP_CHECKERS,
+    PolicySample,
     corrupt_step,
+    exact_check,
+    exact_paths,
     expected_calibration_error,
     first_error_accuracy,
     load_prm800k,
-    natural_slip_check,
-    natural_slips,
+    pair_auc,
     reliability_table,
     validate_prm,
 )
@@ -357,26 +358,128 @@ def test_plus_minus_one_corruption_moves_the_last_result_by_one():
         corrupt_step("x = 1", corruption="2to5")
 
 
-def test_natural_slips_label_clean_steps_before_the_first_slip_and_drop_what_follows():
-    slips = {"3 + 4 = 8", "9 - 1 = 7"}
-    solutions = [("q1", ["2 + 2 = 4", "3 + 4 = 8", "8 + 1 = 9"]), ("q2", ["5 + 1 = 6", "6 - 1 = 5"]), ("q3", ["9 - 1 = 7"])]
-    paths, labels, questions = natural_slips(solutions, lambda step: step in slips)
-    assert paths == [("q1", ["2 + 2 = 4", "3 + 4 = 8"]), ("q2", ["5 + 1 = 6", "6 - 1 = 5"]), ("q3", ["9 - 1 = 7"])]
-    assert labels == [True, False, True, True, False] and questions == ["q1", "q1", "q2", "q2", "q3"]
-
-    class Scores:  # a PRM that scores a slip 0.2, a clean step 0.7, except one clean step 0.1
-        def score_many(self, pairs):
-            return [[0.1 if s == "6 - 1 = 5" else 0.2 if s in slips else 0.7 for s in steps] for _, steps in pairs]
-
-    result = natural_slip_check(Scores(), solutions, lambda step: step in slips)
-    # pairs (clean, slip): 3 clean x 2 slips; the clean 0.1 loses to both slips (0.2): AUC 4/6
-    assert result["auc"] == pytest.approx(4 / 6) and (result["n_clean"], result["n_slipped"], result["n_solutions"]) == (3, 2, 3)
-    assert result["mean_slipped"] == pytest.approx(0.2)
+GOLD = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
+OTHER = ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"]
 
 
-def test_the_tiny_worlds_checker_finds_wrong_calculations():
-    has_slip = SLIP_CHECKERS["tiny"]
-    assert has_slip("Ann buys 3 apples: 5 + 3 = 9.") and not has_slip("Ann buys 3 apples: 5 + 3 = 8.")
+def tiny_problem(problem_id: str) -> Problem:
+    return Problem(problem_id, f"question {problem_id}", "15", "tiny", {"solutions": [GOLD, OTHER]})
+
+
+def exact_samples() -> list[PolicySample]:
+    p1, p2 = tiny_problem("p1"), tiny_problem("p2")
+    return [
+        PolicySample(p1, "q1", list(GOLD)),  # every step right
+        PolicySample(p1, "q1", [GOLD[0], "Ann has 5 + 12 = 18 apples.", "Ann has 18 - 2 = 16 apples.", "The answer is 16"]),  # a slip
+        PolicySample(p2, "q2", ["Ann has 5 + 2 = 8 apples.", "Ann has 8 - 2 = 6 apples."]),  # wrong operand and result
+        PolicySample(p2, "q2", [OTHER[0], "I like apples.", OTHER[1]]),  # wrong without a calculation
+        PolicySample(p2, "q2", []),  # an empty sample: checked, no step
+        PolicySample(Problem("m1", "What is 2 + 2?", "4", "math"), "m", ["2 + 2 = 5", "The answer is 5"]),  # no exact labeller
+    ]
+
+
+def test_exact_paths_end_on_the_first_wrong_step_and_pair_only_a_slip_the_correction_makes_right():
+    paths, labels, groups, pairs, left_out = exact_paths(exact_samples())
+    assert paths == [("q1", GOLD), ("q1", [GOLD[0], "Ann has 5 + 12 = 18 apples."]), ("q2", ["Ann has 5 + 2 = 8 apples."]),
+                     ("q2", [OTHER[0], "I like apples."])]  # what follows a first wrong step is left out; the math sample skipped
+    assert labels == [True] * 4 + [True, False] + [False] + [True, False]
+    assert groups == ["p1"] * 6 + ["p2"] * 3
+    assert [(p.group, p.question, p.prefix, p.slip, p.counterpart, p.path) for p in pairs] == [
+        ("p1", "q1", [GOLD[0]], "Ann has 5 + 12 = 18 apples.", GOLD[1], 1)]
+    assert left_out == 1  # "5 + 2 = 7" is still wrong (a wrong operand): no pair
+
+
+class TextScores:
+    """A PRM whose score of a step is looked up by its text (default 0.5)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def score_many(self, pairs):
+        return [[self.table.get(step, 0.5) for step in steps] for _, steps in pairs]
+
+
+def test_exact_check_scores_the_labelled_steps_and_the_slip_pairs():
+    table = {GOLD[0]: 0.9, GOLD[1]: 0.8, GOLD[2]: 0.7, GOLD[3]: 0.6, OTHER[0]: 0.3, "Ann has 5 + 12 = 18 apples.": 0.4,
+             "Ann has 5 + 2 = 8 apples.": 0.2, "I like apples.": 0.1}
+    result = exact_check(TextScores(table), exact_samples())
+    exact, pair = result["exact"], result["slip_pair"]
+    correct = [0.9, 0.8, 0.7, 0.6, 0.9, 0.3]  # six correct steps after a correct prefix, three first wrong steps
+    wrong = [0.4, 0.2, 0.1]
+    assert exact["auc"] == pytest.approx(mann_whitney_auc(correct + wrong, [True] * 6 + [False] * 3))
+    assert exact["auc"] == pytest.approx(17 / 18)  # 0.3 loses to 0.4: one pair of 18
+    assert (exact["n_correct"], exact["n_wrong"], exact["n_solutions"]) == (6, 3, 5)
+    assert exact["mean_correct"] == pytest.approx(np.mean(correct)) and exact["mean_wrong"] == pytest.approx(np.mean(wrong))
+    assert exact["interval"][0] <= exact["auc"] <= exact["interval"][1]
+    assert (pair["n_pairs"], pair["auc"], pair["mean_slip"], pair["mean_counterpart"]) == (1, 1.0, 0.4, 0.8)
+    assert pair["interval"] == [None, None]  # one problem: nothing to resample
+    assert pair["n_left_out"] == 1 and pair["examples"][0]["counterpart"] == GOLD[1]
+    reader = TextScores({**table, GOLD[1]: 0.4})  # a PRM blind to the result: the counterpart ties with the slip
+    assert exact_check(reader, exact_samples())["slip_pair"]["auc"] == 0.5
+    assert exact_check(TextScores(table), exact_samples()[-1:]) is None  # no sample of a kind with a labeller
+
+
+def test_pair_auc_is_the_share_of_counterparts_above_their_slips_with_problems_resampled():
+    rng = np.random.default_rng(0)
+    slip = rng.integers(0, 6, 300) / 5  # coarse scores: many ties
+    counterpart = rng.integers(0, 6, 300) / 5
+    groups = rng.integers(0, 40, 300)
+    brute = sum(1.0 if float(c) > float(s) else 0.5 if float(c) == float(s) else 0.0 for s, c in zip(slip, counterpart)) / 300
+    auc, lo, hi = pair_auc(slip, counterpart, groups, n_resamples=300, seed=1)
+    assert auc == pytest.approx(brute, abs=1e-12) and lo < auc < hi
+    assert pair_auc(slip, counterpart, groups, n_resamples=300, seed=1) == (auc, lo, hi)  # seeded
+    # two problems, one whose counterparts all win and one whose all lose: resampling problems
+    # (not pairs) spans 0 to 1
+    assert pair_auc([0.1] * 10 + [0.9] * 10, [0.9] * 10 + [0.1] * 10, ["a"] * 10 + ["b"] * 10, n_resamples=200) == (0.5, 0.0, 1.0)
+    assert pair_auc([], [], []) == (None, None, None)
+
+
+def test_the_corrected_step_replaces_only_a_wrong_result():
+    assert corrected_step("Ann has 5 + 12 = 18 apples.") == "Ann has 5 + 12 = 17 apples."
+    assert corrected_step("Ben buys 3 * 4 = 13 pens.") == "Ben buys 3 * 4 = 12 pens."
+    assert corrected_step("Cara has 3 - 5 = 1 cards.") == "Cara has 3 - 5 = -2 cards."
+    assert corrected_step("Ann has 5 + 12 = 17 apples.") is None  # nothing wrong
+    assert corrected_step("The answer is 16") is None  # no calculation
+    assert corrected_step("x: 2 + 2 = 4, then 4 * 3 = 13") == "x: 2 + 2 = 4, then 4 * 3 = 12"  # only the wrong one changes
+
+
+def test_hard_labels_are_one_above_the_threshold_and_soft_labels_stay():
+    records = [PRMExample("p", "q", [], f"s{i}", label, "mcts") for i, label in enumerate([0.0, 0.125, 0.5, 1.0])]
+    assert [r.label for r in training_targets(records, "soft")] == [0.0, 0.125, 0.5, 1.0]
+    assert [r.label for r in training_targets(records, "hard", 0.0)] == [0.0, 1.0, 1.0, 1.0]  # MC > 0
+    assert [r.label for r in training_targets(records, "hard", 0.5)] == [0.0, 0.0, 0.0, 1.0]
+    assert [r.label for r in records] == [0.0, 0.125, 0.5, 1.0]  # the stored labels are left alone
+    with pytest.raises(ConfigError, match="prm.labels must be one of soft, hard, got 'medium'"):
+        training_targets(records, "medium")
+
+
+def test_a_prm_label_choice_that_does_not_exist_is_refused_by_key():
+    assert load_config(None, ["prm.labels=hard"]).prm.labels == "hard"
+    with pytest.raises(ConfigError, match=r"command line: prm.labels must be one of soft, hard, got"):
+        load_config(None, ["prm.labels=binary"])
+    with pytest.raises(ConfigError, match=r"prm.hard_label_threshold"):
+        load_config(None, ["prm.hard_label_threshold=1.0"])
+
+
+def test_training_reads_the_hard_targets(tokenizer, monkeypatch, tmp_path):
+    import prm.train as train
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def dataset(records, *args, **kwargs):
+        seen.append([r.label for r in records])
+        raise Stop
+
+    monkeypatch.setattr(train, "PRMDataset", dataset)
+    config = load_config(None, ["prm.labels=hard", "prm.hard_label_threshold=0.25", "model.device=cpu"])
+    records = arithmetic_records(6, seed=1)
+    records = [PRMExample(r.problem_id, r.question, r.prefix_steps, r.step, mc, "mcts") for r, mc in zip(records, [0, 0.2, 0.3, 1, 0.5, 0.25])]
+    with pytest.raises(Stop):
+        train_prm(config, records, None, tmp_path / "prm", model=make_prm(tokenizer), tokenizer=tokenizer, kind="tiny", progress=False)
+    assert seen == [[0.0, 0.0, 1.0, 1.0, 1.0, 0.0]]
 
 
 def test_corruption_changes_the_result_of_the_last_calculation():
@@ -434,10 +537,10 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     write_problems_jsonl(held_out, run_dir / "bootstrap" / "problems_val.jsonl")
     args = ["--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t", "prm.kind=tiny", "prm.epochs=1",
             "prm.batch_size=8", "prm.micro_batch_size=4", "prm.corrupt_examples=5",
-            f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}", "prm.natural_slip_samples=2",
+            f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}", "prm.exact_check_samples=2",
             "generation.max_new_tokens=24"]
     result = stage.main(args)
-    assert "generate: 100%" in capsys.readouterr().err  # the natural-slip check's sampling shows its progress
+    assert "generate: 100%" in capsys.readouterr().err  # the exact check's sampling shows its progress
     out = run_dir / "prm"
     for name in ("model/prm_config.json", "model/config.json", "model/model.safetensors", "model/README.md", "metrics.jsonl",
                  "validation.json", "calibration.png", "config.yaml"):
@@ -445,7 +548,8 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     assert result["train"]["steps"] == 5
     report = json.loads((out / "validation.json").read_text())
     assert report["n_records"] == 20 and 0.0 <= report["auc"] <= 1.0 and report["prm800k"]["n"] == 9
-    assert report["natural_slip"]["n_solutions"] == 3 * 2  # the policy's own samples of the held-out problems
+    assert report["exact"]["n_solutions"] == 3 * 2  # the policy's own samples of the held-out problems
+    assert report["slip_pair"]["n_pairs"] >= 0 and result["train"]["labels"] == "soft"
     assert report["corruption"]["corruption"] == "1to9" and report["corruption_pm1"]["corruption"] == "pm1"
     again = stage.main(args + ["prm.eval_only=true", "prm.corrupt_examples=0"])
     assert "train" not in again and again["validation"]["bce"] == pytest.approx(report["bce"], abs=1e-6)

@@ -603,3 +603,20 @@ def first_wrong_step(problem: Problem, steps: Sequence[str]) -> int:
         elif step.strip() != ANSWER_STEP.format(answer=problem.answer):
             return index
     return -1
+
+
+def corrected_step(step: str) -> str | None:
+    """The step with the result of each wrong calculation (``a op b = c``, c not its value)
+    replaced by the right value, everything else kept; None when no calculation in it is wrong.
+
+        "Ann has 5 + 3 = 9 apples."  ->  "Ann has 5 + 3 = 8 apples."
+    """
+    apply = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+    pieces, end = [], 0
+    for match in _EQUATION.finditer(step):
+        a, op, b, c = match.groups()
+        value = apply[op](int(a), int(b))
+        if value != int(c):
+            pieces += [step[end : match.start(4)], str(value)]
+            end = match.end(4)
+    return None if not pieces else "".join(pieces) + step[end:]
