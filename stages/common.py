@@ -27,7 +27,7 @@ from pipeline.records import RecordError
 from pipeline.training.base import CHECKPOINTS
 from pipeline.training.checkpoint import CheckpointError
 from prm.formats import is_hub_id
-from prm.validation import SLIP_CHECKERS
+from prm.validation import FIRST_ERROR_LABELLERS
 
 log = logging.getLogger("stepflow")
 
@@ -70,11 +70,11 @@ def parse_args(stage: str, argv: list[str] | None = None) -> Config:
     return config
 
 
-def _natural_slip_policy(config: Config) -> list[tuple[str, str]]:
-    """model.policy when make prm samples it for the natural-slip check (prm.kind unset: the
-    training problems' kind, known once they are read, may have a checker)."""
+def _exact_check_policy(config: Config) -> list[tuple[str, str]]:
+    """model.policy when make prm samples it for the exact check (prm.kind unset: the training
+    problems' kind, known once they are read, may have an exact labeller)."""
     cfg = config.prm
-    if cfg.natural_slip_problems > 0 and (cfg.kind is None or cfg.kind in SLIP_CHECKERS):
+    if cfg.exact_check_problems > 0 and (cfg.kind is None or cfg.kind in FIRST_ERROR_LABELLERS):
         return [("model.policy", config.model.policy)]
     return []
 
@@ -85,7 +85,7 @@ STAGE_MODELS: dict[str, Callable[[Config], list[tuple[str, str]]]] = {
     "mcts": lambda c: [("model.policy", c.model.policy)],
     "search": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
     "train_prm": lambda c: [("model.prm", c.model.prm) if c.prm.eval_only else ("model.prm_backbone", c.model.prm_backbone)]
-    + _natural_slip_policy(c),
+    + _exact_check_policy(c),
     "train_gfn": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
     "train_ppo": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
     "prm_bench": lambda c: [("model.prm", c.model.prm)] + ([("model.policy", c.model.policy)] if c.prm_bench.policy_problems > 0 else []),
