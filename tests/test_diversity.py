@@ -226,3 +226,16 @@ def test_strategy_entropy_and_distinct_strategies_per_problem():
     assert unknown["distinct"] is None and unknown["multi_strategy_problems"] is None and unknown["correct_without_strategy"] is None
     with pytest.raises(ValueError, match="2 problems, 1 solution lists"):
         strategy_diversity([two, two], [solutions[0]], correct[:2])
+
+
+@pytest.mark.slow  # importing sentence-transformers alone takes 5-10 s on the 2-core machines
+def test_real_minilm_embeds_whole_solutions_in_order():
+    embed = load_embedder(None)
+    swapped = [NARRATIVE[1], NARRATIVE[0], *NARRATIVE[2:]]  # the same steps, another order
+    texts = ["\n".join(steps) + "\n" for steps in (NARRATIVE, swapped, REVERSED)]
+    whole = semantic_similarity([texts[:2], texts[::2]], embed, n_resamples=10)["per_problem"]
+    steps = embed(NARRATIVE + swapped + REVERSED).astype(np.float64)
+    mean_of_steps = [mean_pairwise_cosine(np.stack([steps[:4].mean(0), steps[i : i + 4].mean(0)])) for i in (4, 8)]
+    assert mean_of_steps[0] == pytest.approx(1.0, abs=1e-6)  # an average of steps cannot see their order
+    assert whole[0] < 1.0 - 1e-3  # the whole text can: measured 0.995
+    assert whole[1] < mean_of_steps[1]  # and separates the two strategies a little more: measured 0.976 vs 0.983
