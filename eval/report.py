@@ -146,10 +146,11 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                       "at least one correct sample with one; higher = more diverse; n/a where problems do not know "
                       "their strategies):", ""]
             lines += _pivot(results, lambda m: _interval(m["diversity"].get("strategy_entropy")))
-        lines += ["", "Every measure (distinct-n over whitespace tokens; distinct strategies: distinct strategy names among "
-                  "a problem's correct samples, over the problems counted for the entropy, of the multi-strategy "
-                  "problems; correct texts: distinct step sequences among a problem's correct samples, mean over all "
-                  "problems / over solved ones):", ""]
+        lines += ["", "Every measure (distinct-n over whitespace tokens; distinct strategies: strategy names among a "
+                  "problem's correct samples, mean over the problems the entropy counts; problems counted / "
+                  "multi-strategy: how many it counts, of those with more than one valid strategy; correct texts: "
+                  "distinct step sequences among a problem's correct samples, mean over all problems / over solved "
+                  "ones):", ""]
         lines += _table(
             ["model", "benchmark", "similarity", "Vendi", "distinct-1", "distinct-2", "distinct-3", "strategy entropy (bits)",
              "distinct strategies", "problems counted / multi-strategy", "correct texts", "per solved problem",
@@ -158,7 +159,7 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
               _number(m["diversity"]["distinct_1"]), _number(m["diversity"]["distinct_2"]),
               _number(m["diversity"]["distinct_3"]), _interval(m["diversity"].get("strategy_entropy")),
               _number(m["diversity"].get("distinct_strategies"), 2), _counted(m["diversity"]),
-              _number(m["diversity"]["correct_texts"], 2), _number(m["diversity"]["correct_texts_solved"], 2),
+              _number(m["diversity"].get("correct_texts"), 2), _number(m["diversity"].get("correct_texts_solved"), 2),
               _number(m["mean_steps"], 1)]
              for model, bench, m in rows],
         )
