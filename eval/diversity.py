@@ -1,7 +1,9 @@
 """Diversity metrics of the evaluation stage (paper 5, Table 4): how differently a model reasons.
 
-Semantic similarity of a problem's k solutions (lower = more diverse), the Vendi score, distinct-n
-and the number of distinct correct strategies. Formulas in docs/metrics.md.
+Semantic similarity of a problem's k solutions, each embedded whole (lower = more diverse), the
+Vendi score, distinct-n, the number of distinct correct texts, and for problems that know their
+strategies (a tiny-world record lists its valid solutions) the entropy and number of the
+strategies its correct solutions carry out. Formulas in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from pipeline.records import Problem
 from pipeline.stats import bootstrap_ci
+from pipeline.tinyworld import strategy_of
 
 Embedder = Callable[[list[str]], np.ndarray]
 
@@ -25,23 +29,6 @@ def _l2_normalise(rows: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length; all-zero rows stay zero (their cosine with anything is 0)."""
     norms = np.linalg.norm(rows, axis=-1, keepdims=True)
     return rows / np.maximum(norms, _NORM_EPS)
-
-
-def solution_embeddings(step_embeddings_per_solution: Sequence[np.ndarray]) -> np.ndarray:
-    """One embedding per solution: the normalised mean of its normalised step embeddings.
-
-    step_embeddings_per_solution: k arrays, array i of shape (s_i, d) for solution i's s_i >= 1 steps
-    returns: (k, d) float64, unit rows
-    """
-    rows = []
-    for i, steps in enumerate(step_embeddings_per_solution):
-        steps = np.asarray(steps, dtype=np.float64)
-        if steps.ndim != 2 or steps.shape[0] == 0:
-            raise ValueError(f"solution_embeddings: solution {i} has step embeddings of shape {steps.shape}; expected (s >= 1, d)")
-        rows.append(_l2_normalise(steps).mean(axis=0))
-    if not rows:
-        raise ValueError("solution_embeddings: no solutions")
-    return _l2_normalise(np.stack(rows))
 
 
 def mean_pairwise_cosine(embeddings: np.ndarray) -> float:
@@ -79,44 +66,42 @@ def vendi_score(embeddings: np.ndarray) -> float:
 
 
 def semantic_similarity(
-    problems: Sequence[Sequence[Sequence[str]]],
+    problems: Sequence[Sequence[str]],
     embed: Embedder,
     n_resamples: int = 2000,
     alpha: float = 0.05,
     seed: int = 0,
 ) -> dict:
-    """Table-4 semantic similarity: mean pairwise cosine of each problem's solution embeddings.
+    """Table-4 semantic similarity: mean pairwise cosine of the embeddings of each problem's
+    solution texts, each solution embedded whole, its steps in order (the same steps in another
+    order are another text).
 
-    problems: P problems, each k solutions, each a list of step strings. Every step of every
-              solution is embedded in ONE call to embed(list[str]) -> (N, d).
-    A solution with no steps is left out; a problem with fewer than 2 solutions left is not scored
-    (None in per_problem). Returns {"mean", "lo", "hi": bootstrap CI over scored problems,
+    problems: P problems, each k solution texts (steps joined by the separator). Every solution
+              of every problem is embedded in ONE call to embed(list[str]) -> (N, d).
+    A blank solution (no steps) is left out; a problem with fewer than 2 solutions left is not
+    scored (None in per_problem). Returns {"mean", "lo", "hi": bootstrap CI over scored problems,
     "per_problem": [P] float|None, "vendi_mean", "vendi_per_problem": [P] float|None,
     "n_scored"}; means are None when no problem was scored. Lower similarity = more diverse.
     """
     texts: list[str] = []
-    layout: list[list[tuple[int, int]]] = []  # per problem, per kept solution: (start, stop) in texts
+    layout: list[list[int]] = []  # per problem: the rows in texts of its kept solutions
     for solutions in problems:
-        spans = []
-        for steps in solutions:
-            if len(steps) == 0:
-                continue
-            spans.append((len(texts), len(texts) + len(steps)))
-            texts.extend(steps)
-        layout.append(spans)
+        kept = [text for text in solutions if text.strip()]
+        layout.append(list(range(len(texts), len(texts) + len(kept))))
+        texts.extend(kept)
 
     embedded = np.asarray(embed(texts), dtype=np.float64) if texts else np.zeros((0, 1))
     if embedded.shape[0] != len(texts):
-        raise ValueError(f"semantic_similarity: embed returned {embedded.shape[0]} rows for {len(texts)} steps")
+        raise ValueError(f"semantic_similarity: embed returned {embedded.shape[0]} rows for {len(texts)} solutions")
 
     similarity: list[float | None] = []
     vendi: list[float | None] = []
-    for spans in layout:
-        if len(spans) < 2:
+    for rows in layout:
+        if len(rows) < 2:
             similarity.append(None)
             vendi.append(None)
             continue
-        solutions = solution_embeddings([embedded[start:stop] for start, stop in spans])
+        solutions = embedded[rows]
         similarity.append(mean_pairwise_cosine(solutions))
         vendi.append(vendi_score(solutions))
 
@@ -168,25 +153,27 @@ def normalize_step(step: str) -> str:
     return re.sub(r"\s+", " ", step.lower()).strip().rstrip(_TRAILING_PUNCTUATION).rstrip()
 
 
-def distinct_correct_strategies(
+def distinct_correct_texts(
     solutions: Sequence[Sequence[str]],
     correct: Sequence[bool],
     normalize: Callable[[str], str] | None = None,
 ) -> int:
-    """Number of distinct normalised step sequences among one problem's correct samples.
+    """Number of distinct normalised step sequences among one problem's correct samples: the
+    variety of their text (a rewording or another order counts), defined for any problem, where
+    the strategy figures (strategy_diversity) need a problem that knows its strategies.
 
     solutions: (k,) step lists; correct: (k,) correctness; normalize: per-step map (default
     normalize_step). Steps that normalise to "" are dropped before comparing sequences.
     """
     if len(solutions) != len(correct):
-        raise ValueError(f"distinct_correct_strategies: {len(solutions)} solutions for {len(correct)} correctness flags")
+        raise ValueError(f"distinct_correct_texts: {len(solutions)} solutions for {len(correct)} correctness flags")
     normalize = normalize or normalize_step
-    strategies = set()
+    sequences = set()
     for steps, is_correct in zip(solutions, correct):
         if is_correct:
             normalised = (normalize(step) for step in steps)
-            strategies.add(tuple(step for step in normalised if step))
-    return len(strategies)
+            sequences.add(tuple(step for step in normalised if step))
+    return len(sequences)
 
 
 def strategy_entropy(strategies: Sequence[str]) -> float:
@@ -239,3 +226,80 @@ def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_si
         return np.asarray(vectors, dtype=np.float32)
 
     return embed
+
+
+def admitted_strategies(problem: Problem) -> int | None:
+    """How many distinct strategy names a problem's valid solutions carry (pipeline.tinyworld.strategy_of
+    of each of ``meta["solutions"]``; two solutions of one named strategy count once); None when
+    its record lists no valid solutions, so its strategies are unknown."""
+    solutions = problem.meta.get("solutions")
+    if not solutions:
+        return None
+    return len({strategy_of(problem, steps) for steps in solutions})
+
+
+def correct_strategy_names(problem: Problem, solutions: Sequence[Sequence[str]], correct: Sequence[bool]) -> list[str] | None:
+    """The strategy name (pipeline.tinyworld.strategy_of) of each correct solution of one problem,
+    in sample order; None when the problem's record lists no valid solutions (``meta["solutions"]``).
+    A correct solution that carries out no valid strategy (the right answer reached by other
+    calculations) has no name and is left out."""
+    if len(solutions) != len(correct):
+        raise ValueError(f"correct_strategy_names: {len(solutions)} solutions for {len(correct)} correctness flags")
+    if not problem.meta.get("solutions"):
+        return None
+    names = (strategy_of(problem, steps) for steps, is_correct in zip(solutions, correct) if is_correct)
+    return [name for name in names if name is not None]
+
+
+def strategy_diversity(
+    problems: Sequence[Problem],
+    solutions: Sequence[Sequence[Sequence[str]]],
+    correct: Sequence[Sequence[bool]],
+    n_resamples: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict:
+    """Diversity at the strategy level of one model's samples on P problems.
+
+    problems: P records; solutions: per problem its k step lists; correct: per problem k flags.
+    A problem is counted when it admits more than one strategy (admitted_strategies > 1) and at
+    least one of its correct solutions carries one out; for it, over the names n_1..n_c of its
+    correct solutions (correct_strategy_names):
+
+        entropy_p  = strategy_entropy(n_1..n_c)     bits, 0 = one strategy, log2 m = m used equally
+        distinct_p = |{n_1..n_c}|
+
+    Every other problem is None (a problem with one strategy can only score 0 and would pull
+    every model toward 0 alike). Returns {"entropy": {"mean", "lo", "hi": bootstrap CI over counted
+    problems, "n_scored", "per_problem": [P] float|None}, "distinct": mean of distinct_p | None,
+    "multi_strategy_problems": how many problems admit more than one strategy (None when no
+    problem knows its strategies), "correct_without_strategy": the share of correct solutions of
+    problems that know their strategies that carry out none (None when there are none)}.
+    """
+    if not len(problems) == len(solutions) == len(correct):
+        raise ValueError(f"strategy_diversity: {len(problems)} problems, {len(solutions)} solution lists, {len(correct)} flag lists")
+    entropy: list[float | None] = []
+    distinct: list[int] = []
+    multi: int | None = None
+    named = correct_total = 0
+    for problem, steps, flags in zip(problems, solutions, correct):
+        admitted = admitted_strategies(problem)
+        names = correct_strategy_names(problem, steps, flags)
+        if admitted is None or names is None:
+            entropy.append(None)
+            continue
+        multi = (multi or 0) + (admitted > 1)
+        named, correct_total = named + len(names), correct_total + sum(bool(f) for f in flags)
+        if admitted > 1 and names:
+            entropy.append(strategy_entropy(names))
+            distinct.append(len(set(names)))
+        else:
+            entropy.append(None)
+    scored = np.array([e for e in entropy if e is not None], dtype=np.float64)
+    result: dict = {"entropy": {"mean": None, "lo": None, "hi": None, "n_scored": int(scored.size), "per_problem": entropy},
+                    "distinct": float(np.mean(distinct)) if distinct else None, "multi_strategy_problems": multi,
+                    "correct_without_strategy": (correct_total - named) / correct_total if correct_total else None}
+    if scored.size:
+        mean, lo, hi = bootstrap_ci(scored, n_resamples=n_resamples, alpha=alpha, seed=seed)
+        result["entropy"].update(mean=mean, lo=lo, hi=hi)
+    return result

@@ -4,7 +4,8 @@ Per model and benchmark: ONE generate call with every problem of the benchmark a
 eval.temperature, plus ONE greedy call (temperature 0, n = 1); every completion is split into
 steps, graded, and written as a samples record (pipeline.records.Sample; sample_idx -1 = greedy). Accuracy
 (greedy pass@1, pass@1, maj@k, pass@k with bootstrap CIs) and diversity (mean pairwise cosine of
-solution embeddings, Vendi, distinct-n, distinct correct strategies) come from those records
+whole-solution embeddings, Vendi, distinct-n, distinct correct texts, and the entropy and number of
+correct strategies where a problem knows its strategies) come from those records
 only, so a rerun that finds a pair's samples up to date re-scores them without generating.
 
 Problem p's samples draw from the stream stream_seed(eval.seed, p's id) (sample j: + j), so they
@@ -34,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, per_problem_scores, summarize_accuracy
-from eval.diversity import Embedder, distinct_correct_strategies, distinct_n_per_problem, semantic_similarity
+from eval.diversity import Embedder, distinct_correct_texts, distinct_n_per_problem, semantic_similarity, strategy_diversity
 from pipeline.config import Config
 from pipeline.generation.base import stream_seed
 from pipeline.grading import extract_answer, grade_many, normalize_answer
@@ -344,8 +345,12 @@ def score_samples(
 
     Returns {"n_problems", "k", "accuracy": {greedy_pass@1?, pass@1, maj@k, pass@k: {mean, lo, hi}},
     "pass@k_curve": {j: unbiased pass@j}, "answered", "mean_steps", "diversity": {similarity:
-    {mean, lo, hi, n_scored}, vendi, distinct_1..3, correct_strategies, correct_strategies_solved}}.
-    Diversity is over the k sampled solutions only; similarity and Vendi are None without ``embed``.
+    {mean, lo, hi, n_scored, per_problem}, vendi, distinct_1..3, strategy_entropy: {mean, lo, hi,
+    n_scored, per_problem}, distinct_strategies, multi_strategy_problems, correct_without_strategy,
+    correct_texts, correct_texts_solved}}.
+    Diversity is over the k sampled solutions only; similarity and Vendi (each solution's whole
+    text embedded) are None without ``embed``; the strategy figures (eval.diversity.strategy_diversity)
+    are None on problems that do not know their strategies.
     With ``prm`` (PRMScorer.score_many), also "prm_reward": {mean, lo, hi}, the mean over problems
     of the mean PRM reward R = prod_k U(s_k|s_{k-1}) of its sampled solutions (an empty solution: 0),
     the quantity the GFlowNet samples in proportion to.
@@ -363,18 +368,23 @@ def score_samples(
 
     solutions = [[r.steps for r in sampled[p.problem_id]] for p in problems]
     texts = [[join_steps(steps, config.format.separator) for steps in group] for group in solutions]
-    strategies = [distinct_correct_strategies(group, s.correct) for group, s in zip(solutions, per_problem)]
-    solved = [n for n, c in zip(strategies, counts) if c > 0]
+    correct_texts = [distinct_correct_texts(group, s.correct) for group, s in zip(solutions, per_problem)]
+    solved = [n for n, c in zip(correct_texts, counts) if c > 0]
     diversity: dict = {"similarity": {"mean": None, "lo": None, "hi": None, "n_scored": 0}, "vendi": None}
     if embed is not None:
-        similarity = semantic_similarity(solutions, embed, n_resamples=settings.bootstrap_resamples, seed=settings.seed)
+        similarity = semantic_similarity(texts, embed, n_resamples=settings.bootstrap_resamples, seed=settings.seed)
         diversity["similarity"] = {key: similarity[key] for key in ("mean", "lo", "hi", "n_scored", "per_problem")}
         diversity["vendi"] = similarity["vendi_mean"]
     for n in DISTINCT_NS:
         diversity[f"distinct_{n}"] = distinct_n_per_problem(texts, n)["mean"]
-    diversity["correct_strategies"] = float(np.mean(strategies))
-    diversity["correct_strategies_per_problem"] = strategies  # in problem order: comparisons pair them
-    diversity["correct_strategies_solved"] = float(np.mean(solved)) if solved else None
+    strategies = strategy_diversity(problems, solutions, [s.correct for s in per_problem],
+                                    n_resamples=settings.bootstrap_resamples, seed=settings.seed)
+    diversity["strategy_entropy"] = strategies["entropy"]  # per_problem in problem order: comparisons pair them
+    diversity["distinct_strategies"] = strategies["distinct"]
+    diversity["multi_strategy_problems"] = strategies["multi_strategy_problems"]
+    diversity["correct_without_strategy"] = strategies["correct_without_strategy"]
+    diversity["correct_texts"] = float(np.mean(correct_texts))
+    diversity["correct_texts_solved"] = float(np.mean(solved)) if solved else None
 
     all_rows = [r for rows in sampled.values() for r in rows]
     extra = {}
@@ -670,8 +680,9 @@ def paired_differences(reference_records: Sequence[Sample], records: Sequence[Sa
     """One model minus a reference on the same problems: the accuracy metrics
     (paired_accuracy_differences), and where both carry them per problem, the mean PRM reward
     ("prm_reward"), the mean pairwise similarity of the sampled solutions ("similarity", over the
-    problems scored for both; lower = more diverse) and the distinct correct strategies
-    ("correct_strategies"), each {mean, lo, hi} with a paired bootstrap interval."""
+    problems scored for both; lower = more diverse) and the strategy entropy of the correct
+    solutions ("strategy_entropy", bits, over the problems counted for both), each {mean, lo, hi}
+    with a paired bootstrap interval."""
     n_resamples, seed = config.eval.bootstrap_resamples, config.eval.seed
     differences = paired_accuracy_differences(reference_records, records, problems, kind_of, n_resamples=n_resamples, seed=seed)
     reference_metrics, model_metrics = reference_metrics or {}, model_metrics or {}
@@ -686,12 +697,10 @@ def paired_differences(reference_records: Sequence[Sample], records: Sequence[Sa
     if all(r and "per_problem" in r for r in rewards):
         paired(rewards[0]["per_problem"], rewards[1]["per_problem"], "prm_reward")
     diversities = [m.get("diversity", {}) for m in (reference_metrics, model_metrics)]
-    similarities = [d.get("similarity", {}).get("per_problem") for d in diversities]
-    if all(s is not None for s in similarities):
-        paired(similarities[0], similarities[1], "similarity")
-    strategies = [d.get("correct_strategies_per_problem") for d in diversities]
-    if all(s is not None for s in strategies):
-        paired(strategies[0], strategies[1], "correct_strategies")
+    for name in ("similarity", "strategy_entropy"):
+        per_problem = [(d.get(name) or {}).get("per_problem") for d in diversities]
+        if all(values is not None for values in per_problem):
+            paired(per_problem[0], per_problem[1], name)
     return differences
 
 

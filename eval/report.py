@@ -63,6 +63,14 @@ def _difference(interval: dict | None, scale: float = 100, digits: int = 1) -> s
     return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] *{verdict(interval)}*"
 
 
+def _counted(diversity: dict) -> str:
+    """``counted / multi-strategy`` problems of the strategy figures; n/a where no problem knows its strategies."""
+    multi = diversity.get("multi_strategy_problems")
+    if multi is None:
+        return "n/a"
+    return f"{diversity['strategy_entropy']['n_scored']} / {multi}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -89,7 +97,7 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         + (", plus one greedy (temperature 0) solution" if greedy else "")
         + f"; at most {settings['max_new_tokens']} new tokens. Accuracies in %, with 95% percentile-bootstrap "
         f"confidence intervals over problems ({settings['bootstrap_resamples']} resamples, seed {settings['seed']}) "
-        "in brackets. Similarity: mean pairwise cosine of solution embeddings "
+        "in brackets. Similarity: mean pairwise cosine of the embeddings of whole solution texts "
         f"({settings['embedder']}); lower = more diverse. Formulas: docs/metrics.md.",
         "",
         "## Benchmarks",
@@ -129,17 +137,30 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                  for model, bench, m in rows if "prm_reward" in m],
             )
         lines += ["", "## Diversity of reasoning (Table 4)", ""]
-        lines += ["Mean pairwise similarity of the sampled solutions, by model and benchmark (lower = more diverse):", ""]
+        lines += ["Mean pairwise similarity of the sampled solutions, each embedded whole with its steps in order, by "
+                  "model and benchmark (lower = more diverse):", ""]
         lines += _pivot(results, lambda m: _interval(m["diversity"]["similarity"]))
-        lines += ["", "Every measure (distinct-n over whitespace tokens; correct strategies = distinct step "
-                  "sequences among a problem's correct samples, mean over all problems / over solved ones):", ""]
+        if any(m["diversity"].get("strategy_entropy", {}).get("mean") is not None for _, _, m in rows):
+            lines += ["", "Strategy entropy of the correct solutions, in bits (per problem the entropy of the strategy names "
+                      "its correct samples carry out, mean over the problems counted: more than one valid strategy and "
+                      "at least one correct sample with one; higher = more diverse; n/a where problems do not know "
+                      "their strategies):", ""]
+            lines += _pivot(results, lambda m: _interval(m["diversity"].get("strategy_entropy")))
+        lines += ["", "Every measure (distinct-n over whitespace tokens; distinct strategies: strategy names among a "
+                  "problem's correct samples, mean over the problems the entropy counts; problems counted / "
+                  "multi-strategy: how many it counts, of those with more than one valid strategy; correct texts: "
+                  "distinct step sequences among a problem's correct samples, mean over all problems / over solved "
+                  "ones):", ""]
         lines += _table(
-            ["model", "benchmark", "similarity", "Vendi", "distinct-1", "distinct-2", "distinct-3",
-             "correct strategies", "per solved problem", "steps per solution"],
+            ["model", "benchmark", "similarity", "Vendi", "distinct-1", "distinct-2", "distinct-3", "strategy entropy (bits)",
+             "distinct strategies", "problems counted / multi-strategy", "correct texts", "per solved problem",
+             "steps per solution"],
             [[model, bench, _interval(m["diversity"]["similarity"]), _number(m["diversity"]["vendi"], 2),
               _number(m["diversity"]["distinct_1"]), _number(m["diversity"]["distinct_2"]),
-              _number(m["diversity"]["distinct_3"]), _number(m["diversity"]["correct_strategies"], 2),
-              _number(m["diversity"]["correct_strategies_solved"], 2), _number(m["mean_steps"], 1)]
+              _number(m["diversity"]["distinct_3"]), _interval(m["diversity"].get("strategy_entropy")),
+              _number(m["diversity"].get("distinct_strategies"), 2), _counted(m["diversity"]),
+              _number(m["diversity"].get("correct_texts"), 2), _number(m["diversity"].get("correct_texts_solved"), 2),
+              _number(m["mean_steps"], 1)]
              for model, bench, m in rows],
         )
     else:
@@ -156,7 +177,8 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     if comparisons.get("pairs"):
         lines += ["", "## Model against model (paired)", ""]
         lines += ["The first model minus the second (eval.pairs), as above; similarity: mean pairwise cosine of "
-                  "a problem's solutions (lower = more diverse); strategies: distinct correct step sequences per problem.", ""]
+                  "a problem's whole solution texts (lower = more diverse); strategy entropy: bits per problem, over "
+                  "the problems counted for both models (higher = more diverse).", ""]
         lines += _differences_table({pair.replace("_vs_", " - "): per_bench for pair, per_bench in comparisons["pairs"].items()}, shown)
     if results["skipped"]:
         lines += ["", "## Skipped models", ""]
@@ -170,9 +192,9 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
 
 def _differences_table(compared: dict, shown: list[tuple[str, str]]) -> list[str]:
     """One row per (compared model(s), benchmark): accuracy differences in points, then the PRM
-    reward, similarity and strategy differences where any row has them."""
-    extras = [("prm_reward", "mean PRM reward (not in points)", 4), ("similarity", "similarity", 3),
-              ("correct_strategies", "correct strategies", 2)]
+    reward, strategy entropy and similarity differences where any row has them."""
+    extras = [("prm_reward", "mean PRM reward (not in points)", 4), ("strategy_entropy", "strategy entropy (bits)", 3),
+              ("similarity", "similarity", 3)]
     present = [(key, title, digits) for key, title, digits in extras
                if any(key in diffs for per_bench in compared.values() for diffs in per_bench.values())]
     rows = [[name, bench] + [_difference(diffs.get(key)) for key, _ in shown]

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import numpy as np
 import pytest
 
 from eval.diversity import (
-    distinct_correct_strategies,
+    admitted_strategies,
+    correct_strategy_names,
+    distinct_correct_texts,
     distinct_n,
     distinct_n_per_problem,
     load_embedder,
     mean_pairwise_cosine,
     normalize_step,
     semantic_similarity,
-    solution_embeddings,
+    strategy_diversity,
     vendi_score,
 )
+from pipeline.records import Problem
 
 
 def test_mean_pairwise_cosine_matches_double_loop():
@@ -32,15 +36,6 @@ def test_mean_pairwise_cosine_matches_double_loop():
     assert mean_pairwise_cosine(np.eye(4)) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="k >= 2"):
         mean_pairwise_cosine(np.ones((1, 4)))
-
-
-def test_solution_embeddings_normalise_steps_before_averaging():
-    # solution 0: a long step along x and a short one along y: equal weight after normalising
-    solutions = solution_embeddings([np.array([[10.0, 0.0], [0.0, 0.1]]), np.array([[0.0, 3.0]])])
-    np.testing.assert_allclose(solutions[0], [np.sqrt(0.5), np.sqrt(0.5)])
-    np.testing.assert_allclose(solutions[1], [0.0, 1.0])
-    with pytest.raises(ValueError, match="solution 1"):
-        solution_embeddings([np.ones((1, 2)), np.zeros((0, 2))])
 
 
 def test_vendi_limits_identical_orthogonal_and_mixed():
@@ -61,31 +56,56 @@ def test_vendi_limits_identical_orthogonal_and_mixed():
         assert vendi_score(x) == pytest.approx(np.exp(-np.sum(lam * np.log(lam))), rel=1e-8)
 
 
-def test_semantic_similarity_makes_one_embed_call_and_skips_unscorable():
+def test_semantic_similarity_embeds_whole_texts_in_one_call_and_skips_unscorable():
     calls = []
-    table = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [1.0, 1.0]}
+    table = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [1.0, 1.0], "a\nb": [2.0, 0.0], "b\na": [0.0, 5.0]}
 
     def embed(texts):
         calls.append(list(texts))
         return np.array([table[t] for t in texts])
 
     problems = [
-        [["a"], ["a", "a"], ["b"]],  # cos: 1, 0, 0
-        [["a", "b"], ["c"]],  # mean of a and b is parallel to c: cos 1
-        [["a"], []],  # one non-empty solution: not scored
+        ["a", "c", "b"],  # cos: 1/sqrt2, 0, 1/sqrt2
+        ["a\nb", "b\na"],  # the same steps in another order: another text, here orthogonal
+        ["a", "", "  "],  # one non-blank solution: not scored
     ]
     result = semantic_similarity(problems, embed, n_resamples=100)
-    assert len(calls) == 1 and calls[0] == ["a", "a", "a", "b", "a", "b", "c", "a"]
-    assert result["per_problem"][0] == pytest.approx(1 / 3)
-    assert result["per_problem"][1] == pytest.approx(1.0)
+    assert len(calls) == 1 and calls[0] == ["a", "c", "b", "a\nb", "b\na", "a"]
+    assert result["per_problem"][0] == pytest.approx(np.sqrt(2) / 3)
+    assert result["per_problem"][1] == pytest.approx(0.0)
     assert result["per_problem"][2] is None
     assert result["n_scored"] == 2
-    assert result["mean"] == pytest.approx(2 / 3)
+    assert result["mean"] == pytest.approx(np.sqrt(2) / 6)
     assert result["lo"] <= result["mean"] <= result["hi"]
-    assert result["vendi_per_problem"][1] == pytest.approx(1.0)
+    assert result["vendi_per_problem"][1] == pytest.approx(2.0)
     assert result["vendi_per_problem"][2] is None
-    empty = semantic_similarity([[["a"]]], embed)
+    empty = semantic_similarity([["a"]], embed)
     assert empty["mean"] is None and empty["n_scored"] == 0
+    with pytest.raises(ValueError, match="1 rows for 2 solutions"):
+        semantic_similarity([["a", "b"]], lambda texts: np.ones((1, 2)))
+
+
+def test_semantic_similarity_matches_a_float64_reference_on_an_order_sensitive_embedder():
+    # a float32 embedder that reads the position of every token, as a transformer does
+    def embed(texts):
+        rows = np.zeros((len(texts), 12), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for position, token in enumerate(text.split()):
+                rows[row, (zlib.crc32(token.encode()) + 5 * position) % 12] += 1.0 + 0.1 * position
+        return rows
+
+    rng = np.random.default_rng(0)
+    steps = ["3 * 4 = 12", "5 + 12 = 17", "17 - 2 = 15", "5 - 2 = 3", "3 + 12 = 15", "The answer is 15"]
+    problems = [["\n".join(rng.permutation(steps)[: rng.integers(2, 6)]) for _ in range(rng.integers(2, 6))] for _ in range(8)]
+    result = semantic_similarity(problems, embed, n_resamples=50)
+    for texts, value in zip(problems, result["per_problem"]):
+        vectors = [np.asarray(embed([t])[0], dtype=np.float64) for t in texts]
+        cosines = [u @ v / np.linalg.norm(u) / np.linalg.norm(v) for u, v in itertools.combinations(vectors, 2)]
+        assert value == pytest.approx(np.mean(cosines), abs=1e-12)
+    # one solution, its steps in two orders: the same steps, but another whole text
+    forward, backward = "3 * 4 = 12\n5 + 12 = 17\n17 - 2 = 15", "17 - 2 = 15\n5 + 12 = 17\n3 * 4 = 12"
+    assert semantic_similarity([[forward, backward]], embed)["per_problem"][0] < 0.99
+    assert semantic_similarity([[forward, forward]], embed)["per_problem"][0] == pytest.approx(1.0)
 
 
 def test_distinct_n_hand_examples():
@@ -100,7 +120,7 @@ def test_distinct_n_hand_examples():
     assert distinct_n_per_problem([["a a"], ["z"]], 2)["mean"] == 1.0
 
 
-def test_distinct_correct_strategies_counts_normalised_correct_sequences():
+def test_distinct_correct_texts_counts_normalised_correct_sequences():
     solutions = [
         ["3 + 4 = 7.", "7 x 2 = 14"],
         ["3 + 4  =  7", "7 X 2 = 14!"],  # same strategy after normalising
@@ -108,13 +128,13 @@ def test_distinct_correct_strategies_counts_normalised_correct_sequences():
         ["7 x 2 = 14", "3 + 4 = 7"],  # same steps, other order: another strategy
         ["wrong"],
     ]
-    assert distinct_correct_strategies(solutions, [True, True, True, True, False]) == 3
-    assert distinct_correct_strategies(solutions, [True, True, False, False, True]) == 2
-    assert distinct_correct_strategies(solutions, [False] * 5) == 0
-    assert distinct_correct_strategies(solutions, [True, True, False, False, False], normalize=str) == 2
+    assert distinct_correct_texts(solutions, [True, True, True, True, False]) == 3
+    assert distinct_correct_texts(solutions, [True, True, False, False, True]) == 2
+    assert distinct_correct_texts(solutions, [False] * 5) == 0
+    assert distinct_correct_texts(solutions, [True, True, False, False, False], normalize=str) == 2
     assert normalize_step("  The Sum IS 7 .  ") == "the sum is 7"
     with pytest.raises(ValueError, match="correctness"):
-        distinct_correct_strategies(solutions, [True])
+        distinct_correct_texts(solutions, [True])
 
 
 @pytest.mark.slow  # importing sentence-transformers alone takes 5-10 s on the 2-core machines
@@ -156,3 +176,66 @@ def test_strategy_entropy_matches_a_float64_brute_force():
         assert strategy_entropy(names) == pytest.approx(expected, abs=1e-12)
     assert strategy_entropy([]) == 0.0
     assert strategy_entropy(["a", "a", "b", "b"]) == pytest.approx(1.0)
+
+
+# The example tiny-world problem: two valid strategies (event orders), listed gold first.
+NARRATIVE = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
+REVERSED = ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"]
+LUCKY = ["Ann has 5 + 10 = 15 apples.", "The answer is 15"]  # the right answer, no valid strategy's calculations
+
+
+def tiny_problem(problem_id: str, solutions: list, names: list | None = None) -> Problem:
+    meta = {"solutions": solutions, **({"strategies": names} if names else {})}
+    return Problem(problem_id, "Ann has 5 apples. ...", "15", "tiny", meta)
+
+
+def test_strategy_entropy_and_distinct_strategies_per_problem():
+    two = tiny_problem("two", [NARRATIVE, REVERSED])
+    one = tiny_problem("one", [NARRATIVE])
+    named = tiny_problem("named", [NARRATIVE, REVERSED, NARRATIVE[1:2] + NARRATIVE[:1] + NARRATIVE[2:]], ["total", "losses first", "total"])
+    gsm = Problem("gsm", "How many?", "15", "gsm8k", {"solution": "5 + 10 = 15"})
+    problems = [two, two, one, named, gsm, two]
+    solutions = [
+        [NARRATIVE, REVERSED, REVERSED, NARRATIVE, LUCKY],  # 2 + 2 of two strategies: 1 bit; LUCKY has none
+        [NARRATIVE, NARRATIVE, NARRATIVE, REVERSED, ["x"]],  # 3 : 1 -> 0.811 bits
+        [NARRATIVE, NARRATIVE, NARRATIVE, NARRATIVE, NARRATIVE],  # one valid strategy: not counted
+        [NARRATIVE, REVERSED, REVERSED, REVERSED, ["x"]],  # names total, losses first x3 -> 0.811 bits
+        [["5 + 10 = 15", "The answer is 15"]] * 5,  # no known strategies: None, not 0
+        [NARRATIVE, REVERSED, REVERSED, NARRATIVE, NARRATIVE],  # no correct sample: not counted
+    ]
+    correct = [[True] * 5, [True, True, True, True, False], [True] * 5, [True, True, True, True, False], [True] * 5, [False] * 5]
+    assert admitted_strategies(two) == 2 and admitted_strategies(one) == 1 and admitted_strategies(gsm) is None
+    assert admitted_strategies(named) == 2  # two event orders of one named strategy count once
+    assert correct_strategy_names(two, solutions[0], correct[0]) == ["0", "1", "1", "0"]  # old records: the index
+    assert correct_strategy_names(named, solutions[3], correct[3]) == ["total", "losses first", "losses first", "losses first"]
+    assert correct_strategy_names(gsm, solutions[4], correct[4]) is None
+
+    result = strategy_diversity(problems, solutions, correct, n_resamples=200)
+    h = -(0.75 * np.log2(0.75) + 0.25 * np.log2(0.25))
+    assert result["entropy"]["per_problem"] == [pytest.approx(1.0), pytest.approx(h), None, pytest.approx(h), None, None]
+    assert result["entropy"]["n_scored"] == 3
+    assert result["entropy"]["mean"] == pytest.approx((1.0 + 2 * h) / 3)
+    assert result["entropy"]["lo"] <= result["entropy"]["mean"] <= result["entropy"]["hi"]
+    assert result["distinct"] == pytest.approx(2.0)
+    assert result["multi_strategy_problems"] == 4  # two, two, named, two; not one, not gsm
+    # correct samples of problems that know their strategies: 5 + 4 + 5 + 4 = 18, one (LUCKY) without a strategy
+    assert result["correct_without_strategy"] == pytest.approx(1 / 18)
+
+    unknown = strategy_diversity([gsm], [solutions[4]], [correct[4]])
+    assert unknown["entropy"]["mean"] is None and unknown["entropy"]["per_problem"] == [None]
+    assert unknown["distinct"] is None and unknown["multi_strategy_problems"] is None and unknown["correct_without_strategy"] is None
+    with pytest.raises(ValueError, match="2 problems, 1 solution lists"):
+        strategy_diversity([two, two], [solutions[0]], correct[:2])
+
+
+@pytest.mark.slow  # importing sentence-transformers alone takes 5-10 s on the 2-core machines
+def test_real_minilm_embeds_whole_solutions_in_order():
+    embed = load_embedder(None)
+    swapped = [NARRATIVE[1], NARRATIVE[0], *NARRATIVE[2:]]  # the same steps, another order
+    texts = ["\n".join(steps) + "\n" for steps in (NARRATIVE, swapped, REVERSED)]
+    whole = semantic_similarity([texts[:2], texts[::2]], embed, n_resamples=10)["per_problem"]
+    steps = embed(NARRATIVE + swapped + REVERSED).astype(np.float64)
+    mean_of_steps = [mean_pairwise_cosine(np.stack([steps[:4].mean(0), steps[i : i + 4].mean(0)])) for i in (4, 8)]
+    assert mean_of_steps[0] == pytest.approx(1.0, abs=1e-6)  # an average of steps cannot see their order
+    assert whole[0] < 1.0 - 1e-3  # the whole text can: measured 0.995
+    assert whole[1] < mean_of_steps[1]  # and separates the two strategies a little more: measured 0.976 vs 0.983

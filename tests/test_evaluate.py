@@ -191,8 +191,11 @@ def test_diversity_metrics_on_hand_made_solutions():
     assert diversity["similarity"]["n_scored"] == 2
     assert diversity["vendi"] == pytest.approx(1.5)  # 1 and 2 effective solutions
     assert diversity["distinct_1"] == pytest.approx((5 / 10 + 7 / 10) / 2)
-    assert diversity["correct_strategies"] == pytest.approx(1.0)
+    assert diversity["correct_texts"] == pytest.approx(1.0)
     assert metrics["accuracy"]["pass@1"]["mean"] == pytest.approx(0.75)
+    # these records list no valid solutions: their strategies are unknown, not zero
+    assert diversity["strategy_entropy"]["mean"] is None and diversity["strategy_entropy"]["per_problem"] == [None, None]
+    assert diversity["distinct_strategies"] is None and diversity["multi_strategy_problems"] is None
 
 
 def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_models(tmp_path, benchmarks_dir):
@@ -363,26 +366,49 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
     assert reward["reweighted_reward"] == pytest.approx(((0.32**2 + 0.4**2) / 0.72 + 0.64) / 2)
 
 
-def test_configured_pairs_compare_diversity_and_strategies_problem_by_problem():
+def test_configured_pairs_compare_strategy_entropy_and_similarity_problem_by_problem():
     from eval.evaluate import compare_to_reference, score_samples
+    from eval.report import render_markdown
 
-    problems = [Problem(f"tiny-{i}", f"Question {i}?", "1", "tiny") for i in range(3)]
-    config = load_config(None, ["eval.k=3", "eval.greedy=false", "eval.bootstrap_resamples=200", "eval.pairs=[[gfn, ppo]]"])
-    texts = {"ppo": {i: ["a\nThe answer is 1"] * 3 for i in range(3)},  # one strategy, identical solutions
-             "gfn": {i: ["a\nThe answer is 1", "b\nThe answer is 1", "c\nThe answer is 2"] for i in range(3)}}
+    narrative = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
+    reverse = ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"]
+    problems = [Problem(f"tiny-{i}", f"Question {i}?", "15", "tiny", {"solutions": [narrative, reverse]}) for i in range(3)]
+    config = load_config(None, ["eval.k=4", "eval.greedy=false", "eval.bootstrap_resamples=200", "eval.pairs=[[gfn, ppo]]"])
+    text = "\n".join
+    texts = {"ppo": {i: [text(narrative)] * 4 for i in range(3)},  # one strategy, identical solutions
+             "gfn": {i: [text(narrative), text(reverse), text(reverse), text(narrative[:-1] + ["The answer is 16"])] for i in range(3)}}
 
-    def embed(steps):  # one axis per distinct step text: identical solutions have cosine 1, others less
-        vocabulary = sorted(set(steps))
-        return np.array([[1.0 if s == v else 0.0 for v in vocabulary] for s in steps])
+    def embed(texts):  # one axis per distinct whole text: identical solutions have cosine 1, others 0
+        vocabulary = sorted(set(texts))
+        return np.array([[1.0 if t == v else 0.0 for v in vocabulary] for t in texts])
 
     records = {m: evaluate_model(FixedGenerator(t), problems, problem_kind, config, model=m).samples for m, t in texts.items()}
     metrics = {m: {"tiny": score_samples(r, problems, problem_kind, config, embed=embed)} for m, r in records.items()}
+    h = -(np.log2(1 / 3) / 3 + 2 / 3 * np.log2(2 / 3))  # gfn's correct names: 0, 1, 1
+    assert metrics["gfn"]["tiny"]["diversity"]["strategy_entropy"]["per_problem"] == [pytest.approx(h)] * 3
+    assert metrics["ppo"]["tiny"]["diversity"]["strategy_entropy"]["mean"] == 0.0
+    assert metrics["gfn"]["tiny"]["diversity"]["distinct_strategies"] == 2.0
+    assert metrics["gfn"]["tiny"]["diversity"]["multi_strategy_problems"] == 3
     comparisons = compare_to_reference({m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config, metrics)
     pair = comparisons["pairs"]["gfn_vs_ppo"]["tiny"]
-    assert pair["correct_strategies"] == pytest.approx({"mean": 1.0, "lo": 1.0, "hi": 1.0})  # 2 correct strategies vs 1
+    assert pair["strategy_entropy"] == pytest.approx({"mean": h, "lo": h, "hi": h})
     assert pair["similarity"]["hi"] < 0  # gfn's solutions are less alike than ppo's
-    assert pair["pass@1"]["mean"] == pytest.approx(-1 / 3)  # and one in three is wrong
+    assert pair["pass@1"]["mean"] == pytest.approx(-1 / 4)  # and one in four is wrong
+    assert "correct_strategies" not in pair
     assert set(comparisons["models"]) == {"gfn"} and comparisons["reference"] == "ppo"  # no "base": the first model is the reference
+    settings = {"k": 4, "greedy": False, "temperature": 0.6, "top_p": 1.0, "max_new_tokens": 160, "bootstrap_resamples": 200,
+                "seed": 0, "embedder": None}
+    report = render_markdown({"run": "t", "settings": settings, "benchmarks": {"tiny": {"n_problems": 3, "kinds": ["tiny"], "path": "p"}},
+                              "skipped": [], "results": metrics, "comparisons": comparisons})
+    assert "strategy entropy (bits)" in report and f"+{h:.3f} [+{h:.3f}, +{h:.3f}] *higher*" in report
+    assert "| gfn | tiny | 0.167 [0.167, 0.167] | " in report and "| 3 / 3 |" in report  # similarity (1 pair of 6 alike), problems counted
+
+    # problems that do not know their strategies: no strategy entropy to pair
+    plain = [Problem(f"q{i}", f"Question {i}?", "15", "gsm8k", {}) for i in range(3)]
+    records = {m: evaluate_model(FixedGenerator(t), plain, problem_kind, config, model=m).samples for m, t in texts.items()}
+    metrics = {m: {"gsm": score_samples(r, plain, problem_kind, config, embed=embed)} for m, r in records.items()}
+    comparisons = compare_to_reference({m: {"gsm": r} for m, r in records.items()}, {"gsm": plain}, problem_kind, config, metrics)
+    assert "strategy_entropy" not in comparisons["pairs"]["gfn_vs_ppo"]["gsm"] and "similarity" in comparisons["pairs"]["gfn_vs_ppo"]["gsm"]
 
 
 def test_paired_prm_reward_difference_against_the_reference_model():
