@@ -126,7 +126,7 @@ def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_
              (search.main, "model.prm", malformed, []),
              (train_prm.main, "model.prm_backbone", missing, []),
              (train_prm.main, "model.prm", malformed, ["prm.eval_only=true"]),
-             (train_prm.main, "model.policy", missing, [f"model.prm_backbone={tmp_path}"]),  # its natural-slip samples
+             (train_prm.main, "model.policy", missing, [f"model.prm_backbone={tmp_path}"]),  # its exact-check samples
              (train_gfn.main, "model.prm", missing, []),
              (train_ppo.main, "model.policy", malformed, []),
              (evaluate.main, "eval.models.sft", malformed, [f'eval.models={{"base": "{missing}", "sft": "{malformed}::{missing}"}}']),
