@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline.config import GFNConfig, PPOConfig, load_config
+from pipeline.finetune.gflownet import GFlowNetObjective
 from pipeline.finetune.losses import _vargrad_target
 from pipeline.finetune.objectives import RegularizedTarget, regularized_target
 from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER, shaped_log_rewards
@@ -20,6 +21,7 @@ def test_tiny_yaml_gives_the_gflownet_and_ppo_the_same_batches_updates_and_targe
     assert gfn.questions_per_step * gfn.samples_per_question == ppo.questions_per_step * ppo.samples_per_question
     assert (gfn.questions_per_step, gfn.samples_per_question) == (ppo.questions_per_step, ppo.samples_per_question)
     assert gfn.num_train_steps == ppo.num_train_steps
+    assert GFlowNetObjective.updates_per_rollout == ppo.ppo_epochs  # optimizer steps per update (PPOObjective takes ppo_epochs)
     assert (gfn.lr, gfn.scheduler, gfn.warmup_steps, gfn.temperature) == (ppo.lr, ppo.scheduler, ppo.warmup_steps, ppo.temperature)
     assert regularized_target(gfn) == regularized_target(ppo)
     assert regularized_target(ppo) == RegularizedTarget("log_score", gfn.reward_temperature, 1.0, gfn.unfinished_log_reward)
