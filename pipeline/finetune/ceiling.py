@@ -8,8 +8,8 @@ the PRM, and weights each question's samples by the GFlowNet's own target restri
 w_i proportional to R(tau_i)^(1/T), the shaped reward of the gfn section (temperature,
 unanswered-state penalty, outcome term), self-normalised per question. Since the samples come
 from the base policy, this is the self-normalised importance estimate of sampling from
-pi_base x R^(1/T), the target the appendix-F prior gives (with the prior off, a lower bound on
-how far the target moves from the base's samples). The ceiling is the mean PRM reward R = prod U
+pi_base x R^(1/T), the target the appendix-F prior gives (with the prior off the GFlowNet's
+target is R^(1/T) alone, and this figure describes the reweighting, not that target). The ceiling is the mean PRM reward R = prod U
 under that reweighting minus the plain mean (and the same for accuracy), per question, with a
 bootstrap interval over questions: when it is 0, the PRM ranks a question's samples alike and
 the GFlowNet has nothing to learn from it on these questions.
