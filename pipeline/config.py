@@ -394,6 +394,9 @@ class GFNConfig(StepTrainingConfig):
     outcome_coef: float = bounded(0.0, ge=0)  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
     outcome_floor: float = bounded(0.01, gt=0, le=1)
     unfinished_log_reward: float = bounded(-10.0, le=0)  # added to log R(s) when s's last step states no final answer (s_0 too)
+    # before training: the base policy's samples of this many training questions (samples_per_question each), reweighted by
+    # R^(1/reward_temperature): the reward a GFlowNet could gain on them, logged and written to gfn/ceiling.json (0: skipped)
+    ceiling_questions: int = bounded(32, ge=0)
     kl_coef: float = bounded(0.0, ge=0)  # TB-VarGrad: beta, the KL to the reference (at step 0 when annealed)
     kl_coef_final: float | None = bounded(None, ge=0)  # beta annealed linearly from kl_coef to this over kl_anneal_steps (None: constant)
     kl_anneal_steps: int = bounded(0, ge=0)  # trainer steps of the linear beta anneal (then kl_coef_final)

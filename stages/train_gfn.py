@@ -6,6 +6,8 @@ on Ray sample and score while this process trains (docs/async.md).
 
 Reads:  the policy (config.model.policy), the PRM (config.model.prm: runs/<run>/prm/model, or another PRM), the training problems
 Writes: runs/<run>/gfn/model/ (save_pretrained), metrics.jsonl, training_curves.png,
+        ceiling.json (before training: the reweighting ceiling of the base policy's samples,
+        also logged in one line; pipeline.finetune.ceiling),
         checkpoints/step-<n>/ (every gfn.save_every steps; a rerun resumes from the newest good one)
 Started again once finished (model/ committed whole), it says so and returns the logged metrics;
 gfn.retrain=true (ppo.retrain for make ppo) trains afresh.

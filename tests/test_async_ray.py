@@ -415,7 +415,7 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
             process.wait(timeout=30)
     assert process.returncode == 0, out[-4000:]
     gfn = tmp_path / "a" / "gfn"
-    for name in ("model/config.json", "model/model.safetensors", "metrics.jsonl", "training_curves.png"):
+    for name in ("model/config.json", "model/model.safetensors", "metrics.jsonl", "training_curves.png", "ceiling.json"):
         assert (gfn / name).exists(), name
     assert not (gfn / "checkpoints").exists()
     records = [json.loads(line) for line in (gfn / "metrics.jsonl").read_text().splitlines()]

@@ -19,6 +19,8 @@ callable of its own config section; it never reaches back into the loop.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -115,3 +117,57 @@ def build_objective(cfg: GFNConfig | PPOConfig, policy: Any, hidden_size: int, c
                              outcome_coef=cfg.outcome_coef, outcome_floor=cfg.outcome_floor,
                              reference_prior_coef=cfg.reference_prior_coef)
     return GFlowNetObjective(cfg, policy, reward, collective, reference=reference)
+
+
+@dataclass(frozen=True)
+class RegularizedTarget:
+    """The distribution an objective's optimum samples whole trajectories from, with the
+    reference policy fixed:
+
+        pi*(tau) proportional to pi_ref(tau)^prior * exp(G(tau) / temperature)
+
+    reward:      what the return G sums per step: "log_score" (log U, so G = log R) or "score" (U)
+    temperature: > 0; 0 for pure reward maximisation (no regulariser: pi* puts all its mass on
+                 the best trajectories)
+    prior:       the exponent of the reference policy
+    unfinished:  added to G when the last step states no final answer
+    outcome:     added to G when the answer is wrong (the gfn section's outcome_coef * log outcome_floor)
+
+    Two sections with equal targets train toward the same distribution: the comparison of a
+    GFlowNet with PPO on equal terms (configs/tiny.yaml; docs/gflownet.md).
+    """
+
+    reward: str
+    temperature: float
+    prior: float
+    unfinished: float
+    outcome: float = 0.0
+
+    def describe(self) -> str:
+        if self.temperature == 0:
+            return f"target: the trajectories maximising G = sum of step {self.reward} (no regulariser)"
+        return (f"target: pi_ref^{self.prior:g} x exp(G / {self.temperature:g}), G = sum of step {self.reward}"
+                f" + {self.unfinished:g} if unanswered" + (f" + {self.outcome:g} if wrong" if self.outcome else ""))
+
+
+def regularized_target(cfg: GFNConfig | PPOConfig) -> RegularizedTarget:
+    """The target of the section's objective (``RegularizedTarget``).
+
+    GFlowNet: log R = (G / reward_temperature) + reference_prior_coef * log pi_ref, sampled in
+    proportion (subtb, tb); TB-VarGrad with kl_coef = beta > 0 samples in proportion to
+    pi_ref x R^(1/beta) (losses.tb_vargrad_loss), so temperature reward_temperature x beta and
+    prior reference_prior_coef / beta + 1 (beta: kl_coef_final when annealed, the value training ends with).
+    PPO maximises E[G] - kl_coef KL(pi || pi_ref) + entropy_coef H(pi), whose optimum is
+    pi_ref^(kl / (kl + ent)) x exp(G / (kl + ent)): with step_reward=log_score, kl_coef = T and
+    entropy_coef = 0 it is the GFlowNet's pi_ref x R^(1/T) with reference_prior_coef 1.
+    """
+    if isinstance(cfg, PPOConfig):
+        temperature = cfg.kl_coef + cfg.entropy_coef
+        prior = cfg.kl_coef / temperature if temperature else 0.0
+        return RegularizedTarget(cfg.step_reward, temperature, prior, cfg.unfinished_reward)
+    temperature, prior = cfg.reward_temperature, cfg.reference_prior_coef
+    beta = cfg.kl_coef_final if cfg.kl_coef_final is not None and cfg.kl_anneal_steps else cfg.kl_coef
+    if cfg.loss == "tb_vargrad" and beta > 0:
+        temperature, prior = temperature * beta, prior / beta + 1.0
+    outcome = cfg.outcome_coef * math.log(cfg.outcome_floor) if cfg.outcome_coef else 0.0
+    return RegularizedTarget("log_score", temperature, prior, cfg.unfinished_log_reward, outcome)

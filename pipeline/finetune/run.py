@@ -14,7 +14,9 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -27,7 +29,8 @@ from pipeline.batches import check_divisible
 from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode, check_choice, config_checks
 from pipeline.finetune import ray_cluster
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, pin_process, searcher_config
-from pipeline.finetune.objectives import build_objective, needs_reference
+from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling
+from pipeline.finetune.objectives import build_objective, needs_reference, regularized_target
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
@@ -35,7 +38,7 @@ from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
-from pipeline.io import commit_folder, staging_folder
+from pipeline.io import commit_folder, staging_folder, write_json_atomic
 from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
@@ -44,6 +47,9 @@ from pipeline.training.distributed import Collective, fsdp_requested
 from pipeline.training.tracking import tracker_names
 
 STAGES = ("gfn", "ppo")
+CEILING = "ceiling.json"  # <out_dir>/ceiling.json: the GFlowNet stage's reweighting ceiling, before training
+
+log = logging.getLogger("stepflow")
 
 
 def add_lora(model, cfg):
@@ -251,6 +257,21 @@ def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> li
     return ray_cluster.check_searchers_fit(cfg, ray.cluster_resources(), searcher_bytes, where, trainer_gpus=trainer_gpus)
 
 
+def log_reweighting_ceiling(cfg: GFNConfig, policy, scorer, problems: list[TrainProblem], kind: str, reward, collective: Collective,
+                            out_dir: Path, is_main: bool) -> dict | None:
+    """Measure the reweighting ceiling of the base policy's samples (pipeline.finetune.ceiling),
+    log it in one line with its verdict, and write it to <out_dir>/ceiling.json (main process)."""
+    start = time.monotonic()
+    ceiling = measure_ceiling(policy, scorer, problems, kind, cfg, reward, collective)
+    if ceiling is None:
+        return None
+    ceiling["seconds"] = time.monotonic() - start
+    if is_main:
+        write_json_atomic(out_dir / CEILING, ceiling)
+        log.info("gfn: %s (%.1f s; %s)", ceiling_verdict(ceiling, cfg.reward_temperature), ceiling["seconds"], out_dir / CEILING)
+    return ceiling
+
+
 def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], make_scorer: Callable, out_dir: Path,
                     progress: bool = True) -> list[dict]:
     """Fine-tune config.model.policy with the objective of config.<stage> ("gfn" or "ppo"),
@@ -326,6 +347,11 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
         trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg,
                                                reference=reference if stage == "ppo" else None, collective=collective)
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
+    log.info("%s: %s", stage, regularized_target(cfg).describe())
+    if stage == "gfn" and cfg.ceiling_questions:
+        # the base policy's own samples: before train() resumes any checkpoint
+        scorer = make_scorer() if asynchronous else trajectory_sampler.scorer
+        log_reweighting_ceiling(cfg, policy, scorer, problems_with_prompts, kind, objective.reward, collective, out_dir, base.is_main)
     history = trainer.train()
     state_dict = base.final_state_dict()  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole

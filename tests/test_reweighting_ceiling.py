@@ -1,0 +1,121 @@
+"""The reweighting ceiling the GFlowNet stage logs before training (pipeline.finetune.ceiling)."""
+
+import json
+import logging
+import math
+from decimal import Decimal, getcontext
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.finetune.ceiling import ceiling_arrays, ceiling_verdict, reweighting_ceiling
+from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER, StateLogRewards
+from pipeline.records import Trajectory
+from pipeline.stats import bootstrap_ci
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def brute_force_gains(log_weights, values, mask):
+    """Per question with a sample: sum_i w_i v_i - mean v, w_i = exp(lw_i) / sum_j exp(lw_j), in
+    50-digit decimals (no shift, no underflow), one sample at a time."""
+    getcontext().prec = 50
+    gains = []
+    for lw_row, v_row, m_row in zip(log_weights, values, mask):
+        kept = [(Decimal(float(lw)).exp(), Decimal(float(v))) for lw, v, m in zip(lw_row, v_row, m_row) if m]
+        if not kept:
+            continue
+        total = sum(w for w, _ in kept)
+        reweighted = sum(w * v for w, v in kept) / total
+        plain = sum(v for _, v in kept) / len(kept)
+        gains.append(float(reweighted - plain))
+    return np.array(gains, dtype=np.float64)
+
+
+@pytest.mark.parametrize("temperature", [0.25, 0.004])
+def test_the_ceiling_matches_a_float64_brute_force_with_ragged_groups(temperature):
+    rng = np.random.default_rng(0)
+    questions, k = 12, 8
+    log_r = rng.normal(-12.0, 2.0, size=(questions, k))  # log R = sum log U
+    log_weights = log_r / temperature  # at 0.004 every R^(1/T) is far below the smallest float64
+    rewards = np.exp(log_r)
+    correct = rng.random((questions, k)) < 0.6
+    mask = rng.random((questions, k)) < 0.8
+    mask[3] = False  # a question whose samples were all dropped
+    mask[5] = [True] + [False] * (k - 1)  # one sample: nothing to reweight
+    if temperature < 0.01:
+        assert np.exp(log_weights[mask]).max() == 0.0  # naive normalisation would divide 0 by 0
+
+    result = reweighting_ceiling(log_weights, rewards, mask, correct, n_resamples=500, seed=3)
+
+    assert result["questions"] == questions - 1 and result["questions_without_samples"] == 1
+    assert result["samples"] == int(mask.sum())
+    for name, values in (("reward", rewards), ("accuracy", correct.astype(float))):
+        gains = brute_force_gains(log_weights, values, mask)
+        got = result[name]
+        np.testing.assert_allclose(got["per_question"], gains, rtol=1e-9, atol=1e-15)
+        assert got["per_question"][4] == pytest.approx(0.0, abs=1e-15)  # the one-sample question (index 5, after 3 is left out)
+        assert (got["gain"], got["lo"], got["hi"]) == pytest.approx(bootstrap_ci(gains, n_resamples=500, seed=3), rel=1e-9, abs=1e-15)
+        plain = [v[m].mean() for v, m in zip(values, mask) if m.any()]
+        assert got["base"] == pytest.approx(float(np.mean(plain)), rel=1e-12)
+        assert got["reweighted"] == pytest.approx(got["base"] + float(np.mean(gains)), rel=1e-9)
+    # weights increasing in R: the reweighted mean R is never below the plain mean
+    assert min(result["reward"]["per_question"]) >= -1e-15 and result["reward"]["gain"] > 0
+
+
+def test_equal_rewards_within_every_question_leave_nothing_to_gain():
+    rewards = np.repeat(np.array([[0.2], [0.5], [0.9]]), 4, axis=1)
+    result = reweighting_ceiling(np.log(rewards) / 0.25, rewards, np.ones_like(rewards, dtype=bool), None, n_resamples=200)
+    assert result["accuracy"] is None
+    assert result["reward"]["gain"] == pytest.approx(0.0, abs=1e-15) and result["reward"]["hi"] == pytest.approx(0.0, abs=1e-15)
+    line = ceiling_verdict(result, 0.25)
+    assert "no measurable gain" in line and "nothing to learn" in line
+
+
+def test_bad_shapes_and_empty_input_are_refused():
+    with pytest.raises(ValueError, match="same"):
+        reweighting_ceiling(np.zeros((2, 3)), np.zeros((2, 4)), np.ones((2, 3), dtype=bool))
+    with pytest.raises(ValueError, match="no question has a sample"):
+        reweighting_ceiling(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((2, 3), dtype=bool))
+    with pytest.raises(ValueError, match="finite"):
+        reweighting_ceiling(np.full((1, 2), np.nan), np.zeros((1, 2)), np.ones((1, 2), dtype=bool))
+
+
+def trajectory(problem_id, log_scores, last_flag):
+    flags = [NO_ANSWER] * (len(log_scores) - 1) + [last_flag]
+    return Trajectory(problem_id=problem_id, question="q", prompt="q", steps=[f"s{i}" for i in range(len(log_scores))],
+                      step_log_scores=log_scores, answer_flags=flags, finished=True, log_reward=sum(log_scores))
+
+
+def test_the_weights_are_the_gflownets_shaped_reward_tempered_without_its_prior():
+    shaping = StateLogRewards(reward_temperature=0.25, unfinished_log_reward=-10.0, reference_prior_coef=1.0)
+    samples = [trajectory("a", [-1.0, -0.5], CORRECT_ANSWER), trajectory("a", [-2.0], NO_ANSWER),
+               trajectory("b", [-0.1, -0.1, -0.3], WRONG_ANSWER)]
+    log_weights, rewards, mask, correct = ceiling_arrays(samples, shaping, answers_known=True)
+    assert mask.tolist() == [[True, True], [True, False]]
+    np.testing.assert_allclose(log_weights[mask], [-1.5 / 0.25, (-2.0 - 10.0) / 0.25, -0.5 / 0.25])
+    np.testing.assert_allclose(rewards[mask], np.exp([-1.5, -2.0, -0.5]))
+    assert correct[mask].tolist() == [True, False, False]
+    assert ceiling_arrays(samples, shaping, answers_known=False)[3] is None
+
+
+def test_the_gflownet_stage_logs_and_writes_the_ceiling_before_training(random_tiny_world, tmp_path, caplog):
+    from stages import train_gfn
+
+    world = random_tiny_world
+    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=c", f"model.policy={world / 'policy'}",
+            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "generation.max_new_tokens=16",
+            "generation.batch_size=32", "gfn.num_train_steps=1", "gfn.questions_per_step=2", "gfn.samples_per_question=2",
+            "gfn.ceiling_questions=6", "gfn.save_every=0", "gfn.warmup_steps=0"]
+    with caplog.at_level(logging.INFO, logger="stepflow"):
+        train_gfn.main(args)
+    written = json.loads((tmp_path / "c" / "gfn" / "ceiling.json").read_text())
+    assert written["questions"] + written["questions_without_samples"] == 6 and written["samples_per_question"] == 2
+    assert written["sampled"] == 12 and written["samples"] == 12 - written["empty_solutions"]
+    assert written["reward_temperature"] == 0.25 and len(written["reward"]["per_question"]) == written["questions"]
+    assert written["reward"]["lo"] <= written["reward"]["gain"] <= written["reward"]["hi"]
+    assert written["accuracy"] is not None and math.isfinite(written["accuracy"]["gain"])
+    lines = [r.getMessage() for r in caplog.records if "reweighting ceiling" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("gfn: reweighting ceiling over") and "ceiling.json" in lines[0]
+    assert ("something to learn" in lines[0]) == (written["reward"]["lo"] > 0)
