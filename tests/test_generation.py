@@ -453,7 +453,7 @@ def test_a_served_adapter_of_a_rank_vllm_refuses_is_refused_when_the_stage_loads
     from stages.common import parse_args
 
     adapter = write_adapter(tmp_path / "adapter")
-    for stage, override in [("mcts", f"model.policy_adapter={adapter}"), ("evaluate", f"eval.models={{tuned: base::{adapter}}}")]:
+    for stage, override in [("mcts", f"model.policy_adapter={adapter}"), ("evaluate", f"eval.models={{tuned: org/base::{adapter}}}")]:
         key = "model.policy_adapter" if stage == "mcts" else "eval.models.tuned"
         with pytest.raises(ConfigError, match=rf"{key} has LoRA rank r=4; vLLM serves ranks 1, 8, 16"):
             parse_args(stage, [f"runs_root={tmp_path}", "generation.backend=vllm", override])

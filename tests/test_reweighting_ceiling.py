@@ -105,7 +105,7 @@ def test_the_gflownet_stage_logs_and_writes_the_ceiling_before_training(random_t
 
     world = random_tiny_world
     args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=c", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "generation.max_new_tokens=16",
+            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=16",
             "generation.batch_size=32", "gfn.num_train_steps=1", "gfn.questions_per_step=2", "gfn.samples_per_question=2",
             "gfn.ceiling_questions=6", "gfn.save_every=0", "gfn.warmup_steps=0"]
     with caplog.at_level(logging.INFO, logger="stepflow"):
