@@ -96,7 +96,8 @@ def test_tiny_config_plans_every_stage_without_findings(tmp_path):
     policy = plan.models[0]
     assert (policy.status, policy.source, policy.shape.hidden_size) == ("made by make bootstrap", "the bootstrap section", 128)
     mcts = plan.stages[0]
-    assert mcts.work[0].startswith("1,000 problems; rollouts (mcts.k=16 to mcts.max_rollouts=160 a problem): 16,000 to 160,000")
+    n, k, most = config.mcts.max_problems, config.mcts.k, config.mcts.max_rollouts  # the rl split holds more problems
+    assert mcts.work[0].startswith(f"{n:,} problems; rollouts (mcts.k={k} to mcts.max_rollouts={most} a problem): {n * k:,} to {n * most:,}")
     assert "No errors or warnings." in render(plan)
 
 
