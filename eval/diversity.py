@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.records import Problem
 from pipeline.stats import bootstrap_ci
-from pipeline.tinyworld import strategy_of
+from pipeline.tinyworld import strategy_names, strategy_of
 
 Embedder = Callable[[list[str]], np.ndarray]
 
@@ -229,13 +229,10 @@ def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_si
 
 
 def admitted_strategies(problem: Problem) -> int | None:
-    """How many distinct strategy names a problem's valid solutions carry (pipeline.tinyworld.strategy_of
-    of each of ``meta["solutions"]``; two solutions of one named strategy count once); None when
-    its record lists no valid solutions, so its strategies are unknown."""
-    solutions = problem.meta.get("solutions")
-    if not solutions:
-        return None
-    return len({strategy_of(problem, steps) for steps in solutions})
+    """How many distinct strategy names a problem's valid solutions carry
+    (pipeline.tinyworld.problems.strategy_names; two solutions of one named strategy count once);
+    None when its record lists no valid solutions, so its strategies are unknown."""
+    return len(strategy_names(problem)) if problem.meta.get("solutions") else None
 
 
 def correct_strategy_names(problem: Problem, solutions: Sequence[Sequence[str]], correct: Sequence[bool]) -> list[str] | None:
