@@ -22,7 +22,7 @@ from pipeline.grading import (
     refusal_reason,
     start_math_verify_worker,
 )
-from pipeline.grading_timeout import PersistentWorker
+from pipeline.grading.worker import PersistentWorker
 
 # A guard against hanging, not a benchmark: the contract is 2 s, a busy machine gets slack.
 HOSTILE_GUARD_S = 5.0

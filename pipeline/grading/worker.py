@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-# The child imports this module by name; this is the directory that holds the package.
-_IMPORT_ROOT = str(Path(__file__).resolve().parents[1])
+# The child imports this module by name; this is the directory that holds the top-level package.
+_IMPORT_ROOT = str(Path(__file__).resolve().parents[len(__name__.split(".")) - 1])
 _BOOTSTRAP = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "import importlib; importlib.import_module(sys.argv[2])._serve(sys.argv[3], sys.argv[4])"
