@@ -26,7 +26,8 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from eval.evaluate import parse_model_spec, resolve_benchmark
 from pipeline.batches import check_divisible, gradient_accumulation
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config
+from pipeline.config_loader import ConfigError
 from pipeline.finetune.objectives import needs_reference
 from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.io import parse_shard

@@ -1,65 +1,25 @@
-"""Typed configuration: one dataclass per stage, loaded from YAML with `key=value` overrides.
+"""The config schema: one dataclass per stage, every field typed, documented and bounded.
 
 A config file is a YAML mapping with top-level fields (run, seed, runs_root) and one section
 per stage (``mcts:``, ``prm:``, ...). Command-line overrides use dotted keys:
-``python -m stages.mcts --config configs/tiny.yaml run=demo mcts.k=8``. Unknown keys and
-values of the wrong type are errors naming the key and the file (or "command line").
+``python -m stages.mcts --config configs/tiny.yaml run=demo mcts.k=8``. Reading them is
+pipeline.config_loader's job (``load_config``), which checks every value against the
+annotations here: unknown keys, values of the wrong type, out of range (``bounded``) or outside a
+``Literal`` are errors naming the key and the file (or "command line").
 
 String fields may contain ``{run_dir}``, replaced by ``<runs_root>/<run>`` when resolved, so
 a stage finds the artifacts of the stages before it without hard-coded paths.
 Paper defaults are in configs/paper/*.yaml; the defaults here are the tiny world's.
-
-Loading is bounded and checked before anything is written (docs/reliability.md):
-- YAML aliases (``*name``) are refused where they are read, before any expansion (a few hundred
-  bytes of nested aliases expand to gigabytes); files over 64 KiB, overrides over 16 KiB and
-  nesting deeper than the parser's stack are refused too (parsing stays under about a second);
-  values quoted in errors are cut to a few dozen characters;
-- every numeric field declares its range (``bounded(default, ge=..., gt=..., le=..., lt=...)``,
-  finite unless declared otherwise); a value outside it is an error naming the key, the value,
-  the range and the file (or "command line") that set it;
-- ``run`` is one plain folder name and ``runs_root`` a relative path that stays below the
-  working folder, unless it is given as an absolute path (the user's explicit choice).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
-import re
-import reprlib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
-
-import yaml
-
-from pipeline.io import parse_shard, write_text_atomic
-
-
-class ConfigError(ValueError):
-    """A config file or override that does not match the typed schema, or settings a check
-    before the work refuses (``config_checks``)."""
-
-
-def config_checks(check: Callable) -> Callable:
-    """Marks a function that checks a config before any work starts: what it refuses (ValueError,
-    ImportError: a bad setting, a missing optional package) is the user's to fix, so it is raised
-    as ConfigError, which a stage's command line prints as one line (stages.common.cli)."""
-
-    @functools.wraps(check)
-    def checked(*args, **kwargs):
-        try:
-            return check(*args, **kwargs)
-        except ConfigError:
-            raise
-        except (ValueError, ImportError) as error:
-            raise ConfigError(str(error)) from None
-
-    return checked
+from typing import Any, Literal
 
 
 # ----------------------------------------------------------------------------- ranges
@@ -100,9 +60,14 @@ def seed_field(default: int = 0) -> Any:
     return bounded(default, ge=0, le=SEED_MAX)
 
 
+def declared_range(spec: dataclasses.Field) -> Range | None:
+    """The range a field declares with ``bounded`` (None: it declares none)."""
+    return spec.metadata.get(_RANGE_KEY)
+
+
 # Fields that take one of a few names are typed Literal[...], the one list of those names: the loader
 # checks any such field (or list of them) where it is set, naming the file or the command line, with
-# ``check_choice``, which library calls taking such a name use too; typing.get_args lists them
+# ``check_choice`` (pipeline.config_loader), which library calls taking such a name use too; typing.get_args lists them
 # (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES).
 ReportTo = Literal["none", "tensorboard", "wandb", "all"]  # experiment trackers (pipeline/training/tracking.py)
 PRMFormat = Literal["auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"]  # docs/prm.md, "Other PRMs"
@@ -124,17 +89,6 @@ SOURCE_FILTERED_DATA = ("openmathinstruct2",)
 def choices_of(tp: Any) -> tuple | None:
     """The values a Literal annotation allows (None: ``tp`` is no Literal)."""
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
-
-
-def check_choice(value: Any, tp: Any, key: str, where: str | None = None) -> Any:
-    """``value`` when the Literal ``tp`` allows it; else ConfigError "<where>: <key> must be one of
-    <choices>, got <value>". The loader's check of every Literal field, and the check of library
-    calls that take such a name without a config file (``where`` None)."""
-    allowed = typing.get_args(tp)
-    if value not in allowed:
-        prefix = f"{where}: " if where else ""
-        raise ConfigError(f"{prefix}{key} must be one of {', '.join(map(str, allowed))}, got {_show(value)}")
-    return value
 
 
 # ----------------------------------------------------------------------------- sections
@@ -569,283 +523,3 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-MAX_CONFIG_BYTES = 64 << 10  # a config is a few kilobytes (configs/: 2-3 KB); PyYAML parses ~70 KB/s of nested flow lists
-MAX_OVERRIDE_CHARS = 16 << 10
-_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_SHOW = reprlib.Repr()  # (3.11's Repr takes no keyword arguments)
-_SHOW.maxlevel, _SHOW.maxtuple, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxset = 2, 4, 4, 4, 4
-_SHOW.maxstring, _SHOW.maxlong, _SHOW.maxother = 60, 40, 60
-
-
-def _show(value: Any) -> str:
-    """A value for an error message, at most a few dozen characters whatever its size (reprlib
-    stops early: it never formats the whole of a huge nested value)."""
-    return _SHOW.repr(value)
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses aliases when it meets one, before anything is expanded: a
-    409-byte file of nested aliases ("billion laughs") would otherwise expand to 10^9 values in
-    every consumer that walks them (the type check, repr, save_config). A config never needs one."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, f"the alias *{event.anchor} is not allowed: configs do not use YAML "
-                                              "anchors and aliases (write the value out)", event.start_mark)
-        return super().compose_node(parent, index)
-
-
-def _yaml_load(text: str) -> Any:
-    """yaml.safe_load without aliases; RecursionError (nesting deeper than the parser's stack)
-    becomes a YAMLError."""
-    try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
-    except RecursionError:
-        raise yaml.YAMLError("nested too deeply") from None
-
-
-def _type_name(tp: Any) -> str:
-    if choices_of(tp) is not None:  # a choice reads as its values' type; describe_fields lists the choices
-        return type(typing.get_args(tp)[0]).__name__
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; return it (ints widen to floats)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key, where)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {_show(value)}")
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: {key} expects a list, got {_show(value)}")
-        return [_coerce(v, item_tp, f"{key}[{i}]", where) for i, v in enumerate(value)]
-    if origin is dict:
-        key_tp, val_tp = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: {key} expects a mapping, got {_show(value)}")
-        return {
-            _coerce(k, key_tp, f"{key}.<key>", where): _coerce(v, val_tp, f"{key}.{k}", where)
-            for k, v in value.items()
-        }
-    if origin is Literal:
-        return check_choice(value, tp, key, where)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; accept such literals.
-        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif tp is Any:
-        return value
-    raise ConfigError(f"{where}: {key} expects {_type_name(tp)}, got {_show(value)} ({type(value).__name__})")
-
-
-def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: dict[str, str]) -> None:
-    hints = typing.get_type_hints(type(obj))
-    names = {f.name for f in dataclasses.fields(obj)}
-    for name, value in updates.items():
-        key = f"{prefix}{name}"
-        if name not in names:
-            raise ConfigError(f"{where}: unknown key '{_show(key)}' (known: {', '.join(sorted(names))})")
-        tp = hints[name]
-        current = getattr(obj, name)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {_show(value)}")
-            _apply(current, value, f"{key}.", where, sources)
-        else:
-            value = _coerce(value, tp, key, where)
-            setattr(obj, name, value)
-            sources[key] = where
-
-
-def _apply_override(config: Config, keys: list[str], value: Any, sources: dict[str, str]) -> None:
-    """One ``a.b.c=value`` override. A key inside a mapping field changes that entry only
-    (``eval.models.base=X`` keeps the other models; a new name adds one); the field itself
-    (``eval.models={base: X}``) is replaced whole, as a YAML file replaces it."""
-    where = "command line"
-    obj, prefix = config, ""
-    for depth, name in enumerate(keys):
-        names = {f.name for f in dataclasses.fields(obj)}
-        if name not in names:
-            raise ConfigError(f"{where}: unknown key {_show(prefix + name)} (known: {', '.join(sorted(names))})")
-        current = getattr(obj, name)
-        rest = keys[depth + 1:]
-        if dataclasses.is_dataclass(current) and rest:
-            obj, prefix = current, f"{prefix}{name}."
-            continue
-        if rest and isinstance(current, dict):
-            if len(rest) > 1:
-                raise ConfigError(f"{where}: {prefix}{name}.{'.'.join(rest)}: {prefix}{name} maps names to values; "
-                                  f"expected {prefix}{name}.<name>=value")
-            _, value_type = typing.get_args(typing.get_type_hints(type(obj))[name])
-            key = f"{prefix}{name}.{rest[0]}"
-            setattr(obj, name, {**current, rest[0]: _coerce(value, value_type, key, where)})
-            sources[key] = where
-            return
-        if rest:
-            raise ConfigError(f"{where}: unknown key {_show('.'.join(keys))} ({prefix}{name} has no fields)")
-        _apply(obj, {name: value}, prefix, where, sources)
-        return
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar/list)."""
-    if "=" not in text:
-        raise ConfigError(f"command line: override {_show(text)} is not of the form key=value")
-    if len(text) > MAX_OVERRIDE_CHARS:
-        raise ConfigError(f"command line: override {_show(text)} has {len(text)} characters; at most {MAX_OVERRIDE_CHARS}")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"command line: override {_show(text)} has an empty key")
-    try:
-        value = _yaml_load(raw) if raw.strip() != "" else ""
-    except yaml.composer.ComposerError as exc:  # an alias: refused, not read as a string
-        raise ConfigError(f"command line: {key}: {exc.problem}") from None
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
-
-
-def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
-    """Every numeric field within its declared range (``bounded``), and the few rules that span
-    fields; raises ConfigError "<file>: <key> = <value> is out of range: expected <range>"."""
-    sources = sources or {}
-
-    def fail(key: str, message: str) -> None:
-        raise ConfigError(f"{sources.get(key, 'default')}: {key} {message}")
-
-    def walk(obj: Any, prefix: str) -> None:
-        for spec in dataclasses.fields(obj):
-            value, key = getattr(obj, spec.name), f"{prefix}{spec.name}"
-            if dataclasses.is_dataclass(value):
-                walk(value, f"{key}.")
-                continue
-            allowed = spec.metadata.get(_RANGE_KEY)
-            if allowed is None or value is None:
-                continue
-            for index, item in enumerate(value if isinstance(value, list) else [value]):
-                if isinstance(item, (int, float)) and not isinstance(item, bool) and not allowed.contains(item):
-                    shown = f"[{index}] = {_show(item)}" if isinstance(value, list) else f"= {_show(item)}"
-                    fail(key, f"{shown} is out of range: expected {allowed}")
-
-    walk(config, "")
-    if config.tinyworld.min_ops > config.tinyworld.max_ops:
-        fail("tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}")
-    if config.data.problem_sources and config.data.train not in SOURCE_FILTERED_DATA:
-        fail("data.problem_sources", f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
-             f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]")
-    for key, shard in (("mcts.shard", config.mcts.shard), ("eval.shard", config.eval.shard), ("search.shard", config.search.shard)):
-        try:
-            parse_shard(shard)  # what the stage reads it with
-        except ValueError:
-            fail(key, f"= {_show(shard)}: expected i/n with 0 <= i < n (e.g. 0/4)")
-
-
-def check_run_location(config: Config, sources: dict[str, str] | None = None) -> None:
-    """``run`` is one plain folder name; ``runs_root`` is absolute (the user's explicit choice) or
-    a relative path without '..' (it stays below the working folder). Checked at load time, so a
-    stage writes nothing (not even config.yaml) outside the runs folder."""
-    sources = sources or {}
-    if not _RUN_NAME.fullmatch(config.run):
-        raise ConfigError(f"{sources.get('run', 'default')}: run = {_show(config.run)}: expected one folder name "
-                          "(letters, digits, '.', '_', '-'; not starting with '.'), so the run stays inside runs_root")
-    root = Path(config.runs_root)
-    if not config.runs_root.strip() or (not root.is_absolute() and ".." in root.parts):
-        raise ConfigError(f"{sources.get('runs_root', 'default')}: runs_root = {_show(config.runs_root)}: a relative runs_root "
-                          "may not leave the working folder ('..'); give an absolute path to put runs elsewhere")
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults, then the YAML file, then ``key=value`` overrides, all type- and range-checked. A
-    section's ``seed`` that neither sets is the top-level ``seed``: ``seed=3`` reseeds the whole pipeline."""
-    config = Config()
-    sources: dict[str, str] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {size} bytes; a config file may hold at most {MAX_CONFIG_BYTES}")
-        try:
-            data = _yaml_load(path.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {str(exc)[:500]}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        _apply(config, data, "", str(path), sources)
-    for text in overrides or []:
-        keys, value = parse_override(text)
-        _apply_override(config, keys, value, sources)
-    for section in dataclasses.fields(config):
-        value = getattr(config, section.name)
-        if dataclasses.is_dataclass(value) and hasattr(value, "seed") and f"{section.name}.seed" not in sources:
-            value.seed = config.seed
-            if "seed" in sources:
-                sources[f"{section.name}.seed"] = sources["seed"]
-    check_ranges(config, sources)
-    check_run_location(config, sources)
-    return config
-
-
-def save_config(config: Config, path: str | Path) -> None:
-    """Write the resolved config beside a stage's outputs (atomically: processes of a sharded
-    stage write the same folder)."""
-    write_text_atomic(path, config_text(config))
-
-
-def config_text(config: Config) -> str:
-    """The resolved config as YAML: what save_config writes and ``print_config=true`` prints."""
-    return yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True)
-
-
-def describe_fields(config: Any = None, prefix: str = "") -> list[str]:
-    """One line per config field, from the dataclasses above: ``section.key: type = default``,
-    with the declared range or choices. What a stage's ``--help`` lists."""
-    config = Config() if config is None else config
-    hints = typing.get_type_hints(type(config))
-    lines = []
-    for item in dataclasses.fields(config):
-        key, value = prefix + item.name, getattr(config, item.name)
-        if dataclasses.is_dataclass(value):
-            lines.append(f"{key}:")
-            lines.extend("  " + line for line in describe_fields(value, key + "."))
-            continue
-        extra = [str(item.metadata[_RANGE_KEY])] if _RANGE_KEY in item.metadata else []
-        tp = hints[item.name]
-        choices = choices_of(typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp)
-        extra += [f"one of {', '.join(map(str, choices))}"] if choices is not None else []
-        shown = json.dumps(value, ensure_ascii=False)  # JSON is YAML: a default reads as it would be written
-        lines.append(f"{key}: {_type_name(hints[item.name])} = {shown}" + (f"  ({'; '.join(extra)})" if extra else ""))
-    return lines

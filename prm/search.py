@@ -34,7 +34,8 @@ from typing import Sequence, get_args
 
 import numpy as np
 
-from pipeline.config import Aggregation, FormatConfig, SearchStrategy, check_choice
+from pipeline.config import Aggregation, FormatConfig, SearchStrategy
+from pipeline.config_loader import check_choice
 from pipeline.generation.base import stream_seed
 from pipeline.grading import answers_equal_many, extract_answer, normalize_answer
 from pipeline.prompts import prompt_from_config

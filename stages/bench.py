@@ -25,7 +25,8 @@ import torch
 
 from eval.evaluate import generate_samples, paired_differences, problem_kind, score_samples
 from pipeline.bench import machine_description
-from pipeline.config import MCTSConfig, save_config
+from pipeline.config import MCTSConfig
+from pipeline.config_loader import save_config
 from pipeline.finetune.bench import bench_gfn_step, equal_work_overrides, equal_work_speedup, speedup_ceiling
 from pipeline.finetune.losses import subtb_loss
 from pipeline.finetune.policy import LMPolicy

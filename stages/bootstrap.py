@@ -26,7 +26,8 @@ from pathlib import Path
 from eval.diversity import strategy_entropy
 from eval.evaluate import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
 from eval.policy_checks import policy_checks
-from pipeline.config import Config, save_config
+from pipeline.config import Config
+from pipeline.config_loader import save_config
 from pipeline.generation import build_generator
 from pipeline.io import FolderError, read_json, verify_manifest, write_json_atomic
 from pipeline.records import Problem, Sample

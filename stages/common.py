@@ -19,7 +19,8 @@ import torch
 
 from eval.evaluate import ADAPTER_SEPARATOR, parse_model_spec
 from eval.plan import MEMORY_STAGES, stage_memory, unresolvable_model
-from pipeline.config import Config, ConfigError, config_text, describe_fields, load_config, parse_override, save_config
+from pipeline.config import Config
+from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.io import FolderError, InputNotFound, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
 from pipeline.problems import load_benchmark, question_places
@@ -34,7 +35,7 @@ log = logging.getLogger("stepflow")
 
 # A user's mistake, which the command line reports in one line (cli): a config or override, an
 # input file or folder that is missing or damaged, a check before the work
-# (pipeline.config.config_checks), another process on the same run folder. Any other exception
+# (pipeline.config_loader.config_checks), another process on the same run folder. Any other exception
 # (a plain FileNotFoundError included) is a bug and keeps its traceback.
 USER_ERRORS = (ConfigError, RecordError, InputNotFound, FolderError, ShardError, CheckpointError, LockError)
 PRINT_CONFIG = "print_config"  # an override the command line takes, not a config field

@@ -21,7 +21,7 @@ from pathlib import Path
 from eval.diversity import load_embedder
 from eval.evaluate import parse_model_spec, reports_dir, run_evaluation, sample_shard
 from eval.report import write_report
-from pipeline.config import save_config
+from pipeline.config_loader import save_config
 from pipeline.generation import build_generator, check_served_models
 from pipeline.io import acquire_stage_lock, held_locks, parse_shard
 from pipeline.modeling import resolve_device

@@ -30,7 +30,8 @@ import torch
 ray = pytest.importorskip("ray")
 
 from async_trainers import DeadlineTrainer  # noqa: E402
-from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig, load_config  # noqa: E402
+from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig  # noqa: E402
+from pipeline.config_loader import load_config  # noqa: E402
 from pipeline.finetune import ray_cluster  # noqa: E402
 from pipeline.finetune.async_ray import searcher_config  # noqa: E402
 from pipeline.finetune.objectives import build_objective  # noqa: E402
@@ -387,7 +388,7 @@ def test_a_restarted_trainer_resumes_with_its_buffer(local_ray, tmp_path):
 
 
 def test_ppo_is_refused_in_async_mode():
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.finetune.run import preflight
 
     with pytest.raises(ValueError, match="PPO is on-policy"):
@@ -435,7 +436,7 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     ("gfn.trainer_cores=[4096]", "gfn.trainer_cores"),
 ])
 def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
-    from pipeline.config import ConfigError, load_config
+    from pipeline.config_loader import ConfigError, load_config
     from pipeline.finetune.run import preflight
 
     config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.samples_per_question=8", "gfn.sync_every=3", override])
@@ -468,7 +469,7 @@ def test_a_pinned_process_runs_every_thread_on_the_given_cores():
 
 
 def test_recency_outside_zero_one_is_refused_naming_the_key():
-    from pipeline.config import ConfigError, load_config
+    from pipeline.config_loader import ConfigError, load_config
     from pipeline.finetune.async_ray import check_async_settings
 
     with pytest.raises(ConfigError, match=r"gfn\.recency_fraction"):
@@ -491,7 +492,7 @@ def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_que
 
 
 def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.finetune.async_ray import async_shape, check_async_settings
 
     paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn

@@ -77,7 +77,7 @@ def test_two_backends_are_timed_on_the_same_prompts_and_budget():
 def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
     """The contention benchmark's probes run in their own processes, wait for each other after
     warming up, and each report a rate; a probe that dies before its window is an error, not a hang."""
-    from pipeline.config import load_config, save_config
+    from pipeline.config_loader import load_config, save_config
     from pipeline.tinyworld.bench import measure_together
 
     config = load_config("configs/tiny.yaml", ["tinyworld.n_train=200", "tinyworld.n_val=4", "tinyworld.n_test=4",
@@ -143,7 +143,7 @@ def test_the_equal_work_settings_train_the_same_rows_in_both_modes():
     """Both modes' `make gfn` settings: the synchronous run replays nothing, the asynchronous trainer
     draws the same questions x samples a searcher sampled once per published version; the
     asynchronous settings pass the checks the stage runs before Ray starts."""
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.finetune.async_ray import async_shape, check_async_settings
     from pipeline.finetune.bench import equal_work_overrides
 

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Config, ConfigError, load_config, save_config
+from pipeline.config import Config
+from pipeline.config_loader import ConfigError, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -225,7 +226,7 @@ def test_every_numeric_field_declares_a_range_and_every_default_is_in_it():
     import dataclasses
     import typing
 
-    from pipeline.config import check_ranges
+    from pipeline.config_loader import check_ranges
 
     def walk(obj, prefix):
         for spec in dataclasses.fields(obj):
@@ -335,7 +336,7 @@ def test_every_choice_field_refuses_a_value_outside_its_literal_naming_key_value
 
 
 def test_help_lists_the_choices_of_a_choice_field():
-    from pipeline.config import describe_fields
+    from pipeline.config_loader import describe_fields
 
     lines = [line.strip() for line in describe_fields()]  # a section's fields are indented under it
     assert 'gfn.loss: str = "subtb"  (one of subtb, tb, tb_vargrad)' in lines

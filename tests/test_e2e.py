@@ -72,7 +72,7 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
 
 
 def test_a_new_demo_sets_the_previous_run_aside_without_deleting_it(tmp_path, monkeypatch):
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from stages.demo import set_aside_previous_run
 
     monkeypatch.chdir(tmp_path)

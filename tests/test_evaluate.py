@@ -27,7 +27,7 @@ from eval.evaluate import (
     run_evaluation,
 )
 from eval.report import verdict, write_report
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.generation.base import Completion
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator

@@ -15,7 +15,8 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from pipeline.config import Config, ConfigError, ModelConfig
+from pipeline.config import Config, ModelConfig
+from pipeline.config_loader import ConfigError
 from pipeline.generation import build_generator
 from pipeline.generation.base import Completion, truncate_at_stop
 from pipeline.generation.hf import HFGenerator, pack_chunks, sample_next_tokens
@@ -387,7 +388,7 @@ def test_sampling_arguments_vllm_refuses_are_refused_by_the_interface(kwargs, me
 @pytest.mark.parametrize("key", ["mcts.temperature", "eval.temperature", "search.temperature", "gfn.temperature",
                                  "ppo.temperature", "bootstrap.sample_temperature", "prm.exact_check_temperature"])
 def test_a_sampling_temperature_vllm_refuses_is_refused_when_the_config_loads(key):
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
 
     with pytest.raises(ConfigError, match=rf"command line: {key} = 2.5 is out of range: expected >=? 0 and <= 2"):
         load_config(None, [f"{key}=2.5"])
@@ -469,7 +470,7 @@ def test_a_fine_tuning_sampler_vllm_cannot_keep_on_the_trained_weights_is_refuse
                                                                                                    monkeypatch):
     import importlib.util
 
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.finetune.run import preflight
 
     adapter = write_adapter(tmp_path / "adapter", rank_pattern={"q_proj": 8})

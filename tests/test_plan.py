@@ -17,7 +17,7 @@ import yaml
 from eval.plan import GIB, make_plan, render
 from pipeline import shapes
 from pipeline.batches import gradient_accumulation
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.shapes import activation_bytes, lora_parameters, shape_from_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(pape
 
 
 def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_loads(paper_world):
-    from pipeline.config import ConfigError
+    from pipeline.config_loader import ConfigError
     from stages.common import device_memory
 
     config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=0.85")
@@ -215,7 +215,7 @@ def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_load
 
 
 def test_a_stage_whose_estimated_memory_exceeds_its_gpu_is_refused_before_any_model_loads(paper_world):
-    from pipeline.config import ConfigError
+    from pipeline.config_loader import ConfigError
     from stages.common import device_memory
 
     qwen = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ConfigError, FormatConfig, TinyWorldConfig, load_config
+from pipeline.config import FormatConfig, TinyWorldConfig
+from pipeline.config_loader import ConfigError, load_config
 from pipeline.io import RecordError, read_records
 from pipeline.problems import write_problems_jsonl
 from pipeline.records import PRMExample, Problem

@@ -546,7 +546,7 @@ def test_a_filter_that_leaves_nothing_is_an_error(tmp_path):
 
 
 def test_data_lenient_reaches_the_stages_loader(tmp_path):
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from stages.common import training_problems
 
     good = {"problem_id": "p1", "question": "q", "answer": "1", "source": "tiny"}
@@ -557,7 +557,7 @@ def test_data_lenient_reaches_the_stages_loader(tmp_path):
 
 
 def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_refused(tmp_path):
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.io import InputNotFound
     from stages.common import training_problems
 
@@ -581,7 +581,8 @@ def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_r
 
 
 def test_the_tiny_config_trains_the_later_stages_on_the_rl_split_disjoint_from_the_bootstraps(tmp_path):
-    from pipeline.config import TinyWorldConfig, load_config
+    from pipeline.config import TinyWorldConfig
+    from pipeline.config_loader import load_config
     from pipeline.problems import write_problems_jsonl
     from pipeline.tinyworld import generate_splits
     from stages.common import training_problems

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from eval.evaluate import generate_samples, problem_kind
-from pipeline.config import MCTSConfig, load_config
+from pipeline.codec import FieldError, rules
+from pipeline.config import MCTSConfig
+from pipeline.config_loader import load_config
 from pipeline.generation.base import Completion
 from pipeline.io import RecordError, ShardWriter, read_records, write_records_atomic
 from pipeline.problems import write_problems_jsonl
 from pipeline.records import (
-    FieldError,
     MCTSRecord,
     MCTSRollout,
     MCTSSummary,
@@ -26,7 +27,6 @@ from pipeline.records import (
     Record,
     Sample,
     Trajectory,
-    rules,
 )
 from pipeline.rollouts.augmentation import augment_records
 from pipeline.rollouts.mcts import Rollout, run_mcts

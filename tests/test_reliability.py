@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.io import (LockError, ShardError, ShardWriter, check_settings, commit_folder, release_stage_locks, staging_folder,
                          verify_manifest)
 from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary, Problem

@@ -260,7 +260,7 @@ def test_a_strategy_that_does_not_solve_the_family_is_refused():
 
 
 def test_unknown_family_or_strategy_names_are_refused_naming_the_key(tmp_path):
-    from pipeline.config import ConfigError, load_config
+    from pipeline.config_loader import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"command line: tinyworld\.families\[1\] must be one of .*shared_containers.*got 'nope'"):
         load_config(None, ["tinyworld.families=[gains_losses, nope]"])
@@ -439,7 +439,7 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
 def test_the_model_size_in_readme_and_docs_is_the_tiny_configs_model():
     """README.md, configs/tiny.yaml and docs/tinyworld.md state the tiny policy's size; it is the
     count of the model bootstrap builds from configs/tiny.yaml (random init: the size, not the weights)."""
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.tinyworld.bootstrap import untrained_policy
     from pipeline.tinyworld.model import count_parameters
 

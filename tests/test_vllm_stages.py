@@ -160,7 +160,7 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
     import transformers
 
     from async_trainers import DeadlineTrainer
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
     from pipeline.finetune.objectives import build_objective
     from pipeline.finetune.policy import LMPolicy
     from pipeline.finetune.run import optimizer_settings, train_problems

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import torch
 
-from pipeline.config import GFNConfig, ModelConfig, load_config
+from pipeline.config import GFNConfig, ModelConfig
+from pipeline.config_loader import load_config
 from pipeline.finetune.objectives import build_objective
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.run import add_lora, optimizer_settings

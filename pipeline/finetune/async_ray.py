@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 
 from pipeline.batches import check_divisible
-from pipeline.config import ConfigError
+from pipeline.config_loader import ConfigError
 from pipeline.finetune import ray_cluster
 from pipeline.finetune.grouped_replay import GroupedReplay
 from pipeline.finetune.sampling import TrajectorySampler

@@ -20,7 +20,8 @@ import typing
 import numpy as np
 import torch
 
-from pipeline.config import GFlowNetLoss, GFNConfig, check_choice
+from pipeline.config import GFlowNetLoss, GFNConfig
+from pipeline.config_loader import check_choice
 from pipeline.finetune.losses import subtb_loss, tb_vargrad_loss, trajectory_balance_loss, trajectory_logprob
 from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.rewards import StateLogRewards, pad_rows

@@ -30,7 +30,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from pipeline.config import AsyncPriority, check_choice
+from pipeline.config import AsyncPriority
+from pipeline.config_loader import check_choice
 from pipeline.finetune.replay_buffer import _checked_copy, _identity, _jsonable
 from pipeline.records import Trajectory
 

@@ -26,7 +26,8 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
 from pipeline.batches import check_divisible
-from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode, check_choice, config_checks
+from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode
+from pipeline.config_loader import check_choice, config_checks
 from pipeline.finetune import ray_cluster
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, pin_process, searcher_config
 from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling

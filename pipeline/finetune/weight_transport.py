@@ -19,7 +19,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from pipeline.config import WeightTransport, check_choice
+from pipeline.config import WeightTransport
+from pipeline.config_loader import check_choice
 
 Spec = list[tuple[str, list[int], str]]  # (name, shape, dtype name) per tensor, in sending order
 TIMEOUT = datetime.timedelta(minutes=10)  # a peer that is gone fails the send or receive after at most this

@@ -7,7 +7,7 @@ only when asked for). Teacher-forced scoring lives in pipeline.generation.scorin
 
 from __future__ import annotations
 
-from pipeline.config import ConfigError
+from pipeline.config_loader import ConfigError
 from pipeline.generation.base import Completion, Generator
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, check_servable

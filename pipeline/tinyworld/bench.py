@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import load_config
+from pipeline.config_loader import load_config
 from pipeline.tinyworld.model import build_model, collate, length_grouped_batches, training_examples
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer

@@ -1,0 +1,316 @@
+"""Loading a config: YAML files and ``key=value`` overrides read into the typed schema
+(pipeline.config), every value checked by the shared annotation codec (pipeline.codec), every
+range and choice checked, every error naming the file (or "command line") and the key.
+
+    load_config("configs/tiny.yaml", ["mcts.k=8", "gfn.lr=1e-4"]).mcts.k    -> 8
+    load_config(None, ["mcts.k=1.5"])    -> ConfigError: command line: mcts.k expects int, got 1.5 (float)
+    load_config(None, ["gfn.loss=db"])   -> ConfigError: command line: gfn.loss must be one of subtb, tb, tb_vargrad, got 'db'
+
+Loading is bounded and checked before anything is written (docs/reliability.md):
+- YAML aliases (``*name``) are refused where they are read, before any expansion (a few hundred
+  bytes of nested aliases expand to gigabytes); files over 64 KiB, overrides over 16 KiB and
+  nesting deeper than the parser's stack are refused too (parsing stays under about a second);
+  values quoted in errors are cut to a few dozen characters;
+- every numeric field declares its range (``bounded`` in pipeline.config); a value outside it is
+  an error naming the key, the value, the range and the file (or "command line") that set it;
+- ``run`` is one plain folder name and ``runs_root`` a relative path that stays below the
+  working folder, unless it is given as an absolute path (the user's explicit choice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import reprlib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from pipeline.codec import FieldError, value_codec
+from pipeline.config import SOURCE_FILTERED_DATA, Config, choices_of, declared_range
+from pipeline.io import parse_shard, write_text_atomic
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not match the typed schema, or settings a check
+    before the work refuses (``config_checks``)."""
+
+
+def config_checks(check: Callable) -> Callable:
+    """Marks a function that checks a config before any work starts: what it refuses (ValueError,
+    ImportError: a bad setting, a missing optional package) is the user's to fix, so it is raised
+    as ConfigError, which a stage's command line prints as one line (stages.common.cli)."""
+
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except ConfigError:
+            raise
+        except (ValueError, ImportError) as error:
+            raise ConfigError(str(error)) from None
+
+    return checked
+
+
+def check_choice(value: Any, tp: Any, key: str, where: str | None = None) -> Any:
+    """``value`` when the Literal ``tp`` allows it; else ConfigError "<where>: <key> must be one of
+    <choices>, got <value>". The loader's check of every Literal field, and the check of library
+    calls that take such a name without a config file (``where`` None)."""
+    try:
+        return value_codec(tp, name=key).convert(value, key)
+    except FieldError as error:
+        raise _config_error(error, where) from None
+
+
+MAX_CONFIG_BYTES = 64 << 10  # a config is a few kilobytes (configs/: 2-3 KB); PyYAML parses ~70 KB/s of nested flow lists
+MAX_OVERRIDE_CHARS = 16 << 10
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SHOW = reprlib.Repr()  # (3.11's Repr takes no keyword arguments)
+_SHOW.maxlevel, _SHOW.maxtuple, _SHOW.maxlist, _SHOW.maxdict, _SHOW.maxset = 2, 4, 4, 4, 4
+_SHOW.maxstring, _SHOW.maxlong, _SHOW.maxother = 60, 40, 60
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, at most a few dozen characters whatever its size (reprlib
+    stops early: it never formats the whole of a huge nested value)."""
+    return _SHOW.repr(value)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases when it meets one, before anything is expanded: a
+    409-byte file of nested aliases ("billion laughs") would otherwise expand to 10^9 values in
+    every consumer that walks them (the type check, repr, save_config). A config never needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"the alias *{event.anchor} is not allowed: configs do not use YAML "
+                                              "anchors and aliases (write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _yaml_load(text: str) -> Any:
+    """yaml.safe_load without aliases; RecursionError (nesting deeper than the parser's stack)
+    becomes a YAMLError."""
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+
+
+def _type_name(tp: Any) -> str:
+    if choices_of(tp) is not None:  # a choice reads as its values' type; describe_fields lists the choices
+        return type(typing.get_args(tp)[0]).__name__
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """``value`` checked against the annotation ``tp`` by the shared codec (ints widen to floats;
+    YAML 1.1's "1e-4" text reads as a float); ConfigError naming where and key otherwise."""
+    try:
+        return value_codec(tp, name=key, from_yaml=True).convert(value, key)
+    except FieldError as error:
+        raise _config_error(error, where) from None
+
+
+def _config_error(error: FieldError, where: str | None) -> ConfigError:
+    """The codec's error in the config's words: "<where>: <key> expects int, got 1.5 (float)", or
+    "<where>: <key> must be one of a, b, got 'c'" for a choice field."""
+    prefix = f"{where}: " if where else ""
+    tp, value = error.annotation, error.value
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    choice = next((arg for arg in (typing.get_args(tp) if optional else (tp,)) if choices_of(arg) is not None), None)
+    if choice is not None:
+        return ConfigError(f"{prefix}{error.field} must be one of {', '.join(map(str, choices_of(choice)))}, got {_show(value)}")
+    expected = {list: "a list", dict: "a mapping"}.get(typing.get_origin(tp)) or _type_name(tp)
+    return ConfigError(f"{prefix}{error.field} expects {expected}, got {_show(value)} ({type(value).__name__})")
+
+
+def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: dict[str, str]) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for name, value in updates.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise ConfigError(f"{where}: unknown key '{_show(key)}' (known: {', '.join(sorted(names))})")
+        tp = hints[name]
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {key} expects a mapping of its fields, got {_show(value)}")
+            _apply(current, value, f"{key}.", where, sources)
+        else:
+            value = _coerce(value, tp, key, where)
+            setattr(obj, name, value)
+            sources[key] = where
+
+
+def _apply_override(config: Config, keys: list[str], value: Any, sources: dict[str, str]) -> None:
+    """One ``a.b.c=value`` override. A key inside a mapping field changes that entry only
+    (``eval.models.base=X`` keeps the other models; a new name adds one); the field itself
+    (``eval.models={base: X}``) is replaced whole, as a YAML file replaces it."""
+    where = "command line"
+    obj, prefix = config, ""
+    for depth, name in enumerate(keys):
+        names = {f.name for f in dataclasses.fields(obj)}
+        if name not in names:
+            raise ConfigError(f"{where}: unknown key {_show(prefix + name)} (known: {', '.join(sorted(names))})")
+        current = getattr(obj, name)
+        rest = keys[depth + 1:]
+        if dataclasses.is_dataclass(current) and rest:
+            obj, prefix = current, f"{prefix}{name}."
+            continue
+        if rest and isinstance(current, dict):
+            if len(rest) > 1:
+                raise ConfigError(f"{where}: {prefix}{name}.{'.'.join(rest)}: {prefix}{name} maps names to values; "
+                                  f"expected {prefix}{name}.<name>=value")
+            _, value_type = typing.get_args(typing.get_type_hints(type(obj))[name])
+            key = f"{prefix}{name}.{rest[0]}"
+            setattr(obj, name, {**current, rest[0]: _coerce(value, value_type, key, where)})
+            sources[key] = where
+            return
+        if rest:
+            raise ConfigError(f"{where}: unknown key {_show('.'.join(keys))} ({prefix}{name} has no fields)")
+        _apply(obj, {name: value}, prefix, where, sources)
+        return
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as a YAML scalar/list)."""
+    if "=" not in text:
+        raise ConfigError(f"command line: override {_show(text)} is not of the form key=value")
+    if len(text) > MAX_OVERRIDE_CHARS:
+        raise ConfigError(f"command line: override {_show(text)} has {len(text)} characters; at most {MAX_OVERRIDE_CHARS}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"command line: override {_show(text)} has an empty key")
+    try:
+        value = _yaml_load(raw) if raw.strip() != "" else ""
+    except yaml.composer.ComposerError as exc:  # an alias: refused, not read as a string
+        raise ConfigError(f"command line: {key}: {exc.problem}") from None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
+    """Every numeric field within its declared range (``bounded``), and the few rules that span
+    fields; raises ConfigError "<file>: <key> = <value> is out of range: expected <range>"."""
+    sources = sources or {}
+
+    def fail(key: str, message: str) -> None:
+        raise ConfigError(f"{sources.get(key, 'default')}: {key} {message}")
+
+    def walk(obj: Any, prefix: str) -> None:
+        for spec in dataclasses.fields(obj):
+            value, key = getattr(obj, spec.name), f"{prefix}{spec.name}"
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{key}.")
+                continue
+            allowed = declared_range(spec)
+            if allowed is None or value is None:
+                continue
+            for index, item in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(item, (int, float)) and not isinstance(item, bool) and not allowed.contains(item):
+                    shown = f"[{index}] = {_show(item)}" if isinstance(value, list) else f"= {_show(item)}"
+                    fail(key, f"{shown} is out of range: expected {allowed}")
+
+    walk(config, "")
+    if config.tinyworld.min_ops > config.tinyworld.max_ops:
+        fail("tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}")
+    if config.data.problem_sources and config.data.train not in SOURCE_FILTERED_DATA:
+        fail("data.problem_sources", f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
+             f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]")
+    for key, shard in (("mcts.shard", config.mcts.shard), ("eval.shard", config.eval.shard), ("search.shard", config.search.shard)):
+        try:
+            parse_shard(shard)  # what the stage reads it with
+        except ValueError:
+            fail(key, f"= {_show(shard)}: expected i/n with 0 <= i < n (e.g. 0/4)")
+
+
+def check_run_location(config: Config, sources: dict[str, str] | None = None) -> None:
+    """``run`` is one plain folder name; ``runs_root`` is absolute (the user's explicit choice) or
+    a relative path without '..' (it stays below the working folder). Checked at load time, so a
+    stage writes nothing (not even config.yaml) outside the runs folder."""
+    sources = sources or {}
+    if not _RUN_NAME.fullmatch(config.run):
+        raise ConfigError(f"{sources.get('run', 'default')}: run = {_show(config.run)}: expected one folder name "
+                          "(letters, digits, '.', '_', '-'; not starting with '.'), so the run stays inside runs_root")
+    root = Path(config.runs_root)
+    if not config.runs_root.strip() or (not root.is_absolute() and ".." in root.parts):
+        raise ConfigError(f"{sources.get('runs_root', 'default')}: runs_root = {_show(config.runs_root)}: a relative runs_root "
+                          "may not leave the working folder ('..'); give an absolute path to put runs elsewhere")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the YAML file, then ``key=value`` overrides, all type- and range-checked. A
+    section's ``seed`` that neither sets is the top-level ``seed``: ``seed=3`` reseeds the whole pipeline."""
+    config = Config()
+    sources: dict[str, str] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size} bytes; a config file may hold at most {MAX_CONFIG_BYTES}")
+        try:
+            data = _yaml_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {str(exc)[:500]}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        _apply(config, data, "", str(path), sources)
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        _apply_override(config, keys, value, sources)
+    for section in dataclasses.fields(config):
+        value = getattr(config, section.name)
+        if dataclasses.is_dataclass(value) and hasattr(value, "seed") and f"{section.name}.seed" not in sources:
+            value.seed = config.seed
+            if "seed" in sources:
+                sources[f"{section.name}.seed"] = sources["seed"]
+    check_ranges(config, sources)
+    check_run_location(config, sources)
+    return config
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config beside a stage's outputs (atomically: processes of a sharded
+    stage write the same folder)."""
+    write_text_atomic(path, config_text(config))
+
+
+def config_text(config: Config) -> str:
+    """The resolved config as YAML: what save_config writes and ``print_config=true`` prints."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True)
+
+
+def describe_fields(config: Any = None, prefix: str = "") -> list[str]:
+    """One line per config field, from the schema's dataclasses: ``section.key: type = default``,
+    with the declared range or choices. What a stage's ``--help`` lists."""
+    config = Config() if config is None else config
+    hints = typing.get_type_hints(type(config))
+    lines = []
+    for item in dataclasses.fields(config):
+        key, value = prefix + item.name, getattr(config, item.name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{key}:")
+            lines.extend("  " + line for line in describe_fields(value, key + "."))
+            continue
+        extra = [str(declared_range(item))] if declared_range(item) is not None else []
+        tp = hints[item.name]
+        choices = choices_of(typing.get_args(tp)[0] if typing.get_origin(tp) is list else tp)
+        extra += [f"one of {', '.join(map(str, choices))}"] if choices is not None else []
+        shown = json.dumps(value, ensure_ascii=False)  # JSON is YAML: a default reads as it would be written
+        lines.append(f"{key}: {_type_name(hints[item.name])} = {shown}" + (f"  ({'; '.join(extra)})" if extra else ""))
+    return lines
