@@ -10,7 +10,8 @@ expects int, got ...").
 
     codec = value_codec(list[float], FieldRules(within=(0, 1)))
     codec.convert([1, 0.5], "step_scores")    -> [1.0, 0.5]
-    codec.convert([1, 2], "step_scores")      -> FieldError: field 'step_scores[1]': expected a number in [0, 1], got int 2
+    codec.convert([1, 2], "step_scores")      -> FieldError: field 'step_scores[1]': expected a number
+                                                 in [0, 1], got int 2
     codec.expected                            -> "a list of numbers in [0, 1]"
 
 Annotations understood:

@@ -67,8 +67,8 @@ def declared_range(spec: dataclasses.Field) -> Range | None:
 
 # Fields that take one of a few names are typed Literal[...], the one list of those names: the loader
 # checks any such field (or list of them) where it is set, naming the file or the command line, with
-# ``check_choice`` (pipeline.config_loader), which library calls taking such a name use too; typing.get_args lists them
-# (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES).
+# ``check_choice`` (pipeline.config_loader), which library calls taking such a name use too;
+# typing.get_args lists them (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES).
 ReportTo = Literal["none", "tensorboard", "wandb", "all"]  # experiment trackers (pipeline/training/tracking.py)
 PRMFormat = Literal["auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"]  # docs/prm.md, "Other PRMs"
 TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)

@@ -4,7 +4,8 @@ range and choice checked, every error naming the file (or "command line") and th
 
     load_config("configs/tiny.yaml", ["mcts.k=8", "gfn.lr=1e-4"]).mcts.k    -> 8
     load_config(None, ["mcts.k=1.5"])    -> ConfigError: command line: mcts.k expects int, got 1.5 (float)
-    load_config(None, ["gfn.loss=db"])   -> ConfigError: command line: gfn.loss must be one of subtb, tb, tb_vargrad, got 'db'
+    load_config(None, ["gfn.loss=db"])   -> ConfigError: command line: gfn.loss must be one of subtb, tb,
+                                            tb_vargrad, got 'db'
 
 Loading is bounded and checked before anything is written (docs/reliability.md):
 - YAML aliases (``*name``) are refused where they are read, before any expansion (a few hundred
@@ -60,8 +61,8 @@ def config_checks(check: Callable) -> Callable:
 
 def check_choice(value: Any, tp: Any, key: str, where: str | None = None) -> Any:
     """``value`` when the Literal ``tp`` allows it; else ConfigError "<where>: <key> must be one of
-    <choices>, got <value>". The loader's check of every Literal field, and the check of library
-    calls that take such a name without a config file (``where`` None)."""
+    <choices>, got <value>". The check of library calls that take such a name without a config file
+    (``where`` None); the loader checks every Literal field it sets with the same codec and words."""
     try:
         return value_codec(tp, name=key).convert(value, key)
     except FieldError as error:
@@ -127,7 +128,8 @@ def _config_error(error: FieldError, where: str | None) -> ConfigError:
     optional = typing.get_origin(tp) in (typing.Union, types.UnionType)
     choice = next((arg for arg in (typing.get_args(tp) if optional else (tp,)) if choices_of(arg) is not None), None)
     if choice is not None:
-        return ConfigError(f"{prefix}{error.field} must be one of {', '.join(map(str, choices_of(choice)))}, got {_show(value)}")
+        choices = ", ".join(map(str, choices_of(choice)))
+        return ConfigError(f"{prefix}{error.field} must be one of {choices}, got {_show(value)}")
     expected = {list: "a list", dict: "a mapping"}.get(typing.get_origin(tp)) or _type_name(tp)
     return ConfigError(f"{prefix}{error.field} expects {expected}, got {_show(value)} ({type(value).__name__})")
 
