@@ -29,9 +29,9 @@ from pipeline.batches import check_divisible, gradient_accumulation
 from pipeline.config import Config, ConfigError
 from pipeline.finetune.objectives import needs_reference
 from pipeline.generation.vllm_backend import default_max_model_len
-from pipeline.io import parse_shard
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
 from pipeline.shapes import ModelShape, activation_bytes, engine_memory_share, lora_parameters, model_shape
+from pipeline.shards import parse_shard
 from prm.formats import is_hub_id
 
 GIB = 1024**3

@@ -37,7 +37,8 @@ from typing import Any, Callable, Literal
 
 import yaml
 
-from pipeline.io import parse_shard, write_text_atomic
+from pipeline.files import write_text_atomic
+from pipeline.shards import parse_shard
 
 
 class ConfigError(ValueError):

@@ -13,8 +13,8 @@ import pytest
 
 from eval.evaluate import generate_samples, problem_kind
 from pipeline.config import MCTSConfig, load_config
+from pipeline.files import read_records, write_records_atomic
 from pipeline.generation.base import Completion
-from pipeline.io import RecordError, ShardWriter, read_records, write_records_atomic
 from pipeline.problems import write_problems_jsonl
 from pipeline.records import (
     FieldError,
@@ -24,12 +24,14 @@ from pipeline.records import (
     PRMExample,
     Problem,
     Record,
+    RecordError,
     Sample,
     Trajectory,
     rules,
 )
 from pipeline.rollouts.augmentation import augment_records
 from pipeline.rollouts.mcts import Rollout, run_mcts
+from pipeline.shards import ShardWriter
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "records"
 
