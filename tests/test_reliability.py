@@ -109,8 +109,8 @@ def test_a_resume_with_other_settings_stops_with_one_line_and_exit_status_2(run,
         cli(lambda argv: mcts.main(args(tmp_path, "mcts.k=5")))  # the shards were made with the config's k
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.splitlines()
-    assert error == [f"error: {shards / 'settings.json'}: the MCTS run already holds records made with other settings (mcts differ). "
-                     f"Resuming would mix the two. Move or delete {shards}, or use another run name."]
+    assert error == [f"error: {shards / 'settings.json'}: the MCTS run already holds records made with other settings "
+                     f"(mcts differ). Resuming would mix the two. Move or delete {shards}, or use another run name."]
 
 
 def test_augment_refuses_empty_inputs_and_empty_splits(run):
