@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.io import read_json_if_exists
+from pipeline.files import read_json_if_exists
 from pipeline.stats import bootstrap_ci
 
 AUC_THRESHOLD = 0.8  # prm_auc: exact labels, first wrong steps against correct steps after a correct prefix

@@ -10,7 +10,7 @@ only, so a rerun that finds a pair's samples up to date re-scores them without g
 
 Problem p's samples draw from the stream stream_seed(eval.seed, p's id) (sample j: + j), so they
 depend on nothing but the problem: the samples are generated eval.problems_per_commit problems at a
-time and committed as shards (pipeline.io.ShardWriter) in reports/<run>/samples/shards/<pair>/, and
+time and committed as shards (pipeline.shards.ShardWriter) in reports/<run>/samples/shards/<pair>/, and
 ``eval.shard = i/n`` makes a worker sample only the problems with index % n == i
 (``python -m stages.launch eval``: one worker per GPU). A run with shard 0/1 samples what is still
 missing, merges the shards into the samples file in problem order (what one process writes) and
@@ -37,24 +37,14 @@ import numpy as np
 from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, per_problem_scores, summarize_accuracy
 from eval.diversity import Embedder, distinct_correct_texts, distinct_n_per_problem, semantic_similarity, strategy_diversity
 from pipeline.config import Config
+from pipeline.files import InputNotFound, path_fingerprint, read_records, write_json_atomic, write_records_atomic
 from pipeline.generation.base import stream_seed
 from pipeline.grading import extract_answer, grade_many, normalize_answer
-from pipeline.io import (
-    InputNotFound,
-    ShardWriter,
-    check_settings,
-    completed_problem_ids,
-    held_locks,
-    parse_shard,
-    path_fingerprint,
-    read_records,
-    read_stream,
-    write_json_atomic,
-    write_records_atomic,
-)
+from pipeline.locks import held_locks
 from pipeline.problems import HUB, load_benchmark
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
+from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
 from pipeline.stats import bootstrap_ci, mann_whitney_auc
 from pipeline.steps import join_steps, split_steps
 
@@ -525,7 +515,7 @@ def sample_share(generator: _LazyGenerator, problems: Sequence[Problem], kind_of
                  settings: dict, shard: tuple[int, int], others_running: bool) -> int:
     """Sample the problems of shard (i, n) (index % n == i) that ``folder`` holds no samples of yet,
     eval.problems_per_commit at a time, each chunk committed as one shard; returns how many.
-    The folder's settings.json guards the resume (pipeline.io.check_settings)."""
+    The folder's settings.json guards the resume (pipeline.shards.check_settings)."""
     index, count = shard
     check_settings(folder, settings, f"the samples of {generator.spec.name}", others_running=others_running)
     done = completed_problem_ids(folder)

@@ -22,8 +22,8 @@ from typing import Sequence
 
 from math_verify import parse, verify
 
+from pipeline.files import read_records
 from pipeline.grading import answers_equal, extract_answer
-from pipeline.io import read_records
 from pipeline.problems import benchmarks_dir
 from pipeline.records import Problem, Sample
 

@@ -30,9 +30,9 @@ from pipeline.config import Config
 from pipeline.config_loader import ConfigError
 from pipeline.finetune.objectives import needs_reference
 from pipeline.generation.vllm_backend import default_max_model_len
-from pipeline.io import parse_shard
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
 from pipeline.shapes import ModelShape, activation_bytes, engine_memory_share, lora_parameters, model_shape
+from pipeline.shards import parse_shard
 from prm.formats import is_hub_id
 
 GIB = 1024**3

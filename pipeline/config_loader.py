@@ -34,7 +34,8 @@ import yaml
 
 from pipeline.codec import FieldError, value_codec
 from pipeline.config import SOURCE_FILTERED_DATA, Config, choices_of, declared_range
-from pipeline.io import parse_shard, write_text_atomic
+from pipeline.files import write_text_atomic
+from pipeline.shards import parse_shard
 
 
 class ConfigError(ValueError):

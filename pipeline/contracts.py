@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from pipeline.io import RecordError
-from pipeline.records import MCTSRecord, MCTSSummary, PRMExample, Problem, Record, Sample
+from pipeline.records import MCTSRecord, MCTSSummary, PRMExample, Problem, Record, RecordError, Sample
 
 
 def check_files(paths: Iterable[Path], record_type: type[Record] | None, min_records: int = 1) -> list[str]:

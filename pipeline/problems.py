@@ -32,9 +32,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from pipeline.files import InputNotFound, file_digest, read_json, write_records_atomic
 from pipeline.grading import extract_answer
-from pipeline.io import FolderError, InputNotFound, RecordError, file_digest, read_json, write_records_atomic
-from pipeline.records import Problem
+from pipeline.model_folders import FolderError
+from pipeline.records import Problem, RecordError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from huggingface_hub import try_to_load_from_cache
 
-from pipeline.io import read_json
+from pipeline.files import read_json
 
 
 @dataclass(frozen=True)

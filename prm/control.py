@@ -21,7 +21,7 @@ import random
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.io import write_records_atomic
+from pipeline.files import write_records_atomic
 from pipeline.problems import load_problems_jsonl
 from pipeline.records import ORIGIN_MCTS, PRMExample, Problem
 from prm.validation import corrupt_step

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers.utils import cached_file
 
 from pipeline.config import PRM_FORMATS
-from pipeline.io import InputNotFound
+from pipeline.files import InputNotFound
 from prm.adapters import ADAPTERS
 from prm.model import PRM_CONFIG_NAME
 from prm.scorer import PRMScorer, StepScorer

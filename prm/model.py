@@ -49,7 +49,8 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
 
 from pipeline.config import FormatConfig
-from pipeline.io import InputNotFound, check_model_folder
+from pipeline.files import InputNotFound
+from pipeline.model_folders import check_model_folder
 from pipeline.modeling import merge_lora_state_dict, model_kwargs, resolve_device, resolve_dtype
 from prm.model_card import write_model_card
 

@@ -20,7 +20,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline.io import read_jsonl, read_records
+from pipeline.files import read_jsonl, read_records
 from pipeline.records import ORIGIN_HUMAN, PRMExample
 from prm.validation import prm800k_step, validate_prm800k_record
 

@@ -25,9 +25,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from pipeline.io import RecordError, read_jsonl
+from pipeline.files import read_jsonl
 from pipeline.problems import _read_hub
-from pipeline.records import Problem
+from pipeline.records import Problem, RecordError
 from pipeline.stats import bootstrap_statistic
 from prm.validation import load_prm800k
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from pipeline.batches import gradient_accumulation
 from pipeline.config import PRMLabels
 from pipeline.config_loader import check_choice
-from pipeline.io import commit_folder, staging_folder
+from pipeline.model_folders import commit_folder, staging_folder
 from pipeline.modeling import load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
 from pipeline.records import PRMExample
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.io import write_jsonl_atomic
+from pipeline.files import write_jsonl_atomic
 from pipeline.records import PRMExample
 from pipeline.steps import join_steps
 from prm.data import group_records

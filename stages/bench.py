@@ -27,6 +27,7 @@ from eval.evaluate import generate_samples, paired_differences, problem_kind, sc
 from pipeline.bench import machine_description
 from pipeline.config import MCTSConfig
 from pipeline.config_loader import save_config
+from pipeline.files import write_json_atomic
 from pipeline.finetune.bench import bench_gfn_step, equal_work_overrides, equal_work_speedup, speedup_ceiling
 from pipeline.finetune.losses import subtb_loss
 from pipeline.finetune.policy import LMPolicy
@@ -34,7 +35,6 @@ from pipeline.generation.bench import bench_backends, bench_shared_prompt
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.grading import extract_answer, grade_many
-from pipeline.io import write_json_atomic
 from pipeline.modeling import load_causal_lm, load_tokenizer
 from pipeline.problems import write_problems_jsonl
 from pipeline.prompts import prompt_from_config

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from pipeline.bench import machine_description
-from pipeline.io import write_json_atomic
+from pipeline.files import write_json_atomic
 from stages.bench import async_speedup, scaling_world, tiny_model
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from pipeline.bench import machine_description
-from pipeline.io import write_json_atomic
+from pipeline.files import write_json_atomic
 from pipeline.prompts import prompt_from_config
 from stages.bench import tiny_model, vllm_generation, write_ratio_row
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed

@@ -28,8 +28,9 @@ from eval.evaluate import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
 from eval.policy_checks import policy_checks
 from pipeline.config import Config
 from pipeline.config_loader import save_config
+from pipeline.files import read_json, write_json_atomic
 from pipeline.generation import build_generator
-from pipeline.io import FolderError, read_json, verify_manifest, write_json_atomic
+from pipeline.model_folders import FolderError, verify_manifest
 from pipeline.records import Problem, Sample
 from pipeline.tinyworld.bootstrap import build_base_policy
 from pipeline.tinyworld.problems import strategy_names, strategy_of

@@ -21,10 +21,13 @@ from eval.evaluate import ADAPTER_SEPARATOR, parse_model_spec
 from eval.plan import MEMORY_STAGES, stage_memory, unresolvable_model
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
+from pipeline.files import InputNotFound
 from pipeline.generation.vllm_backend import adapter_rank
-from pipeline.io import FolderError, InputNotFound, LockError, ShardError, acquire_stage_lock, held_locks, launch_id, verify_manifest
+from pipeline.locks import LockError, acquire_stage_lock, held_locks, launch_id
+from pipeline.model_folders import FolderError, verify_manifest
 from pipeline.problems import load_benchmark, question_places
 from pipeline.records import RecordError
+from pipeline.shards import SettingsMismatch, ShardError
 from pipeline.training.base import CHECKPOINTS
 from pipeline.training.checkpoint import CheckpointError
 from prm.formats import is_hub_id
@@ -34,10 +37,10 @@ log = logging.getLogger("stepflow")
 
 
 # A user's mistake, which the command line reports in one line (cli): a config or override, an
-# input file or folder that is missing or damaged, a check before the work
-# (pipeline.config_loader.config_checks), another process on the same run folder. Any other exception
-# (a plain FileNotFoundError included) is a bug and keeps its traceback.
-USER_ERRORS = (ConfigError, RecordError, InputNotFound, FolderError, ShardError, CheckpointError, LockError)
+# input file or folder that is missing or damaged, a resume into records made under other
+# settings, a check before the work (pipeline.config_loader.config_checks), another process on the same
+# run folder. Any other exception (a plain FileNotFoundError included) is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, RecordError, InputNotFound, FolderError, ShardError, SettingsMismatch, CheckpointError, LockError)
 PRINT_CONFIG = "print_config"  # an override the command line takes, not a config field
 
 
@@ -178,7 +181,7 @@ def cli(main: Callable[[list[str]], object]) -> None:
 
 def stage_dir(config: Config, stage: str, lock: str = ".lock", save: bool = True) -> Path:
     """runs/<run>/<stage>/, created and locked for this process (``lock``: the lock file's name in
-    it; a second process on the same run and stage stops at once with pipeline.io.LockError), with
+    it; a second process on the same run and stage stops at once with pipeline.locks.LockError), with
     the resolved config saved in it (``save``). The run's location was checked when the config
     loaded, so nothing is written outside the runs folder."""
     path = config.stage_dir(stage)
@@ -214,7 +217,7 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
     """The manifest of ``out/model`` when the training stage that writes it has finished (the
     folder was committed whole and checks out), unless ``retrain``: then any checkpoints are
     removed and None is returned (train afresh); the old model stays usable until the new one
-    replaces it in one rename (pipeline.io.commit_folder), so a retrain that crashes or is
+    replaces it in one rename (pipeline.model_folders.commit_folder), so a retrain that crashes or is
     killed leaves the model it was meant to replace. Leftover checkpoints of a
     finished run (a kill between the commit and their removal) are removed; a model folder that
     does not check out is moved aside (never deleted) and training starts again. ``settings``: the

@@ -19,7 +19,7 @@ from eval.claims import evaluate_claims
 from eval.evaluate import reports_dir
 from pipeline.config import Config
 from pipeline.contracts import check_run
-from pipeline.io import read_json_if_exists, write_json_atomic
+from pipeline.files import read_json_if_exists, write_json_atomic
 from pipeline.training.metrics import MetricsLog
 from stages import augment, bootstrap, evaluate, mcts, prm_bench, search, train_gfn, train_ppo, train_prm
 from stages.common import cli, log, parse_args

@@ -23,8 +23,9 @@ from eval.evaluate import parse_model_spec, reports_dir, run_evaluation, sample_
 from eval.report import write_report
 from pipeline.config_loader import save_config
 from pipeline.generation import build_generator, check_served_models
-from pipeline.io import acquire_stage_lock, held_locks, parse_shard
+from pipeline.locks import acquire_stage_lock, held_locks
 from pipeline.modeling import resolve_device
+from pipeline.shards import parse_shard
 from prm.formats import is_hub_id, load_scorer
 from stages.common import cli, log, parse_args, set_threads, timed
 

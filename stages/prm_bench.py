@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.files import write_json_atomic
 from pipeline.generation import build_generator
-from pipeline.io import write_json_atomic
 from pipeline.prompts import question_text
 from prm.formats import load_scorer
 from prm.processbench import (

@@ -17,8 +17,8 @@ import dataclasses
 import functools
 import os
 
+from pipeline.files import read_json, write_json_atomic
 from pipeline.generation import build_generator
-from pipeline.io import read_json, write_json_atomic
 from prm.formats import load_scorer
 from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer

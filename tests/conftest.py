@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.io import release_stage_locks as release_held_locks
+from pipeline.locks import release_stage_locks as release_held_locks
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from test_records import set_field
 
 import pipeline.rollouts.augmentation as augmentation
-from pipeline.io import RecordError, read_records
-from pipeline.records import MCTSRecord, PRMExample
+from pipeline.files import read_records
+from pipeline.records import MCTSRecord, PRMExample, RecordError
 from pipeline.rollouts.augmentation import (
     Candidate,
     augment_records,

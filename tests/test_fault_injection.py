@@ -34,9 +34,9 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
-from pipeline.io import read_stream
 from pipeline.problems import write_problems_jsonl
 from pipeline.records import MCTSRecord, MCTSSummary
+from pipeline.shards import read_stream
 from pipeline.tinyworld.model import build_model, save_policy
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer

@@ -512,7 +512,7 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_naming_the_folder_the_files
     import json
 
     from pipeline.generation.vllm_backend import check_servable
-    from pipeline.io import FolderError
+    from pipeline.model_folders import FolderError
 
     folder = _model_folder(tmp_path / "gfn", tokenizer)
     check_servable(folder, "eval.models.gfn")  # one weight file: served

@@ -8,24 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import (
-    RecordError,
-    ShardWriter,
-    completed_problem_ids,
-    parse_shard,
-    read_jsonl,
-    read_records,
-    read_stream,
-    write_records_atomic,
-)
-from pipeline.records import PRMExample, Problem
+from pipeline.files import read_jsonl, read_records, write_records_atomic
+from pipeline.records import PRMExample, Problem, RecordError
+from pipeline.shards import ShardWriter, completed_problem_ids, parse_shard, read_stream
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Any record types will do: the writer is generic. Four PRM examples and one problem per problem id.
 WRITER = """
 import sys, time
-from pipeline.io import ShardWriter, completed_problem_ids
+from pipeline.shards import ShardWriter, completed_problem_ids
 from pipeline.records import PRMExample, Problem
 out, n = sys.argv[1], int(sys.argv[2])
 done = completed_problem_ids(out)
@@ -122,12 +114,12 @@ def test_parse_shard():
 def test_fingerprint_follows_content_not_copies(tmp_path):
     import shutil
 
-    from pipeline.io import path_fingerprint
+    from pipeline.files import path_fingerprint
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"a": 1}')
-    (model / "model.safetensors").write_bytes(bytes(range(256)) * 20000)  # > 2 MiB: head and tail are read
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 20000)
     before = path_fingerprint(model)
     shutil.copytree(model, tmp_path / "copy")
     assert path_fingerprint(tmp_path / "copy") == before
@@ -138,18 +130,18 @@ def test_fingerprint_follows_content_not_copies(tmp_path):
 
 
 def test_resume_guard_refuses_records_made_with_other_settings(tmp_path):
-    from pipeline.io import ShardWriter, check_settings
+    from pipeline.shards import SettingsMismatch, ShardWriter, check_settings
 
     shards = tmp_path / "shards"
     check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
     with ShardWriter(shards, tag="0of1") as writer:
         writer.add("p1", records=[example("p1")])
     check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")  # same settings: resume
-    with pytest.raises(SystemExit, match=r"settings.json: the MCTS run .*\(k, policy differ\)"):
+    with pytest.raises(SettingsMismatch, match=r"settings.json: the MCTS run .*\(k, policy differ\)"):
         check_settings(shards, {"policy": "b", "k": 8}, "the MCTS run")
     assert (shards / "settings.json").exists() and any(shards.iterdir())  # nothing deleted
     (shards / "settings.json").unlink()
-    with pytest.raises(SystemExit, match="no settings.json"):
+    with pytest.raises(SettingsMismatch, match="no settings.json"):
         check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
 
 
@@ -176,10 +168,10 @@ def write_shards(directory, problems=("p1", "p2", "p3", "p4"), per_shard=2):
 def test_shards_carry_a_manifest_and_a_damaged_one_is_named(tmp_path):
     import shutil
 
-    from pipeline.io import ShardError
+    from pipeline.shards import ShardError
 
     shards = write_shards(tmp_path / "s")
-    manifest = json.loads((shards[0] / "manifest.json").read_text())
+    manifest = json.loads((shards[0] / "shard_manifest.json").read_text())
     assert manifest["problems"] == ["p1", "p2"] and manifest["files"]["records.jsonl"]["records"] == 4
     assert len(list(read_stream(tmp_path / "s", "records", PRMExample))) == 8
 
@@ -199,14 +191,62 @@ def test_shards_carry_a_manifest_and_a_damaged_one_is_named(tmp_path):
     damaged(lambda s: (s[1] / "records.jsonl").write_text(""), r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 4")
     damaged(lambda s: shutil.copytree(s[0], s[0].with_name("part-0of1-00007")), r"part-0of1-00007 and .*part-0of1-00000 both hold problem 'p1'")
     damaged(lambda s: (s[0] / "problems.json").write_text("{oops"), r"part-0of1-00000: .*not valid JSON")
-    damaged(lambda s: (s[0] / "manifest.json").write_text("[]"), r"part-0of1-00000: manifest\.json is not a format-1")
-    # a shard from before manifests: still readable
-    (shards[0] / "manifest.json").unlink()
+    damaged(lambda s: (s[0] / "shard_manifest.json").write_text("[]"), r"part-0of1-00000: shard_manifest\.json is not a format-1")
+    # a shard without a manifest: its problem list is read
+    (shards[0] / "shard_manifest.json").unlink()
     assert completed_problem_ids(tmp_path / "s") == {"p1", "p2", "p3", "p4"}
 
 
+def test_a_shard_manifest_named_like_a_model_folders_is_read_with_the_same_checks(tmp_path):
+    from pipeline.shards import ShardError
+
+    shards = write_shards(tmp_path / "s")
+    assert all((s / "shard_manifest.json").is_file() and not (s / "manifest.json").exists() for s in shards)
+    (shards[1] / "shard_manifest.json").rename(shards[1] / "manifest.json")  # a shard of an existing run folder
+    assert completed_problem_ids(tmp_path / "s") == {"p1", "p2", "p3", "p4"}
+    assert len(list(read_stream(tmp_path / "s", "records", PRMExample))) == 8
+    (shards[1] / "records.jsonl").write_text("")
+    emptied = r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 4 "
+    with pytest.raises(ShardError, match=emptied):
+        completed_problem_ids(tmp_path / "s")
+    (shards[1] / "manifest.json").write_text("[]")
+    with pytest.raises(ShardError, match=r"part-0of1-00001: manifest\.json is not a format-1 shard manifest"):
+        completed_problem_ids(tmp_path / "s")
+
+
+def test_shard_and_model_folder_manifests_hash_files_with_file_digest(tmp_path, monkeypatch):
+    import hashlib
+
+    from pipeline import files
+    from pipeline.files import file_digest, path_fingerprint
+    from pipeline.model_folders import commit_folder, staging_folder
+
+    shard = write_shards(tmp_path / "s")[0]
+    staging = staging_folder(tmp_path / "model")
+    (staging / "weights.bin").write_bytes(bytes(range(256)) * 4096)
+    model = commit_folder(staging, tmp_path / "model")
+    kinds = ((shard, "shard_manifest.json", "records.jsonl"), (model, "manifest.json", "weights.bin"))
+    for folder, manifest_name, name in kinds:
+        listed = json.loads((folder / manifest_name).read_text())["files"][name]
+        content = (folder / name).read_bytes()
+        assert listed["sha256"] == file_digest(folder / name) == hashlib.sha256(content).hexdigest()
+        assert listed["bytes"] == len(content)
+    # above the cut-off only the first and last MiB count (the size is recorded beside the digest)
+    monkeypatch.setattr(files, "FULL_HASH_BYTES", 2 << 20)
+    big = tmp_path / "big.bin"
+    data = bytearray(5 << 20)
+    big.write_bytes(bytes(data))
+    before, fingerprint = file_digest(big), path_fingerprint(big)
+    data[len(data) // 2] = 1
+    big.write_bytes(bytes(data))
+    assert file_digest(big) == before and path_fingerprint(big) == fingerprint
+    data[-1] = 1
+    big.write_bytes(bytes(data))
+    assert file_digest(big) != before and path_fingerprint(big) != fingerprint
+
+
 def test_a_corrupt_settings_file_is_named(tmp_path):
-    from pipeline.io import check_settings
+    from pipeline.shards import check_settings
 
     (tmp_path / "settings.json").write_text('{"policy": ')
     with pytest.raises(RecordError, match=r"settings\.json:1: not valid JSON .*settings file is damaged"):
@@ -215,7 +255,7 @@ def test_a_corrupt_settings_file_is_named(tmp_path):
 
 HOLDER = """
 import sys, time
-from pipeline.io import StageLock
+from pipeline.locks import StageLock
 StageLock(sys.argv[1], "test").acquire()
 print("locked", flush=True)
 time.sleep(120)
@@ -225,7 +265,7 @@ time.sleep(120)
 def test_a_second_writer_stops_at_once_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
     import logging
 
-    from pipeline.io import LockError, StageLock, held_locks
+    from pipeline.locks import LockError, StageLock, held_locks
 
     lock = tmp_path / "prm" / ".lock"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -239,7 +279,7 @@ def test_a_second_writer_stops_at_once_and_a_dead_holders_lock_is_taken_over(tmp
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    with caplog.at_level(logging.WARNING, logger="stepflow.io"):
+    with caplog.at_level(logging.WARNING, logger="stepflow.locks"):
         taken = StageLock(lock, "make prm").acquire()  # the holder died (SIGKILL): its lock is free
     assert f"from process {holder.pid}" in caplog.text and "ended without releasing it" in caplog.text
     assert json.loads(lock.read_text())["pid"] == os.getpid()
@@ -250,7 +290,7 @@ def test_a_second_writer_stops_at_once_and_a_dead_holders_lock_is_taken_over(tmp
 def test_under_a_launch_only_rank_0_locks_and_the_other_ranks_check_it_is_theirs(tmp_path, monkeypatch):
     import socket
 
-    from pipeline.io import LockError, StageLock
+    from pipeline.locks import LockError, StageLock
 
     lock = tmp_path / ".lock"
     lock.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "launch": os.getppid()}))
@@ -267,7 +307,13 @@ def test_model_folders_commit_whole_and_damaged_files_are_named(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.io import FolderError, check_model_folder, commit_folder, is_committed_folder, staging_folder
+    from pipeline.model_folders import (
+        FolderError,
+        check_model_folder,
+        commit_folder,
+        is_committed_folder,
+        staging_folder,
+    )
 
     final = tmp_path / "model"
     staging = staging_folder(final)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import read_records, read_stream
+from pipeline.files import read_records
 from pipeline.launcher import merge_worker, shard_workers, visible_devices
 from pipeline.records import MCTSRecord, MCTSSummary, SearchRecord
+from pipeline.shards import read_stream
 from stages import evaluate, launch, search
 
 REPO = Path(__file__).resolve().parents[1]

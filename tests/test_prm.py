@@ -14,9 +14,9 @@ import torch
 
 from pipeline.config import FormatConfig, TinyWorldConfig
 from pipeline.config_loader import ConfigError, load_config
-from pipeline.io import RecordError, read_records
+from pipeline.files import read_records
 from pipeline.problems import write_problems_jsonl
-from pipeline.records import PRMExample, Problem
+from pipeline.records import PRMExample, Problem, RecordError
 from pipeline.stats import mann_whitney_auc
 from pipeline.tinyworld.problems import corrected_step, generate_splits
 from pipeline.training import checkpoint
@@ -145,7 +145,7 @@ def test_save_and_reload_give_identical_scores(tokenizer, tmp_path):
     assert reloaded.kind == "tiny" and reloaded.format_config.prompt_template == FORMAT.prompt_template
     assert reloaded.score_many(solutions) == before
     # damaged files are named, not reported as a bare JSONDecodeError or "invalid header length"
-    from pipeline.io import FolderError
+    from pipeline.model_folders import FolderError
 
     (tmp_path / "prm" / "prm_config.json").write_text('{"kind": ')
     with pytest.raises(FolderError, match=r"prm_config\.json:1: not valid JSON"):

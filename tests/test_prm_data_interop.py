@@ -11,8 +11,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pipeline.io import RecordError
-from pipeline.records import PRMExample
+from pipeline.records import PRMExample, RecordError
 from pipeline.steps import join_steps
 from prm.prm800k import is_prm800k_file, prm800k_examples, rating_label, read_training_records
 from prm.trl_export import stepwise_rows

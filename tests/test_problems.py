@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import FolderError, RecordError
+from pipeline.model_folders import FolderError
 from pipeline.problems import (
     SHIPPED_DIR,
     recorded_files,
@@ -29,7 +29,7 @@ from pipeline.problems import (
     parse_options_string,
     write_problems_jsonl,
 )
-from pipeline.records import Problem, answer_kind
+from pipeline.records import Problem, RecordError, answer_kind
 
 FILES = {
     "gsm8k": "gsm8k_test.jsonl",
@@ -558,7 +558,7 @@ def test_data_lenient_reaches_the_stages_loader(tmp_path):
 
 def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_refused(tmp_path):
     from pipeline.config_loader import load_config
-    from pipeline.io import InputNotFound
+    from pipeline.files import InputNotFound
     from stages.common import training_problems
 
     def record(problem_id, question):

@@ -15,8 +15,8 @@ from eval.evaluate import generate_samples, problem_kind
 from pipeline.codec import FieldError, rules
 from pipeline.config import MCTSConfig
 from pipeline.config_loader import load_config
+from pipeline.files import read_records, write_records_atomic
 from pipeline.generation.base import Completion
-from pipeline.io import RecordError, ShardWriter, read_records, write_records_atomic
 from pipeline.problems import write_problems_jsonl
 from pipeline.records import (
     MCTSRecord,
@@ -25,11 +25,13 @@ from pipeline.records import (
     PRMExample,
     Problem,
     Record,
+    RecordError,
     Sample,
     Trajectory,
 )
 from pipeline.rollouts.augmentation import augment_records
 from pipeline.rollouts.mcts import Rollout, run_mcts
+from pipeline.shards import ShardWriter
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "records"
 

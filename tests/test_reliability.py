@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from pipeline.config_loader import load_config
-from pipeline.io import (LockError, ShardError, ShardWriter, check_settings, commit_folder, release_stage_locks, staging_folder,
-                         verify_manifest)
+from pipeline.locks import LockError, release_stage_locks
+from pipeline.model_folders import commit_folder, staging_folder, verify_manifest
 from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary, Problem
+from pipeline.shards import SettingsMismatch, ShardError, ShardWriter, check_settings
 from pipeline.training import checkpoint
 from stages import augment, mcts, train_gfn, train_prm
-from stages.common import finished_model
+from stages.common import cli, finished_model
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = [f"tiny-train-{i:05d}" for i in range(24)]  # 1 of them in the validation split (augment.val_fraction 0.1)
@@ -101,6 +102,17 @@ def test_mcts_refuses_a_damaged_shard_instead_of_searching_its_problems_again(ru
         mcts.main(args(tmp_path))
 
 
+def test_a_resume_with_other_settings_stops_with_one_line_and_exit_status_2(run, monkeypatch, capsys):
+    tmp_path, _, shards = run
+    monkeypatch.setattr(sys, "argv", ["stages/mcts.py"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli(lambda argv: mcts.main(args(tmp_path, "mcts.k=5")))  # the shards were made with the config's k
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error == [f"error: {shards / 'settings.json'}: the MCTS run already holds records made with other settings "
+                     f"(mcts differ). Resuming would mix the two. Move or delete {shards}, or use another run name."]
+
+
 def test_augment_refuses_empty_inputs_and_empty_splits(run):
     tmp_path, config, shards = run
     augment.main(args(tmp_path))
@@ -118,7 +130,7 @@ def test_augment_refuses_empty_inputs_and_empty_splits(run):
 
 HOLDER = """
 import sys, time
-from pipeline.io import StageLock
+from pipeline.locks import StageLock
 StageLock(sys.argv[1], "test").acquire()
 print("locked", flush=True)
 time.sleep(120)
@@ -232,5 +244,5 @@ def test_a_start_that_committed_no_record_never_blocks_a_rerun_with_other_settin
         assert json.loads((shards / "settings.json").read_text())["policy"] == str(tmp_path / policy)
         release_stage_locks()
     check_settings(shards, {"policy": "a"}, "the MCTS run", others_running=False)  # nothing committed: replaced
-    with pytest.raises(SystemExit, match="other settings"):  # another shard's process may commit under them
+    with pytest.raises(SettingsMismatch, match="other settings"):  # another shard's process may commit under them
         check_settings(shards, {"policy": "b"}, "the MCTS run", others_running=True)

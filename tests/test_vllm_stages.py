@@ -68,7 +68,7 @@ def run_stage(module: str, world: Path, out: Path, *overrides: str, processes: i
 
 
 def test_mcts_labels_problems_with_the_vllm_backend(world, tmp_path):
-    from pipeline.io import completed_problem_ids
+    from pipeline.shards import completed_problem_ids
 
     run_stage("stages.mcts", world, tmp_path / "m", "mcts.k=4", "mcts.max_problems=4", "mcts.max_iterations=2",
               "mcts.max_rollouts=16", "mcts.search_trivial=true")

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from pipeline.batches import check_divisible
 from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode
 from pipeline.config_loader import check_choice, config_checks
+from pipeline.files import write_json_atomic
 from pipeline.finetune import ray_cluster
 from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, pin_process, searcher_config
 from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling
@@ -39,7 +40,7 @@ from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
-from pipeline.io import commit_folder, staging_folder, write_json_atomic
+from pipeline.model_folders import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem

@@ -34,7 +34,7 @@ def build_generator(config, model_path: str | None = None, adapter: str | None =
 
 def check_served_models(config, models: dict[str, str | None]) -> None:
     """Before any model loads: each local model folder that generation.backend's engines will serve
-    ({config key: path}; None and hub ids pass) can be served, else pipeline.io.FolderError in one
+    ({config key: path}; None and hub ids pass) can be served, else pipeline.model_folders.FolderError in one
     line naming the key and the file (vLLM: vllm_backend.check_servable; the HF backend's
     from_pretrained reads only the weight files a folder's model names, and checks them as it loads)."""
     if config.generation.backend != "vllm":

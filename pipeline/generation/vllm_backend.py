@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from transformers import AutoConfig
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory
-from pipeline.io import FolderError, check_model_folder
+from pipeline.model_folders import FolderError, check_model_folder
 from pipeline.steps import encode_prompt
 
 

@@ -24,7 +24,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from pipeline.io import commit_folder, staging_folder
+from pipeline.model_folders import commit_folder, staging_folder
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory
 from pipeline.tinyworld.problems import strategy_templates

@@ -32,7 +32,8 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import load as dcp_load, save as dcp_save
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
-from pipeline.io import STAGING_PREFIX, FolderError, fsync_path, staging_folder, verify_manifest, write_manifest
+from pipeline.files import fsync_path
+from pipeline.model_folders import STAGING_PREFIX, FolderError, staging_folder, verify_manifest, write_manifest
 
 log = logging.getLogger("stepflow.checkpoint")
 
