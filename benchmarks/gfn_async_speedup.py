@@ -188,20 +188,20 @@ def equal_work_speedup(sync_rows: list[dict], async_rows: list[dict], questions:
         if row["trained"] != batch or row["trajectories_per_question_min"] != samples:
             raise ValueError(f"equal work: asynchronous update {row['step']} trained {row['trained']} rows (at least "
                              f"{row['trajectories_per_question_min']} per question); expected {questions} x {samples}")
-    timed = len(sync_rows) - timed_from
+    n_timed = len(sync_rows) - timed_from
     sync_s = sync_rows[-1]["wall_time"] - sync_rows[timed_from - 1]["wall_time"]
     async_s = async_rows[-1]["wall_time"] - async_rows[timed_from - 1]["wall_time"]
-    generate = sum(row["sample_seconds"] for row in sync_rows[timed_from:]) / timed
-    train = sync_s / timed - generate
+    generate = sum(row["sample_seconds"] for row in sync_rows[timed_from:]) / n_timed
+    train = sync_s / n_timed - generate
     ceiling = speedup_ceiling(generate, train)
     window = async_rows[timed_from:]
-    return {"updates": len(sync_rows), "timed_updates": timed, "generate_s": generate, "train_s": train, "sync_s": sync_s,
+    return {"updates": len(sync_rows), "timed_updates": n_timed, "generate_s": generate, "train_s": train, "sync_s": sync_s,
             "async_s": async_s, "ceiling": ceiling, "speedup": sync_s / async_s, "fraction": sync_s / async_s / ceiling,
             "sync_trained": sum(row["trained"] for row in sync_rows) / len(sync_rows),
             "async_trained": sum(row["trained"] for row in async_rows) / len(async_rows),
             "async_generated_per_trained": sum(row["generated_per_trained"] * row["trained"] for row in window)
                                            / sum(row["trained"] for row in window),
-            "async_staleness_mean": sum(row["staleness_mean"] for row in window) / timed,
-            "async_busy_s": sum(row["seconds"] - row["trainer_idle_seconds"] for row in window) / timed,
-            "async_trainer_idle_s": sum(row["trainer_idle_seconds"] for row in window) / timed,
-            "async_publish_s": sum(row["publish_seconds"] for row in window) / timed}
+            "async_staleness_mean": sum(row["staleness_mean"] for row in window) / n_timed,
+            "async_busy_s": sum(row["seconds"] - row["trainer_idle_seconds"] for row in window) / n_timed,
+            "async_trainer_idle_s": sum(row["trainer_idle_seconds"] for row in window) / n_timed,
+            "async_publish_s": sum(row["publish_seconds"] for row in window) / n_timed}
