@@ -96,13 +96,14 @@ prm-bench: $(VENV)
 rollout-temperature: $(VENV)
 	$(STAGE).rollout_temperature --config $(CONFIG) run=$(RUN) $(ARGS)
 
+# every row of docs/benchmarks.md (benchmarks/, not installed); one row alone: ARGS=only=<row>
 bench: $(VENV)
-	$(STAGE).bench --config $(CONFIG) run=bench $(ARGS)
+	$(PY) -m benchmarks --config $(CONFIG) run=bench $(ARGS)
 
 # make bench's generation_vllm_vs_hf row (vLLM vs HF backend), in .venv-vllm where vllm is installed;
 # make bench in .venv logs that it did not run the row, and keeps the row this target wrote
 bench-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_PY) -m stages.bench_vllm --config $(CONFIG) run=bench $(ARGS)
+	$(VLLM_PY) -m benchmarks --config $(CONFIG) run=bench only=generation_vllm_vs_hf $(ARGS)
 
 demo: $(VENV)
 	$(STAGE).demo --config $(CONFIG) run=$(RUN) $(ARGS)

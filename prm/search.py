@@ -28,7 +28,6 @@ samples, and the k samples are the first k of any larger k's.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, fields
 from typing import Sequence, get_args
 
@@ -403,41 +402,3 @@ def summarize_search(results: Sequence[SearchResult], golds: Sequence[str], kind
         "correct": [bool(c) for c in correct],
     }
 
-
-# ----------------------------------------------------------------------------- benchmark
-
-
-def bench_batched_search(
-    questions: Sequence[str],
-    policy,
-    prm,
-    strategy: str = "step_best_of_k",
-    k: int = 4,
-    prompts: Sequence[str] | None = None,
-    **settings,
-) -> dict:
-    """Seconds for one batched search over all questions vs one search per question (the same
-    strategy, k, settings and seeds; `make bench` reports it as search_batched).
-
-    returns: {ours_s, reference_s, ratio = reference_s / ours_s (> 1: batching is faster),
-              problems, tokens_generated}
-    """
-    if not questions:
-        raise ValueError("bench_batched_search: no questions")
-    prompts = list(prompts) if prompts is not None else default_prompts(questions, policy, _settings(settings))
-    search_many(questions[:1], policy, prm, strategy, min(k, 2), prompts=prompts[:1], **{**settings, "max_depth": 1})  # warm-up
-
-    start = time.perf_counter()
-    ours = search_many(questions, policy, prm, strategy, k, prompts=prompts, **settings)
-    ours_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for question, prompt in zip(questions, prompts):
-        search_many([question], policy, prm, strategy, k, prompts=[prompt], **settings)
-    reference_s = time.perf_counter() - start
-    return {
-        "ours_s": ours_s,
-        "reference_s": reference_s,
-        "ratio": reference_s / ours_s if ours_s > 0 else float("inf"),
-        "problems": len(questions),
-        "tokens_generated": sum(r.tokens_generated for r in ours),
-    }

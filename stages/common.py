@@ -44,11 +44,12 @@ USER_ERRORS = (ConfigError, RecordError, InputNotFound, FolderError, ShardError,
 PRINT_CONFIG = "print_config"  # an override the command line takes, not a config field
 
 
-def parse_args(stage: str, argv: list[str] | None = None) -> Config:
+def parse_args(stage: str, argv: list[str] | None = None, *, prog: str | None = None) -> Config:
     """``--config FILE key=value ...`` -> the resolved Config. ``print_config=true`` prints it
-    (YAML) and exits with status 0 before anything is written."""
+    (YAML) and exits with status 0 before anything is written. ``prog``: the command --help names
+    (default ``python -m stages.<stage>``)."""
     parser = argparse.ArgumentParser(
-        prog=f"python -m stages.{stage}", description=f"stepflow stage: {stage}", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog or f"python -m stages.{stage}", description=f"stepflow stage: {stage}", formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="print_config=true prints the resolved config and exits without writing anything.\n\n"
                "Config fields (key: type = default, before --config and the overrides apply):\n  " + "\n  ".join(describe_fields()))
     parser.add_argument("--config", default="configs/tiny.yaml", help="YAML config (default: configs/tiny.yaml)")
@@ -163,10 +164,11 @@ def device_memory(config: Config, stage: str, environ: dict | None = None, devic
 
 
 def cli(main: Callable[[list[str]], object]) -> None:
-    """What ``python -m stages.<name>`` runs: ``main(sys.argv[1:])``. A user's mistake
-    (USER_ERRORS, or a stage's refusal, SystemExit with a message) prints one line on stderr, and
-    for a config error a hint, then exits with status 2; a bug keeps its traceback."""
-    stage = Path(sys.argv[0]).stem
+    """What ``python -m stages.<name>`` (or ``python -m <package>``) runs: ``main(sys.argv[1:])``. A
+    user's mistake (USER_ERRORS, or a stage's refusal, SystemExit with a message) prints one line on
+    stderr, and for a config error a hint, then exits with status 2; a bug keeps its traceback."""
+    script = Path(sys.argv[0])
+    module = script.parent.name if script.stem == "__main__" else f"stages.{script.stem}"
     try:
         main(sys.argv[1:])
     except (*USER_ERRORS, SystemExit) as error:
@@ -175,7 +177,7 @@ def cli(main: Callable[[list[str]], object]) -> None:
         message = error.code if isinstance(error, SystemExit) else str(error)
         print(f"error: {' '.join(message.split())}", file=sys.stderr)
         if isinstance(error, ConfigError):
-            print(f"hint: python -m stages.{stage} --help lists every config field with its default", file=sys.stderr)
+            print(f"hint: python -m {module} --help lists every config field with its default", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -1,17 +1,117 @@
-"""make bench's bookkeeping: the MFU formula against a real model's parameter count, and
-docs/benchmarks.md keeping other machines' rows, the thread probes' protocol, the equal-work
-comparison of the synchronous and asynchronous modes (its settings, its work check, the ceiling
-arithmetic) (the benchmarks themselves measure, never tested for time)."""
+"""make bench's bookkeeping (benchmarks/): one module per row of docs/benchmarks.md, the row schema
+(ratio = reference_s / ours_s, rates stated as seconds per unit of work), `python -m benchmarks`'s
+row choice and what it writes, the pinned processes' core choice, the MFU formula against a real
+model's parameter count, docs/benchmarks.md keeping other machines' rows, the thread probes'
+protocol, the equal-work comparison of the synchronous and asynchronous modes (its settings, its
+work check, the ceiling arithmetic) (the benchmarks themselves measure, never tested for time)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_row_of_the_benchmarks_doc_has_its_module_and_make_bench_runs_it():
+    """One module per row name of docs/benchmarks.md's ratio table, named after it, with run(cfg,
+    out_dir); `python -m benchmarks` runs every module of benchmarks.ROWS, each exactly once."""
+    import importlib
+    import inspect
+
+    from benchmarks import ROWS
+
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    table = text[text.index("## Batched vs one at a time"):text.index("## PRM training throughput")]
+    documented = {line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ") and not line.startswith("| name")}
+    assert documented and documented <= set(ROWS) and len(ROWS) == len(set(ROWS))
+    for name in ROWS:
+        module = importlib.import_module(f"benchmarks.{name}")
+        assert module.NAME == name and list(inspect.signature(module.run).parameters) == ["cfg", "out_dir"]
+
+
+def test_a_ratio_row_is_reference_time_over_ours_and_rates_become_seconds_per_unit():
+    from benchmarks.common import per_unit, ratio_row
+
+    row = ratio_row("x", ours_s=2.0, reference_s=6.0, goal=4.0, reference="one at a time", problems=3)
+    assert (row["ratio"], row["goal"], row["reference"], row["problems"]) == (3.0, 4.0, "one at a time", 3)
+    assert ratio_row("x", ours_s=0.0, reference_s=1.0, goal=None, reference="-")["ratio"] == float("inf")
+    # 300 completions in 10 s against 50 in 5 s: 30/s over 10/s, the same 3.0 as a ratio of seconds per completion
+    rate_row = ratio_row("x", ours_s=per_unit(10.0, 300), reference_s=per_unit(5.0, 50), goal=None, reference="-")
+    assert rate_row["ratio"] == pytest.approx((300 / 10.0) / (50 / 5.0))
+    with pytest.raises(ValueError, match="0 units of work"):
+        per_unit(1.0, 0)
+
+
+def test_the_mcts_row_compares_completions_per_second_as_a_time_ratio():
+    from benchmarks.mcts_batched import bench_mcts_batched
+    from pipeline.config import MCTSConfig
+    from test_mcts import FakeWorld
+
+    row = bench_mcts_batched([("p0", "q"), ("p1", "q")], MCTSConfig(k=8, max_iterations=1, max_rollouts=64), FakeWorld(p_good=0.5))
+    assert row["ours_completions"] > 0 and row["reference_completions"] > 0
+    assert row["ours_s"] == pytest.approx(row["ours_total_s"] / row["ours_completions"])
+    assert row["reference_s"] == pytest.approx(row["reference_total_s"] / row["reference_completions"])
+    assert row["ratio"] == pytest.approx(row["ours_completions_per_s"] / row["reference_completions_per_s"])
+    assert row["ratio"] == pytest.approx(row["reference_s"] / row["ours_s"])
+
+
+def test_only_names_one_known_row():
+    from benchmarks.__main__ import split_only
+
+    assert split_only(["--config", "c.yaml", "run=bench"]) == (["--config", "c.yaml", "run=bench"], None)
+    assert split_only(["run=bench", "only=mcts_batched", "mcts.k=2"]) == (["run=bench", "mcts.k=2"], "mcts_batched")
+    with pytest.raises(SystemExit, match="only=mcts: name one row of generation_shared_prompt, "):
+        split_only(["only=mcts"])
+    with pytest.raises(SystemExit, match="name one row"):
+        split_only(["only=mcts_batched", "only=prm_one_pass"])
+
+
+def test_a_row_run_alone_writes_its_file_and_its_line_and_a_full_run_writes_every_table(tmp_path):
+    from benchmarks.__main__ import write_results
+
+    docs = tmp_path / "benchmarks.md"
+    row = lambda ratio: {"name": "prm_one_pass", "ours_s": 1.0, "reference_s": ratio, "ratio": ratio, "goal": 3.0, "reference": "per prefix",
+                         "model": "random init", "machine": "CPU-B"}
+    threads = {"name": "threads_under_contention", "machine": "CPU-B", "settings": {"1 thread": {
+        "alone_steps_per_s": 20.0, "shared_steps_per_s": 10.0, "slowdown": 2.0, "competitor_steps_per_s": 8.0}}}
+    write_results({"prm_one_pass": row(2.0), "threads_under_contention": threads}, tmp_path, "CPU-B", alone=False, docs=docs)
+    assert set(json.loads((tmp_path / "results.json").read_text())) == {"prm_one_pass", "threads_under_contention"}
+    assert "| 1 thread | 20.0 | 10.0 | 2.00x | 8.0 | CPU-B |" in docs.read_text()
+    write_results({"prm_one_pass": row(5.0)}, tmp_path, "CPU-B", alone=True, docs=docs)
+    assert json.loads((tmp_path / "prm_one_pass.json").read_text())["ratio"] == 5.0
+    text = docs.read_text()
+    assert [line for line in text.splitlines() if line.startswith("| prm_one_pass")] == [
+        "| prm_one_pass | 1.000 | 5.000 | 5.00x | >= 3x | per prefix | CPU-B |"]
+    assert "| 1 thread | 20.0 |" in text  # the other tables kept
+
+
+def test_pinned_processes_take_the_core_of_their_rank(tmp_path):
+    """benchmarks.common.core_for picks the rank-th core (wrapping around); pinned_to pins a child
+    before it starts; `python -m benchmarks.pinned` pins a torchrun worker by its LOCAL_RANK."""
+    from benchmarks.common import core_for, pinned_to
+
+    assert [core_for(rank, {5, 2, 9}) for rank in range(4)] == [2, 5, 9, 2]
+    cores = sorted(os.sched_getaffinity(0))
+    show = "import os; print(sorted(os.sched_getaffinity(0)))"
+    child = subprocess.run([sys.executable, "-c", show], preexec_fn=pinned_to(cores[-1]), capture_output=True, text=True, check=True, timeout=60)
+    assert child.stdout.strip() == str([cores[-1]])
+    (tmp_path / "show_affinity.py").write_text(show + "\n")
+    env = {**os.environ, "LOCAL_RANK": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    worker = subprocess.run([sys.executable, "-m", "benchmarks.pinned", "show_affinity"], cwd=REPO, env=env, capture_output=True, text=True,
+                            check=True, timeout=120)
+    assert worker.stdout.strip().splitlines()[-1] == str([cores[1 % len(cores)]])
 
 
 def test_training_flops_count_the_decoder_block_matrices():
     from transformers import Qwen2Config, Qwen2Model
 
-    from prm.bench import peak_bf16_flops, training_flops_per_token
+    from benchmarks.prm_training import peak_bf16_flops, training_flops_per_token
 
     config = Qwen2Config(vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
                          num_key_value_heads=2)
@@ -23,10 +123,10 @@ def test_training_flops_count_the_decoder_block_matrices():
 
 
 def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_path):
-    from stages.bench import write_markdown
+    from benchmarks.common import write_markdown
 
     path = tmp_path / "benchmarks.md"
-    result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0}
+    result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0, "goal": 3.0, "reference": "prefix by prefix"}
     training = {"tokens_per_s": 1000.0, "achieved_tflops": 1.0, "mfu": 0.5, "seq_len": 10.0, "micro_batch_size": 4, "batch_size": 8,
                 "compile": True}
     threads = lambda rate: {"1 thread": {"alone_steps_per_s": rate, "shared_steps_per_s": rate / 2, "slowdown": 2.0,
@@ -38,6 +138,7 @@ def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_
     text = path.read_text()
     rows = [line for line in text.splitlines() if line.startswith("| prm_one_pass")]
     assert len(rows) == 2 and rows[0].endswith("| GPU-A |") and "| 5.000 |" in rows[1] and rows[1].endswith("| CPU-B |")
+    assert "| 2.00x | >= 3x | prefix by prefix | CPU-B |" in rows[1]  # the goal and reference text the row carries
     assert "| 1000 | 1.0 | 50.0% | 10 | 4 x 2 | True | GPU-A |" in text
     assert text.count("hand-written note") == 1
     thread_rows = [line for line in text.splitlines() if line.startswith("| 1 thread")]
@@ -45,11 +146,12 @@ def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_
 
 
 def test_the_vllm_row_is_written_alone_and_kept_by_a_bench_run_without_it(tmp_path):
-    from stages.bench import write_markdown, write_ratio_row
+    from benchmarks.common import write_markdown, write_ratio_row
 
     path = tmp_path / "benchmarks.md"
-    result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0}
-    vllm = {"ours_s": 1.0, "reference_s": 3.0, "ratio": 3.0, "ours_tokens": 700, "reference_tokens": 690}
+    result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0, "goal": 3.0, "reference": "prefix by prefix"}
+    vllm = {"ours_s": 1.0, "reference_s": 3.0, "ratio": 3.0, "goal": None, "reference": "the HF backend", "ours_tokens": 700,
+            "reference_tokens": 690}
     write_markdown({"prm_one_pass": result(1.0)}, path, "random init", "CPU-B", contention={})
     write_ratio_row(path, "generation_vllm_vs_hf", vllm, "random init", "CPU-B")
     write_ratio_row(path, "generation_vllm_vs_hf", {**vllm, "ratio": 4.0}, "random init", "CPU-B")  # replaces its own row
@@ -62,7 +164,7 @@ def test_the_vllm_row_is_written_alone_and_kept_by_a_bench_run_without_it(tmp_pa
 
 
 def test_two_backends_are_timed_on_the_same_prompts_and_budget():
-    from pipeline.generation.bench import bench_backends
+    from benchmarks.generation_vllm_vs_hf import bench_backends
     from pipeline.generation.hf import HFGenerator
     from test_generation import PROMPTS, make_model, make_tokenizer
 
@@ -78,7 +180,7 @@ def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
     """The contention benchmark's probes run in their own processes, wait for each other after
     warming up, and each report a rate; a probe that dies before its window is an error, not a hang."""
     from pipeline.config_loader import load_config, save_config
-    from pipeline.tinyworld.bench import measure_together
+    from benchmarks.threads_under_contention import measure_together
 
     config = load_config("configs/tiny.yaml", ["tinyworld.n_train=200", "tinyworld.n_val=4", "tinyworld.n_test=4",
                                                "bootstrap.hidden_size=32", "bootstrap.intermediate_size=64", "bootstrap.num_layers=1"])
@@ -90,7 +192,7 @@ def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
 
 
 def test_the_speedup_ceiling_is_the_sum_over_the_longer_part():
-    from pipeline.finetune.bench import speedup_ceiling
+    from benchmarks.gfn_async_speedup import speedup_ceiling
 
     assert speedup_ceiling(1.0, 1.0) == 2.0
     assert speedup_ceiling(3.0, 1.0) == pytest.approx(4 / 3) and speedup_ceiling(1.0, 3.0) == pytest.approx(4 / 3)
@@ -112,7 +214,7 @@ def equal_work_rows(updates: int, generate: float, train: float, overlapped: flo
 
 
 def test_equal_work_speedup_times_the_same_updates_and_reports_the_fraction_of_the_ceiling():
-    from pipeline.finetune.bench import equal_work_speedup
+    from benchmarks.gfn_async_speedup import equal_work_speedup
 
     sync, asynchronous = equal_work_rows(10, generate=1.0, train=3.0, overlapped=3.75)
     result = equal_work_speedup(sync, asynchronous, questions=4, samples=4, timed_from=2)
@@ -126,7 +228,7 @@ def test_equal_work_speedup_times_the_same_updates_and_reports_the_fraction_of_t
 
 
 def test_equal_work_speedup_refuses_runs_that_did_different_work():
-    from pipeline.finetune.bench import equal_work_speedup
+    from benchmarks.gfn_async_speedup import equal_work_speedup
 
     sync, asynchronous = equal_work_rows(10, 1.0, 1.0, 1.2, replayed=8)  # 16 fresh + 8 replayed against 16
     with pytest.raises(ValueError, match="synchronous update 1 trained 24 rows"):
@@ -145,7 +247,7 @@ def test_the_equal_work_settings_train_the_same_rows_in_both_modes():
     asynchronous settings pass the checks the stage runs before Ray starts."""
     from pipeline.config_loader import load_config
     from pipeline.finetune.async_ray import async_shape, check_async_settings
-    from pipeline.finetune.bench import equal_work_overrides
+    from benchmarks.gfn_async_speedup import equal_work_overrides
 
     sync = load_config("configs/tiny.yaml", equal_work_overrides("sync", 4, 4, (0, 1))).gfn
     asynchronous = load_config("configs/tiny.yaml", equal_work_overrides("async", 4, 4, (0, 1))).gfn

@@ -361,7 +361,7 @@ def test_build_generator_loads_model_adapter_and_config(tmp_path, tokenizer):
 
 
 def test_bench_shared_prompt_reports_both_timings(tokenizer):
-    from pipeline.generation.bench import bench_shared_prompt
+    from benchmarks.generation_shared_prompt import bench_shared_prompt
 
     result = bench_shared_prompt(lambda: HFGenerator(make_model(), tokenizer), PROMPTS, n_prompts=3, n=2, max_new_tokens=3)
     assert {"ours_s", "reference_s", "ratio", "sequences"} <= set(result) and result["sequences"] == 6

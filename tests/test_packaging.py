@@ -1,5 +1,6 @@
 """What a fresh clone installs: every declared dependency is pinned in constraints.txt to a
-version its own range allows, and the licence pyproject.toml declares is the file beside it."""
+version its own range allows, the licence pyproject.toml declares is the file beside it, and the
+installed packages are the library's (benchmarks/ and tests/ stay in the repository)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from setuptools import find_namespace_packages, find_packages
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,3 +42,11 @@ def test_python_and_licence_match_what_is_declared():
     assert not SpecifierSet(project["requires-python"]).contains("3.10")  # typing.Self needs 3.11
     assert project["license"]["text"] == "Apache-2.0"
     assert re.search(r"Apache License\s+Version 2\.0", (REPO / "LICENSE").read_text())
+
+
+def test_the_installed_packages_are_the_library_without_benchmarks_or_tests():
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    finder = find_namespace_packages if find.get("namespaces", True) else find_packages  # setuptools' default for packages.find
+    installed = finder(where=str(REPO), include=find["include"], exclude=find.get("exclude", ()))
+    assert {name.split(".")[0] for name in installed} == {"pipeline", "prm", "eval", "stages"}
+    assert (REPO / "benchmarks" / "__init__.py").exists() and "benchmarks" not in installed

@@ -567,12 +567,12 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
 
 
 def test_one_pass_bench_runs_and_checks_agreement(tokenizer):
-    from prm.bench import bench_prm_one_pass, synthetic_solutions
+    from benchmarks.prm_one_pass import bench_prm_one_pass, synthetic_solutions
 
     solutions = synthetic_solutions(3, 8, seed=1)
     assert all(len(steps) == 8 for _, steps in solutions)
     result = bench_prm_one_pass(PRMScorer(make_prm(tokenizer), tokenizer, FORMAT, "tiny"), n_solutions=2, n_steps=3, repeats=1)
-    assert set(result) == {"ours_s", "reference_s", "ratio"} and result["ours_s"] > 0
+    assert set(result) == {"name", "ours_s", "reference_s", "ratio", "goal", "reference"} and result["ours_s"] > 0
 
 
 def test_control_records_label_gold_steps_one_and_corrupted_siblings_zero(tmp_path):

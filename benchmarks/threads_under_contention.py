@@ -1,4 +1,5 @@
-"""How the tiny world's training speed holds up when another torch process shares the cores.
+"""threads_under_contention: how the tiny world's training speed holds up when another torch process
+shares the cores (not a time ratio: steps/s alone and beside a competitor, slowdown = alone / shared).
 
 ``training_rate`` times the bootstrap model's training step (the tiny-world architecture of the
 config, batches of bootstrap.batch_size real training examples, AdamW) for a few seconds;
@@ -8,7 +9,8 @@ candidate setting of threads and OpenMP wait policy. `make bench` reports the ta
 (docs/benchmarks.md, "Threads under contention"); configs/tiny.yaml's model.torch_threads comes
 from it (docs/demo.md, "Threads").
 
-Run as ``python -m pipeline.tinyworld.bench <config> <threads> <seconds>``: prints one JSON line.
+A probe runs as ``python -m benchmarks.threads_under_contention <config> <threads> <seconds>``:
+prints one JSON line.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config_loader import load_config
+from pipeline.config_loader import load_config, save_config
 from pipeline.tinyworld.model import build_model, collate, length_grouped_batches, training_examples
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
+
+NAME = "threads_under_contention"
 
 SETTINGS = {  # name -> (threads, environment)
     "2 threads, OpenMP spin (torch's default)": (2, {}),
@@ -34,6 +38,13 @@ SETTINGS = {  # name -> (threads, environment)
     "2 threads, OMP_WAIT_POLICY=PASSIVE": (2, {"OMP_WAIT_POLICY": "PASSIVE"}),
     "1 thread": (1, {}),
 }
+
+
+def run(cfg, out_dir: Path) -> dict:
+    """{"name", "settings": contention(...)}: the probes read ``cfg`` saved as
+    out_dir/contention_config.yaml."""
+    save_config(cfg, out_dir / "contention_config.yaml")
+    return {"name": NAME, "settings": contention(str(out_dir / "contention_config.yaml"))}
 
 
 def training_rate(config_path: str, threads: int, seconds: float, warmup: int = 5, ready=None) -> float:
@@ -69,9 +80,9 @@ def training_rate(config_path: str, threads: int, seconds: float, warmup: int = 
 def _probe(config_path: str, threads: int, seconds: float, env: dict) -> subprocess.Popen:
     """A rate probe in its own process, with only ``env`` governing its OpenMP threads."""
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    return subprocess.Popen([sys.executable, "-m", "pipeline.tinyworld.bench", config_path, str(threads), str(seconds)],
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.threads_under_contention", config_path, str(threads), str(seconds)],
                             env={**clean, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[1])
 
 
 def measure_together(probes: list[tuple[int, dict]], config_path: str, seconds: float, timeout: float = 600) -> list[float]:
