@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.evaluate import generate_samples, problem_kind
+from eval.sampling import generate_samples, problem_kind
 from pipeline.config import MCTSConfig, load_config
 from pipeline.generation.base import Completion
 from pipeline.io import RecordError, ShardWriter, read_records, write_records_atomic
