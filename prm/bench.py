@@ -3,6 +3,9 @@ reference way of scoring each prefix s_1..s_k as its own sequence (a PRM that re
 last position, as in a naive loop over prefixes). Both run through the same batched scorer, so
 the ratio measures the one-pass design alone: for n-step solutions the reference feeds (n+1)/2
 times the tokens when the prompt is negligible, up to n times when the prompt dominates.
+
+Also here: prm_training (PRM training throughput) and search_batched (bench_batched_search: one
+batched PRM-guided search over all questions against one search per question).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import copy
 import dataclasses
 import json
 import random
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -26,6 +30,8 @@ from pipeline.tinyworld.tokenizer import train_tokenizer
 from prm.data import PRMDataset
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.scorer import PRMScorer, Solution
+from prm.search import search_many
+from prm.search.common import default_prompts, search_settings
 from prm.train import train_prm
 
 _NAMES = ["Tom", "Ana", "Lee", "Mia", "Sam"]
@@ -206,4 +212,40 @@ def bench_prm_training(
         "compile": compile,
         "optimizer_steps": metrics["steps"],
         "measured_steps": len(measured),
+    }
+
+
+def bench_batched_search(
+    questions: Sequence[str],
+    policy,
+    prm,
+    strategy: str = "step_best_of_k",
+    k: int = 4,
+    prompts: Sequence[str] | None = None,
+    **settings,
+) -> dict:
+    """Seconds for one batched search over all questions vs one search per question (the same
+    strategy, k, settings and seeds; `make bench` reports it as search_batched).
+
+    returns: {ours_s, reference_s, ratio = reference_s / ours_s (> 1: batching is faster),
+              problems, tokens_generated}
+    """
+    if not questions:
+        raise ValueError("bench_batched_search: no questions")
+    prompts = list(prompts) if prompts is not None else default_prompts(questions, policy, search_settings(settings))
+    search_many(questions[:1], policy, prm, strategy, min(k, 2), prompts=prompts[:1], **{**settings, "max_depth": 1})  # warm-up
+
+    start = time.perf_counter()
+    ours = search_many(questions, policy, prm, strategy, k, prompts=prompts, **settings)
+    ours_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for question, prompt in zip(questions, prompts):
+        search_many([question], policy, prm, strategy, k, prompts=[prompt], **settings)
+    reference_s = time.perf_counter() - start
+    return {
+        "ours_s": ours_s,
+        "reference_s": reference_s,
+        "ratio": reference_s / ours_s if ours_s > 0 else float("inf"),
+        "problems": len(questions),
+        "tokens_generated": sum(r.tokens_generated for r in ours),
     }

@@ -50,11 +50,10 @@ from pipeline.tinyworld.model import build_model, save_policy
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import train_tokenizer
 from pipeline.training.metrics import MetricsLog
-from prm.bench import bench_one_pass_scoring, bench_prm_training
+from prm.bench import bench_batched_search, bench_one_pass_scoring, bench_prm_training
 from prm.formats import load_scorer
 from prm.model import ProcessRewardModel
 from prm.scorer import PRMScorer
-from prm.search import bench_batched_search
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
 GOALS = {"generation_shared_prompt": None, "generation_vllm_vs_hf": None, "mcts_batched": 4.0, "prm_one_pass": 3.0, "gfn_batched_step": 5.0,

@@ -49,7 +49,9 @@ from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import SearchRecord
 from prm.formats import load_scorer
-from prm.search import SearchResult, search_many, summarize_search
+from prm.search import search_many
+from prm.search.common import SearchResult
+from prm.search.summary import summarize_search
 from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed
 
 BASELINE = "majority"
