@@ -73,7 +73,8 @@ def paired_differences(
     return differences
 
 
-def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config, metrics: dict | None = None) -> dict:
+def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config,
+                         metrics: dict | None = None) -> dict:
     """{"reference": name, "models": {model: {benchmark: paired differences}}, "pairs": {"a_vs_b":
     {benchmark: a minus b}}} against the model named "base" (else the first evaluated one) and
     for every pair of eval.pairs that was evaluated (paired_differences, eval.bootstrap_resamples

@@ -1,10 +1,11 @@
 """The models of eval.models: "path" or "path::adapter", each side a hub id or a local path.
 
     parse_model_spec(config, "gfn", "{run_dir}/policy::{run_dir}/gfn/adapter")
-    -> ModelSpec(name="gfn", path="runs/demo/policy", adapter="runs/demo/gfn/adapter", path_is_local=True, adapter_is_local=True)
+    -> ModelSpec(name="gfn", path="runs/demo/policy", adapter="runs/demo/gfn/adapter",
+                 path_is_local=True, adapter_is_local=True)   ({run_dir} = runs/demo)
 
-The evaluation, the plan and the launcher read model entries through parse_model_spec, so a value
-means the same model everywhere.
+The evaluation, the plan and the stages' model checks (stages.common) read model entries through
+parse_model_spec, so a value means the same model everywhere.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from prm.search.step_level import step_search
 from prm.search.whole_solution import whole_solution_search
 
 
-def search(question: str, policy, prm, strategy: str, k: int, *, prompt: str | None = None, problem_id: str | None = None,
-           **settings) -> SearchResult:
+def search(question: str, policy, prm, strategy: str, k: int, *, prompt: str | None = None,
+           problem_id: str | None = None, **settings) -> SearchResult:
     """One problem: ``search_many`` with a single question (settings: SearchSettings fields)."""
     return search_many([question], policy, prm, strategy, k, prompts=None if prompt is None else [prompt],
                        problem_ids=None if problem_id is None else [problem_id], **settings)[0]
@@ -80,5 +80,6 @@ def search_many(
     if strategy == "step_best_of_k":
         return step_search(problems, policy=policy, prm=prm, k=k, width=1, rank_by_last=True, s=s)
     if strategy == "beam":
-        return step_search(problems, policy=policy, prm=prm, k=k, width=max(1, min(s.beam_width, k)), rank_by_last=False, s=s)
+        width = max(1, min(s.beam_width, k))
+        return step_search(problems, policy=policy, prm=prm, k=k, width=width, rank_by_last=False, s=s)
     return whole_solution_search(problems, policy=policy, prm=prm, strategy=strategy, k=k, s=s)

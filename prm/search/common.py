@@ -37,7 +37,8 @@ class SearchSettings:
     max_step_tokens: int = _GENERATION.max_step_tokens  # one step (step-level strategies)
     max_new_tokens: int = _GENERATION.max_new_tokens  # one whole solution (best_of_n, weighted_vote, majority)
     separator: str = _FORMAT.separator
-    seed: int | None = _SEARCH.seed  # the streams of a problem are drawn from (seed, problem id, ...) (prm.search); None: unseeded
+    # the streams of a problem are drawn from (seed, problem id, ...) (prm.search); None: unseeded
+    seed: int | None = _SEARCH.seed
     format_config: FormatConfig | None = None  # FormatConfig for default prompts (None: defaults)
 
 
@@ -173,4 +174,5 @@ def best_of_first_tier(tiers: Sequence[Sequence[Candidate]], aggregation: str) -
 def to_result(candidate: Candidate | None, tokens: int) -> SearchResult:
     if candidate is None:
         return SearchResult([], [], False, None, tokens)
-    return SearchResult(list(candidate.steps), list(candidate.step_scores), candidate.finished, candidate.answer, tokens)
+    return SearchResult(list(candidate.steps), list(candidate.step_scores), candidate.finished, candidate.answer,
+                        tokens)

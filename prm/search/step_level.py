@@ -101,7 +101,8 @@ def step_search(problems: Sequence[SearchProblem], *, policy, prm, k: int, width
         outputs = policy.generate(
             [state.problem.prompt + join_steps(partial.steps, s.separator) for state, _, partial in jobs],
             n=n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_step_tokens, stop=[s.separator],
-            seed=None if s.seed is None else [stream_seed(s.seed, state.problem.key, "step", depth, j) for state, j, _ in jobs],
+            seed=None if s.seed is None else [stream_seed(s.seed, state.problem.key, "step", depth, j)
+                                              for state, j, _ in jobs],
         )
         candidates: list[tuple[StepSearchState, Candidate]] = []
         for (state, _, partial), completions in zip(jobs, outputs):

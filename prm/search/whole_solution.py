@@ -52,8 +52,8 @@ def whole_solution_search(problems: Sequence[SearchProblem], *, policy, prm, str
     for problem, completions in zip(problems, outputs):
         states.append(WholeSolutionState(
             problem,
-            samples=[new_candidate(split_steps(c.text, s.separator), c.finish_reason == "eos" or states_answer(c.text, s), s)
-                     for c in completions],
+            samples=[new_candidate(split_steps(c.text, s.separator),
+                                   c.finish_reason == "eos" or states_answer(c.text, s), s) for c in completions],
             tokens_generated=sum(len(c.token_ids) for c in completions),
         ))
     if strategy != "majority":
@@ -64,7 +64,9 @@ def whole_solution_search(problems: Sequence[SearchProblem], *, policy, prm, str
         if strategy == "best_of_n":
             chosen = best_answered_first(state.samples, s)
         else:
-            weights = None if strategy == "majority" else [aggregate(c.step_scores, s.aggregation) for c in state.samples]
+            weights = None
+            if strategy == "weighted_vote":
+                weights = [aggregate(c.step_scores, s.aggregation) for c in state.samples]
             chosen = vote(state.samples, weights, s)
         results.append(to_result(chosen, state.tokens_generated))
     return results
