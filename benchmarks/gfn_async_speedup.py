@@ -25,7 +25,9 @@ import numpy as np
 
 from benchmarks.common import pinned_to, ratio_row
 from benchmarks.world import tiny_world
-from eval.evaluate import generate_samples, paired_differences, problem_kind, score_samples
+from eval.comparisons import paired_differences
+from eval.sampling import generate_samples, problem_kind
+from eval.scoring import score_samples
 from pipeline.generation.hf import HFGenerator
 from pipeline.modeling import load_causal_lm, load_tokenizer
 from pipeline.records import Problem
@@ -57,7 +59,7 @@ def async_speedup(config, world: Path, held_out: list[Problem], seeds: tuple[int
     equal-work check and the timing of updates ``timed_from`` + 1 .. ``updates``
     (equal_work_speedup); then each final policy's held-out PRM reward and accuracy on the first
     ``problems`` held-out problems (``k`` samples and a greedy one each, eval's sampling and
-    scoring), async minus sync paired per seed (eval.evaluate.paired_differences) and over the seeds
+    scoring), async minus sync paired per seed (eval.comparisons.paired_differences) and over the seeds
     (per problem, the mean over seeds of async minus sync; a bootstrap interval over problems)."""
     if not set(cores) <= os.sched_getaffinity(0):
         raise RuntimeError(f"gfn_async_speedup pins its processes to cores {list(cores)}, but this process may run on "
@@ -92,8 +94,10 @@ def async_speedup(config, world: Path, held_out: list[Problem], seeds: tuple[int
         generator = HFGenerator(model, load_tokenizer(str(path)), batch_size=config.generation.batch_size)
         records = generate_samples(generator, held_out, problem_kind, eval_config, mode)
         scored[seed, mode] = records, score_samples(records, held_out, problem_kind, eval_config, prm=prm.score_many)
-    paired = {str(seed): paired_differences(scored[seed, "sync"][0], scored[seed, "async"][0], held_out, problem_kind, eval_config,
-                                            scored[seed, "sync"][1], scored[seed, "async"][1]) for seed in seeds}
+    paired = {str(seed): paired_differences(scored[seed, "sync"][0], scored[seed, "async"][0], held_out, problem_kind,
+                                            n_resamples=eval_config.eval.bootstrap_resamples, seed=eval_config.eval.seed,
+                                            reference_metrics=scored[seed, "sync"][1], model_metrics=scored[seed, "async"][1])
+              for seed in seeds}
 
     def over_seeds(per_problem) -> dict:
         """Per problem, the mean over seeds of async minus sync, and its bootstrap interval over problems."""

@@ -11,7 +11,8 @@ from benchmarks.common import ratio_row, seconds_of
 from benchmarks.world import tiny_world
 from prm.model import ProcessRewardModel
 from prm.scorer import PRMScorer
-from prm.search import _settings, default_prompts, search_many
+from prm.search import search_many
+from prm.search.common import default_prompts, search_settings
 
 NAME = "search_batched"
 GOAL = 4.0
@@ -45,7 +46,7 @@ def bench_batched_search(
     """
     if not questions:
         raise ValueError("bench_batched_search: no questions")
-    prompts = list(prompts) if prompts is not None else default_prompts(questions, policy, _settings(settings))
+    prompts = list(prompts) if prompts is not None else default_prompts(questions, policy, search_settings(settings))
     search_many(questions[:1], policy, prm, strategy, min(k, 2), prompts=prompts[:1], **{**settings, "max_depth": 1})  # warm-up
 
     ours: list = []

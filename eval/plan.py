@@ -24,7 +24,8 @@ import yaml
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from eval.evaluate import parse_model_spec, resolve_benchmark
+from eval.benchmark_sources import resolve_benchmark
+from eval.model_specs import parse_model_spec
 from pipeline.batches import check_divisible, gradient_accumulation
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError
@@ -174,7 +175,7 @@ def resolve_model(config: Config, key: str, raw: str, derived_from: Model | None
 
 def unresolvable_model(config: Config, key: str, raw: str, missing_ok: bool = False) -> str | None:
     """Why the model ``raw`` names (config key ``key``) cannot be loaded, in one line naming the
-    key, or None: a local path (eval.evaluate.parse_model_spec's rule) that is not a folder, or a
+    key, or None: a local path (eval.model_specs.parse_model_spec's rule) that is not a folder, or a
     hub id that is not of the hub's form owner/name (huggingface_hub's validate_repo_id). A hub id
     of that form passes unlooked-up (nothing is downloaded); a path a stage of this run makes
     ({run_dir}/<stage>/...) is left to the stage that reads it (stages.common.require names the

@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from eval.diversity import strategy_entropy
-from eval.evaluate import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
+from eval.sampling import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
 from eval.policy_checks import policy_checks
 from pipeline.config import Config
 from pipeline.config_loader import save_config

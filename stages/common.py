@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from eval.evaluate import ADAPTER_SEPARATOR, parse_model_spec
+from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
 from eval.plan import MEMORY_STAGES, stage_memory, unresolvable_model
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config

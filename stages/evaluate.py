@@ -19,7 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from eval.diversity import load_embedder
-from eval.evaluate import parse_model_spec, reports_dir, run_evaluation, sample_shard
+from eval.evaluate import reports_dir, run_evaluation, sample_shard
+from eval.model_specs import parse_model_spec
 from eval.report import write_report
 from pipeline.config_loader import save_config
 from pipeline.generation import build_generator, check_served_models

@@ -1,6 +1,6 @@
 """make search: PRM-guided search at inference (paper 3.4, Figure 2).
 
-Reads:  the benchmark config.search.benchmark (eval.evaluate.resolve_benchmark when present),
+Reads:  the benchmark config.search.benchmark (eval.benchmark_sources.resolve_benchmark when present),
         the policy (config.model.policy) and the trained PRM (config.model.prm)
 Writes: runs/<run>/search/results.json  one row per (strategy, k): accuracy with a bootstrap CI,
                                         finished share, tokens generated per problem
@@ -31,7 +31,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from eval.evaluate import resolve_benchmark
+from eval.benchmark_sources import resolve_benchmark
 from pipeline.files import path_fingerprint, write_json_atomic, write_records_atomic, write_text_atomic
 from pipeline.generation import build_generator, check_served_models
 from pipeline.locks import held_locks
@@ -40,7 +40,9 @@ from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import SearchRecord
 from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
 from prm.formats import load_scorer
-from prm.search import SearchResult, search_many, summarize_search
+from prm.search import search_many
+from prm.search.common import SearchResult
+from prm.search.summary import summarize_search
 from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed
 
 BASELINE = "majority"
@@ -48,7 +50,7 @@ BASELINE = "majority"
 
 def search_problems(config):
     """The benchmark's problems: search.benchmark_path when given, else where the evaluation
-    finds that benchmark (eval.evaluate.resolve_benchmark: "tiny_test" is the bootstrap stage's
+    finds that benchmark (eval.benchmark_sources.resolve_benchmark: "tiny_test" is the bootstrap stage's
     held-out file)."""
     name, path = config.search.benchmark, config.resolve(config.search.benchmark_path)
     if path is not None:

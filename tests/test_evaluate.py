@@ -14,18 +14,12 @@ import pytest
 import real_models
 import torch
 
-from eval.evaluate import (
-    GREEDY_SAMPLE_IDX,
-    evaluate_model,
-    load_eval_benchmark,
-    missing_model_reason,
-    paired_accuracy_differences,
-    parse_model_spec,
-    problem_kind,
-    reports_dir,
-    resolve_benchmark,
-    run_evaluation,
-)
+from eval.benchmark_sources import load_eval_benchmark, resolve_benchmark
+from eval.comparisons import compare_to_reference, paired_differences
+from eval.evaluate import evaluate_model, reports_dir, run_evaluation
+from eval.model_specs import missing_model_reason, parse_model_spec
+from eval.sampling import GREEDY_SAMPLE_IDX, problem_kind
+from eval.scoring import mean_prm_reward, score_samples
 from eval.report import verdict, write_report
 from pipeline.config_loader import load_config
 from pipeline.generation.base import Completion
@@ -328,21 +322,19 @@ def test_paired_differences_are_per_problem_and_name_clear_changes_only():
     problems = [Problem(f"q{i}", f"question {i}", str(i), "gsm8k", {}) for i in range(4)]
     base = _records("base", problems, [True, False, False, False], [[True, False], [False, False], [True, False], [False, False]])
     better = _records("gfn", problems, [True, True, True, True], [[True, True], [True, False], [True, True], [True, False]])
-    diffs = paired_accuracy_differences(base, better, problems, n_resamples=500)
+    diffs = paired_differences(base, better, problems, n_resamples=500)
     # hand values: greedy +3/4; pass@1 per problem +0.5, +0.5, +0.5, +0.5; maj@2 (ties go to the first
     # sample) +0, +1, +0, +1 over 4; pass@2 +0, +1, +0, +1 over 4
     assert diffs["greedy_pass@1"]["mean"] == pytest.approx(0.75)
     assert diffs["pass@1"] == pytest.approx({"mean": 0.5, "lo": 0.5, "hi": 0.5})
     assert diffs["maj@k"]["mean"] == pytest.approx(0.5) and diffs["pass@k"]["mean"] == pytest.approx(0.5)
     assert verdict(diffs["pass@1"]) == "higher" and verdict(diffs["pass@k"]) == "no clear change"
-    same = paired_accuracy_differences(base, base, problems, n_resamples=50)
+    same = paired_differences(base, base, problems, n_resamples=50)
     assert all(d == {"mean": 0.0, "lo": 0.0, "hi": 0.0} for d in same.values())
-    assert verdict(paired_accuracy_differences(better, base, problems, n_resamples=500)["pass@1"]) == "lower"
+    assert verdict(paired_differences(better, base, problems, n_resamples=500)["pass@1"]) == "lower"
 
 
 def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
-    from eval.evaluate import score_samples
-
     problems = [Problem(f"tiny-{i}", f"Question {i}?", str(i + 1), "tiny") for i in range(2)]
     texts = {0: ["x\ny\nThe answer is 1", "x\nThe answer is 1"], 1: ["a\nThe answer is 2", ""]}
     config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=100"])
@@ -367,7 +359,6 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
 
 
 def test_configured_pairs_compare_strategy_entropy_and_similarity_problem_by_problem():
-    from eval.evaluate import compare_to_reference, score_samples
     from eval.report import render_markdown
 
     narrative = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
@@ -412,7 +403,6 @@ def test_configured_pairs_compare_strategy_entropy_and_similarity_problem_by_pro
 
 
 def test_paired_prm_reward_difference_against_the_reference_model():
-    from eval.evaluate import compare_to_reference, score_samples
     from eval.report import render_markdown
 
     problems = [Problem(f"tiny-{i}", f"Question {i}?", "1", "tiny") for i in range(4)]
@@ -439,8 +429,6 @@ def test_paired_prm_reward_difference_against_the_reference_model():
 
 
 def test_within_problem_ranking_and_reweighting_against_brute_force():
-    from eval.evaluate import mean_prm_reward
-
     rng = np.random.default_rng(0)
     problems = [Problem(f"p{i}", f"Q{i}", "1", "tiny") for i in range(6)]
     def sample(steps, correct):

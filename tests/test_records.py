@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.evaluate import generate_samples, problem_kind
+from eval.sampling import generate_samples, problem_kind
 from pipeline.codec import FieldError, rules
 from pipeline.config import MCTSConfig
 from pipeline.config_loader import load_config

@@ -1,4 +1,4 @@
-"""PRM-guided search (prm.search) with a fake policy and a fake PRM whose outputs are known.
+"""PRM-guided search (the prm.search package) with a fake policy and a fake PRM whose outputs are known.
 
 The fake policy's candidates depend only on the prompt (a table: solution prefix -> candidate
 continuations, cycled when n exceeds them), so a batched search and one problem at a time must
@@ -12,15 +12,9 @@ import pytest
 from pipeline.config import SearchConfig
 from pipeline.generation.base import Completion, truncate_at_stop
 from pipeline.steps import join_steps, split_steps
-from prm.search import (
-    STRATEGIES,
-    SearchResult,
-    SearchSettings,
-    aggregate,
-    grade_results,
-    search,
-    search_many,
-)
+from prm.search import search, search_many
+from prm.search.common import STRATEGIES, SearchResult, SearchSettings, aggregate
+from prm.search.summary import grade_results, summarize_search
 
 EOS, STOP, LENGTH = "eos", "stop", "length"
 
@@ -280,8 +274,6 @@ def test_bench_batched_search_reports_both_timings():
 
 
 def test_summarize_search_counts_unfinished_as_wrong():
-    from prm.search import summarize_search
-
     results = [
         SearchResult(["The answer is 6"], [0.9], True, "6", 10),
         SearchResult(["The answer is 6"], [0.9], False, "6", 20),  # unfinished: wrong even if right
