@@ -15,7 +15,7 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
+.PHONY: help test lint test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
 
 help:
 	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
@@ -29,8 +29,13 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 
 $(VENV): $(VENV)/.installed
 
-test: $(VENV)
+test: $(VENV) lint
 	$(PY) -m pytest -q --durations=25
+
+# ruff's lint and formatter check ([tool.ruff] in pyproject.toml); `$(PY) -m ruff format .` formats
+lint: $(VENV)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test-fast: $(VENV)
 	$(PY) -m pytest -q -m "not slow"
