@@ -521,6 +521,10 @@ def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ra
         assert sum(record["staleness_versions"].values()) == 12 and record["staleness_max"] <= 3
         assert record["generated_per_trained"] >= 0 and record["publish_seconds"] >= 0
         assert record["trainer_idle_seconds"] >= 0 and record["searcher_idle_seconds"] >= 0
+        assert record["searcher_weight_load_seconds"] >= 0
+        # the WidePolicy's logits and offsets (2 x 3 x 21 float32) in one bucket per finished publication
+        assert record["publication_buckets"] == record["publications"] and record["publication_bytes"] >= 504 * record["publications"]
+    assert sum(r["publications"] for r in records) >= 3  # 5 published (before step 1, after steps 2, 4, 6, 8), the last may still run
     # the searchers sampled with the weights they were published: recorded log-probs are those weights'
     assert assert_recorded_logprobs_are_the_published_weights(trainer, stored(trainer)) > 0
 

@@ -10,18 +10,20 @@ Who does what (docs/async.md):
   gfn.buffer_size (FIFO), drawn as B questions x K distinct completions, a question's group from
   the newest weights' completions with probability m; it drops completions of weights older than
   gfn.max_staleness trainer steps;
-- the weights actor: the newest published weights (an object in Ray's object store, or with
-  gfn.weight_transport=collective only their version: the tensors then go over a two-member
-  NCCL or gloo group per searcher, pipeline.finetune.weight_transport), a stop flag, and the
-  reference to the training problems every searcher starts from;
-- the trainer (this process, or every process of an accelerate group): the same training base,
+- the weights actor: the newest published weights version (with the object store, the
+  references of its buckets; with gfn.weight_transport=collective the buckets go over one NCCL
+  or gloo group of the trainer and every searcher: pipeline.finetune.publication), a stop flag,
+  and the reference to the training problems every searcher starts from;
+- the trainer (this process, or every process of an accelerate group, of which only the main one
+  talks to Ray and hands the others their share of each batch): the same training base,
   objective and update as the synchronous mode, on batches drawn from the store, re-scored under
   the current policy (and under the reference, which the trainer holds: a reset takes effect at
-  once); every gfn.sync_every steps it publishes its weights.
+  once); every gfn.sync_every steps it publishes its weights in the sampler's dtype, in the
+  background.
 
 Only off-policy objectives (SubTB, TB, TB-VarGrad) may train on trajectories from older
 policies; PPO in this mode is refused before anything starts. Trajectories travel between
-processes as JSON text, weights as tensors (object store or collective). A searcher that dies is
+processes as JSON text, weights as byte buckets (object store or collective). A searcher that dies is
 restarted by Ray (up to gfn.searcher_max_restarts times) and rejoins: what it starts from (the
 training problems) is an object the trainer put in Ray's object store once and holds for the
 whole run, so a restart finds it whenever the death happens. A trainer that dies resumes from its
