@@ -37,7 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import threading
 import time
 from typing import Callable
 

@@ -77,7 +77,7 @@ class WeightPublisher:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.finished: list[Publication] = []
-        self.finished_any = False  # whether a publication has reached searchers (before that, every searcher is waited for)
+        self.finished_any = False  # whether one has reached searchers (until then, every searcher is waited for)
         self.lock = threading.Lock()
 
     @property
@@ -127,14 +127,16 @@ class WeightPublisher:
             reached = self._send_collective(buckets, version, searchers) if self.transport == "collective" else \
                 self._send_object_store(buckets, version)
             with self.lock:
-                self.finished.append(Publication(version, self.layout.total_bytes, len(buckets), time.monotonic() - start, reached))
+                seconds = time.monotonic() - start
+                self.finished.append(Publication(version, self.layout.total_bytes, len(buckets), seconds, reached))
         except BaseException as error:  # raised by the next publish() or wait()
             self.error = error
 
     def _send_object_store(self, buckets: list[torch.Tensor], version: int) -> None:
         import ray  # the optional extra (extra `distributed`)
 
-        refs = [ray.put(bucket.numpy()) for bucket in buckets]  # raw bytes: Ray stores numpy arrays without pickling their data
+        # raw bytes: Ray stores numpy arrays without pickling their data
+        refs = [ray.put(bucket.numpy()) for bucket in buckets]
         ray.get(self.weights.publish.remote(version, refs, self.layout.to_json()))
         return None
 
@@ -177,7 +179,8 @@ class WeightPublisher:
                     return 0
                 self.group = WeightGroup.host(self.host, self.backend, 1 + len(live), timeout=self.timeout)
                 layout = self.layout.to_json()
-                answers = [searchers[i].join.remote(self.group.address, rank, layout, version) for rank, i in enumerate(live, start=1)]
+                answers = [searchers[i].join.remote(self.group.address, rank, layout, version)
+                           for rank, i in enumerate(live, start=1)]
             else:
                 answers = [searchers[i].receive.remote(version) for i in live]
             gone = ended(answers)
@@ -190,9 +193,10 @@ class WeightPublisher:
                 self.finished_any = True
                 return len(live)
             except (PeerGone, RuntimeError, OSError, ray.exceptions.RayError) as error:
-                ray.wait(answers, num_returns=len(answers), timeout=self.timeout.total_seconds())  # the others have returned
-                log.warning("async: publication %d: %s; %s", version, str(error).splitlines()[0] if str(error) else type(error).__name__,
-                            "forming a new group" if attempt == 0 else "the searchers get the weights at the next publication")
+                ray.wait(answers, num_returns=len(answers), timeout=self.timeout.total_seconds())  # the others returned
+                cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+                log.warning("async: publication %d: %s; %s", version, cause,
+                            "forming a new group" if attempt == 0 else "they get the weights at the next publication")
                 self.group = None
         return 0
 
@@ -251,7 +255,8 @@ class WeightReceiver:
         import ray  # the optional extra (we run inside a Ray worker)
 
         arrays = ray.get(refs)
-        with warnings.catch_warnings():  # Ray's shared memory is read-only; the weights are only read (copied into the model)
+        # Ray's shared memory is read-only; the weights are only read (copied into the model)
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*not writable.*")
             buckets = [torch.from_numpy(array) for array in arrays]
         state = BucketLayout.from_json(layout).unpack(buckets)

@@ -6,7 +6,8 @@ that gets a bucket of its own). Each tensor starts at a 16-byte-aligned offset, 
 reads it back as a view of its dtype without a copy. The layout (names, shapes, dtypes, offsets) is
 plain data both ends agree on; the buckets are raw bytes: nothing is pickled.
 
-    >>> layout = BucketLayout.plan({"w": torch.zeros(3, 4), "step": torch.tensor(7)}, dtype=torch.bfloat16, bucket_bytes=16)
+    >>> state = {"w": torch.zeros(3, 4), "step": torch.tensor(7)}
+    >>> layout = BucketLayout.plan(state, dtype=torch.bfloat16, bucket_bytes=16)
     >>> [(s.name, s.dtype, s.bucket, s.offset) for s in layout.slots], layout.sizes
     ([('w', 'bfloat16', 0, 0), ('step', 'int64', 1, 0)], (24, 8))
 """
@@ -83,8 +84,8 @@ class BucketLayout:
 
     def matches(self, state: dict[str, torch.Tensor]) -> bool:
         """Whether ``state`` has this layout's names and shapes, in its order (the layout can be reused)."""
-        return len(state) == len(self.slots) and all(
-            name == slot.name and tuple(value.shape) == slot.shape for (name, value), slot in zip(state.items(), self.slots))
+        pairs = zip(state.items(), self.slots)
+        return len(state) == len(self.slots) and all(k == s.name and tuple(v.shape) == s.shape for (k, v), s in pairs)
 
     def pack(self, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> list[torch.Tensor]:
         """``state`` cast and copied into new uint8 buckets on ``device`` (a snapshot: the state may change after)."""
@@ -100,15 +101,18 @@ class BucketLayout:
     def unpack(self, buckets: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """The state dict, as views of ``buckets`` (which must hold this layout's sizes)."""
         if [int(b.numel()) for b in buckets] != list(self.sizes):
-            raise ValueError(f"buckets of {[int(b.numel()) for b in buckets]} bytes do not match the layout's {list(self.sizes)}")
+            sizes = [int(b.numel()) for b in buckets]
+            raise ValueError(f"buckets of {sizes} bytes do not match the layout's {list(self.sizes)}")
         return {slot.name: slot.view(buckets[slot.bucket]) for slot in self.slots}
 
     def to_json(self) -> dict:
-        return {"slots": [[s.name, list(s.shape), s.dtype, s.bucket, s.offset] for s in self.slots], "sizes": list(self.sizes)}
+        slots = [[s.name, list(s.shape), s.dtype, s.bucket, s.offset] for s in self.slots]
+        return {"slots": slots, "sizes": list(self.sizes)}
 
     @classmethod
     def from_json(cls, obj: dict) -> BucketLayout:
-        slots = tuple(Slot(name, tuple(shape), dtype, bucket, offset) for name, shape, dtype, bucket, offset in obj["slots"])
+        slots = tuple(Slot(name, tuple(shape), dtype, bucket, offset)
+                      for name, shape, dtype, bucket, offset in obj["slots"])
         for slot in slots:
             if not isinstance(getattr(torch, slot.dtype, None), torch.dtype):
                 raise ValueError(f"weight layout: tensor {slot.name!r} has unknown dtype {slot.dtype!r}")

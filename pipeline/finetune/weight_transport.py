@@ -64,7 +64,8 @@ class WeightGroup:
             raise ValueError(f"weight transport backend must be gloo or nccl, got {backend!r}")
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside a group of {world}")
-        self.host, self.port, self.backend, self.world, self.rank, self.timeout = host, port, backend, world, rank, timeout
+        self.host, self.port, self.backend, self.world, self.rank = host, port, backend, world, rank
+        self.timeout = timeout
         self.store = store
         self.group = None
 
