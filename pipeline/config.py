@@ -381,7 +381,10 @@ class GFNConfig(StepTrainingConfig):
     placement_timeout: float = bounded(60.0, gt=0)  # seconds to wait for Ray to place the trainer's and searchers' bundles
     # CPU cores searcher i pins its process to (os.sched_setaffinity): searcher_cores[i % len]; None: wherever the OS runs it
     searcher_cores: list[int] | None = bounded(None, ge=0)
-    weight_transport: WeightTransport = "object_store"  # object_store (Ray, any cluster) | collective (a NCCL group per GPU searcher, gloo on CPU)
+    # how the trainer publishes its weights (docs/async.md, "Weight publication"): object_store (one Ray object per bucket, read
+    # by every searcher) | collective (one NCCL group of the trainer and every GPU searcher, gloo on CPU; one broadcast per bucket)
+    weight_transport: WeightTransport = "object_store"
+    publish_bucket_mb: float = bounded(256.0, gt=0)  # MiB per bucket of published weights (flattened, in the sampler's dtype)
 
 
 @dataclass

@@ -48,11 +48,27 @@ sys.path.insert(0, str(TESTS))
 from test_gflownet import KnownScorer, TabularPolicy, jsd, target_distribution  # noqa: E402
 
 
+def start_local_ray(**resources) -> None:
+    """A local Ray instance whose workers can import this test's modules (``resources``: num_cpus, num_gpus)."""
+    ray.init(include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}}, **resources)
+
+
 @pytest.fixture
 def local_ray():
-    """A local Ray instance whose workers can import this test's modules; always shut down."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}})
+    """A local Ray instance of 2 CPUs; always shut down."""
+    start_local_ray(num_cpus=2)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_with_four_cpus():
+    """A local Ray instance that advertises 4 CPUs (logical: three searchers and a trainer beside
+    them on this 2-core machine); always shut down."""
+    start_local_ray(num_cpus=4)
     try:
         yield
     finally:
@@ -185,17 +201,21 @@ def rejoined(trainer, index: int, after: int) -> bool:
 
 def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None, policy=None,
                     make_sampler=None, questions: int = 12, wait_seconds: float = 120.0, given: list[dict] = (),
-                    rejoin: bool = True):
+                    rejoin: bool = True, export=None, publish_dtype: torch.dtype | None = None):
     """The asynchronous trainer around a tabular policy (TabularPolicy unless ``policy``), keeping
     every published state (``published``: version -> weights) and the store's last contents.
     given: the problems the searchers start from (through Ray's object store); kill_searcher_at: the
-    step at which searcher 0's process is SIGKILLed; rejoin: the test waits for it to come back."""
+    step at which searcher 0's process is SIGKILLed; rejoin: the test waits for it to come back;
+    export: what is published (the policy's state dict unless given). Under torchrun, every
+    process of the group is one of the trainer's."""
+    from pipeline.training.distributed import Collective
+
     torch.manual_seed(0)
     policy = policy if policy is not None else TabularPolicy()
     objective = build_objective(cfg, policy, hidden_size=8)
     base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), policy, optimizer_settings(cfg, 1), out,
                         objective=objective, objective_lr=objective.lr, save_every=cfg.save_every, progress=False)
-    sampler = TrajectorySampler(policy, None, problems(questions), "tiny", cfg)
+    sampler = TrajectorySampler(policy, None, problems(questions), "tiny", cfg, collective=Collective(base.accelerator))
 
     class Trainer(DeadlineTrainer):
         published_states: dict = {}
@@ -230,9 +250,10 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
                 self.last_store = ray.get(self.store.state_dict.remote(), timeout=60)
             super().stop()
 
-    export = lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()}  # noqa: E731
+    export = export or (lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()})
     make_sampler = make_sampler or functools.partial(tabular_sampler, cfg, questions=questions)
-    return Trainer(base, sampler, objective, cfg, make_sampler, export, problems=list(given), progress=False), policy
+    return Trainer(base, sampler, objective, cfg, make_sampler, export, problems=list(given), progress=False,
+                   publish_dtype=publish_dtype), policy
 
 
 def tabular_config(**overrides) -> GFNConfig:
@@ -306,6 +327,148 @@ def test_a_killed_searcher_is_restarted_and_samples_with_the_newest_weights(loca
     assert assert_recorded_logprobs_are_the_published_weights(trainer, later, before=6) > 0
 
 
+class RecordingPolicy(TabularPolicy):
+    """A searcher's tabular policy that writes every state it is given to
+    ``folder/searcher<index>-v<version>-<process id>.safetensors`` (renamed into place whole)."""
+
+    def __init__(self, folder: Path, index: int):
+        super().__init__()
+        self.folder, self.searcher = Path(folder), index
+
+    def load_weights(self, state, version):
+        from safetensors.torch import save_file
+
+        path = self.folder / f"searcher{self.searcher}-v{version}-{os.getpid()}.safetensors"
+        save_file({k: v.clone() for k, v in state.items()}, str(path.with_suffix(".partial")))
+        os.replace(path.with_suffix(".partial"), path)
+
+
+def recording_sampler(cfg, folder: Path, index, given: list[dict] = (), questions: int = 12):
+    return TrajectorySampler(RecordingPolicy(folder, index), KnownScorer(), searcher_problems(given, questions), "tiny",
+                             searcher_config(cfg, index), extract=every_step_answers, grade=all_correct)
+
+
+def received(folder: Path, index: int, version: int) -> dict[int, dict]:
+    """What searcher ``index`` loaded as ``version``: process id -> state."""
+    from safetensors.torch import load_file
+
+    return {int(path.stem.rsplit("-", 1)[1]): load_file(str(path)) for path in folder.glob(f"searcher{index}-v{version}-*.safetensors")}
+
+
+def wait_for(condition, what: str, seconds: float = 120.0):
+    """``condition()``'s first truthy value, polled; a bounded wait."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {seconds:g} s waiting for {what}"
+        time.sleep(0.1)
+    return value
+
+
+def answering(searcher) -> dict | None:
+    """A searcher's status, or None while Ray restarts it."""
+    try:
+        return ray.get(searcher.status.remote(), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ray_with_four_cpus, tmp_path, transport):
+    """Three searchers, weights cast to bfloat16 in buckets of 96 bytes (several), one publication
+    for all; then searcher 0 is SIGKILLed: its new process takes the current weights (the object
+    store's when it starts; the collective's at the next publication, in a new group of all three)."""
+    folder = tmp_path / "received"
+    folder.mkdir()
+    cfg = tabular_config(searchers=3, weight_transport=transport, publish_bucket_mb=96 / 2**20, searcher_rounds_per_version=1)
+    generator = torch.Generator().manual_seed(1)
+    state = {"embed.weight": torch.randn(8, 6, generator=generator), "bias": torch.randn(6, generator=generator, dtype=torch.float64),
+             "norm.weight": torch.randn(5, generator=generator).to(torch.bfloat16), "position": torch.arange(9),
+             "transposed": torch.randn(3, 7, generator=generator).t()}
+    trainer, _ = tabular_trainer(cfg, tmp_path / "trainer", export=lambda: state, publish_dtype=torch.bfloat16,
+                                 make_sampler=functools.partial(recording_sampler, cfg, folder))
+
+    def published_as(version: int, pids_before: dict[int, int], searchers=range(3)) -> dict[int, int]:
+        """Each of ``searchers`` loaded ``state`` in bfloat16, bit for bit, as ``version`` (from a new
+        process where it had one before); returns searcher -> process id."""
+        expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+        pids = {}
+        for index in searchers:
+            copies = wait_for(lambda: {pid: got for pid, got in received(folder, index, version).items() if pid != pids_before.get(index)},
+                              f"searcher {index} to load version {version}")
+            [(pids[index], got)] = copies.items()
+            assert sorted(got) == sorted(expected), index  # (safetensors keeps names sorted)
+            for name, value in expected.items():
+                assert got[name].dtype == value.dtype and torch.equal(got[name], value), (index, name)
+        return pids
+
+    trainer.start()
+    try:
+        trainer.base.step = 1  # the version published: training step 1 (TB-VarGrad: one optimizer step per training step)
+        trainer.publish()
+        trainer.keep_searching()
+        trainer.publisher.wait()
+        [publication] = trainer.publisher.take_finished()
+        raw = 2 * (48 + 6 + 5 + 21) + 8 * 9  # bfloat16 floats, int64 positions
+        assert publication.version == 1 and publication.buckets >= 3 and raw <= publication.bytes < raw + 16 * len(state)
+        assert publication.searchers == (3 if transport == "collective" else None)
+        pids = published_as(1, {})
+        trainer.keep_searching()  # raises an error a searcher's loop ended with
+        os.kill(pids[0], signal.SIGKILL)
+        wait_for(lambda: (status := answering(trainer.searchers[0])) and status["restarted"], "searcher 0 to be restarted")
+        if transport == "object_store":  # the restarted searcher reads the newest references as it starts
+            published_as(1, {0: pids[0]}, searchers=[0])
+        state["embed.weight"].add_(1.0)
+        state["position"].add_(1)
+        trainer.base.step = 2
+        trainer.publish()
+        trainer.publisher.wait()
+        [publication] = trainer.publisher.take_finished()
+        assert publication.searchers == (3 if transport == "collective" else None)  # a new group with the restarted one
+        published_as(2, {0: pids[0]})
+        trainer.keep_searching()
+    finally:
+        trainer.stop()
+
+
+@pytest.mark.slow
+def test_a_two_process_trainer_joins_one_ray_cluster_once_from_its_main_process(tmp_path, monkeypatch):
+    """torchrun, 2 processes (gloo), gfn.ray_address = this test's Ray instance: the main process
+    calls ray.init once (one driver, one job besides this test's), the other never; every step's
+    batch is split between them (disjoint questions, B / 2 each) and weights go over the collective."""
+    # the workers of every job on this instance import the tests' modules (the trainer's job sets only thread counts)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    start_local_ray(num_cpus=4)
+    try:
+        address, own_job = ray.get_runtime_context().gcs_address, ray.get_runtime_context().get_job_id()
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(unused_port()),
+                   str(TESTS / "async_two_ranks.py"), address, str(tmp_path)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        try:
+            out, _ = process.communicate(timeout=240)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        assert process.returncode == 0, out[-4000:]
+        jobs = [job for job in ray._private.state.jobs() if job["JobID"] != own_job]
+    finally:
+        ray.shutdown()
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["ray_init_calls"] == [address] and ranks[1]["ray_init_calls"] == []  # once, the main process only
+    assert len(jobs) == 1 and jobs[0]["DriverPid"] == ranks[0]["pid"], jobs
+    assert not ranks[0]["connected_at_end"]  # it disconnected when the run ended
+    assert len(ranks[0]["shares"]) == len(ranks[1]["shares"]) == 3
+    for mine, theirs in zip(ranks[0]["shares"], ranks[1]["shares"]):
+        assert len(mine) == len(theirs) == 2 and not set(mine) & set(theirs)
+    for rank in ranks:
+        assert [r["step"] for r in rank["records"]] == [1, 2, 3] and all(r["trained"] == 16 for r in rank["records"])
+    assert sum(r["publications"] for r in ranks[0]["records"]) >= 2  # the main process published (the last may still run)
+
+
 def wide_config(**overrides) -> GFNConfig:
     settings = dict(loss="tb_vargrad", lr=0.05, scheduler="constant", warmup_steps=0, num_train_steps=6, questions_per_step=4,
                     samples_per_question=4, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0, replay_fraction=0.0,
@@ -359,6 +522,10 @@ def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ra
         assert sum(record["staleness_versions"].values()) == 12 and record["staleness_max"] <= 3
         assert record["generated_per_trained"] >= 0 and record["publish_seconds"] >= 0
         assert record["trainer_idle_seconds"] >= 0 and record["searcher_idle_seconds"] >= 0
+        assert record["searcher_weight_load_seconds"] >= 0
+        # the WidePolicy's logits and offsets (2 x 3 x 21 float32) in one bucket per finished publication
+        assert record["publication_buckets"] == record["publications"] and record["publication_bytes"] >= 504 * record["publications"]
+    assert sum(r["publications"] for r in records) >= 3  # 5 published (before step 1, after steps 2, 4, 6, 8), the last may still run
     # the searchers sampled with the weights they were published: recorded log-probs are those weights'
     assert assert_recorded_logprobs_are_the_published_weights(trainer, stored(trainer)) > 0
 

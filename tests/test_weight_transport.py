@@ -1,6 +1,6 @@
-"""The collective weight transport of the asynchronous mode: a two-member gloo group per searcher.
+"""Weight publication's pieces without Ray: the byte buckets, and the trainer's process group with every searcher.
 
-Both ends run in threads of this process (each group has its own TCPStore, outside
+The group's members run in threads of this process (each group has its own TCPStore, outside
 torch.distributed's global state, which is what lets them coexist); bounded by short timeouts.
 """
 
@@ -13,89 +13,151 @@ import time
 import pytest
 import torch
 
-from pipeline.finetune.weight_transport import PeerGone, WeightChannel, check_transport, state_spec
+from pipeline.finetune.weight_buckets import ALIGN, BucketLayout
+from pipeline.finetune.weight_transport import PeerGone, WeightGroup, check_transport
 
 SHORT = datetime.timedelta(seconds=5)
 
 
-def run_pair(state: dict[str, torch.Tensor], rounds: int = 1) -> list[dict[str, torch.Tensor]]:
-    sender = WeightChannel.host("127.0.0.1", "gloo", timeout=SHORT)
-    received, errors = [], []
-
-    def searcher():
-        try:
-            channel = WeightChannel(*sender.address, timeout=SHORT).connect()
-            for version in range(rounds):
-                received.append(channel.receive(state_spec(state), "cpu", version))
-        except Exception as error:  # reported by the main thread
-            errors.append(error)
-
-    thread = threading.Thread(target=searcher)
-    thread.start()
-    sender.connect()
-    for version in range(rounds):
-        sender.send(state, version)
-    thread.join(timeout=30)
-    assert not thread.is_alive() and not errors, errors
-    return received
-
-
-def test_every_tensor_arrives_bit_for_bit_in_its_dtype_and_shape():
+def mixed_state() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    state = {
+    return {
         "embed.weight": torch.randn(7, 5, generator=generator),
         "layer.0.bias": torch.randn(5, generator=generator, dtype=torch.float64),
         "norm.weight": torch.randn(3, 4, generator=generator).to(torch.bfloat16),
         "steps": torch.tensor(12345678901, dtype=torch.int64),
         "transposed": torch.randn(4, 6, generator=generator).t(),  # not contiguous on the sending side
+        "mask": torch.tensor([True, False, True]),
     }
-    [got] = run_pair(state)
+
+
+def cast(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    return {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v for k, v in state.items()}
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bucket_bytes", [1, 64, 1 << 20])
+def test_buckets_give_back_every_tensor_bit_for_bit_in_the_samplers_dtype(dtype, bucket_bytes):
+    state = mixed_state()
+    layout = BucketLayout.plan(state, dtype=dtype, bucket_bytes=bucket_bytes)
+    buckets = layout.pack(state)
+    assert all(b.dtype == torch.uint8 for b in buckets) and [b.numel() for b in buckets] == list(layout.sizes)
+    if bucket_bytes == 1:  # every tensor is larger than a bucket: one bucket each
+        assert len(buckets) == len(state)
+    if bucket_bytes == 1 << 20:
+        assert len(buckets) == 1
+    assert all(slot.offset % ALIGN == 0 for slot in layout.slots)
+    for index, size in enumerate(layout.sizes):  # a bucket is over the size only with a single tensor in it
+        assert size <= bucket_bytes or sum(slot.bucket == index for slot in layout.slots) == 1
+    got = BucketLayout.from_json(layout.to_json()).unpack([b.clone() for b in buckets])
+    expected = {k: v.clone() for k, v in cast(state, dtype).items()}
     assert list(got) == list(state)
-    for name, value in state.items():
+    for name, value in expected.items():
         assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
         assert torch.equal(got[name], value), name
+    state["embed.weight"].add_(1.0)  # the buckets are a snapshot
+    assert torch.equal(layout.unpack(buckets)["embed.weight"], expected["embed.weight"])
 
 
-def test_one_channel_carries_every_publication():
-    state = {"w": torch.zeros(3)}
-    received = run_pair(state, rounds=1)
-    assert torch.equal(received[0]["w"], state["w"])
-    second = run_pair({"w": torch.arange(4.0)}, rounds=3)
-    assert len(second) == 3 and all(torch.equal(r["w"], torch.arange(4.0)) for r in second)
+def test_a_bucket_holds_as_many_tensors_as_fit_and_a_layout_is_reused_only_for_the_same_shapes():
+    state = {f"w{i}": torch.zeros(4) for i in range(5)}  # 16 bytes each
+    layout = BucketLayout.plan(state, dtype=None, bucket_bytes=40)
+    assert layout.sizes == (32, 32, 16) and [s.bucket for s in layout.slots] == [0, 0, 1, 1, 2]
+    assert layout.matches({f"w{i}": torch.ones(4) for i in range(5)})
+    assert not layout.matches({f"w{i}": torch.ones(5) for i in range(5)})
+    with pytest.raises(ValueError, match="unknown dtype 'complex_thing'"):
+        BucketLayout.from_json({"slots": [["w", [1], "complex_thing", 0, 0]], "sizes": [8]})
+    with pytest.raises(ValueError, match="do not match the layout"):
+        layout.unpack([torch.zeros(3, dtype=torch.uint8)])
 
 
-def test_a_searcher_that_never_comes_fails_the_trainer_within_the_timeout():
-    sender = WeightChannel.host("127.0.0.1", "gloo", timeout=datetime.timedelta(seconds=2))
-    with pytest.raises(PeerGone, match="within"):
-        sender.connect()
+def run_group(buckets: list[torch.Tensor], members: int, versions: list[int]) -> list[list[list[torch.Tensor]]]:
+    """The trainer sends ``buckets`` for each version to ``members`` receiving threads; what each received."""
+    sender = WeightGroup.host("127.0.0.1", "gloo", 1 + members, timeout=SHORT)
+    received = [[] for _ in range(members)]
+    errors = []
 
+    def searcher(rank: int):
+        try:
+            group = WeightGroup(*sender.address, rank=rank, timeout=SHORT).connect()
+            for version in versions:
+                received[rank - 1].append(group.receive([b.numel() for b in buckets], version))
+        except Exception as error:  # reported by the main thread
+            errors.append(error)
 
-def test_a_searcher_known_gone_fails_the_trainer_at_once_not_at_the_timeout():
-    """The trainer watches the searcher's Ray call: ended before the handshake means it is not coming."""
-    sender = WeightChannel.host("127.0.0.1", "gloo")  # the ten-minute timeout
-    polls = []
-    with pytest.raises(PeerGone, match="left before 'arrived'"):  # gone's error, not the timeout's ("within")
-        sender.connect(gone=lambda: polls.append(1) or len(polls) == 3)
-    assert len(polls) == 3  # the wait ended at the poll where gone() said so
-
-
-def test_a_transfer_waits_for_the_searcher_to_be_ready_for_that_version():
-    state = {"w": torch.arange(3.0)}
-    sender = WeightChannel.host("127.0.0.1", "gloo", timeout=SHORT)
-    receiver = WeightChannel(*sender.address, timeout=SHORT)
-    thread = threading.Thread(target=receiver.connect)
-    thread.start()
+    threads = [threading.Thread(target=searcher, args=(rank,)) for rank in range(1, members + 1)]
+    for thread in threads:
+        thread.start()
     sender.connect()
-    thread.join(timeout=30)
+    for version in versions:
+        sender.send(buckets, version)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    return received
+
+
+def test_one_broadcast_per_bucket_reaches_every_member_bit_for_bit():
+    state = mixed_state()
+    layout = BucketLayout.plan(state, dtype=torch.bfloat16, bucket_bytes=48)
+    buckets = layout.pack(state)
+    assert len(buckets) >= 3
+    received = run_group(buckets, members=3, versions=[0, 1])
+    for per_member in received:
+        assert len(per_member) == 2
+        for got in per_member:
+            assert all(torch.equal(a, b) for a, b in zip(got, buckets))
+            unpacked = layout.unpack(got)
+            assert all(torch.equal(unpacked[k], v) for k, v in cast(state, torch.bfloat16).items())
+
+
+def test_a_member_that_never_comes_fails_the_trainer_within_the_timeout_naming_its_rank():
+    sender = WeightGroup.host("127.0.0.1", "gloo", 3, timeout=datetime.timedelta(seconds=2))
+    outcome = []
+    arrived = threading.Thread(target=lambda: outcome.append(_connect_or_error(sender.address, 1)))
+    arrived.start()
+    with pytest.raises(PeerGone, match=r"no searchers of ranks \[2\] at 'arrived'") as error:
+        sender.connect()
+    assert error.value.ranks == [2]
+    arrived.join(timeout=10)
+    assert isinstance(outcome[0], PeerGone) and "called the group off" in str(outcome[0])  # told, not left waiting
+
+
+def _connect_or_error(address, rank):
+    try:
+        return WeightGroup(*address, rank=rank, timeout=SHORT).connect()
+    except PeerGone as error:
+        return error
+
+
+def test_a_member_known_gone_calls_the_transfer_off_for_all_and_the_group_serves_the_next_version():
+    """The trainer watches the searchers' Ray calls: one ended before it said 'ready' is not coming;
+    the ready ones return without weights instead of waiting in a broadcast."""
+    buckets = [torch.arange(8, dtype=torch.uint8)]
+    sender = WeightGroup.host("127.0.0.1", "gloo", 3)  # the ten-minute timeout: the wait below ends by gone()
+    members = [WeightGroup(*sender.address, rank=rank, timeout=SHORT) for rank in (1, 2)]
+    threads = [threading.Thread(target=m.connect) for m in members]
+    for thread in threads:
+        thread.start()
+    sender.connect()
+    for thread in threads:
+        thread.join(timeout=30)
+    got = []
+    ready = threading.Thread(target=lambda: got.append(members[0].receive([8], 7)))
+    ready.start()
     start = time.monotonic()
-    with pytest.raises(PeerGone, match="left before 'ready/7'"):  # nobody receives version 7: no collective is entered
-        sender.send(state, 7, gone=lambda: time.monotonic() - start > 0.2)
-    got = {}
-    thread = threading.Thread(target=lambda: got.update(receiver.receive(state_spec(state), "cpu", 8)))
-    thread.start()
-    sender.send(state, 8)  # the channel is still good for the next version
-    thread.join(timeout=30)
-    assert torch.equal(got["w"], state["w"])
+    with pytest.raises(PeerGone, match=r"ranks \[2\] left before 'ready/7'"):
+        sender.send(buckets, 7, gone=lambda: [2] if time.monotonic() - start > 0.2 else [])
+    ready.join(timeout=10)
+    assert got == [None]  # called off
+    results = [None, None]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, members[i].receive([8], 8))) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    sender.send(buckets, 8)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert all(torch.equal(r[0], buckets[0]) for r in results)
 
 
 def test_transport_names_are_checked():
@@ -103,4 +165,4 @@ def test_transport_names_are_checked():
     with pytest.raises(ValueError, match="object_store | collective"):
         check_transport("nccl")
     with pytest.raises(ValueError, match="gloo or nccl"):
-        WeightChannel("127.0.0.1", 1, "mpi")
+        WeightGroup("127.0.0.1", 1, "mpi", 2)

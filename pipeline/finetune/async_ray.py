@@ -10,18 +10,20 @@ Who does what (docs/async.md):
   gfn.buffer_size (FIFO), drawn as B questions x K distinct completions, a question's group from
   the newest weights' completions with probability m; it drops completions of weights older than
   gfn.max_staleness trainer steps;
-- the weights actor: the newest published weights (an object in Ray's object store, or with
-  gfn.weight_transport=collective only their version: the tensors then go over a two-member
-  NCCL or gloo group per searcher, pipeline.finetune.weight_transport), a stop flag, and the
-  reference to the training problems every searcher starts from;
-- the trainer (this process, or every process of an accelerate group): the same training base,
+- the weights actor: the newest published weights version (with the object store, the
+  references of its buckets; with gfn.weight_transport=collective the buckets go over one NCCL
+  or gloo group of the trainer and every searcher: pipeline.finetune.publication), a stop flag,
+  and the reference to the training problems every searcher starts from;
+- the trainer (this process, or every process of an accelerate group, of which only the main one
+  talks to Ray and hands the others their share of each batch): the same training base,
   objective and update as the synchronous mode, on batches drawn from the store, re-scored under
   the current policy (and under the reference, which the trainer holds: a reset takes effect at
-  once); every gfn.sync_every steps it publishes its weights.
+  once); every gfn.sync_every steps it publishes its weights in the sampler's dtype, in the
+  background.
 
 Only off-policy objectives (SubTB, TB, TB-VarGrad) may train on trajectories from older
 policies; PPO in this mode is refused before anything starts. Trajectories travel between
-processes as JSON text, weights as tensors (object store or collective). A searcher that dies is
+processes as JSON text, weights as byte buckets (object store or collective). A searcher that dies is
 restarted by Ray (up to gfn.searcher_max_restarts times) and rejoins: what it starts from (the
 training problems) is an object the trainer put in Ray's object store once and holds for the
 whole run, so a restart finds it whenever the death happens. A trainer that dies resumes from its
@@ -35,7 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import threading
 import time
 from typing import Callable
 
@@ -47,7 +48,8 @@ from pipeline.finetune import ray_cluster
 from pipeline.finetune.grouped_replay import GroupedReplay
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
-from pipeline.finetune.weight_transport import Spec, WeightChannel, backend_for, check_transport, state_spec
+from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
+from pipeline.finetune.weight_transport import backend_for, check_transport
 from pipeline.records import Trajectory
 
 log = logging.getLogger("stepflow.async")
@@ -114,21 +116,25 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
 
 class WeightStore:
     """What a searcher starts from and samples with: the training problems ([object ref]), the
-    newest published weights (version, [object ref]); and whether the run is over."""
+    newest published weights (version; with the object store, the buckets' references and their
+    layout, pipeline.finetune.weight_buckets); and whether the run is over."""
 
     def __init__(self, problems: list | None = None):
-        self.version, self.refs, self.stopped = -1, None, False
+        self.version, self.refs, self.layout, self.stopped = -1, None, None, False
         self.problem_refs = problems  # a list, so the object is passed by reference
 
     def problems(self) -> list | None:
         return self.problem_refs
 
-    def publish(self, version: int, refs: list) -> None:
-        self.version, self.refs = version, refs  # refs: a list, so the object is passed by reference
+    def publish(self, version: int, refs: list | None, layout: dict | None) -> None:
+        """refs: one object per bucket (in a list, so the objects are passed by reference); None
+        when the weights go over the collective group."""
+        self.version, self.refs, self.layout = version, refs, layout
 
-    def latest(self, known: int) -> tuple[int, list | None, bool]:
-        """(version, refs if newer than ``known`` else None, stopped)."""
-        return self.version, (self.refs if self.version > known else None), self.stopped
+    def latest(self, known: int) -> tuple[int, list | None, dict | None, bool]:
+        """(version, refs and layout if newer than ``known`` else None, stopped)."""
+        newer = self.version > known and self.refs is not None
+        return self.version, (self.refs if newer else None), (self.layout if newer else None), self.stopped
 
     def stop(self) -> None:
         self.stopped = True
@@ -140,15 +146,17 @@ class TrajectoryStore:
     def __init__(self, buffer_kwargs: dict):
         self.buffer = GroupedReplay(**buffer_kwargs)
         self.added, self.dropped, self.evicted, self.per_searcher, self.restarts = 0, 0, 0, {}, 0
-        self.searcher_idle = 0.0
+        self.searcher_idle = self.searcher_loading = 0.0
         self.started = time.monotonic()
 
-    def add(self, payload: str, searcher: int, idle_seconds: float = 0.0) -> int:
-        """A searcher's round (and how long it waited for weights before it); returns the buffer's size."""
+    def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
+        """A searcher's round, how long it waited for new weights before it and how long it spent
+        taking weights in (fetching, loading them into its policy); returns the buffer's size."""
         trajectories = [Trajectory.from_json(obj, f"trajectories from searcher {searcher}") for obj in json.loads(payload)]
         self.evicted += self.buffer.add(trajectories)
         self.added += len(trajectories)
         self.searcher_idle += idle_seconds
+        self.searcher_loading += loading_seconds
         self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(trajectories)
         return len(self.buffer)
 
@@ -169,6 +177,7 @@ class TrajectoryStore:
     def stats(self) -> dict:
         return {"size": len(self.buffer), "added": self.added, "dropped_stale": self.dropped, "evicted": self.evicted,
                 "per_searcher": dict(self.per_searcher), "restarts": self.restarts, "searcher_idle_seconds": self.searcher_idle,
+                "searcher_weight_load_seconds": self.searcher_loading,
                 "seconds": time.monotonic() - self.started}
 
     def state_dict(self) -> dict:
@@ -183,8 +192,8 @@ class Searcher:
     """Samples and scores round after round with the newest weights it can get.
 
     A threaded actor (two calls at a time): while ``run`` samples, the trainer's ``join`` and
-    ``receive`` calls take collective weights into a staging slot that ``run`` picks up at the
-    start of its next round.
+    ``receive`` calls take collective weights into its receiver's staging slot, which ``run``
+    picks up at the start of its next round (pipeline.finetune.publication).
     """
 
     def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str], cores: list[int] | None = None):
@@ -204,59 +213,50 @@ class Searcher:
         # the problems by a reference the trainer holds: a restarted searcher reads the same object again
         self.sampler = make_sampler(index, ray.get(ray.get(weights.problems.remote())[0]))
         self.version = self.sampled_version = -1
-        self.channel: WeightChannel | None = None
-        self.spec: Spec = []
-        self.staged: tuple[int, dict] | None = None
-        self.lock = threading.Lock()
+        self.receiver = WeightReceiver(f"searcher {index}")
 
-    def join(self, host: str, port: int, backend: str, spec: Spec, version: int) -> None:
-        """Open the collective channel the trainer listens on, and take the weights it sends first."""
-        if self.channel is not None:
-            self.channel.close()
-        self.channel = WeightChannel(host, port, backend).connect()
-        self.spec = [tuple(entry) for entry in spec]
-        self.receive(version)
+    def join(self, address: tuple, rank: int, layout: dict, version: int) -> bool:
+        """Become ``rank`` of the trainer's new weights group and receive ``version`` over it."""
+        return self.receiver.join(address, rank, layout, version)
 
-    def receive(self, version: int) -> None:
-        """The trainer's weights of ``version``, over the collective channel, staged for the next round."""
-        if self.channel is None:
-            raise RuntimeError(f"searcher {self.index} has no weights channel (it was restarted): the trainer opens a new one")
-        state = self.channel.receive(self.spec, "cuda" if self.channel.backend == "nccl" else "cpu", version)
-        with self.lock:
-            self.staged = (version, state)
+    def receive(self, version: int) -> bool:
+        """The trainer's weights of ``version``, over the group, staged for the next round."""
+        return self.receiver.receive(version)
 
     def status(self) -> dict:
         """The weights version this searcher samples with, the one its last sent trajectories carry,
         how its weights reach it, its process, the cores it may run on, whether Ray restarted it and
         where Ray placed it (placement group, bundle, GPU ids: ray_cluster.placement)."""
-        return {"version": self.version, "sampled_version": self.sampled_version,
-                "channel": self.channel.backend if self.channel is not None else None, "pid": os.getpid(),
-                "cores": sorted(os.sched_getaffinity(0)), "restarted": self.restarted, "placement": ray_cluster.placement()}
+        return {"version": self.version, "sampled_version": self.sampled_version, "channel": self.receiver.backend,
+                "pid": os.getpid(), "cores": sorted(os.sched_getaffinity(0)), "restarted": self.restarted,
+                "placement": ray_cluster.placement()}
 
-    def _take_staged(self) -> tuple[int, dict] | None:
-        with self.lock:
-            staged, self.staged = self.staged, None
-        return staged
+    def take_weights(self, version: int, refs: list | None, layout: dict | None) -> bool:
+        """The newest weights into the sampler's policy: the object store's ``refs`` of ``version``
+        (when the weights actor has newer ones than this searcher), or those the group staged;
+        whether any were loaded."""
+        if refs is not None:
+            self.receiver.fetch(version, refs, layout)
+        staged = self.receiver.take()
+        if staged is None or staged[0] <= self.version:
+            return False
+        self.sampler.policy.load_weights(staged[1], staged[0])
+        self.version = staged[0]
+        return True
 
     def run(self) -> int:
         """Until the run stops: returns the number of rounds sampled."""
         import ray  # the optional extra (we run inside a Ray worker)
 
-        rounds, rounds_of_version, idle = 0, 0, 0.0
+        rounds, rounds_of_version, idle, loading = 0, 0, 0.0, 0.0
         limit = getattr(self.sampler.cfg, "searcher_rounds_per_version", None)
         while True:
-            version, refs, stopped = ray.get(self.weights.latest.remote(self.version))
+            version, refs, layout, stopped = ray.get(self.weights.latest.remote(self.version))
             if stopped:
                 return rounds
-            before = self.version
-            if refs is not None:
-                self.sampler.policy.load_weights(ray.get(refs[0]), version)
-                self.version = version
-            staged = self._take_staged()
-            if staged is not None:
-                self.sampler.policy.load_weights(staged[1], staged[0])
-                self.version = staged[0]
-            if self.version != before:
+            start = time.monotonic()
+            if self.take_weights(version, refs, layout):
+                loading += time.monotonic() - start
                 rounds_of_version = 0
             if self.version < 0 or (limit is not None and rounds_of_version >= limit):  # nothing (new) published yet
                 time.sleep(POLL_SECONDS)
@@ -264,19 +264,12 @@ class Searcher:
                 continue
             trajectories, _ = self.sampler.sample(rounds, version=self.version)
             # waiting for the store's answer bounds how far a searcher runs ahead of it
-            ray.get(self.store.add.remote(json.dumps([t.to_json() for t in trajectories]), self.index, idle))
+            ray.get(self.store.add.remote(json.dumps([t.to_json() for t in trajectories]), self.index, idle, loading))
             self.sampled_version = self.version
-            rounds, rounds_of_version, idle = rounds + 1, rounds_of_version + 1, 0.0
+            rounds, rounds_of_version, idle, loading = rounds + 1, rounds_of_version + 1, 0.0, 0.0
 
 
 # ----------------------------------------------------------------------------- the trainer
-
-
-def ended(answer) -> Callable[[], bool]:
-    """Whether a Ray call has ended (before its peer's handshake, that means it failed)."""
-    import ray  # the optional extra (extra `distributed`)
-
-    return lambda: bool(ray.wait([answer], timeout=0)[0])
 
 
 class AsyncFinetuneTrainer(FinetuneTrainer):
@@ -287,10 +280,17 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
     export:       the trainer's current weights as the searchers load them (plain, LoRA merged)
     problems:     the training problems as JSON (Problem.to_json): put in Ray's object store once
                   and held by this trainer, so a searcher restarted at any moment reads them again
+    publish_dtype: the dtype the searchers' policies hold (model.dtype resolved for their device):
+                  floating weights are published in it (None: each tensor keeps its own)
+
+    Only the main process talks to Ray: it starts the actors, draws every process's share of the
+    batch from the store and sends it to the others over the trainer's own process group (JSON
+    text), and publishes; the other processes never connect (docs/async.md, "Several trainer processes").
     """
 
     def __init__(self, base, sampler, objective, cfg, make_sampler: MakeSampler, export: Callable[[], dict],
-                 problems: list | None = None, run_name: str = "stepflow", progress: bool = True):
+                 problems: list | None = None, run_name: str = "stepflow", progress: bool = True,
+                 publish_dtype: torch.dtype | None = None):
         super().__init__(base, sampler, objective, cfg, progress=progress)
         if not getattr(objective, "off_policy", False):
             raise ValueError(f"{objective.name} is on-policy: mode=async trains on trajectories of older policies "
@@ -303,25 +303,26 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         check_transport(cfg.weight_transport)
         self.store = self.weights = None
         self.searchers: list = []
-        self.channels: list[WeightChannel | None] = []
+        self.publish_dtype, self.publisher = publish_dtype, None
         self.runs: list = []
         self._started_ray = False
         self.placement_group, self.trainer_gpu_ids = None, []  # the run's group; the GPUs Ray reserved for the trainer
         self.published = -1  # the version of the newest publication
         self.publish_seconds = 0.0  # spent publishing since the last metrics record
-        self._window = (0, 0.0, time.monotonic())
+        self._window = (0, 0.0, 0.0, time.monotonic())
 
     # ------------------------------------------------------------------ actors
 
     def start(self) -> None:
-        """Connect to Ray (a local instance by default, cfg.ray_address otherwise) and start (main
-        process) or find (other processes) the actors of this run."""
+        """Main process: connect to Ray (a local instance by default, cfg.ray_address otherwise; once:
+        a stage connects before loading models and this finds it connected) and start the actors of
+        this run. Every process then meets at a barrier; the others never connect."""
         import ray  # the optional extra (extra `distributed`)
 
-        self._started_ray = ray_cluster.connect(self.cfg, f"stepflow-{self.run_name}")
         collective = self.sampler.collective
         names = {"store": "store", "weights": "weights"}
         if self.base.is_main:
+            self._started_ray = ray_cluster.connect(self.cfg, f"stepflow-{self.run_name}")
             buffer = {"capacity": self.cfg.buffer_size, "per_question": self.per_question, "priority": self.cfg.async_priority,
                       "temperature": self.cfg.buffer_temperature, "recency": self.cfg.recency_fraction, "seed": self.cfg.seed}
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
@@ -335,10 +336,12 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                                   max_concurrency=2)(Searcher)
             self.searchers = [searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(self.placement_group, i))
                               .remote(i, self.make_sampler, names, self.cfg.searcher_cores) for i in range(self.cfg.searchers)]
-            self.channels = [None] * len(self.searchers)
+            trainer_device = self.base.accelerator.device
+            self.publisher = WeightPublisher(
+                transport=self.cfg.weight_transport, weights=self.weights, dtype=self.publish_dtype,
+                bucket_bytes=bucket_bytes(self.cfg.publish_bucket_mb), host=ray.util.get_node_ip_address(),
+                backend=backend_for(trainer_device) if self.cfg.searcher_gpus else "gloo")  # NCCL: GPU to GPU
         collective.barrier()
-        if not self.base.is_main:
-            self.store, self.weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
 
     def trainer_gpus(self) -> int:
         """GPUs the trainer's processes hold (one each on CUDA; they run on the main process's node)."""
@@ -362,59 +365,17 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                                  "(CUDA_VISIBLE_DEVICES unset, or the ids Ray reserves)")
 
     def publish(self) -> None:
-        """The trainer's weights, as of its current step, for every searcher (sent by the main process)."""
+        """The trainer's weights, as of its current step, for every searcher: exported by every
+        process (exporting may gather shards), packed by the main process and sent in the
+        background (pipeline.finetune.publication); this waits for the previous publication."""
         start = time.monotonic()
         try:
-            self._publish()
+            state = self.export()
+            if self.base.is_main:
+                self.publisher.publish(state, self.step, self.searchers)
         finally:
             self.published = self.step
             self.publish_seconds += time.monotonic() - start
-
-    def _publish(self) -> None:
-        import ray  # the optional extra (extra `distributed`)
-
-        state = self.export()  # every process: exporting may gather shards
-        if not self.base.is_main:
-            return
-        if self.cfg.weight_transport == "object_store":
-            cpu = {name: value.detach().to("cpu") for name, value in state.items()}
-            ray.get(self.weights.publish.remote(self.step, [ray.put(cpu)]))
-            return
-        trainer_device = self.base.accelerator.device
-        backend = backend_for(trainer_device) if self.cfg.searcher_gpus else "gloo"  # NCCL: GPU to GPU
-        device = trainer_device if backend == "nccl" else "cpu"
-        state = {name: value.detach().to(device) for name, value in state.items()}
-        ray.get(self.weights.publish.remote(self.step, None))
-        for index in range(len(self.searchers)):
-            self.send_weights(index, state, backend)
-
-    def send_weights(self, index: int, state: dict, backend: str) -> None:
-        """Collective transport: ``state`` to searcher ``index`` over its channel, or over a new one
-        when it has none (the first publication) or its other end is gone (Ray restarted the
-        searcher). A searcher that cannot be reached now gets the weights at the next publication."""
-        import ray  # the optional extra (extra `distributed`)
-
-        searcher = self.searchers[index]
-        for _ in range(2):
-            fresh, channel = self.channels[index] is None, self.channels[index]
-            try:
-                if fresh:
-                    channel = WeightChannel.host(ray.util.get_node_ip_address(), backend)
-                    answer = searcher.join.remote(*channel.address, state_spec(state), self.step)
-                    channel.connect(gone=ended(answer))
-                    self.channels[index] = channel
-                else:
-                    answer = searcher.receive.remote(self.step)
-                channel.send(state, self.step, gone=ended(answer))
-                ray.get(answer)
-                return
-            except (RuntimeError, OSError, ray.exceptions.RayError) as error:
-                channel.close()
-                self.channels[index] = None
-                if fresh:
-                    log.warning("async: no weights channel to searcher %d yet (%s); it gets the weights at the next publication",
-                                index, str(error).splitlines()[0] if str(error) else type(error).__name__)
-                    return
 
     def keep_searching(self) -> None:
         """Start every searcher's loop (main process) and surface an error raised inside one. A
@@ -445,6 +406,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         import ray  # the optional extra (extra `distributed`)
 
         try:
+            if self.publisher is not None:
+                self.publisher.close()  # the running publication ends first
             if self.base.is_main and self.weights is not None:
                 ray.get(self.weights.stop.remote())
                 ray.wait(self.runs, num_returns=len(self.runs), timeout=60)
@@ -452,9 +415,6 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                     ray.kill(actor)
                 if self.placement_group is not None:
                     ray.util.remove_placement_group(self.placement_group)
-                for channel in self.channels:
-                    if channel is not None:
-                        channel.close()
             self.sampler.collective.barrier()
         finally:
             if self._started_ray:
@@ -482,8 +442,15 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             ray.get(self.store.load_state_dict.remote(self._resumed_store))
         self.publish()
         self.keep_searching()
-        stats = ray.get(self.store.stats.remote())
-        self._window = (stats["added"], stats["searcher_idle_seconds"], time.monotonic())
+        stats = self.store_stats()
+        self._window = (stats["added"], stats["searcher_idle_seconds"], stats["searcher_weight_load_seconds"], time.monotonic())
+
+    def store_stats(self) -> dict:
+        """The store's counters (TrajectoryStore.stats), read by the main process, the same on every process."""
+        import ray  # the optional extra (extra `distributed`)
+
+        text = json.dumps(ray.get(self.store.stats.remote())) if self.base.is_main else None
+        return json.loads(self.sampler.collective.broadcast_text(text))
 
     def train(self) -> list[dict]:
         try:
@@ -492,21 +459,28 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             self.stop()
 
     def draw_once(self) -> tuple[list[list[Trajectory]] | None, int, float]:
-        """One request to the store for this process's B / world questions x K completions (the first
-        step asks for gfn.async_initial_completions in the buffer): (groups or None while it fills
-        up, how many groups came from the newest weights, seconds spent)."""
+        """One request to the store (main process) for the step's B questions x K completions (the
+        first step asks for gfn.async_initial_completions in the buffer), every process's share
+        sent to it: (this process's B / world groups or None while the store fills up, how many of
+        the batch's groups came from the newest weights (main process; 0 on the others), seconds
+        spent). Every process calls it the same number of times."""
         import ray  # the optional extra (extra `distributed`)
 
         start = time.monotonic()
-        questions = self.questions // self.sampler.collective.world
+        collective = self.sampler.collective
         minimum = self.cfg.async_initial_completions if self.step == 0 else 0
-        self.keep_searching()
-        answer = json.loads(ray.get(self.store.sample.remote(questions, self.published, self.step, self.cfg.max_staleness, minimum)))
-        if len(answer["groups"]) < questions:
+        text = None
+        if self.base.is_main:
+            self.keep_searching()
+            text = ray.get(self.store.sample.remote(self.questions, self.published, self.step, self.cfg.max_staleness, minimum))
+        answer = json.loads(collective.broadcast_text(text))
+        if len(answer["groups"]) < self.questions:
             time.sleep(POLL_SECONDS)
             return None, 0, time.monotonic() - start
-        groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in group] for group in answer["groups"]]
-        return groups, answer["recent"], time.monotonic() - start
+        share = self.questions // collective.world
+        mine = answer["groups"][collective.rank * share:(collective.rank + 1) * share]
+        groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in group] for group in mine]
+        return groups, answer["recent"] if self.base.is_main else 0, time.monotonic() - start
 
     def draw(self) -> tuple[list[list[Trajectory]], int, float]:
         """The step's groups, waiting as long as the store needs: (groups, recent, seconds waited)."""
@@ -521,11 +495,10 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
 
                 warned = waited
                 log.warning("async: step %d has waited %.0f s for %d questions x %d distinct completions; the store: %s",
-                            self.step, waited, self.questions, self.per_question, ray.get(self.store.stats.remote()))
+                            self.step, waited, self.questions, self.per_question,
+                            ray.get(self.store.stats.remote()) if self.base.is_main else "(read by the main process)")
 
     def train_step(self) -> dict:
-        import ray  # the optional extra (extra `distributed`)
-
         start = time.monotonic()
         step, lr = self.step, self.base.lr
         collective = self.sampler.collective
@@ -534,8 +507,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         totals, grad_norm = self.update(self.objective.plan(batch, 1 / len(batch)))
         self.after_update(step + 1)
         record = self.record(step + 1, lr, batch, totals, grad_norm, start)
-        stats = ray.get(self.store.stats.remote())
-        added, searcher_idle, since = self._window
+        stats = self.store_stats()
+        added, searcher_idle, searcher_loading, since = self._window
         now = time.monotonic()
         staleness = [step - t.policy_version for t in batch]
         behind = [(self.published - t.policy_version) // self.cfg.sync_every for t in batch]
@@ -564,6 +537,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             "searcher_trajectories_per_s": (stats["added"] - added) / max(now - since, 1e-9),
             "trainer_idle_seconds": float(summed[5]) / collective.world,
             "searcher_idle_seconds": stats["searcher_idle_seconds"] - searcher_idle,
+            "searcher_weight_load_seconds": stats["searcher_weight_load_seconds"] - searcher_loading,
             "buffer_size": stats["size"],
             "dropped_stale": stats["dropped_stale"],
             "evicted": stats["evicted"],
@@ -571,9 +545,14 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         })
         if self.step % self.cfg.sync_every == 0:
             self.publish()
-        record["publish_seconds"] = self.publish_seconds  # this step's publication and any before it since the last record
-        record["wall_time"] = time.time()  # when the step ended, its publication included
-        self._window = (stats["added"], stats["searcher_idle_seconds"], now)
+        record["publish_seconds"] = self.publish_seconds  # the trainer's own time: export, pack, wait for the previous one
+        if self.publisher is not None:  # publications that finished in the background since the last record
+            done = self.publisher.take_finished()
+            record.update({"publications": len(done), "publication_bytes": sum(p.bytes for p in done),
+                           "publication_seconds": sum(p.seconds for p in done),
+                           "publication_buckets": sum(p.buckets for p in done)})
+        record["wall_time"] = time.time()  # when the step ended, its publication started
+        self._window = (stats["added"], stats["searcher_idle_seconds"], stats["searcher_weight_load_seconds"], now)
         self.publish_seconds = 0.0
         self.base.log(record)
         self.keep_searching()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from accelerate import PartialState
 from matplotlib.figure import Figure
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
@@ -41,7 +42,7 @@ from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
 from pipeline.model_folders import commit_folder, staging_folder
-from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, upcast_trainable
+from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
@@ -168,8 +169,9 @@ def preflight(config: Config, stage: str) -> int:
             raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
         check_transport(cfg.weight_transport)
         if processes > 1 and cfg.ray_address is None:
-            raise ValueError(f"gfn.mode=async under {processes} trainer processes needs gfn.ray_address: without it every process "
-                             "would start its own local Ray instance and only one would hold the searchers and the store. Start "
+            raise ValueError(f"gfn.mode=async under {processes} trainer processes needs gfn.ray_address: the main process joins "
+                             "a Ray cluster started beside the trainer's launch (the other processes never connect; they get "
+                             "their batches from it) and reserves the trainer's GPUs there, on one machine or several. Start "
                              "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)")
         check_async_settings(cfg)
     check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
@@ -242,6 +244,14 @@ def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: i
     return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg)
 
 
+def searcher_dtype(config: Config, cfg: GFNConfig) -> torch.dtype:
+    """The dtype a searcher's policy holds, which the trainer publishes in: model.dtype on the
+    searcher's device (model.device, or with ``auto`` a GPU when gfn.searcher_gpus > 0: Ray hides
+    the GPUs from an actor that asks for none), e.g. bfloat16 on a GPU, float32 on a CPU."""
+    device = config.model.device if config.model.device != "auto" else ("cuda" if cfg.searcher_gpus else "cpu")
+    return resolve_dtype(config.model.dtype, device)
+
+
 def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> list[str]:
     """The asynchronous searchers against the Ray cluster this process has joined: refused when
     the cluster lacks the CPUs or GPUs to run them all at once beside the trainer's GPUs (one per
@@ -290,12 +300,14 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     preflight(config, stage)
     cfg = getattr(config, stage)
     asynchronous = cfg.mode == "async"
-    if asynchronous and not ray_cluster.connected():
+    # the main process alone talks to Ray (AsyncFinetuneTrainer); the others never connect
+    drives_ray = asynchronous and PartialState().is_main_process
+    if drives_ray and not ray_cluster.connected():
         # Ray first (joined within gfn.ray_connect_timeout), shut down however the run ends; the
         # call below finds it connected and goes on
         with ray_cluster.session(cfg, f"stepflow-{config.run}"):
             return finetune_policy(config, stage, problems, make_scorer, out_dir, progress)
-    if asynchronous:
+    if drives_ray:
         check_cluster(config, stage, problems)  # before any model is loaded
     if cfg.trainer_cores:  # after Ray has started: its processes keep the cores this one was started on
         pin_process(set(cfg.trainer_cores), key=f"{stage}.trainer_cores")
@@ -344,7 +356,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
         trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
         trainer = AsyncFinetuneTrainer(base, trainer_sampler, objective, cfg, make_sampler,
                                        export=lambda: policy.plain_weights(base.full_state_dict()),
-                                       problems=[p.to_json() for p in problems], run_name=config.run, progress=progress)
+                                       problems=[p.to_json() for p in problems], run_name=config.run, progress=progress,
+                                       publish_dtype=searcher_dtype(config, cfg))
     else:
         trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg,
                                                reference=reference if stage == "ppo" else None, collective=collective)

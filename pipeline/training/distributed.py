@@ -2,8 +2,9 @@
 
 One process (a plain ``python -m stages.train_gfn``) or N of them (``accelerate launch``): each
 has a rank and sees the world size; ``sum`` adds a tensor over all processes; ``gather`` collects
-records from every process in rank order. Records travel as JSON text in uint8 tensors, so
-nothing received from another process is ever unpickled.
+records from every process in rank order; ``broadcast_text`` gives rank 0's text to every process.
+Records and texts travel as JSON / UTF-8 bytes in uint8 tensors, so nothing received from another
+process is ever unpickled.
 """
 
 from __future__ import annotations
@@ -79,6 +80,19 @@ class Collective:
         if self.world == 1:
             return value
         return int(self.accelerator.reduce(torch.tensor([value], device=self.device), reduction="max")[0])
+
+    def broadcast_text(self, text: str | None) -> str:
+        """Rank 0's ``text`` on every process (the others pass None): UTF-8 bytes in a uint8 tensor."""
+        if self.world == 1:
+            return text
+        payload = text.encode("utf-8") if self.rank == 0 else b""
+        length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        torch.distributed.broadcast(length, 0)
+        buffer = torch.zeros(int(length[0]), dtype=torch.uint8, device=self.device)
+        if self.rank == 0:
+            buffer.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        torch.distributed.broadcast(buffer, 0)
+        return buffer.cpu().numpy().tobytes().decode("utf-8")
 
     def gather(self, records: Sequence[R], record_type: type[R]) -> list[list[R]]:
         """Every process's records, one list per rank (rank order)."""
