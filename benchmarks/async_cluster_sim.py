@@ -329,7 +329,7 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
     runs = [actor.run.remote() for actor in actors[:searchers]]
     trained: set = set()
     window_rows, staleness, waits, window_publications = 0, [], [], []
-    fresh_in_window = 0
+    fresh_in_window = recent_groups = 0
     window_start = stats_start = None
     updates = settings.warmup_updates + settings.measured_updates
     try:
@@ -361,6 +361,7 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
             if measured:
                 window_rows += len(batch)
                 fresh_in_window += new
+                recent_groups += answer["recent"]
                 staleness += [step - t.policy_version for t in batch]
                 waits.append(wait)
             step += 1
@@ -390,6 +391,9 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
         "window_seconds": window_seconds,
         "trained_per_s": trained_per_s,
         "rows_trained_per_s": window_rows / window_seconds,
+        "rows_trained_of_ideal": window_rows / window_seconds / ideal,
+        # groups the store took from completions of the newest published weights (the recency share m)
+        "recent_group_fraction": recent_groups / (settings.measured_updates * questions),
         "ideal_per_s": ideal,
         "fraction_of_ideal": trained_per_s / ideal,
         "generated_per_s": added / window_seconds,
