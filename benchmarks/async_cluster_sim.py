@@ -30,8 +30,10 @@ batch, as a trainer with a rank per 16 rows would: the ideal is then N x 16 / ma
 Measured per N: trained trajectories per second (each trajectory counted the first time it is
 trained) against the ideal, the staleness of trained rows (trainer steps), the store's ingest and
 sample throughput (achieved, and per second of the store's own time: its capacity), the
-publication's seconds for the sweep's payload, and for a 1B-parameter bf16 payload (2e9 bytes, a
-real tensor set published once per N after that N's window).
+publication's seconds for the sweep's payload; once after the sweep, a 1B-parameter bf16 payload
+(a real 2e9-byte tensor set) published and fetched by one reader. Two store policies: the config's
+asynchronous settings (replay allowed) and NO_REPLAY. About 5.5 minutes on the 2-core machine, most
+of it the 32 searchers' start (docs/benchmarks.md, "Simulated cluster").
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ class StorePolicy:
 
 def config_policy(gfn) -> StorePolicy:
     """The config's own asynchronous settings (what `make gfn gfn.mode=async` would run): replay allowed."""
-    return StorePolicy("config", gfn.sync_every, gfn.max_staleness, gfn.recency_fraction, gfn.async_priority, gfn.buffer_size)
+    return StorePolicy("config", gfn.sync_every, gfn.max_staleness, gfn.recency_fraction, gfn.async_priority,
+                       gfn.buffer_size)
 
 
 # No replay, as in the project's equal-work measurement (docs/async.md, "Measured"): a publication
@@ -196,10 +199,11 @@ class ConstantScorer:
 def make_sampler(index: int, problems: list, *, gfn, calibration: Calibration):
     """Searcher ``index``'s real TrajectorySampler over the sleeping engine (inside its actor)."""
     from pipeline.finetune.async_ray import searcher_config
-    from pipeline.finetune.sampling import TrajectorySampler, TrainProblem
+    from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 
     train = [TrainProblem(p["problem_id"], p["question"], p["question"], p["answer"]) for p in problems]
-    return TrajectorySampler(SleepingEngine(index, calibration), ConstantScorer(), train, "tiny", searcher_config(gfn, index))
+    engine = SleepingEngine(index, calibration)
+    return TrajectorySampler(engine, ConstantScorer(), train, "tiny", searcher_config(gfn, index))
 
 
 def timed_store_class():
@@ -298,8 +302,9 @@ def gfn_section(cfg, settings: SimSettings, searchers: int):
     """The gfn section the searchers' samplers and the placement read: the config's, with the
     sweep's round shape, searcher count and unlimited rounds per version."""
     return dataclasses.replace(cfg.gfn, questions_per_step=settings.questions_per_round,
-                               samples_per_question=settings.samples_per_question, searchers=searchers, searcher_gpus=0.0,
-                               searcher_rounds_per_version=None, min_steps=1, placement_timeout=settings.placement_timeout)
+                               samples_per_question=settings.samples_per_question, searchers=searchers,
+                               searcher_gpus=0.0, searcher_rounds_per_version=None, min_steps=1,
+                               placement_timeout=settings.placement_timeout)
 
 
 def problems_json(count: int) -> list[dict]:
@@ -325,7 +330,7 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
     ray.get(store.restart.remote(buffer))
     ray.get(weights.resume.remote())
     step = published = first_step
-    publications = [publish_weights(weights, actors[:searchers], sweep_state, step)]
+    publish_weights(weights, actors[:searchers], sweep_state, step)  # what the searchers start from
     runs = [actor.run.remote() for actor in actors[:searchers]]
     trained: set = set()
     window_rows, staleness, waits, window_publications = 0, [], [], []
@@ -346,11 +351,12 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
                 for ref in ready:
                     ray.get(ref)  # a searcher's loop ends early only with an error: raised here
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"async_cluster_sim: {searchers} searchers: step {step} got no batch of {questions} "
-                                       f"questions x {used} within {settings.draw_timeout:g} s; store: "
+                    raise RuntimeError(f"async_cluster_sim: {searchers} searchers: step {step} got no batch of "
+                                       f"{questions} questions x {used} within {settings.draw_timeout:g} s; store: "
                                        f"{ray.get(store.stats.remote())}")
                 time.sleep(0.05)  # the real trainer's poll (async_ray.POLL_SECONDS)
-            batch = [Trajectory.from_json(obj, "trajectories from the store") for group in answer["groups"] for obj in group]
+            batch = [Trajectory.from_json(obj, "trajectories from the store")
+                     for group in answer["groups"] for obj in group]
             wait = time.monotonic() - waited
             time.sleep(calibration.update_seconds)  # the update
             new = 0
@@ -444,7 +450,8 @@ def machine() -> str:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-        memory = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+        memory = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal"))
         memory_text = f", {memory / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         memory_text = ""
@@ -474,12 +481,13 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
         store = ray.remote(num_cpus=0)(timed_store_class()).options(name=names["store"]).remote(
             {"capacity": 1, "per_question": 1, "priority": "uniform", "temperature": 1.0, "recency": 0.0, "seed": 0})
         problems_ref = ray.put(problems_json(settings.problems))
-        weights = ray.remote(num_cpus=0)(reopenable_weights_class()).options(name=names["weights"]).remote([problems_ref])
+        weights_actor = ray.remote(num_cpus=0)(reopenable_weights_class())
+        weights = weights_actor.options(name=names["weights"]).remote([problems_ref])
         group, _ = ray_cluster.reserve(gfn, 0, settings.placement_timeout, "the local Ray instance")
         factory = functools.partial(make_sampler, gfn=gfn, calibration=calibration)
         searcher = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=2)(Searcher)
-        actors = [searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(group, i)).remote(i, factory, names, None)
-                  for i in range(most)]
+        actors = [searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(group, i))
+                  .remote(i, factory, names, None) for i in range(most)]
         statuses = ray.get([actor.status.remote() for actor in actors], timeout=600)
         bundles = [status["placement"]["bundles"] for status in statuses]
         startup = time.monotonic() - started
@@ -489,10 +497,12 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
         for policy in settings.policies or (config_policy(cfg.gfn), NO_REPLAY):
             for count in settings.searcher_counts:
                 point = train_point(searchers=count, policy=policy, store=store, weights=weights, actors=actors,
-                                    settings=settings, calibration=calibration, first_step=step, sweep_state=sweep_state)
+                                    settings=settings, calibration=calibration, first_step=step,
+                                    sweep_state=sweep_state)
                 step = point["next_step"]
                 points.append(point)
-                log.info("%s: %s N=%d trained %.1f/s of ideal %.1f/s (%.2f); staleness p50 %.1f p90 %.1f; store busy %.3f",
+                log.info("%s: %s N=%d trained %.1f/s of ideal %.1f/s (%.2f); staleness p50 %.1f p90 %.1f; "
+                         "store busy %.3f",
                          ROW_NAME, policy.name, count, point["trained_per_s"], point["ideal_per_s"],
                          point["fraction_of_ideal"], point["staleness_p50"], point["staleness_p90"],
                          point["store_busy_fraction"])
@@ -526,12 +536,18 @@ def plot(result: dict, path: Path) -> Path:
     first = next(iter(groups.values()))
     n = [p["searchers"] for p in first]
     left.plot(n, [p["ideal_per_s"] for p in first], "k--", label="ideal min(N x 16 / G, 16 N / T)")
-    left.plot(n, [p["store_ingest_per_s"] for p in first], "s:", color="grey", label=f"store ingest ({first[0]['policy']})")
-    for (name, points), marker in zip(groups.items(), "o^v"):
+    left.plot(n, [p["store_ingest_per_s"] for p in first], "s:", color="grey",
+              label=f"store ingest ({first[0]['policy']})")
+    for (name, points), marker, color in zip(groups.items(), "o^v", ("tab:blue", "tab:orange", "tab:green")):
         n = [p["searchers"] for p in points]
-        left.plot(n, [p["trained_per_s"] for p in points], marker + "-", label=f"trained, {name}")
-        right.plot(n, [p["fraction_of_ideal"] for p in points], marker + "-", label=f"trained / ideal, {name}")
-        right.plot(n, [p["store_busy_fraction"] for p in points], marker + ":", label=f"store busy fraction, {name}")
+        left.plot(n, [p["trained_per_s"] for p in points], marker + "-", color=color,
+                  label=f"trained (first time), {name}")
+        right.plot(n, [p["fraction_of_ideal"] for p in points], marker + "-", color=color,
+                   label=f"trained / ideal, {name}")
+        right.plot(n, [p["rows_trained_of_ideal"] for p in points], marker + "--", color=color, alpha=0.6,
+                   label=f"rows trained (replays too) / ideal, {name}")
+        right.plot(n, [p["store_busy_fraction"] for p in points], marker + ":", color=color, alpha=0.6,
+                   label=f"store busy fraction, {name}")
     left.set_xscale("log", base=2)
     left.set_yscale("log")
     left.set_xlabel("searchers N")
@@ -548,6 +564,27 @@ def plot(result: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def markdown_table(row: dict) -> str:
+    """The docs/benchmarks.md table of a row: one line per store policy and N."""
+    header = ("| policy | N | trained traj/s | ideal | fraction | rows trained / ideal | "
+              "searchers' rate / calibrated | staleness p50 / p90 (max) | trainer wait per update (s) | "
+              "store ingest /s (capacity) | "
+              "store sample rows/s (capacity) | store busy | "
+              "publication s (sweep payload) |")
+    lines = [header, "|" + "---|" * 13]
+    for p in row["points"]:
+        cells = [p["policy"], p["searchers"], f"{p['trained_per_s']:.1f}", f"{p['ideal_per_s']:.1f}",
+                 f"{p['fraction_of_ideal']:.2f}", f"{p['rows_trained_of_ideal']:.2f}",
+                 f"{p['searcher_rate_of_calibrated']:.2f}",
+                 f"{p['staleness_p50']:g} / {p['staleness_p90']:g} ({p['staleness_max']})",
+                 f"{p['trainer_wait_per_update_s']:.3f}",
+                 f"{p['store_ingest_per_s']:.0f} ({p['store_ingest_capacity_per_s']:.0f})",
+                 f"{p['store_sample_per_s']:.0f} ({p['store_sample_capacity_per_s']:.0f})",
+                 f"{p['store_busy_fraction']:.3f}", f"{p['publish_seconds']:.3f}"]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines)
 
 
 def run(cfg, out_dir: Path, *, settings: SimSettings = SimSettings(), calibration: Calibration = CALIBRATION,
@@ -584,7 +621,8 @@ def main(argv: list[str] | None = None) -> dict:
     row = run(config, out_dir)
     if docs_image:
         shutil.copyfile(out_dir / f"{ROW_NAME}.png", REPO / "docs" / "img" / f"{ROW_NAME}.png")
-    print(json.dumps({key: row[key] for key in ("name", "fraction_of_ideal", "machine")}))
+    print(markdown_table(row))
+    print(json.dumps({key: row[key] for key in ("name", "fraction_of_ideal", "machine", "full_publication")}))
     return row
 
 
