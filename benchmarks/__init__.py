@@ -19,6 +19,7 @@ ROWS = (
     "gfn_step_scaling",
     "gfn_step_scaling_fsdp2",
     "gfn_async_speedup",
+    "async_cluster_sim",
     "threads_under_contention",
     "prm_training",
 )
