@@ -63,6 +63,20 @@ def test_recency_draws_groups_from_the_newest_weights():
     assert recent == 2 and len(groups) == 4
 
 
+def test_recency_draws_from_the_newest_weights_with_completions_when_the_just_published_have_none():
+    """The trainer asks with the version it has just published (latest = 3); searchers still sample
+    with older weights, so the recent groups come from the newest version holding K completions of
+    a question (2), not from nothing."""
+    buffer = GroupedReplay(capacity=100, per_question=2, recency=1.0, seed=3)
+    fill(buffer, questions=5, per_question=3, version=0)
+    buffer.add(make_trajectory("q7", (s,), version=2) for s in "ab")
+    buffer.add([make_trajectory("q8", ("a",), version=3)])  # one completion of the newest: not K
+    for _ in range(20):
+        groups, recent = buffer.sample(1, latest=3)
+        assert recent == 1 and groups[0][0].problem_id == "q7"
+        assert all(t.policy_version == 2 for t in groups[0])
+
+
 def test_recency_fraction_m_is_the_share_of_recent_groups():
     buffer = GroupedReplay(capacity=1000, per_question=2, recency=0.3, seed=4)
     fill(buffer, questions=20, per_question=2, version=0)

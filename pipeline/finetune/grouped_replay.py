@@ -26,6 +26,7 @@ Rules (docs/async.md, "The buffer"):
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from typing import Any, Iterable
 
 import numpy as np
@@ -109,13 +110,18 @@ class GroupedReplay:
 
     def sample(self, questions: int, latest: int) -> tuple[list[list[Trajectory]], int]:
         """(groups, recent): at most ``questions`` groups of K distinct completions, one group per
-        question, copies; ``recent`` of them were taken from the completions of weights ``latest``."""
+        question, copies; ``recent`` of them were taken from the completions of the newest weights
+        (at most ``latest``) that gave some question K completions. The weights the trainer has just
+        published have none until a searcher finishes a round with them, so "newest" is the newest
+        version present in that sense, not ``latest`` itself (with ``latest`` alone the recency draw
+        would find nothing whenever searchers lag the trainer by a round)."""
         if questions < 0:
             raise ValueError(f"grouped replay: sample: expected questions >= 0, got {questions}")
         k = self.per_question
         groups = self.questions()
         eligible = [q for q, group in groups.items() if len(group) >= k]
-        fresh = {q: [t for t in groups[q] if t.policy_version == latest] for q in eligible}
+        newest = self.newest_complete_version(groups, eligible, latest)
+        fresh = {q: [t for t in groups[q] if t.policy_version == newest] for q in eligible}
         recent_left = [q for q in eligible if len(fresh[q]) >= k]
         left = list(eligible)
         drawn, recent = [], 0
@@ -134,6 +140,15 @@ class GroupedReplay:
                 recent_left.remove(question)
             drawn.append([copy.deepcopy(pool[int(i)]) for i in chosen])
         return drawn, recent
+
+    def newest_complete_version(self, groups: dict[str, list[Trajectory]], eligible: list[str], latest: int) -> int | None:
+        """The newest weights version <= ``latest`` of which some eligible question holds K
+        completions (None: no such version)."""
+        complete = set()
+        for q in eligible:
+            counts = Counter(t.policy_version for t in groups[q] if t.policy_version <= latest)
+            complete.update(version for version, n in counts.items() if n >= self.per_question)
+        return max(complete, default=None)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able state: the completions oldest first and the generator's state."""
