@@ -191,7 +191,8 @@ def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(pape
     for gpus in ("1", "0.5"):  # one or two asynchronous searchers (engine + 7B PRM each) on a GPU
         config = paper("llama3.2-3b", unset, "gfn.mode=async", f"gfn.searcher_gpus={gpus}")
         device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
-        shares[gpus] = config.generation.vllm_gpu_memory_utilization
+        shares[gpus] = config.gfn.searcher_vllm_memory_share  # the searchers' own key; the other stages' is left unset
+        assert config.generation.vllm_gpu_memory_utilization is None
     assert shares == {"1": 0.81, "0.5": 0.31}  # (80 - 13.17 - 2) / 80; (80 - 2 x (13.17 + 2)) / 2 / 80
 
 
