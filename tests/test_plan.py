@@ -295,14 +295,16 @@ def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_a
         derived[scorers] = config.gfn.searcher_vllm_memory_share
     assert derived == {"0": 0.81, "1": 0.9}  # (80 - 13.17 - 2) / 80; (80 - 2) / 80 capped at vLLM's own 0.9
     # a scorer actor's own GPU: the 7B PRM and a CUDA context do not fit in 12 GiB
-    with pytest.raises(ConfigError, match=r"gfn.scorer_gpus: make gfn scorers: estimated 13.2 \+ 2.0 = 15.2 GiB per GPU exceeds the GPU's 12 GiB"):
+    with pytest.raises(ConfigError, match=r"gfn.scorer_gpus: make gfn scorers: estimated 13.2 \+ 2.0 = 15.2 GiB per GPU exceeds the "
+                                          r"GPU's 12 GiB"):
         device_memory(paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1", "gfn.searcher_vllm_memory_share=0.1"),
                       "train_gfn", FSDP_LAUNCH, device_bytes=12 * GIB)
     # half-GPU searchers beside tenth-GPU scorer actors: Ray may pack one searcher with five scorers' PRMs, the tightest mix
     packed = paper("llama3.2-3b", "gfn.mode=async", "gfn.searcher_gpus=0.5", "gfn.scorer_actors=5", "gfn.scorer_gpus=0.1")
     with pytest.raises(ConfigError, match=r"gfn.searcher_vllm_memory_share \(unset: derived\) = \(80.00 GiB device - 77.85 GiB beside "
-                                          r"the engine \(frozen PRM of 5 scorer actors packed beside them 65.85 \+ CUDA contexts of 5 more "
-                                          r"processes \(assumed\) 10.00 \+ CUDA context and buffers \(assumed\) 2.00\)\) = 0.02 of the device"):
+                                          r"the engine \(frozen PRM of 5 scorer actors packed beside them 65.85 \+ CUDA contexts of 5 "
+                                          r"more processes \(assumed\) 10.00 \+ CUDA context and buffers \(assumed\) 2.00\)\) = 0.02 "
+                                          r"of the device"):
         device_memory(packed, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
     plan = make_plan(paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1"))
     assert plan.errors == [] and [s.name for s in plan.stages if s.name.startswith("gfn")] == ["gfn", "gfn searchers", "gfn scorers"]

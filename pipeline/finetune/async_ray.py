@@ -412,7 +412,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
 
         scorer = ray.remote(num_cpus=1, num_gpus=self.cfg.scorer_gpus, max_restarts=self.cfg.searcher_max_restarts,
                             max_task_retries=-1)(ScorerActor)
-        self.scorers = [scorer.options(name=scorer_name(j), scheduling_strategy=ray_cluster.scorer_strategy(self.placement_group, self.cfg, j))
+        self.scorers = [scorer.options(name=scorer_name(j),
+                                       scheduling_strategy=ray_cluster.scorer_strategy(self.placement_group, self.cfg, j))
                         .remote(j, self.make_scorer) for j in range(self.cfg.scorer_actors)]
 
     def trainer_gpus(self) -> int:

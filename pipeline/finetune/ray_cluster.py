@@ -137,9 +137,9 @@ def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str, t
     if n + scorers > cpus:
         pool = f" + gfn.scorer_actors={scorers}" if scorers else ""
         each = "1 per searcher and scorer actor" if scorers else "1 per searcher"
+        actors, keys = ("actors", "gfn.searchers or gfn.scorer_actors") if scorers else ("searchers", "gfn.searchers")
         raise ValueError(f"gfn.searchers={n}{pool} needs {n + scorers} CPUs ({each}) but {where} has {cpus:g}: at most "
-                         f"{int(cpus)} {'actors' if scorers else 'searchers'} can run; lower gfn.searchers{' or gfn.scorer_actors' if scorers else ''}, "
-                         "or join a larger cluster with gfn.ray_address")
+                         f"{int(cpus)} {actors} can run; lower {keys}, or join a larger cluster with gfn.ray_address")
     asked = n * cfg.searcher_gpus + scorers * cfg.scorer_gpus + trainer_gpus
     if asked and asked > gpus:
         pool = f" + gfn.scorer_actors={scorers} x gfn.scorer_gpus={cfg.scorer_gpus:g}" if scorers * cfg.scorer_gpus else ""
