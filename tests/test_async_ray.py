@@ -409,13 +409,15 @@ def test_ppo_is_refused_in_async_mode():
 
 
 @pytest.mark.slow
-def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path):
+@pytest.mark.parametrize("pool", [[], ["gfn.searchers=1", "gfn.scorer_actors=1"]], ids=["prm_in_searchers", "scorer_actor"])
+def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path, pool):
+    """Also with the world's PRM in a scorer actor (the stage's own loader pickled to it) and none in the searcher."""
     world = random_tiny_world
     # the tiny world's asynchronous config, at a smaller scale still
     args = ["--config", str(REPO / "configs" / "tiny-async.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
             f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=24",
             "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4", "gfn.async_samples_used=3",
-            "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3"]
+            "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3", *pool]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
