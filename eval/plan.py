@@ -107,6 +107,7 @@ class StageCost:
     engine_needs: dict[str, float] = field(default_factory=dict)
     engines: int = 1
     engine_share: float | None = None
+    share_key: str = "generation.vllm_gpu_memory_utilization"  # the config key of that share (VLLM_SHARE_KEY, SEARCHER_SHARE_KEY)
     colocated_kv: tuple[int, int, int] | None = None  # (bytes, sequences, tokens) of a colocated engine's step
     memory_errors: list[Finding] = field(default_factory=list)  # the device cannot hold the stage (or its engines' share)
 
@@ -368,7 +369,25 @@ RUNTIME_RESERVE = 2 * GIB  # CUDA context, NCCL buffers, allocator slack: an ass
 
 
 VLLM_SHARE_KEY = "generation.vllm_gpu_memory_utilization"
+SEARCHER_SHARE_KEY = "gfn.searcher_vllm_memory_share"  # an asynchronous searcher's engine's share (its own key)
 VLLM_SHARE_ITEM = "vLLM share (weights + KV cache)"
+
+
+def setting(config: Config, key: str):
+    """The value of a dotted config key ("gfn.searcher_vllm_memory_share")."""
+    value = config
+    for name in key.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def share_key(config: Config, stage: str) -> str:
+    """The key of the vLLM share a stage (stages.<name>) derives or checks at its start: the
+    asynchronous searchers' own (SEARCHER_SHARE_KEY) for make gfn in mode async, else VLLM_SHARE_KEY."""
+    name = MEMORY_STAGES.get(stage)
+    if name in ("gfn", "ppo") and getattr(config, name).mode == "async":
+        return SEARCHER_SHARE_KEY
+    return VLLM_SHARE_KEY
 
 
 def _check_memory(plan: Plan, cost: StageCost, key: str) -> None:
@@ -396,17 +415,17 @@ def _engine_share(plan: Plan, cost: StageCost, device: float) -> bool:
     """The vLLM engines' share of the device beside the stage's other items
     (pipeline.shapes.engine_memory_share: derived when the key is unset, else checked); an error
     naming the key when it does not fit. Sets cost.engine_share; False after an error."""
-    requested = plan.config.generation.vllm_gpu_memory_utilization
+    requested = setting(plan.config, cost.share_key)
     beside = {name: value for name, value in cost.memory.items() if name != VLLM_SHARE_ITEM}
     try:
-        share = engine_memory_share(device, beside, cost.engine_needs, cost.engines, requested, VLLM_SHARE_KEY, f"make {cost.name}")
+        share = engine_memory_share(device, beside, cost.engine_needs, cost.engines, requested, cost.share_key, f"make {cost.name}")
     except ValueError as error:
-        _memory_error(plan, cost, VLLM_SHARE_KEY, str(error))
+        _memory_error(plan, cost, cost.share_key, str(error))
         return False
     cost.engine_share = share
     cost.memory = {**beside, VLLM_SHARE_ITEM: share * device * cost.engines}
     if requested is None:
-        cost.notes.append(f"{VLLM_SHARE_KEY} unset: derived {share:.2f} per engine ({cost.engines} on a device) from what shares it")
+        cost.notes.append(f"{cost.share_key} unset: derived {share:.2f} per engine ({cost.engines} on a device) from what shares it")
     return True
 
 
@@ -570,32 +589,89 @@ def searchers_per_device(cfg) -> int:
     return max(1, math.floor(1 / cfg.searcher_gpus + 1e-9)) if cfg.searcher_gpus else 1
 
 
+def scorers_beside(cfg, searchers: int) -> int:
+    """Scorer actors Ray could pack on a GPU beside ``searchers`` searchers: as many as the GPU's
+    fraction left by the searchers' gfn.searcher_gpus holds at gfn.scorer_gpus each (at most gfn.scorer_actors)."""
+    if not (cfg.scorer_actors and cfg.scorer_gpus):
+        return 0
+    left = 1 - searchers * cfg.searcher_gpus
+    return max(0, min(cfg.scorer_actors, math.floor(left / cfg.scorer_gpus + 1e-9)))
+
+
+def _searcher_device(plan: Plan, stage: str, policy: ModelShape, prm: ModelShape | None, searchers: int, scorers: int) -> StageCost:
+    """One GPU holding ``searchers`` searchers and ``scorers`` scorer actors: its memory items."""
+    config, cfg = plan.config, getattr(plan.config, stage)
+    cost = StageCost(f"{stage} searchers", cfg.searchers)
+    cost.share_key = SEARCHER_SHARE_KEY
+    tokens = config.plan.prompt_tokens + config.generation.max_new_tokens
+    prm_bytes = _half_bytes(config) * prm.parameters(lm_head=False) if prm is not None else 0
+    if not cfg.scorer_actors:
+        cost.memory[f"frozen PRM x {searchers}"] = searchers * prm_bytes
+    if scorers:
+        cost.memory[f"frozen PRM of {scorers} scorer actor{'s' if scorers > 1 else ''} packed beside them"] = scorers * prm_bytes
+    if searchers + scorers > 1:  # each actor is a process of its own; _check_memory counts one
+        cost.memory[f"CUDA contexts of {searchers + scorers - 1} more processes (assumed)"] = (searchers + scorers - 1) * RUNTIME_RESERVE
+    sequences = cfg.questions_per_step * cfg.samples_per_question
+    if config.generation.backend == "vllm":  # the engine holds the weights: no transformers copy
+        _sampler_memory(plan, cost, policy, sequences, tokens, with_weights=True, engines=searchers)
+    else:  # HF generate on each searcher's copy of the policy
+        cost.memory[f"policy copies x {searchers}"] = searchers * _half_bytes(config) * policy.parameters()
+        cost.memory[f"KV caches ({sequences} x {tokens} tokens) x {searchers}"] = \
+            searchers * sequences * tokens * policy.kv_cache_bytes_per_token(_half_bytes(config))
+    return cost
+
+
 def searcher_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCost:
-    """The asynchronous searchers' memory on their GPU: each holds the PRM and samples with its
-    own vLLM engine (or HF generate on a copy of the policy); 1 / gfn.searcher_gpus of them share a
-    device. The trainer's own GPU is the stage's entry before this one."""
+    """The asynchronous searchers' memory on their GPU: each samples with its own vLLM engine
+    (gfn.searcher_vllm_memory_share of the device, derived when unset; no transformers copy) or HF
+    generate on a copy of the policy, and holds the PRM unless scorer actors do (gfn.scorer_actors);
+    no reference (the trainer holds it). 1 / gfn.searcher_gpus of them share a device, and scorer
+    actors with a fractional gfn.scorer_gpus may be packed beside them: of every mix Ray could make
+    (1 to 1 / searcher_gpus searchers, as many scorer actors as the rest holds) the tightest is
+    checked and shown. The trainer's own GPU is the stage's entry before this one."""
     config, cfg = plan.config, getattr(plan.config, stage)
     engines = searchers_per_device(cfg)
-    cost = StageCost(f"{stage} searchers", cfg.searchers)
-    cost.work.append(f"gfn.searchers={cfg.searchers}, {engines} per GPU (gfn.searcher_gpus={cfg.searcher_gpus:g}), each sampling "
-                     f"{cfg.questions_per_step} questions x {cfg.samples_per_question} a round")
+    work = (f"gfn.searchers={cfg.searchers}, {engines} per GPU (gfn.searcher_gpus={cfg.searcher_gpus:g}), each sampling "
+            f"{cfg.questions_per_step} questions x {cfg.samples_per_question} a round")
+    notes = [f"gfn.scorer_actors={cfg.scorer_actors}: the PRM is in the scorer actors, not in the searchers"] if cfg.scorer_actors else []
     if not cfg.searcher_gpus:
-        cost.notes.append("gfn.searcher_gpus=0: the searchers run on CPUs; no GPU memory")
+        return StageCost(f"{stage} searchers", cfg.searchers, work=[work], share_key=SEARCHER_SHARE_KEY,
+                         notes=notes + ["gfn.searcher_gpus=0: the searchers run on CPUs; no GPU memory"])
+    if policy.shape is None or (prm.shape is None and not cfg.scorer_actors):
+        return StageCost(f"{stage} searchers", cfg.searchers, work=[work], notes=notes, share_key=SEARCHER_SHARE_KEY)
+    device = plan.gpu.memory_gib * GIB
+    mixes = [_searcher_device(plan, stage, policy.shape, prm.shape, n, scorers_beside(cfg, n)) for n in range(engines, 0, -1)]
+
+    def room(mix: StageCost) -> float:  # what each engine (or, with HF, the device) has left beside the mix's other items
+        held = sum(v for k, v in mix.memory.items() if k != VLLM_SHARE_ITEM)
+        return (device - held) / (mix.engines if mix.engine_needs else 1)
+
+    cost = min(mixes, key=room)  # the first of equals: the most searchers
+    cost.work.append(work)
+    cost.notes += notes
+    if len(mixes) > 1 and cost is not mixes[0]:
+        cost.notes.append(f"the tightest GPU Ray could pack: {cost.engines} searcher(s) beside scorer actors")
+    _check_memory(plan, cost, SEARCHER_SHARE_KEY if cost.engine_needs else "gfn.searcher_gpus")
+    return cost
+
+
+def scorer_stage(plan: Plan, stage: str, prm: Model) -> StageCost:
+    """The PRM scorer actors' memory on their GPU (gfn.scorer_actors > 0): 1 / gfn.scorer_gpus of
+    them share a device, each holding the PRM (a GPU shared with searchers: searcher_stage)."""
+    config, cfg = plan.config, getattr(plan.config, stage)
+    per_device = min(cfg.scorer_actors, max(1, math.floor(1 / cfg.scorer_gpus + 1e-9))) if cfg.scorer_gpus else 1
+    cost = StageCost(f"{stage} scorers", cfg.scorer_actors)
+    cost.work.append(f"gfn.scorer_actors={cfg.scorer_actors}, {per_device} per GPU (gfn.scorer_gpus={cfg.scorer_gpus:g}), each "
+                     "scoring the rounds searchers send it")
+    if not cfg.scorer_gpus:
+        cost.notes.append("gfn.scorer_gpus=0: the scorer actors run on CPUs; no GPU memory")
         return cost
-    if policy.shape is None or prm.shape is None:
+    if prm.shape is None:
         return cost
-    tokens = config.plan.prompt_tokens + config.generation.max_new_tokens
-    cost.memory[f"frozen PRM x {engines}"] = engines * _half_bytes(config) * prm.shape.parameters(lm_head=False)
-    if engines > 1:  # each searcher is a process of its own; _check_memory counts one
-        cost.memory[f"CUDA contexts of {engines - 1} more searchers (assumed)"] = (engines - 1) * RUNTIME_RESERVE
-    sequences = cfg.questions_per_step * cfg.samples_per_question
-    if config.generation.backend == "vllm":
-        _sampler_memory(plan, cost, policy.shape, sequences, tokens, with_weights=True, engines=engines)
-    else:  # HF generate on each searcher's copy of the policy
-        cost.memory[f"policy copies x {engines}"] = engines * _half_bytes(config) * policy.shape.parameters()
-        cost.memory[f"KV caches ({sequences} x {tokens} tokens) x {engines}"] = \
-            engines * sequences * tokens * policy.shape.kv_cache_bytes_per_token(_half_bytes(config))
-    _check_memory(plan, cost, VLLM_SHARE_KEY if cost.engine_needs else "gfn.searcher_gpus")
+    cost.memory[f"frozen PRM x {per_device}"] = per_device * _half_bytes(config) * prm.shape.parameters(lm_head=False)
+    if per_device > 1:
+        cost.memory[f"CUDA contexts of {per_device - 1} more scorer actors (assumed)"] = (per_device - 1) * RUNTIME_RESERVE
+    _check_memory(plan, cost, "gfn.scorer_gpus")
     return cost
 
 
@@ -628,6 +704,8 @@ def make_plan(config: Config, config_path: str = "") -> Plan:
         plan.stages.append(finetune_stage(plan, stage, policy, prm))
         if getattr(config, stage).mode == "async":
             plan.stages.append(searcher_stage(plan, stage, policy, prm))
+            if getattr(config, stage).scorer_actors:
+                plan.stages.append(scorer_stage(plan, stage, prm))
     eval_cost = _eval_stage(plan, models, data)
     plan.stages.append(eval_cost)
     plan.stages.append(_search_stage(plan, policy, prm, data["search"].problems))
@@ -693,8 +771,9 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
     naming the key, with the arithmetic, when the device cannot hold it. With
     generation.backend=vllm, returns generation.vllm_gpu_memory_utilization for the stage's
     engines, derived when the key is unset, else checked (pipeline.shapes.engine_memory_share; an
-    asynchronous fine-tuning run: the searchers' share, each searcher's GPU taken to be the size of
-    this one); else None. A model whose shape is unknown (no local config.json, hub cache entry or
+    asynchronous fine-tuning run: the searchers' own share, gfn.searcher_vllm_memory_share
+    (share_key), each searcher's GPU taken to be the size of this one; its scorer actors' GPUs are
+    checked too); else None. A model whose shape is unknown (no local config.json, hub cache entry or
     published shape) is not estimated, except that a vLLM share cannot be derived without it.
     Reads config.json files only."""
     if stage not in MEMORY_STAGES:
@@ -717,6 +796,8 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
             raise ConfigError(f"gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "
                               "searcher that asks for none, and vLLM's GPU build cannot start without one; set gfn.searcher_gpus "
                               "(1: a GPU each; 0.5: two searchers a GPU)")
+        if cfg.mode == "async" and cfg.scorer_actors:
+            costs.append(scorer_stage(plan, name, prm))
         costs.append(searcher_stage(plan, name, policy, prm) if cfg.mode == "async" else finetune_stage(plan, name, policy, prm))
     elif name == "eval":
         models = resolve_models(plan)
@@ -737,9 +818,9 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
     cost = costs[-1]
     if cost.engine_share is None:
         unknown = [m.key for m in (policy,) if m.shape is None]
-        raise ConfigError(f"{VLLM_SHARE_KEY}: make {name or stage}'s memory cannot be estimated "
+        raise ConfigError(f"{cost.share_key}: make {name or stage}'s memory cannot be estimated "
                           f"({', '.join(unknown) or 'a model'}'s shape is unknown: no local config.json, hub cache entry or "
-                          f"published shape); set {VLLM_SHARE_KEY}")
+                          f"published shape); set {cost.share_key}")
     return cost.engine_share
 
 

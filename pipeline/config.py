@@ -378,6 +378,14 @@ class GFNConfig(StepTrainingConfig):
     ray_connect_timeout: float = bounded(30.0, gt=0)  # seconds to wait for the cluster at ray_address to answer
     searcher_max_restarts: int = bounded(10, ge=0)  # Ray restarts a dead searcher this many times; one more death stops the run
     searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
+    # each searcher's vLLM engine's share of its GPU (vLLM's gpu_memory_utilization; generation.vllm_gpu_memory_utilization is
+    # the other stages' engines'); None: derived at the stage's start from what shares a searcher's GPU (the PRM unless scorer
+    # actors hold it, other searchers' engines with searcher_gpus < 1), or a set share checked against it: refused with the arithmetic
+    searcher_vllm_memory_share: float | None = bounded(None, gt=0, le=1)
+    # PRM scorer actors: 0: every searcher holds the PRM and scores its own rounds; N > 0: N Ray actors hold it, each in its own
+    # placement-group bundle (1 CPU, scorer_gpus GPUs), searchers send each round's steps to them in turn and load no PRM
+    scorer_actors: int = bounded(0, ge=0)
+    scorer_gpus: float = bounded(0.0, ge=0)  # GPUs per scorer actor (0: on CPU)
     placement_timeout: float = bounded(60.0, gt=0)  # seconds to wait for Ray to place the trainer's and searchers' bundles
     # CPU cores searcher i pins its process to (os.sched_setaffinity): searcher_cores[i % len]; None: wherever the OS runs it
     searcher_cores: list[int] | None = bounded(None, ge=0)

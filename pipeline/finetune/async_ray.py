@@ -1,11 +1,14 @@
 """Trajectory Balance with Asynchrony (TBA, Bartoldson et al.) on Ray: `make gfn` with gfn.mode=async.
 
 Who does what (docs/async.md):
-- searcher actors (gfn.searchers of them): each holds its own copy of the policy (HF generate or
-  a vLLM engine) and the PRM scorer; round after round it samples questions_per_step questions x
-  samples_per_question (S) solutions with the newest weights it has (at most
-  gfn.searcher_rounds_per_version rounds per version), scores them and sends them, tagged with
-  that weights version, to the store;
+- searcher actors (gfn.searchers of them): each holds its own copy of the policy (HF generate, or
+  a vLLM engine and no transformers copy) and the PRM scorer, or with gfn.scorer_actors > 0 no PRM;
+  round after round it samples questions_per_step questions x samples_per_question (S) solutions
+  with the newest weights it has (at most gfn.searcher_rounds_per_version rounds per version),
+  scores them (itself, or through a scorer actor) and sends them, tagged with that weights
+  version, to the store;
+- scorer actors (gfn.scorer_actors of them, default none): each holds the PRM and scores the rounds
+  searchers send it (PooledScorer: a round to one actor, the actors in turn);
 - the store actor: TBA's buffer (pipeline.finetune.grouped_replay): every completion kept up to
   gfn.buffer_size (FIFO), drawn as B questions x K distinct completions, a question's group from
   the newest weights' completions with probability m; it drops completions of weights older than
@@ -106,6 +109,9 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
     cores = os.cpu_count() or 1
     if cfg.searcher_cores is not None and cfg.ray_address is None and any(core >= cores for core in cfg.searcher_cores):
         raise ConfigError(f"{section}.searcher_cores = {cfg.searcher_cores}: this machine has cores 0 to {cores - 1}")
+    if cfg.scorer_gpus and not cfg.scorer_actors:
+        raise ConfigError(f"{section}.scorer_gpus = {cfg.scorer_gpus:g} with {section}.scorer_actors = 0: the searchers hold the PRM "
+                          f"(on their own GPUs); set {section}.scorer_actors to run the PRM in actors of its own")
     if cfg.kl_coef_final is not None and not (cfg.kl_coef > 0 and cfg.kl_coef_final > 0):
         raise ConfigError(f"{section}.kl_coef_final = {cfg.kl_coef_final}: an annealed beta runs from {section}.kl_coef > 0 to a "
                           f"value > 0 (got kl_coef = {cfg.kl_coef})")
@@ -269,6 +275,58 @@ class Searcher:
             rounds, rounds_of_version, idle, loading = rounds + 1, rounds_of_version + 1, 0.0, 0.0
 
 
+# ----------------------------------------------------------------------------- the PRM scorer actors (gfn.scorer_actors)
+
+
+def scorer_name(index: int) -> str:
+    """Scorer actor ``index``'s name in the run's namespace (searchers look the actors up by name)."""
+    return f"scorer-{index}"
+
+
+class ScorerActor:
+    """The PRM in a process of its own (one of gfn.scorer_actors): scores what searchers send it,
+    one call at a time, with the scorer ``make_scorer`` builds here (the one a searcher would build)."""
+
+    def __init__(self, index: int, make_scorer: Callable):
+        import ray  # the optional extra (we run inside a Ray worker)
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        self.index, self.scorer = index, make_scorer()
+        self.calls = self.solutions = 0
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+
+    def log_scores_many(self, solutions: list) -> list[list[float]]:
+        """log U of every step of each (question, steps): the PRM's own answer, in order."""
+        self.calls, self.solutions = self.calls + 1, self.solutions + len(solutions)
+        return self.scorer.log_scores_many([(question, list(steps)) for question, steps in solutions])
+
+    def status(self) -> dict:
+        """Calls and solutions scored, its process, whether Ray restarted it, where Ray placed it."""
+        return {"index": self.index, "calls": self.calls, "solutions": self.solutions, "pid": os.getpid(),
+                "restarted": self.restarted, "placement": ray_cluster.placement()}
+
+
+class PooledScorer:
+    """A searcher's scorer when scorer actors hold the PRM: ``log_scores_many`` sends a round's
+    (question, steps) pairs, all of them, to one actor (the PRM sees the batch it would see in the
+    searcher, so the scores are the same) and returns its answer. Round robin: searcher i's calls go
+    to actors i, i + 1, ... (mod gfn.scorer_actors). The actors are looked up by name at the first
+    call (a restarted searcher finds them again); a restarting actor's calls are retried by Ray."""
+
+    def __init__(self, actors: int, first: int = 0):
+        if actors < 1:
+            raise ValueError(f"gfn.scorer_actors={actors}: a pooled scorer needs at least one actor")
+        self.actors, self.next, self.handles = actors, first % actors, None
+
+    def log_scores_many(self, solutions) -> list[list[float]]:
+        import ray  # the optional extra (we run inside a Ray worker)
+
+        if self.handles is None:
+            self.handles = [ray.get_actor(scorer_name(i)) for i in range(self.actors)]
+        actor, self.next = self.handles[self.next], (self.next + 1) % self.actors
+        return ray.get(actor.log_scores_many.remote([(question, list(steps)) for question, steps in solutions]))
+
+
 # ----------------------------------------------------------------------------- the trainer
 
 
@@ -280,6 +338,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
     export:       the trainer's current weights as the searchers load them (plain, LoRA merged)
     problems:     the training problems as JSON (Problem.to_json): put in Ray's object store once
                   and held by this trainer, so a searcher restarted at any moment reads them again
+    make_scorer:  builds the PRM inside each scorer actor (gfn.scorer_actors > 0; picklable); the
+                  searchers then score through PooledScorer
     publish_dtype: the dtype the searchers' policies hold (model.dtype resolved for their device):
                   floating weights are published in it (None: each tensor keeps its own)
 
@@ -290,12 +350,15 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
 
     def __init__(self, base, sampler, objective, cfg, make_sampler: MakeSampler, export: Callable[[], dict],
                  problems: list | None = None, run_name: str = "stepflow", progress: bool = True,
-                 publish_dtype: torch.dtype | None = None):
+                 publish_dtype: torch.dtype | None = None, make_scorer: Callable | None = None):
         super().__init__(base, sampler, objective, cfg, progress=progress)
         if not getattr(objective, "off_policy", False):
             raise ValueError(f"{objective.name} is on-policy: mode=async trains on trajectories of older policies "
                              "(use gfn.loss=subtb | tb | tb_vargrad)")
-        self.make_sampler, self.export, self.run_name = make_sampler, export, run_name
+        if cfg.scorer_actors and make_scorer is None:
+            raise ValueError(f"gfn.scorer_actors={cfg.scorer_actors}: the trainer needs make_scorer to build the PRM in each scorer actor")
+        self.make_sampler, self.export, self.run_name, self.make_scorer = make_sampler, export, run_name, make_scorer
+        self.scorers: list = []
         self.problems, self.problems_ref = list(problems or []), None
         check_async_settings(cfg)
         self.questions, self.per_question = async_shape(cfg)
@@ -332,6 +395,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             self.problems_ref = ray.put(self.problems)
             self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote([self.problems_ref])
             self.reserve()
+            self.start_scorers()
             searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=self.cfg.searcher_max_restarts,
                                   max_concurrency=2)(Searcher)
             self.searchers = [searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(self.placement_group, i))
@@ -342,6 +406,17 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                 bucket_bytes=bucket_bytes(self.cfg.publish_bucket_mb), host=ray.util.get_node_ip_address(),
                 backend=backend_for(trainer_device) if self.cfg.searcher_gpus else "gloo")  # NCCL: GPU to GPU
         collective.barrier()
+
+    def start_scorers(self) -> None:
+        """gfn.scorer_actors actors holding the PRM, each in its own bundle of the run's placement
+        group (ray_cluster.bundles), found by searchers under scorer_name(j); restarted by Ray like searchers."""
+        import ray  # the optional extra (extra `distributed`)
+
+        scorer = ray.remote(num_cpus=1, num_gpus=self.cfg.scorer_gpus, max_restarts=self.cfg.searcher_max_restarts,
+                            max_task_retries=-1)(ScorerActor)
+        self.scorers = [scorer.options(name=scorer_name(j),
+                                       scheduling_strategy=ray_cluster.scorer_strategy(self.placement_group, self.cfg, j))
+                        .remote(j, self.make_scorer) for j in range(self.cfg.scorer_actors)]
 
     def trainer_gpus(self) -> int:
         """GPUs the trainer's processes hold (one each on CUDA; they run on the main process's node)."""
@@ -411,7 +486,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             if self.base.is_main and self.weights is not None:
                 ray.get(self.weights.stop.remote())
                 ray.wait(self.runs, num_returns=len(self.runs), timeout=60)
-                for actor in [*self.searchers, self.store, self.weights]:
+                for actor in [*self.searchers, *self.scorers, self.store, self.weights]:
                     ray.kill(actor)
                 if self.placement_group is not None:
                     ray.util.remove_placement_group(self.placement_group)

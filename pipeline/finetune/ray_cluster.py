@@ -122,30 +122,39 @@ def folder_bytes(path: str | Path | None) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.suffix in {".safetensors", ".bin"} and f.is_file())
 
 
-def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str, trainer_gpus: int = 0) -> list[str]:
-    """Refuse searchers the cluster cannot run at once (each takes 1 CPU and gfn.searcher_gpus
-    GPUs, besides the trainer's ``trainer_gpus``: the rest would never be scheduled and the run
-    would wait for them at its end); return a warning when their estimated memory
-    (``searcher_bytes`` each) exceeds Ray's memory.
+def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str, trainer_gpus: int = 0, scorer_bytes: int = 0) -> list[str]:
+    """Refuse searchers and scorer actors the cluster cannot run at once (a searcher takes 1 CPU and
+    gfn.searcher_gpus GPUs, a scorer actor 1 CPU and gfn.scorer_gpus GPUs, besides the trainer's
+    ``trainer_gpus``: the rest would never be scheduled and the run would wait for them at its end);
+    return a warning when their estimated memory (``searcher_bytes`` each, ``scorer_bytes`` per
+    scorer actor) exceeds Ray's memory.
 
     resources: ray.cluster_resources() ({"CPU": 2.0, "GPU": 1.0, "memory": bytes, ...})
     where:     how the cluster was reached, for the message (e.g. "the local Ray instance")
     """
-    n = cfg.searchers
+    n, scorers = cfg.searchers, cfg.scorer_actors
     cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
-    if n > cpus:
-        raise ValueError(f"gfn.searchers={n} needs {n} CPUs (1 per searcher) but {where} has {cpus:g}: at most {int(cpus)} "
-                         "searchers can run; lower gfn.searchers, or join a larger cluster with gfn.ray_address")
-    if (cfg.searcher_gpus or trainer_gpus) and n * cfg.searcher_gpus + trainer_gpus > gpus:
+    if n + scorers > cpus:
+        pool = f" + gfn.scorer_actors={scorers}" if scorers else ""
+        each = "1 per searcher and scorer actor" if scorers else "1 per searcher"
+        actors, keys = ("actors", "gfn.searchers or gfn.scorer_actors") if scorers else ("searchers", "gfn.searchers")
+        raise ValueError(f"gfn.searchers={n}{pool} needs {n + scorers} CPUs ({each}) but {where} has {cpus:g}: at most "
+                         f"{int(cpus)} {actors} can run; lower {keys}, or join a larger cluster with gfn.ray_address")
+    asked = n * cfg.searcher_gpus + scorers * cfg.scorer_gpus + trainer_gpus
+    if asked and asked > gpus:
+        pool = f" + gfn.scorer_actors={scorers} x gfn.scorer_gpus={cfg.scorer_gpus:g}" if scorers * cfg.scorer_gpus else ""
         trainer = f" + {trainer_gpus} for the trainer's processes" if trainer_gpus else ""
-        raise ValueError(f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g}{trainer} = "
-                         f"{n * cfg.searcher_gpus + trainer_gpus:g} GPUs but {where} has {gpus:g} (Ray reports "
-                         f"{short_resources(resources)}): lower gfn.searchers or gfn.searcher_gpus")
+        raise ValueError(f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g}{pool}{trainer} = {asked:g} GPUs but {where} "
+                         f"has {gpus:g} (Ray reports {short_resources(resources)}): lower gfn.searchers or gfn.searcher_gpus"
+                         f"{' (or the scorer actors)' if pool else ''}")
     warnings = []
     memory = resources.get("memory", 0.0)
-    if memory and n * searcher_bytes > memory:
+    total = n * searcher_bytes + scorers * scorer_bytes
+    if memory and total > memory:
+        pool = (f" + gfn.scorer_actors={scorers} x about {scorer_bytes / 2**30:.2f} GiB each (a worker process and the PRM)"
+                if scorers else "")
         warnings.append(f"gfn.searchers={n} x about {searcher_bytes / 2**30:.2f} GiB each (a worker process, its models and "
-                        f"problems) = {n * searcher_bytes / 2**30:.1f} GiB, more than the {memory / 2**30:.1f} GiB {where} offers "
+                        f"problems){pool} = {total / 2**30:.1f} GiB, more than the {memory / 2**30:.1f} GiB {where} offers "
                         "to tasks: searchers may be killed for memory")
     for warning in warnings:
         log.warning("async: %s", warning)
@@ -161,10 +170,12 @@ def short_resources(resources: dict) -> str:
 def bundles(cfg, trainer_gpus: int, node_ip: str) -> list[dict]:
     """The run's placement group: bundle 0 is the trainer's (on the trainer's node, named by Ray's
     ``node:<ip>`` resource; its GPUs when it trains on GPUs), bundle 1 + i is searcher i's
-    (1 CPU, gfn.searcher_gpus GPUs)."""
+    (1 CPU, gfn.searcher_gpus GPUs), bundle 1 + gfn.searchers + j is scorer actor j's (1 CPU,
+    gfn.scorer_gpus GPUs)."""
     trainer = {f"node:{node_ip}": NODE_SHARE, **({"GPU": float(trainer_gpus)} if trainer_gpus else {})}
     searcher = {"CPU": 1.0, **({"GPU": float(cfg.searcher_gpus)} if cfg.searcher_gpus else {})}
-    return [trainer] + [dict(searcher) for _ in range(cfg.searchers)]
+    scorer = {"CPU": 1.0, **({"GPU": float(cfg.scorer_gpus)} if cfg.scorer_gpus else {})}
+    return [trainer] + [dict(searcher) for _ in range(cfg.searchers)] + [dict(scorer) for _ in range(cfg.scorer_actors)]
 
 
 NODE_SHARE = 0.001  # of the trainer node's `node:<ip>` resource: pins bundle 0 to that node, takes nothing from others
@@ -200,7 +211,8 @@ def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
         searcher = {k: v for k, v in asked[1].items()} if len(asked) > 1 else {}
-        raise ValueError(f"gfn.searchers={cfg.searchers} searchers of {searcher} each and a trainer bundle of {asked[0]} "
+        pool = f", gfn.scorer_actors={cfg.scorer_actors} of {asked[-1]} each" if cfg.scorer_actors else ""
+        raise ValueError(f"gfn.searchers={cfg.searchers} searchers of {searcher} each{pool} and a trainer bundle of {asked[0]} "
                          f"could not be placed within {timeout:g} s on {where} (Ray reports {short_resources(ray.cluster_resources())}"
                          f", available {short_resources(ray.available_resources())}): lower gfn.searchers or "
                          "gfn.searcher_gpus, or join a larger cluster with gfn.ray_address") from None
@@ -220,6 +232,13 @@ def searcher_strategy(group, index: int):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # the optional extra (extra `distributed`)
 
     return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + index)
+
+
+def scorer_strategy(group, cfg, index: int):
+    """Scorer actor ``index``'s scheduling: its own bundle (1 + gfn.searchers + index) of the run's placement group."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # the optional extra (extra `distributed`)
+
+    return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + cfg.searchers + index)
 
 
 def placement() -> dict:

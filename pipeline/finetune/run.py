@@ -28,10 +28,10 @@ from safetensors.torch import save_file
 
 from pipeline.batches import check_divisible
 from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode
-from pipeline.config_loader import check_choice, config_checks
+from pipeline.config_loader import ConfigError, check_choice, config_checks
 from pipeline.files import write_json_atomic
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import AsyncFinetuneTrainer, check_async_settings, pin_process, searcher_config
+from pipeline.finetune.async_ray import AsyncFinetuneTrainer, PooledScorer, check_async_settings, pin_process, searcher_config
 from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling
 from pipeline.finetune.objectives import build_objective, needs_reference, regularized_target
 from pipeline.finetune.policy import LMPolicy
@@ -174,6 +174,10 @@ def preflight(config: Config, stage: str) -> int:
                              "their batches from it) and reserves the trainer's GPUs there, on one machine or several. Start "
                              "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)")
         check_async_settings(cfg)
+        if config.generation.backend == "vllm" and cfg.searcher_gpus and cfg.searcher_vllm_memory_share is None:
+            raise ConfigError("gfn.searcher_vllm_memory_share is unset with GPU searchers (gfn.searcher_gpus="
+                              f"{cfg.searcher_gpus:g}): the stage (python -m stages.train_gfn) derives it from what shares a "
+                              "searcher's GPU before anything loads (eval.plan.searcher_stage); outside a stage, set it")
     check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
     cores = os.cpu_count() or 1
     if cfg.trainer_cores is not None and any(core >= cores for core in cfg.trainer_cores):
@@ -224,8 +228,10 @@ def load_reference(config: Config, tokenizer) -> LMPolicy:
 
 def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: int, problems: list[dict]) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
-    policy (the trainer publishes plain weights, LoRA merged) for HF generate, or its own vLLM engine,
-    the PRM, its own question cycle (the trainer scores the reference itself).
+    policy (the trainer publishes plain weights, LoRA merged) for HF generate, or its own vLLM engine
+    (gfn.searcher_vllm_memory_share of its GPU) and no transformers copy; the PRM (``make_scorer``),
+    or with gfn.scorer_actors > 0 the scorer actors (PooledScorer) and no PRM; its own question
+    cycle. No reference: the trainer scores the reference itself.
 
     problems: the training problems as JSON (Problem.to_json; read from Ray's object store by the
               searcher), rebuilt and validated here
@@ -234,14 +240,17 @@ def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: i
     policy_path = config.resolve(config.model.policy)
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     if config.generation.backend == "vllm":  # the engine samples and takes the published weights: no transformers copy
-        model, sampler = None, VLLMGenerator(policy_path, config, weight_updates=True)
+        engine_config = copy.copy(config)  # the searchers' own share of their GPU
+        engine_config.generation = dataclasses.replace(config.generation, vllm_gpu_memory_utilization=cfg.searcher_vllm_memory_share)
+        model, sampler = None, VLLMGenerator(policy_path, engine_config, weight_updates=True)
     else:
         model, sampler = load_causal_lm(policy_path, config.model), None
         model.requires_grad_(False)
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
                       sampler=sampler)
     problems_with_prompts, kind = train_problems(config, [Problem.from_json(p, "training problems") for p in problems], tokenizer)
-    return TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg)
+    scorer = PooledScorer(cfg.scorer_actors, index) if cfg.scorer_actors else make_scorer()
+    return TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg)
 
 
 def searcher_dtype(config: Config, cfg: GFNConfig) -> torch.dtype:
@@ -257,16 +266,18 @@ def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> li
     the cluster lacks the CPUs or GPUs to run them all at once beside the trainer's GPUs (one per
     trainer process on CUDA), a warning (returned and logged) when their estimated memory exceeds
     what Ray offers. Each searcher's estimate: a worker process (ray_cluster.WORKER_BYTES), its
-    policy, PRM and reference weights, the training problems."""
+    policy weights, the PRM's unless scorer actors hold it (no reference: the trainer holds it), the
+    training problems; each scorer actor's: a worker process and the PRM's weights."""
     import ray  # the optional extra (extra `distributed`)
 
     cfg = getattr(config, stage)
-    models = [config.model.policy, config.model.prm] + ([config.model.policy] if needs_reference(cfg) else [])
-    searcher_bytes = (ray_cluster.WORKER_BYTES + sum(ray_cluster.folder_bytes(config.resolve(m)) for m in models)
+    policy, prm = (ray_cluster.folder_bytes(config.resolve(m)) for m in (config.model.policy, config.model.prm))
+    searcher_bytes = (ray_cluster.WORKER_BYTES + policy + (0 if cfg.scorer_actors else prm)
                       + len(json.dumps([p.to_json() for p in problems])))
     where = f"the Ray cluster at gfn.ray_address={cfg.ray_address}" if cfg.ray_address else "the local Ray instance"
     trainer_gpus = process_count(config.model) if resolve_device(config.model.device).type == "cuda" else 0
-    return ray_cluster.check_searchers_fit(cfg, ray.cluster_resources(), searcher_bytes, where, trainer_gpus=trainer_gpus)
+    return ray_cluster.check_searchers_fit(cfg, ray.cluster_resources(), searcher_bytes, where, trainer_gpus=trainer_gpus,
+                                           scorer_bytes=ray_cluster.WORKER_BYTES + prm)
 
 
 def log_reweighting_ceiling(cfg: GFNConfig, policy, scorer, problems: list[TrainProblem], kind: str, reward, collective: Collective,
@@ -292,7 +303,8 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
 
     make_scorer: builds the PRM (``log_scores_many([(question, steps), ...])``, e.g.
                  functools.partial(prm.scorer.PRMScorer.from_pretrained, path, config)); called
-                 here, or in every searcher actor in asynchronous mode (so it must pickle)
+                 here, or in every searcher actor in asynchronous mode, or in every scorer actor
+                 with gfn.scorer_actors > 0 (so it must pickle)
     Writes <out_dir>/model/ (+ <out_dir>/value_head/ for PPO), metrics.jsonl and
     training_curves.png (main process); checkpoints/ while training. Returns the metrics
     records of this run.
@@ -357,7 +369,7 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
         trainer = AsyncFinetuneTrainer(base, trainer_sampler, objective, cfg, make_sampler,
                                        export=lambda: policy.plain_weights(base.full_state_dict()),
                                        problems=[p.to_json() for p in problems], run_name=config.run, progress=progress,
-                                       publish_dtype=searcher_dtype(config, cfg))
+                                       publish_dtype=searcher_dtype(config, cfg), make_scorer=make_scorer)
     else:
         trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg,
                                                reference=reference if stage == "ppo" else None, collective=collective)
