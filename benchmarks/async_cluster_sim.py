@@ -53,7 +53,7 @@ from benchmarks.common import machine_description
 
 log = logging.getLogger("stepflow.bench")
 
-ROW_NAME = "async_cluster_sim"
+NAME = "async_cluster_sim"
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -457,7 +457,7 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
     path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     # Ray's CPU resource is logical: one per searcher bundle, as ray_cluster.bundles asks; the
     # searchers sleep, so more bundles than cores is what the simulation is for
-    ray.init(num_cpus=most, include_dashboard=False, log_to_driver=False, namespace=f"{ROW_NAME}-{os.getpid()}",
+    ray.init(num_cpus=most, include_dashboard=False, log_to_driver=False, namespace=f"{NAME}-{os.getpid()}",
              runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                                        "TOKENIZERS_PARALLELISM": "false"}})
     try:
@@ -475,7 +475,7 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
         statuses = ray.get([actor.status.remote() for actor in actors], timeout=600)
         bundles = [status["placement"]["bundles"] for status in statuses]
         startup = time.monotonic() - started
-        log.info("%s: %d searchers started in %.1f s", ROW_NAME, most, startup)
+        log.info("%s: %d searchers started in %.1f s", NAME, most, startup)
         sweep_state = bf16_state(settings.sweep_payload_parameters)
         points, step = [], 0
         for policy in settings.policies or (config_policy(cfg.gfn), NO_REPLAY):
@@ -487,13 +487,13 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
                 points.append(point)
                 log.info("%s: %s N=%d trained %.1f/s of ideal %.1f/s (%.2f); staleness p50 %.1f p90 %.1f; "
                          "store busy %.3f",
-                         ROW_NAME, policy.name, count, point["trained_per_s"], point["ideal_per_s"],
+                         NAME, policy.name, count, point["trained_per_s"], point["ideal_per_s"],
                          point["fraction_of_ideal"], point["staleness_p50"], point["staleness_p90"],
                          point["store_busy_fraction"])
         full = None
         if full_payload:
             full = full_publication(weights, actors, bf16_state(settings.full_payload_parameters), step)
-            log.info("%s: 1B-parameter bf16 publication %s", ROW_NAME, full)
+            log.info("%s: 1B-parameter bf16 publication %s", NAME, full)
         return {"points": points, "full_publication": full, "startup_seconds": startup, "searcher_bundles": bundles,
                 "total_seconds": time.monotonic() - started}
     finally:
@@ -571,15 +571,20 @@ def markdown_table(row: dict) -> str:
     return "\n".join(lines)
 
 
-def run(cfg, out_dir: Path, *, settings: SimSettings = SimSettings(), calibration: Calibration = CALIBRATION,
-        full_payload: bool = True) -> dict:
-    """The benchmark row: writes out_dir/async_cluster_sim.json and .png; returns the row."""
+def run(cfg, out_dir: Path) -> dict:
+    """The benchmark row (make bench): the sweep at the default settings and calibration."""
+    return measure(cfg, out_dir)
+
+
+def measure(cfg, out_dir: Path, *, settings: SimSettings = SimSettings(), calibration: Calibration = CALIBRATION,
+            full_payload: bool = True) -> dict:
+    """The row at the given settings: writes out_dir/async_cluster_sim.json and .png; returns the row."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = sweep(cfg, settings=settings, calibration=calibration, full_payload=full_payload)
     worst = {name: min(p["fraction_of_ideal"] for p in points) for name, points in by_policy(result["points"]).items()}
     row = {
-        "name": ROW_NAME,
+        "name": NAME,
         "fraction_of_ideal": next(iter(worst.values())),  # the worst sweep point of the first policy
         "fraction_of_ideal_by_policy": worst,
         "goal": ">= 0.9 of ideal at every N up to 32; the store never the bottleneck",
@@ -588,8 +593,8 @@ def run(cfg, out_dir: Path, *, settings: SimSettings = SimSettings(), calibratio
         "settings": dataclasses.asdict(settings),
         **result,
     }
-    (out_dir / f"{ROW_NAME}.json").write_text(json.dumps(row, indent=1) + "\n")
-    plot(row, out_dir / f"{ROW_NAME}.png")
+    (out_dir / f"{NAME}.json").write_text(json.dumps(row, indent=1) + "\n")
+    plot(row, out_dir / f"{NAME}.png")
     return row
 
 
@@ -604,7 +609,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = config.run_dir / "bench"
     row = run(config, out_dir)
     if docs_image:
-        shutil.copyfile(out_dir / f"{ROW_NAME}.png", REPO / "docs" / "img" / f"{ROW_NAME}.png")
+        shutil.copyfile(out_dir / f"{NAME}.png", REPO / "docs" / "img" / f"{NAME}.png")
     print(markdown_table(row))
     print(json.dumps({key: row[key] for key in ("name", "fraction_of_ideal", "machine", "full_publication")}))
     return row

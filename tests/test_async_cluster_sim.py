@@ -67,7 +67,7 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
     settings = sim.SimSettings(searcher_counts=(1, 2), policies=(sim.config_policy(cfg.gfn), sim.NO_REPLAY),
                                warmup_updates=1, measured_updates=3, problems=64, sweep_payload_parameters=1000,
                                draw_timeout=60.0)
-    row = sim.run(cfg, tmp_path, settings=settings, calibration=calibration, full_payload=False)  # Ray shut down inside
+    row = sim.measure(cfg, tmp_path, settings=settings, calibration=calibration, full_payload=False)  # Ray shut down inside
     assert (tmp_path / "async_cluster_sim.json").exists() and (tmp_path / "async_cluster_sim.png").exists()
     expected = [("config", 1), ("config", 2), ("no_replay", 1), ("no_replay", 2)]
     assert [(p["policy"], p["searchers"]) for p in row["points"]] == expected
