@@ -44,12 +44,23 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import sys
 import time
 from pathlib import Path
 
+import torch
+from matplotlib.figure import Figure
+
 from benchmarks.common import machine_description
+from pipeline.finetune import ray_cluster
+from pipeline.finetune.async_ray import Searcher, TrajectoryStore, WeightStore, searcher_config
+from pipeline.finetune.policy import SampledSolution
+from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
+from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.records import Trajectory
+from stages.common import parse_args
 
 log = logging.getLogger("stepflow.bench")
 
@@ -167,7 +178,6 @@ class SleepingEngine:
     the byte count of what it was sent."""
 
     def __init__(self, searcher: int, calibration: Calibration, steps: int = 3):
-        import random
 
         self.searcher, self.calibration, self.steps = searcher, calibration, steps
         self.version, self.loaded_bytes, self.rounds = -1, 0, 0
@@ -178,7 +188,6 @@ class SleepingEngine:
         self.version = version
 
     def sample(self, prompts, n, temperature, seed):
-        from pipeline.finetune.policy import SampledSolution
 
         c = self.calibration
         low, high = c.tokens_per_trajectory // 2, c.tokens_per_trajectory + c.tokens_per_trajectory // 2
@@ -199,8 +208,6 @@ class ConstantScorer:
 
 def make_sampler(index: int, problems: list, *, gfn, calibration: Calibration):
     """Searcher ``index``'s real TrajectorySampler over the sleeping engine (inside its actor)."""
-    from pipeline.finetune.async_ray import searcher_config
-    from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 
     train = [TrainProblem(p["problem_id"], p["question"], p["question"], p["answer"]) for p in problems]
     engine = SleepingEngine(index, calibration)
@@ -210,7 +217,6 @@ def make_sampler(index: int, problems: list, *, gfn, calibration: Calibration):
 def timed_store_class():
     """TrajectoryStore with the seconds spent inside add and sample counted (the store's own time,
     Ray's call overhead excluded), and a restart to an empty buffer between sweep points."""
-    from pipeline.finetune.async_ray import TrajectoryStore
 
     class TimedTrajectoryStore(TrajectoryStore):
         def __init__(self, buffer_kwargs: dict):
@@ -245,7 +251,6 @@ def timed_store_class():
 
 def reopenable_weights_class():
     """WeightStore whose stop can be lifted: the same searchers serve every sweep point."""
-    from pipeline.finetune.async_ray import WeightStore
 
     class ReopenableWeightStore(WeightStore):
         def resume(self) -> None:
@@ -263,9 +268,7 @@ def publish_weights(weights, searchers: list, state: dict, version: int, *, buck
     ``bucket_mb`` MiB put in Ray's object store once, their references handed to the weights actor,
     from which every searcher fetches at the start of its next round). Returns {"seconds", "bytes",
     "buckets"}: from the call until the references are handed out (packing included)."""
-    import torch
 
-    from pipeline.finetune.publication import WeightPublisher, bucket_bytes
 
     publisher = WeightPublisher(transport="object_store", weights=weights, dtype=torch.bfloat16,
                                 bucket_bytes=bucket_bytes(bucket_mb))
@@ -278,10 +281,19 @@ def publish_weights(weights, searchers: list, state: dict, version: int, *, buck
     return {"seconds": seconds, "bytes": publication.bytes, "buckets": publication.buckets}
 
 
+def bf16_state(parameters: int, *, tensor_parameters: int = 64 * 2**20) -> dict:
+    """A bf16 state dict of ``parameters`` values (tensors of at most ``tensor_parameters``, ones)."""
+    state, left, index = {}, parameters, 0
+    while left > 0:
+        size = min(left, tensor_parameters)
+        state[f"layer{index}.weight"] = torch.ones(size, dtype=torch.bfloat16)
+        left, index = left - size, index + 1
+    return state
+
+
 def fetch_seconds(version: int, refs: list, layout: dict) -> dict:
     """One reader's fetch of a published version (a Ray task on this node, through the searchers'
     own WeightReceiver): seconds and bytes."""
-    from pipeline.finetune.publication import WeightReceiver
 
     receiver = WeightReceiver("reader")
     start = time.monotonic()
@@ -315,9 +327,8 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
                 calibration: Calibration, first_step: int, sweep_state: dict) -> dict:
     """One sweep point: ``searchers`` searchers run while the fake trainer trains warmup +
     measured updates under ``policy``. Returns the point's measurements and the next free step."""
-    import ray
+    import ray  # the optional extra (extra `distributed`)
 
-    from pipeline.records import Trajectory
 
     questions, used = searchers * settings.questions_per_round, settings.samples_per_question
     rows_per_update = questions * used
@@ -432,7 +443,7 @@ def full_publication(weights, searchers: list, state: dict, version: int) -> dic
     """The 1B-parameter bf16 payload published with the searchers stopped (each would fetch a copy, and
     N copies of 2 GB do not fit one machine; the object-store transport puts it once whatever N),
     then fetched by one reader."""
-    import ray
+    import ray  # the optional extra (extra `distributed`)
 
     publication = publish_weights(weights, searchers, state, version)
     published, refs, layout, _ = ray.get(weights.latest.remote(-1))
@@ -446,10 +457,8 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
           full_payload: bool = True) -> dict:
     """Start a local Ray instance, the run's actors and max(searcher_counts) searchers in the
     run's placement group, run every sweep point, shut Ray down."""
-    import ray
+    import ray  # the optional extra (extra `distributed`)
 
-    from pipeline.finetune import ray_cluster
-    from pipeline.finetune.async_ray import Searcher
 
     most = max(settings.searcher_counts)
     gfn = gfn_section(cfg, settings, most)
@@ -510,12 +519,10 @@ def by_policy(points: list[dict]) -> dict[str, list[dict]]:
 def plot(result: dict, path: Path) -> Path:
     """Per store policy: trained trajectories per second and the ideal against N (log-log); the
     fraction of the ideal and the store's busy fraction beside it."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    left, right = fig.subplots(1, 2)
     groups = by_policy(result["points"])
     first = next(iter(groups.values()))
     n = [p["searchers"] for p in first]
@@ -546,7 +553,6 @@ def plot(result: dict, path: Path) -> Path:
     right.set_title(result.get("machine", ""), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -601,7 +607,6 @@ def measure(cfg, out_dir: Path, *, settings: SimSettings = SimSettings(), calibr
 def main(argv: list[str] | None = None) -> dict:
     """``--config FILE key=value ...`` (stages.common.parse_args); ``--docs-image`` copies the plot
     to docs/img/async_cluster_sim.png."""
-    from stages.common import parse_args
 
     argv = list(sys.argv[1:] if argv is None else argv)
     docs_image = "--docs-image" in argv
