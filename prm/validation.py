@@ -92,19 +92,22 @@ def mc_pair_check(scorer, records: Sequence[PRMExample], merge_prefixes: bool = 
     """How often the PRM orders sibling steps (same prefix, stored labels that differ; prm.data.sibling_pairs)
     as their labels do: the share of pairs whose higher-labelled step scores higher (ties 1/2), and
     that share weighted by the label gap. On MCTS records the labels are MC values, not exact ones.
-    Returns {accuracy, gap_weighted_accuracy, n_pairs, n_prefixes}; the first two None without pairs."""
+    Returns {accuracy, interval (95%, problems resampled with all their pairs; pair_auc),
+    gap_weighted_accuracy, n_pairs, n_prefixes}; accuracy and its interval None without pairs."""
     sequences, _ = group_records(records, merge_prefixes)
     pairs = sibling_pairs(sequences)
     if not pairs:
-        return {"accuracy": None, "gap_weighted_accuracy": None, "n_pairs": 0, "n_prefixes": 0}
+        return {"accuracy": None, "interval": [None, None], "gap_weighted_accuracy": None, "n_pairs": 0, "n_prefixes": 0}
     logits = scorer.logits_many([(s.question, s.steps) for s in sequences])
     better = np.array([float(logits[p.better[0]][p.better[1]]) for p in pairs])
     worse = np.array([float(logits[p.worse[0]][p.worse[1]]) for p in pairs])
     gap = np.array([p.gap for p in pairs])
     wins = (better > worse) + 0.5 * (better == worse)
-    prefixes = {(sequences[p.better[0]].problem_id, tuple(sequences[p.better[0]].steps[: p.better[1]])) for p in pairs}
-    return {"accuracy": float(wins.mean()), "gap_weighted_accuracy": float((wins * gap).sum() / gap.sum()), "n_pairs": len(pairs),
-            "n_prefixes": len(prefixes)}
+    problems = [sequences[p.better[0]].problem_id for p in pairs]
+    accuracy, lo, hi = pair_auc(worse, better, problems)
+    prefixes = {(problem, tuple(sequences[p.better[0]].steps[: p.better[1]])) for problem, p in zip(problems, pairs)}
+    return {"accuracy": accuracy, "interval": [lo, hi], "gap_weighted_accuracy": float((wins * gap).sum() / gap.sum()),
+            "n_pairs": len(pairs), "n_prefixes": len(prefixes)}
 
 
 # ----------------------------------------------------------------------------- E.4 corruption

@@ -143,6 +143,7 @@ def test_mc_pair_accuracy_counts_siblings_ordered_as_their_labels():
     # pairs (a > b: right), (a > c: wrong), (b > c: wrong); gaps 0.5, 1.0, 0.5
     assert report["n_pairs"] == 3 and report["n_prefixes"] == 1
     assert report["accuracy"] == pytest.approx(1 / 3)
+    assert report["interval"] == [None, None]  # one problem: nothing to resample
     assert report["gap_weighted_accuracy"] == pytest.approx(0.5 / 2.0)
 
 
