@@ -271,6 +271,9 @@ class PRMConfig:
     # hard_label_threshold, else 0 (Zhang et al. 2025, "The Lessons of Developing PRMs": threshold 0; docs/prm.md)
     labels: PRMLabels = "soft"
     hard_label_threshold: float = bounded(0.0, ge=0, lt=1)
+    # weight of the Bradley-Terry ranking loss over sibling steps (same prefix, different labels), added to the BCE;
+    # 0: BCE alone (the paper). > 0 also keeps siblings in one micro-batch (docs/prm.md, "Sibling ranking loss")
+    pair_loss_weight: float = bounded(0.0, ge=0)
     lr: float = bounded(1e-3, gt=0)  # paper: 8e-6
     batch_size: int = bounded(32, ge=1)  # sequences per optimizer step, all processes together (paper: 144 examples)
     micro_batch_size: int = bounded(32, ge=1)  # sequences per forward and process; accumulation = batch_size / (micro x processes)

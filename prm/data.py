@@ -7,6 +7,12 @@ the longer one's sequence: the label sits at its own step's last token and sees 
 tokens it would see alone. ``group_records`` packs examples this way (``merge_prefixes``);
 examples with the same path share one position, whose label is their mean and whose weight is
 their count -- the summed BCE is the same, because BCE is linear in the label.
+
+Sibling pairs (``sibling_pairs``): two labelled steps of one question that share their prefix and
+whose labels differ -- in MCTS records, two rollouts' steps from one tree state, or the
+first-error search's step beside another branch's. The pair loss (prm.train.prm_pair_loss)
+ranks them; ``PRMDataset.pairs_within`` hands a micro-batch the pairs it holds, and
+``iter_training_batches(groups=...)`` keeps siblings in one micro-batch.
 """
 
 from __future__ import annotations
@@ -72,6 +78,44 @@ def group_records(records: Sequence[PRMExample], merge_prefixes: bool = True) ->
     return sequences, slots
 
 
+@dataclass(frozen=True)
+class SiblingPair:
+    """Two labelled steps under the same prefix of one question, the first labelled higher.
+
+    better, worse: (sequence index, step index) of each step in group_records' sequences
+    gap:           label(better) - label(worse) > 0 (the mean labels of the merged records)
+    """
+
+    better: tuple[int, int]
+    worse: tuple[int, int]
+    gap: float
+
+
+def sibling_pairs(sequences: Sequence[PRMSequence], min_gap: float = 0.0) -> list[SiblingPair]:
+    """Every pair of distinct labelled steps that share (problem_id, question, prefix) and whose
+    labels differ by more than ``min_gap``, in the order the sequences list them.
+
+    A labelled position is a distinct path (group_records gives each path one position), so the
+    children of one prefix are distinct step texts; a prefix with n labelled children gives up to
+    n (n - 1) / 2 pairs.
+    """
+    children: dict[tuple[str, str, tuple[str, ...]], list[tuple[int, int, float]]] = {}
+    for seq_index, sequence in enumerate(sequences):
+        for step_index, (label, _) in sequence.labels.items():
+            key = (sequence.problem_id, sequence.question, tuple(sequence.steps[:step_index]))
+            children.setdefault(key, []).append((seq_index, step_index, label))
+    pairs = []
+    for siblings in children.values():
+        for a in range(len(siblings)):
+            for b in range(a + 1, len(siblings)):
+                (seq_a, step_a, label_a), (seq_b, step_b, label_b) = siblings[a], siblings[b]
+                if abs(label_a - label_b) <= min_gap:
+                    continue
+                high, low = ((seq_a, step_a), (seq_b, step_b)) if label_a > label_b else ((seq_b, step_b), (seq_a, step_a))
+                pairs.append(SiblingPair(high, low, abs(label_a - label_b)))
+    return pairs
+
+
 # ----------------------------------------------------------------------------- encoding
 
 
@@ -123,7 +167,9 @@ class PRMDataset(torch.utils.data.Dataset):
         encoder = SolutionEncoder(tokenizer, format_config, kind)
         self.items: list[EncodedSequence] = []
         self.dropped_labels = 0.0
-        for sequence in self.sequences:
+        item_of_sequence: dict[int, int] = {}
+        slot_of_step: dict[int, dict[int, int]] = {}  # sequence -> {step index: label slot in its item}
+        for seq_index, sequence in enumerate(self.sequences):
             ids, ends = encoder.encode(sequence.question, sequence.steps)
             positions, labels, weights = [], [], []
             for step_index, (label, weight) in sequence.labels.items():
@@ -135,6 +181,20 @@ class PRMDataset(torch.utils.data.Dataset):
                     self.dropped_labels += weight
             if positions:
                 self.items.append(EncodedSequence(ids[: max(positions) + 1], positions, labels, weights))
+                kept = [k for k in sequence.labels if ends[k] < max_length]
+                item_of_sequence[seq_index] = len(self.items) - 1
+                slot_of_step[seq_index] = {k: slot for slot, k in enumerate(kept)}
+        # sibling pairs whose two steps both kept their label, as (item, slot) of each
+        self.pairs: list[tuple[int, int, int, int, float]] = []
+        for pair in sibling_pairs(self.sequences):
+            (seq_b, step_b), (seq_w, step_w) = pair.better, pair.worse
+            slot_b = slot_of_step.get(seq_b, {}).get(step_b)
+            slot_w = slot_of_step.get(seq_w, {}).get(step_w)
+            if slot_b is not None and slot_w is not None:
+                self.pairs.append((item_of_sequence[seq_b], slot_b, item_of_sequence[seq_w], slot_w, pair.gap))
+        self._pairs_of_item: dict[int, list[int]] = {}
+        for index, (item_b, _, item_w, _, _) in enumerate(self.pairs):
+            self._pairs_of_item.setdefault(item_b, []).append(index)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -150,18 +210,51 @@ class PRMDataset(torch.utils.data.Dataset):
     def n_labels(self) -> float:
         return sum(sum(item.weights) for item in self.items)
 
+    def pairs_within(self, indices: Sequence[int]) -> list[tuple[int, int, int, int, float]]:
+        """The sibling pairs whose two steps are both in the micro-batch of items ``indices``, as
+        (row of the better step, its slot, row of the worse step, its slot, label gap)."""
+        row_of = {item: row for row, item in enumerate(indices)}
+        found = []
+        for item in indices:
+            for index in self._pairs_of_item.get(item, ()):
+                item_b, slot_b, item_w, slot_w, gap = self.pairs[index]
+                if item_w in row_of:
+                    found.append((row_of[item_b], slot_b, row_of[item_w], slot_w, gap))
+        return found
+
+    def sibling_groups(self) -> list[list[int]]:
+        """The items linked by sibling pairs, as connected groups (every item in exactly one; an
+        item without siblings alone), each in increasing order, groups by their first item."""
+        parent = list(range(len(self.items)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for item_b, _, item_w, _, _ in self.pairs:
+            parent[root(item_b)] = root(item_w)
+        groups: dict[int, list[int]] = {}
+        for i in range(len(self.items)):
+            groups.setdefault(root(i), []).append(i)
+        return sorted(groups.values(), key=lambda members: members[0])
+
 
 class PRMCollator:
     """A list of EncodedSequence -> right-padded tensors.
 
     input_ids (B, T), attention_mask (B, T), score_positions (B, S) (padding: 0),
-    labels (B, S) soft labels, label_mask (B, S) float weights (0 at padding).
+    labels (B, S) soft labels, label_mask (B, S) float weights (0 at padding); with ``pairs``
+    (PRMDataset.pairs_within of the same items) also pair_better (P, 2) and pair_worse (P, 2),
+    (row, slot) of each pair's two steps, and pair_gap (P,) their label gap.
     """
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
 
-    def __call__(self, items: Sequence[EncodedSequence]) -> dict[str, torch.Tensor]:
+    def __call__(self, items: Sequence[EncodedSequence], pairs: Sequence[tuple[int, int, int, int, float]] | None = None
+                 ) -> dict[str, torch.Tensor]:
         width = max(len(item) for item in items)
         steps = max(len(item.score_positions) for item in items)
         batch = len(items)
@@ -177,8 +270,13 @@ class PRMCollator:
             score_positions[row, :s] = torch.tensor(item.score_positions, dtype=torch.long)
             labels[row, :s] = torch.tensor(item.labels, dtype=torch.float32)
             label_mask[row, :s] = torch.tensor(item.weights, dtype=torch.float32)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "score_positions": score_positions,
-                "labels": labels, "label_mask": label_mask}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "score_positions": score_positions,
+                 "labels": labels, "label_mask": label_mask}
+        if pairs is not None:
+            batch["pair_better"] = torch.tensor([[p[0], p[1]] for p in pairs], dtype=torch.long).reshape(-1, 2)
+            batch["pair_worse"] = torch.tensor([[p[2], p[3]] for p in pairs], dtype=torch.long).reshape(-1, 2)
+            batch["pair_gap"] = torch.tensor([p[4] for p in pairs], dtype=torch.float32)
+        return batch
 
 
 def pad_token_id(tokenizer) -> int:
@@ -217,8 +315,21 @@ def sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def sibling_group_batches(groups: Sequence[Sequence[int]], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Micro-batches that keep sibling groups together: the groups in random order, their items
+    laid end to end and sliced every ``batch_size`` (a group that straddles a cut loses the pairs
+    across it), then the batches shuffled."""
+    order = list(range(len(groups)))
+    rng.shuffle(order)
+    flat = [item for g in order for item in groups[g]]
+    batches = [flat[i : i + batch_size] for i in range(0, len(flat), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
 def iter_training_batches(
-    lengths: Sequence[int], micro_batch_size: int, n_micro_batches: int, seed: int, group_by_length: bool = False
+    lengths: Sequence[int], micro_batch_size: int, n_micro_batches: int, seed: int, group_by_length: bool = False,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> Iterator[list[int]]:
     """``n_micro_batches`` micro-batches over as many epochs as that takes; epoch e is shuffled
     with Random(seed * 1_000_003 + e), so a resumed run sees the same stream.
@@ -226,13 +337,19 @@ def iter_training_batches(
     group_by_length=False (default): uniformly shuffled micro-batches. True: length-bucketed
     (length_bucketed_batches), less padding but each micro-batch holds sequences of one length,
     and a PRM sequence's length predicts its labels (later steps, shorter corrupted branches),
-    so its gradient is biased batch by batch (docs/prm.md, "Batching").
+    so its gradient is biased batch by batch (docs/prm.md, "Batching"). ``groups`` (sibling
+    groups, PRMDataset.sibling_groups; not with group_by_length): shuffled groups, each kept in
+    one micro-batch where the cuts allow (sibling_group_batches), so the pair loss sees its pairs.
     """
+    if groups is not None and group_by_length:
+        raise ValueError("iter_training_batches: sibling groups and group_by_length cannot be combined")
     bucket_batches = 50 if group_by_length else 1  # a bucket of one batch is a plain shuffle
     produced, epoch = 0, 0
     while produced < n_micro_batches:
         rng = random.Random(seed * 1_000_003 + epoch)
-        for batch in length_bucketed_batches(lengths, micro_batch_size, rng, bucket_batches):
+        batches = (sibling_group_batches(groups, micro_batch_size, rng) if groups is not None
+                   else length_bucketed_batches(lengths, micro_batch_size, rng, bucket_batches))
+        for batch in batches:
             if produced >= n_micro_batches:
                 return
             yield batch

@@ -1,5 +1,6 @@
-"""PRM training: BCE against step labels (prm.labels: soft MC values or hard 0/1), with accelerate
-(paper 3.3, appendix E.2-E.3).
+"""PRM training: BCE against step labels (prm.labels: soft MC values or hard 0/1), plus, with
+prm.pair_loss_weight > 0, a Bradley-Terry ranking loss over sibling steps (same prefix, labels
+that differ), with accelerate (paper 3.3, appendix E.2-E.3; docs/prm.md).
 
 One optimizer step = ``batch_size`` sequences (all processes together), taken as micro-batches
 of ``micro_batch_size`` sequences per process with gradient accumulation. AdamW (no decay on
@@ -52,6 +53,24 @@ def prm_bce_loss(logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
     weights = mask.to(logits.dtype)
     per_step = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="none")
     return (per_step * weights).sum() / weights.sum().clamp_min(torch.finfo(logits.dtype).tiny)
+
+
+def prm_pair_loss(logits: Tensor, better: Tensor, worse: Tensor, gap: Tensor) -> Tensor:
+    """Gap-weighted Bradley-Terry loss of sibling steps: the higher-labelled one should score higher.
+
+    logits: (B, S) head logits at each step's last token
+    better: (P, 2) long, (row, slot) in ``logits`` of the step with the higher label
+    worse:  (P, 2) long, (row, slot) of its sibling (same prefix) with the lower label
+    gap:    (P,) label(better) - label(worse) > 0, each pair's weight
+    returns: scalar sum_p gap_p * softplus(z_worse,p - z_better,p) / sum_p gap_p, i.e. the
+             gap-weighted mean of -log sigmoid(z_better - z_worse); 0 (still on the graph) when P = 0
+    """
+    z_better = logits[better[:, 0], better[:, 1]]
+    z_worse = logits[worse[:, 0], worse[:, 1]]
+    weights = gap.to(logits.dtype)
+    if weights.numel() == 0:
+        return logits.sum() * 0.0
+    return (weights * F.softplus(z_worse - z_better)).sum() / weights.sum().clamp_min(torch.finfo(logits.dtype).tiny)
 
 
 def training_targets(records: Sequence[PRMExample], labels: str = "soft", threshold: float = 0.0) -> list[PRMExample]:
@@ -135,6 +154,11 @@ def train_prm(
     if len(train_set) == 0:
         raise ValueError("train_prm: no training sequences (no records, or every label beyond prm.max_length)")
     collator = PRMCollator(pad_token_id(tokenizer))
+    pair_weight = cfg.pair_loss_weight
+    if pair_weight > 0 and cfg.group_by_length:
+        raise ValueError("prm.pair_loss_weight > 0 keeps sibling steps in one micro-batch; prm.group_by_length=true cannot be combined "
+                         "with it")
+    sibling_groups = train_set.sibling_groups() if pair_weight > 0 else None
 
     micro_per_epoch = math.ceil(len(train_set) / cfg.micro_batch_size)
     total_steps = max(1, round(cfg.epochs * micro_per_epoch / (accumulation * world)))
@@ -155,17 +179,23 @@ def train_prm(
         """This process's share of the seeded stream (every process walks the same one), from
         the first micro-batch a resumed run has not trained on."""
         stream = iter_training_batches(train_set.lengths, cfg.micro_batch_size, total_steps * accumulation * world, cfg.seed,
-                                       cfg.group_by_length)
+                                       cfg.group_by_length, groups=sibling_groups)
         for micro_index, indices in enumerate(stream):
             if micro_index % world == accelerator.process_index and micro_index >= start_step * accumulation * world:
-                yield collator([train_set[i] for i in indices])
+                pairs = train_set.pairs_within(indices) if pair_weight > 0 else None
+                yield collator([train_set[i] for i in indices], pairs)
 
     def loss_fn(model, batch):
         # counted on the host before the copy: no device sync per micro-batch
         counts = {"examples": batch["label_mask"].sum().item(), "tokens": batch["attention_mask"].sum().item()}
+        if pair_weight > 0:
+            counts["sibling_pairs"] = len(batch["pair_gap"])
         batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
-        logits = model(batch["input_ids"], batch["attention_mask"], batch["score_positions"])
-        return prm_bce_loss(logits.float(), batch["labels"], batch["label_mask"]), counts
+        logits = model(batch["input_ids"], batch["attention_mask"], batch["score_positions"]).float()
+        loss = prm_bce_loss(logits, batch["labels"], batch["label_mask"])
+        if pair_weight > 0:
+            loss = loss + pair_weight * prm_pair_loss(logits, batch["pair_better"], batch["pair_worse"], batch["pair_gap"])
+        return loss, counts
 
     result = base.fit(my_micro_batches(), loss_fn,
                       extra_record=lambda step: {"epoch": step * accumulation * world / micro_per_epoch})
@@ -191,6 +221,9 @@ def train_prm(
         "n_train_records": train_set.n_records,
         "n_train_sequences": len(train_set),
         "n_train_labels": train_set.n_labels,
+        "pair_loss_weight": pair_weight,
+        "n_train_sibling_pairs": len(train_set.pairs),  # pairs in the training set (their labels differ)
+        "sibling_pairs_trained": int(result["counts"].get("sibling_pairs", 0)),  # pair terms seen in micro-batches, every epoch
         "dropped_labels": train_set.dropped_labels,
         "accumulation": accumulation,
         "processes": world,

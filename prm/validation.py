@@ -2,7 +2,8 @@
 
 On held-out PRM records: BCE against the soft labels, the MC-label step AUC (MC label > 0.5 is
 positive; Mann-Whitney with ties), Brier score, expected calibration error over equal-width bins
-and the reliability table behind it. The paper's E.4 check: alter the result of a calculation in
+and the reliability table behind it, and the MC sibling-pair accuracy (steps under one prefix
+ordered as their MC labels are). The paper's E.4 check: alter the result of a calculation in
 steps labelled correct (by +1..9, and by +-1, the size of most of the policy's own slips) and
 measure how far the score falls. The exact check, on the policy's own samples of held-out
 problems labelled by their kind's exact labeller (FIRST_ERROR_LABELLERS): the AUC of correct
@@ -32,7 +33,7 @@ from pipeline.records import PRMExample, Problem, RecordError
 from pipeline.stats import bootstrap_statistic, grouped_bootstrap_auc
 from pipeline.steps import split_steps
 from pipeline.tinyworld.problems import corrected_step, first_wrong_step
-from prm.data import group_records
+from prm.data import group_records, sibling_pairs
 
 # The result of a calculation: the number right after an '=' (an optional '$' between).
 _RESULT = re.compile(r"=\s*\$?\s*(-?\d+(?:\.\d+)?)")
@@ -85,6 +86,28 @@ def record_logits(scorer, records: Sequence[PRMExample], merge_prefixes: bool = 
     sequences, slots = group_records(records, merge_prefixes)
     logits = scorer.logits_many([(s.question, s.steps) for s in sequences])
     return np.array([float(logits[seq][step]) for seq, step in slots], dtype=np.float64)
+
+
+def mc_pair_check(scorer, records: Sequence[PRMExample], merge_prefixes: bool = True) -> dict:
+    """How often the PRM orders sibling steps (same prefix, stored labels that differ; prm.data.sibling_pairs)
+    as their labels do: the share of pairs whose higher-labelled step scores higher (ties 1/2), and
+    that share weighted by the label gap. On MCTS records the labels are MC values, not exact ones.
+    Returns {accuracy, interval (95%, problems resampled with all their pairs; pair_auc),
+    gap_weighted_accuracy, n_pairs, n_prefixes}; accuracy and its interval None without pairs."""
+    sequences, _ = group_records(records, merge_prefixes)
+    pairs = sibling_pairs(sequences)
+    if not pairs:
+        return {"accuracy": None, "interval": [None, None], "gap_weighted_accuracy": None, "n_pairs": 0, "n_prefixes": 0}
+    logits = scorer.logits_many([(s.question, s.steps) for s in sequences])
+    better = np.array([float(logits[p.better[0]][p.better[1]]) for p in pairs])
+    worse = np.array([float(logits[p.worse[0]][p.worse[1]]) for p in pairs])
+    gap = np.array([p.gap for p in pairs])
+    wins = (better > worse) + 0.5 * (better == worse)
+    problems = [sequences[p.better[0]].problem_id for p in pairs]
+    accuracy, lo, hi = pair_auc(worse, better, problems)
+    prefixes = {(problem, tuple(sequences[p.better[0]].steps[: p.better[1]])) for problem, p in zip(problems, pairs)}
+    return {"accuracy": accuracy, "interval": [lo, hi], "gap_weighted_accuracy": float((wins * gap).sum() / gap.sum()),
+            "n_pairs": len(pairs), "n_prefixes": len(prefixes)}
 
 
 # ----------------------------------------------------------------------------- E.4 corruption
@@ -433,6 +456,7 @@ def validate_prm(
             "mean_label": float(labels.mean()),
             "reliability": table,
         })
+        report["mc_pair"] = mc_pair_check(scorer, records, merge_prefixes)
         for key, corruption in (("corruption", "1to9"), ("corruption_pm1", "pm1")):
             report[key] = corruption_check(scorer, records, corrupt_examples, seed, corruption=corruption) if corrupt_examples > 0 else None
     exact = exact_check(scorer, policy_samples, seed=seed) if policy_samples else None
