@@ -6,8 +6,8 @@ per prompt, which copies every prompt n times before encoding it (``hf_generate_
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 

@@ -6,8 +6,8 @@ that it did not run the row and keeps the row make bench-vllm wrote."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common import NotRunHere, ratio_row, seconds_of
 from benchmarks.world import tiny_world

@@ -4,8 +4,8 @@ with the SubTB loss at fixed rewards."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 

@@ -7,8 +7,8 @@ ratio = reference_s / ours_s = ours' completions/s over the reference's."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common import per_unit, ratio_row, seconds_of
 from benchmarks.world import tiny_world

@@ -7,8 +7,8 @@ prompt is negligible, up to n times when the prompt dominates."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

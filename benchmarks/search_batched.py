@@ -4,8 +4,8 @@ world's model."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common import ratio_row, seconds_of
 from benchmarks.world import tiny_world

@@ -34,8 +34,8 @@ from eval.scoring import StepScorer, score_samples
 from pipeline.config import Config
 from pipeline.files import write_json_atomic
 from pipeline.locks import held_locks
-from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard
 from pipeline.records import Problem, Sample
+from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard
 
 log = logging.getLogger(__name__)
 

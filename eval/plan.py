@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import yaml
-
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from eval.benchmark_sources import resolve_benchmark
@@ -793,7 +792,7 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
         prm = resolve_model(config, "model.prm", config.model.prm, resolve_model(config, "model.prm_backbone", config.model.prm_backbone))
         cfg = getattr(config, name)
         if vllm and cfg.mode == "async" and not cfg.searcher_gpus:
-            raise ConfigError(f"gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "
+            raise ConfigError("gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "
                               "searcher that asks for none, and vLLM's GPU build cannot start without one; set gfn.searcher_gpus "
                               "(1: a GPU each; 0.5: two searchers a GPU)")
         if cfg.mode == "async" and cfg.scorer_actors:

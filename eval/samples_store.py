@@ -22,8 +22,9 @@ from eval.benchmark_sources import BenchmarkSource
 from eval.model_specs import ModelSpec, model_fingerprint
 from pipeline.config import Config
 from pipeline.files import read_records, write_json_atomic, write_records_atomic
-from pipeline.shards import read_stream
 from pipeline.records import Problem, Sample
+from pipeline.shards import read_stream
+
 
 def _safe_name(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name)

@@ -12,7 +12,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, summarize_accuracy
-from eval.diversity import Embedder, distinct_correct_texts, distinct_n_per_problem, semantic_similarity, strategy_diversity
+from eval.diversity import (
+    Embedder,
+    distinct_correct_texts,
+    distinct_n_per_problem,
+    semantic_similarity,
+    strategy_diversity,
+)
 from eval.sampling import GREEDY_SAMPLE_IDX, KindOf
 from pipeline.config import Config
 from pipeline.grading import normalize_answer

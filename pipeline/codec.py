@@ -37,9 +37,10 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 _ABSENT = object()  # stands for a key missing from the JSON object
 _RULES_KEY = "field_rules"

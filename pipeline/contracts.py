@@ -9,8 +9,8 @@ list every violation at once.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from pipeline.records import MCTSRecord, MCTSSummary, PRMExample, Problem, Record, RecordError, Sample
 

@@ -18,8 +18,9 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from pipeline.records import Record, RecordError
 

@@ -60,7 +60,7 @@ class StageLock:
         except (OSError, ValueError):
             return {}
 
-    def acquire(self) -> "StageLock":
+    def acquire(self) -> StageLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rank, launch = launch_id()
         if rank != 0:
@@ -86,7 +86,7 @@ class StageLock:
         self.fd = fd
         return self
 
-    def _wait_for_launch(self, launch: int) -> "StageLock":
+    def _wait_for_launch(self, launch: int) -> StageLock:
         host = socket.gethostname()
         start = time.monotonic()
         while True:

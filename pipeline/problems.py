@@ -27,10 +27,11 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from pipeline.files import InputNotFound, file_digest, read_json, write_records_atomic
 from pipeline.grading import extract_answer

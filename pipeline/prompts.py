@@ -8,7 +8,7 @@ The tiny world's from-scratch model is trained on exactly these plain prompts.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from pipeline.steps import join_steps
 

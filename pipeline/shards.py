@@ -33,8 +33,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 from pipeline.files import (
     TMP_PREFIX,
@@ -223,7 +224,7 @@ class ShardWriter:
     def close(self) -> None:
         self.commit()
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

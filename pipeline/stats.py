@@ -7,8 +7,8 @@ them imports another for its statistics.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -11,8 +11,8 @@ This is the only module that splits, joins or tokenizes steps; every stage calls
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 def split_steps(text: str, separator: str = "\n") -> list[str]:

@@ -22,7 +22,7 @@ from model.trust_remote_code (Qwen2.5-Math-PRM needs it).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForTokenClassification
@@ -82,7 +82,7 @@ class AdapterScorer(StepScorer):
         return model, load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
 
     @classmethod
-    def from_pretrained(cls, path: str, config) -> "AdapterScorer":
+    def from_pretrained(cls, path: str, config) -> AdapterScorer:
         return cls(*cls.load(path, config), batch_size=config.prm.score_batch_size)
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -115,7 +115,7 @@ class TokenClassificationScorer(AdapterScorer):
     auto_class = AutoModelForTokenClassification
 
     @classmethod
-    def from_pretrained(cls, path: str, config) -> "TokenClassificationScorer":
+    def from_pretrained(cls, path: str, config) -> TokenClassificationScorer:
         return cls(*cls.load(path, config), separator=config.format.separator, batch_size=config.prm.score_batch_size)
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:

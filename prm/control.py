@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pipeline.files import write_records_atomic
 from pipeline.problems import load_problems_jsonl

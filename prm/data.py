@@ -18,8 +18,8 @@ ranks them; ``PRMDataset.pairs_within`` hands a micro-batch the pairs it holds, 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import torch
 

@@ -85,7 +85,7 @@ class PRMInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_format(cls, format_config, kind: str, base_model: str = "", base_architecture: str = "") -> "PRMInfo":
+    def from_format(cls, format_config, kind: str, base_model: str = "", base_architecture: str = "") -> PRMInfo:
         return cls(
             separator=format_config.separator,
             prompt_template=format_config.prompt_template,
@@ -136,7 +136,7 @@ class ProcessRewardModel(nn.Module):
         self.head = head.float()
 
     @classmethod
-    def from_backbone(cls, model: nn.Module, info: PRMInfo | None = None) -> "ProcessRewardModel":
+    def from_backbone(cls, model: nn.Module, info: PRMInfo | None = None) -> ProcessRewardModel:
         """A PRM with a fresh head on an in-memory model: a causal LM (its base model is used,
         its lm_head ignored; the weights are SHARED with ``model``, not copied) or a base model.
         info defaults to PRMInfo() (plain prompt template, kind "math")."""
@@ -250,7 +250,7 @@ class ProcessRewardModel(nn.Module):
         return directory
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, model_config=None) -> "ProcessRewardModel":
+    def from_pretrained(cls, directory: str | Path, model_config=None) -> ProcessRewardModel:
         """Reload a saved PRM (either layout) on model_config's device and dtype (ModelConfig;
         None: CPU float32). The head is read in float32 from the file, whatever the dtype."""
         directory = Path(directory)

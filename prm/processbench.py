@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -184,7 +185,7 @@ def choose_threshold(scores: Sequence[Sequence[float]], labels: Sequence[int], t
 
 def held_out(case_id: str, fraction: float, seed: int) -> bool:
     """Whether a case is in the part the threshold is chosen on (a hash of seed and id)."""
-    draw = int.from_bytes(hashlib.sha256(f"{seed}:{case_id}".encode("utf-8")).digest()[:8], "big") / 2.0**64
+    draw = int.from_bytes(hashlib.sha256(f"{seed}:{case_id}".encode()).digest()[:8], "big") / 2.0**64
     return draw < fraction
 
 

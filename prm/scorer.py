@@ -10,8 +10,8 @@ goes to padding, and the results come back in the input order.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +76,7 @@ class PRMScorer(StepScorer):
         self.pad_token_id = pad_token_id(tokenizer)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, config) -> "PRMScorer":
+    def from_pretrained(cls, path: str | Path, config) -> PRMScorer:
         """A scorer for the PRM saved at ``path`` (config: the pipeline Config; its model section
         gives device, dtype and trust_remote_code, prm.score_batch_size the batch size)."""
         model = ProcessRewardModel.from_pretrained(path, config.model)

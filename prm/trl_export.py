@@ -18,8 +18,8 @@ exactly where ours do, with the same text before them:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from pipeline.files import write_jsonl_atomic
 from pipeline.records import PRMExample

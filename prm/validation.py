@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,7 +132,7 @@ def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | No
         return None
     match = matches[-1]
     text = match.group(1)
-    draw = int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode("utf-8")).digest()[:4], "big")
+    draw = int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode()).digest()[:4], "big")
     delta = 1 + draw % 9 if corruption == "1to9" else (1 if draw % 2 else -1)
     if "." in text:
         decimals = len(text.split(".")[1])

@@ -24,8 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from eval.diversity import strategy_entropy
-from eval.sampling import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
 from eval.policy_checks import policy_checks
+from eval.sampling import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
 from pipeline.config import Config
 from pipeline.config_loader import save_config
 from pipeline.files import read_json, write_json_atomic

@@ -160,7 +160,7 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
         elif key in val:
             lines += [f"- corrupted steps (E.4, {what}): none to corrupt (no validation step labelled correct holds a calculation)"]
     if val.get("prm800k"):
-        lines += [f"- PRM800K-format first-error check: " + ", ".join(f"{k} {_fmt(v)}" for k, v in val["prm800k"].items()
+        lines += ["- PRM800K-format first-error check: " + ", ".join(f"{k} {_fmt(v)}" for k, v in val["prm800k"].items()
                                                                      if not isinstance(v, (dict, list)))]
     for png in ("calibration.png",):
         if (run_dir / "prm" / png).exists():

@@ -18,7 +18,15 @@ from __future__ import annotations
 import argparse
 
 from pipeline.files import write_json_atomic
-from pipeline.launcher import MERGED_STAGES, SHARDED_STAGES, STAGE_MODULES, merge_worker, run_workers, shard_workers, visible_devices
+from pipeline.launcher import (
+    MERGED_STAGES,
+    SHARDED_STAGES,
+    STAGE_MODULES,
+    merge_worker,
+    run_workers,
+    shard_workers,
+    visible_devices,
+)
 from stages.common import check_models, cli, parse_args
 from stages.mcts import mcts_stats
 

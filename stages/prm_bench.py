@@ -21,9 +21,9 @@ from pipeline.prompts import question_text
 from prm.formats import load_scorer
 from prm.processbench import (
     labelled_cases,
+    prm800k_cases,
     processbench,
     processbench_source,
-    prm800k_cases,
     read_processbench,
     read_processbench_hub,
 )

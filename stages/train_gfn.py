@@ -21,7 +21,17 @@ import functools
 from pipeline.finetune.run import finetune_policy, preflight
 from pipeline.training.metrics import MetricsLog
 from prm.formats import load_scorer
-from stages.common import cli, finished_model, parse_args, require_finished, require_prm, set_threads, stage_dir, timed, training_problems
+from stages.common import (
+    cli,
+    finished_model,
+    parse_args,
+    require_finished,
+    require_prm,
+    set_threads,
+    stage_dir,
+    timed,
+    training_problems,
+)
 
 
 def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:

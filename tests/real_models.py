@@ -18,8 +18,8 @@ Tests that need a policy or a PRM backbone of a real architecture build them her
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 import transformers

@@ -30,6 +30,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from async_trainers import DeadlineTrainer  # noqa: E402
+
 from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig  # noqa: E402
 from pipeline.config_loader import load_config  # noqa: E402
 from pipeline.finetune import ray_cluster  # noqa: E402

@@ -49,9 +49,10 @@ def test_a_ratio_row_is_reference_time_over_ours_and_rates_become_seconds_per_un
 
 
 def test_the_mcts_row_compares_completions_per_second_as_a_time_ratio():
+    from test_mcts import FakeWorld
+
     from benchmarks.mcts_batched import bench_mcts_batched
     from pipeline.config import MCTSConfig
-    from test_mcts import FakeWorld
 
     row = bench_mcts_batched([("p0", "q"), ("p1", "q")], MCTSConfig(k=8, max_iterations=1, max_rollouts=64), FakeWorld(p_good=0.5))
     assert row["ours_completions"] > 0 and row["reference_completions"] > 0
@@ -164,9 +165,10 @@ def test_the_vllm_row_is_written_alone_and_kept_by_a_bench_run_without_it(tmp_pa
 
 
 def test_two_backends_are_timed_on_the_same_prompts_and_budget():
+    from test_generation import PROMPTS, make_model, make_tokenizer
+
     from benchmarks.generation_vllm_vs_hf import bench_backends
     from pipeline.generation.hf import HFGenerator
-    from test_generation import PROMPTS, make_model, make_tokenizer
 
     tokenizer = make_tokenizer()
     result = bench_backends(HFGenerator(make_model(), tokenizer), HFGenerator(make_model(), tokenizer), PROMPTS, n_prompts=3, n=2,
@@ -179,8 +181,8 @@ def test_two_backends_are_timed_on_the_same_prompts_and_budget():
 def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
     """The contention benchmark's probes run in their own processes, wait for each other after
     warming up, and each report a rate; a probe that dies before its window is an error, not a hang."""
-    from pipeline.config_loader import load_config, save_config
     from benchmarks.threads_under_contention import measure_together
+    from pipeline.config_loader import load_config, save_config
 
     config = load_config("configs/tiny.yaml", ["tinyworld.n_train=200", "tinyworld.n_val=4", "tinyworld.n_test=4",
                                                "bootstrap.hidden_size=32", "bootstrap.intermediate_size=64", "bootstrap.num_layers=1"])
@@ -245,9 +247,9 @@ def test_the_equal_work_settings_train_the_same_rows_in_both_modes():
     """Both modes' `make gfn` settings: the synchronous run replays nothing, the asynchronous trainer
     draws the same questions x samples a searcher sampled once per published version; the
     asynchronous settings pass the checks the stage runs before Ray starts."""
+    from benchmarks.gfn_async_speedup import equal_work_overrides
     from pipeline.config_loader import load_config
     from pipeline.finetune.async_ray import async_shape, check_async_settings
-    from benchmarks.gfn_async_speedup import equal_work_overrides
 
     sync = load_config("configs/tiny.yaml", equal_work_overrides("sync", 4, 4, (0, 1))).gfn
     asynchronous = load_config("configs/tiny.yaml", equal_work_overrides("async", 4, 4, (0, 1))).gfn

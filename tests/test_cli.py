@@ -77,8 +77,8 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_in_one_line_before_any_mode
     results.write_text('{"earlier": "results"}')
     runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=t", "generation.backend=vllm",
             f"model.prm={tmp_path}"]
-    refusal = f"holds 2 *.safetensors files and no model.safetensors.index.json, and vLLM loads every one as weights of the model, " \
-              f"so value_head.safetensors would make the engine fail: move it out of the folder"
+    refusal = "holds 2 *.safetensors files and no model.safetensors.index.json, and vLLM loads every one as weights of the model, " \
+              "so value_head.safetensors would make the engine fail: move it out of the folder"
     for main, key, args in ((evaluate.main, "eval.models.ppo", [f'eval.models={{"base": "{served}", "ppo": "{stray}"}}']),
                             (mcts.main, "model.policy", [f"model.policy={stray}"]),
                             (search.main, "model.policy", [f"model.policy={stray}"]),

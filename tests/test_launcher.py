@@ -70,9 +70,10 @@ def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_wor
     holding it, so the merged samples are byte-equal; accuracy intervals, similarity, Vendi, the
     PRM reward and the paired differences are computed once over all merged samples, so results.json
     is byte-equal too (one torch thread a process: the same arithmetic in every run)."""
+    from transformers import AutoTokenizer
+
     from pipeline.config import BootstrapConfig
     from pipeline.tinyworld.model import build_model, save_policy
-    from transformers import AutoTokenizer
 
     world = random_tiny_world
     tokenizer = AutoTokenizer.from_pretrained(world / "policy")

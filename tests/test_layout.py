@@ -115,7 +115,8 @@ def test_imports_inside_functions_are_only_for_heavy_optional_dependencies():
             if at_top:
                 continue
             deferred = any(imported == d or imported.startswith(d + ".") for d in DEFERRED)
-            commented = "#" in lines[node.lineno - 1] or "#" in lines[node.lineno - 2]
+            # the comment on the line before the import or on any of its lines (a wrapped import list)
+            commented = any("#" in lines[i] for i in range(node.lineno - 2, node.end_lineno))
             if not (deferred and commented):
                 wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: import of {imported} inside a function")
     assert wrong == []

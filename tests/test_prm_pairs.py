@@ -8,12 +8,12 @@ import random
 
 import pytest
 import torch
+from test_prm import FORMAT, make_prm, make_tokenizer, tiny_config
 
 from pipeline.records import PRMExample
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches, sibling_pairs
 from prm.train import prm_pair_loss, train_prm
 from prm.validation import mc_pair_check
-from test_prm import FORMAT, make_prm, make_tokenizer, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -14,8 +14,6 @@ import pytest
 from pipeline.model_folders import FolderError
 from pipeline.problems import (
     SHIPPED_DIR,
-    recorded_files,
-    shipped_file,
     load_benchmark,
     load_gsm8k,
     load_math,
@@ -27,6 +25,8 @@ from pipeline.problems import (
     math_final_answer,
     parse_options_list,
     parse_options_string,
+    recorded_files,
+    shipped_file,
     write_problems_jsonl,
 )
 from pipeline.records import Problem, RecordError, answer_kind

@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import real_models
 import torch
 
 from pipeline.config import Config, FormatConfig
@@ -17,7 +18,6 @@ from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.prompts import build_prompt
 from pipeline.steps import encode_prompt
 from prm.data import SolutionEncoder
-import real_models
 
 QUESTION = "What is $2 + 3$?"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import re
 from pathlib import Path
@@ -16,7 +15,6 @@ from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory, join_steps
 from pipeline.tinyworld.problems import (
     FAMILIES,
-    STRATEGY_SOLUTIONS,
     Event,
     Story,
     arithmetic_errors,
@@ -25,9 +23,9 @@ from pipeline.tinyworld.problems import (
     make_problem,
     num_strategies,
     solution_strategy,
+    step_equations,
     strategy_names,
     strategy_of,
-    step_equations,
     valid_step_orders,
 )
 

@@ -158,8 +158,8 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
 
     import ray
     import transformers
-
     from async_trainers import DeadlineTrainer
+
     from pipeline.config_loader import load_config
     from pipeline.finetune.objectives import build_objective
     from pipeline.finetune.policy import LMPolicy

@@ -41,7 +41,7 @@ import json
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -49,9 +49,9 @@ from pipeline.batches import check_divisible
 from pipeline.config_loader import ConfigError
 from pipeline.finetune import ray_cluster
 from pipeline.finetune.grouped_replay import GroupedReplay
+from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
-from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
 from pipeline.finetune.weight_transport import backend_for, check_transport
 from pipeline.records import Trajectory
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

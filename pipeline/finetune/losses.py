@@ -17,7 +17,7 @@ in float64 throughout: see `tb_vargrad_loss`). Every formula is written out, wit
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 from torch import Tensor

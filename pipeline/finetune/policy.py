@@ -12,8 +12,8 @@ and an asynchronous searcher's copy also through ``load_weights(state, version)`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 

@@ -229,14 +229,18 @@ def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
 
 def searcher_strategy(group, index: int):
     """Searcher ``index``'s scheduling: its own bundle (1 + index) of the run's placement group."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # the optional extra (extra `distributed`)
+    from ray.util.scheduling_strategies import (
+        PlacementGroupSchedulingStrategy,  # the optional extra (extra `distributed`)
+    )
 
     return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + index)
 
 
 def scorer_strategy(group, cfg, index: int):
     """Scorer actor ``index``'s scheduling: its own bundle (1 + gfn.searchers + index) of the run's placement group."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # the optional extra (extra `distributed`)
+    from ray.util.scheduling_strategies import (
+        PlacementGroupSchedulingStrategy,  # the optional extra (extra `distributed`)
+    )
 
     return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + cfg.searchers + index)
 

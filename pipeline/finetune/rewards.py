@@ -17,8 +17,8 @@ solution fall below the fixed penalty of stopping at s_0.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor

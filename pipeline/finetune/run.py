@@ -17,8 +17,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 from accelerate import PartialState
@@ -31,7 +31,13 @@ from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode
 from pipeline.config_loader import ConfigError, check_choice, config_checks
 from pipeline.files import write_json_atomic
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import AsyncFinetuneTrainer, PooledScorer, check_async_settings, pin_process, searcher_config
+from pipeline.finetune.async_ray import (
+    AsyncFinetuneTrainer,
+    PooledScorer,
+    check_async_settings,
+    pin_process,
+    searcher_config,
+)
 from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling
 from pipeline.finetune.objectives import build_objective, needs_reference, regularized_target
 from pipeline.finetune.policy import LMPolicy

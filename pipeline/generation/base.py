@@ -21,8 +21,9 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

@@ -21,7 +21,7 @@ Sampling is deterministic for a given seed and call (a torch.Generator on the mo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from tqdm import tqdm
@@ -226,7 +226,7 @@ class HFGenerator:
         self.compact_fraction = compact_fraction
 
     @classmethod
-    def from_config(cls, config, model_path: str | None = None, adapter: str | None = None, progress: bool = False) -> "HFGenerator":
+    def from_config(cls, config, model_path: str | None = None, adapter: str | None = None, progress: bool = False) -> HFGenerator:
         """Load the model and tokenizer as the config says (device, dtype, attention, adapter).
 
         An adapter is merged into the weights: this generator only samples, and a merged model

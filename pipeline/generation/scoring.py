@@ -18,8 +18,8 @@ for a float32 model); the token and end-token log-probs are gathered from it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

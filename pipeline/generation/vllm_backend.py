@@ -14,8 +14,9 @@ import json
 import math
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from transformers import AutoConfig
 
@@ -312,7 +313,10 @@ class VLLMGenerator:
             shutdown()
         del engine
         if self._owns_engine and not self._colocated:  # a colocated engine shares the trainer's process group
-            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel  # the optional extra
+            from vllm.distributed.parallel_state import (  # the optional extra
+                destroy_distributed_environment,
+                destroy_model_parallel,
+            )
 
             destroy_model_parallel()
             destroy_distributed_environment()

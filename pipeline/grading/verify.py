@@ -17,8 +17,8 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 from pipeline.grading.extract import check_kind, extract_answer, extract_letter, number_in, strip_math_delimiters
 from pipeline.grading.normalize import THOUSANDS, normalize_math, parse_number, plain_rational

@@ -29,9 +29,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # The child imports this module by name; this is the directory that holds the top-level package.
 _IMPORT_ROOT = str(Path(__file__).resolve().parents[len(__name__.split(".")) - 1])

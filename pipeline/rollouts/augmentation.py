@@ -28,8 +28,8 @@ import hashlib
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 from pipeline.records import ORIGIN_AUGMENTED, ORIGIN_MCTS, MCTSRecord, PRMExample
 from pipeline.rollouts.similarity import CalculationSignature, StepSignature, step_signature, steps_consistent
@@ -250,7 +250,7 @@ def is_validation_problem(problem_id: str, val_fraction: float, seed: int) -> bo
     """Whether a problem belongs to the validation split: the first 8 bytes of
     sha256(f"{seed}:{problem_id}") read as a number in [0, 1) fall below val_fraction.
     Depends on nothing but (seed, problem_id), so it is stable across runs, shards and data sets."""
-    digest = hashlib.sha256(f"{seed}:{problem_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}:{problem_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 

@@ -26,8 +26,8 @@ Definitions (docs/mcts.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Generator, Iterable, Sequence
 
 from pipeline.config import MCTSConfig
 from pipeline.generation.base import stream_seed

@@ -26,7 +26,7 @@ mcts.temperature comes from.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline.grading import extract_answer, grade_many
 from pipeline.prompts import prompt_from_config

@@ -16,9 +16,9 @@ run is bounded by its step count, so the same config gives the same weights on a
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import transformers

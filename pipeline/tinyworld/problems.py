@@ -40,8 +40,8 @@ import itertools
 import random
 import re
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pipeline.config import TinyFamily, TinyStrategy
 from pipeline.records import Problem

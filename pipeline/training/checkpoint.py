@@ -23,13 +23,15 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint import load as dcp_load, save as dcp_save
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint import save as dcp_save
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
 from pipeline.files import fsync_path

@@ -10,7 +10,8 @@ process is ever unpickled.
 from __future__ import annotations
 
 import json
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 from accelerate import Accelerator

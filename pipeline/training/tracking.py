@@ -98,7 +98,7 @@ class Tracking:
         self.trackers = [self._make(name) for name in self.names]
 
     @classmethod
-    def from_config(cls, config, stage: str, out_dir: str | Path) -> "Tracking":
+    def from_config(cls, config, stage: str, out_dir: str | Path) -> Tracking:
         """The trackers ``config.report_to`` asks for, for ``stage`` writing to ``out_dir``."""
         return cls(config.report_to, Path(out_dir), run=config.run, stage=stage, config=config.to_dict())
 

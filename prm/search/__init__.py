@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.config import SearchStrategy
-
 from pipeline.config_loader import check_choice
 from prm.search.common import SearchProblem, SearchResult, default_prompts, search_settings
 from prm.search.step_level import step_search

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, fields
 from typing import get_args
 
 from pipeline.config import Aggregation, FormatConfig, GenerationConfig, SearchConfig, SearchStrategy
-
 from pipeline.config_loader import check_choice
 from pipeline.grading import extract_answer
 from pipeline.prompts import prompt_from_config
