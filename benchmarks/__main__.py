@@ -28,7 +28,7 @@ DOCS = Path("docs") / "benchmarks.md"
 def split_only(argv: list[str]) -> tuple[list[str], str | None]:
     """(the stage arguments, the row named by only=<row> or None); an unknown row or a second
     only= is an error naming the rows."""
-    rows = [text[len(ONLY):] for text in argv if text.startswith(ONLY)]
+    rows = [text[len(ONLY) :] for text in argv if text.startswith(ONLY)]
     if len(rows) > 1 or (rows and rows[0] not in ROWS):
         raise SystemExit(f"{' '.join(ONLY + row for row in rows)}: name one row of {', '.join(ROWS)}")
     return [text for text in argv if not text.startswith(ONLY)], (rows[0] if rows else None)

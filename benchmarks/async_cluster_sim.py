@@ -84,9 +84,11 @@ class Calibration:
     update_seconds: float = 1.024
     token_seconds: float = 2.282 / (64 * 16 * 48)
     tokens_per_trajectory: int = 48
-    source: str = ("2-core CPU, 2026-11-26: G and T from docs/async.md 'Measured' (make gfn, 4 questions x 4 "
-                   "trajectories, sync run, updates 3-20, 3 seeds); per token from docs/benchmarks.md "
-                   "generation_shared_prompt (CPU, 64 prompts x 16 x 48 tokens in 2.282 s)")
+    source: str = (
+        "2-core CPU, 2026-11-26: G and T from docs/async.md 'Measured' (make gfn, 4 questions x 4 "
+        "trajectories, sync run, updates 3-20, 3 seeds); per token from docs/benchmarks.md "
+        "generation_shared_prompt (CPU, 64 prompts x 16 x 48 tokens in 2.282 s)"
+    )
 
     @property
     def trajectory_seconds(self) -> float:
@@ -115,8 +117,9 @@ class StorePolicy:
 
 def config_policy(gfn) -> StorePolicy:
     """The config's own asynchronous settings (what `make gfn gfn.mode=async` would run): replay allowed."""
-    return StorePolicy("config", gfn.sync_every, gfn.max_staleness, gfn.recency_fraction, gfn.async_priority,
-                       gfn.buffer_size)
+    return StorePolicy(
+        "config", gfn.sync_every, gfn.max_staleness, gfn.recency_fraction, gfn.async_priority, gfn.buffer_size
+    )
 
 
 # No replay, as in the project's equal-work measurement (docs/async.md, "Measured"): a publication
@@ -147,8 +150,9 @@ class SimSettings:
 # ----------------------------------------------------------------------------- the arithmetic
 
 
-def ideal_rate(searchers: int, *, round_seconds: float, trajectories_per_round: int, update_seconds: float,
-               rows_per_update: int) -> float:
+def ideal_rate(
+    searchers: int, *, round_seconds: float, trajectories_per_round: int, update_seconds: float, rows_per_update: int
+) -> float:
     """Trajectories trained per second with no overhead anywhere: the searchers' generation rate,
     capped by the trainer's.
 
@@ -194,9 +198,20 @@ class SleepingEngine:
         tokens = [[self.rng.randint(low, high) for _ in range(n)] for _ in prompts]
         time.sleep(sum(c.trajectory_seconds + count * c.token_seconds for row in tokens for count in row))
         self.rounds += 1
-        return [[SampledSolution(steps=[f"searcher {self.searcher} round {self.rounds} prompt {p} sample {j} step {k}"
-                                        for k in range(self.steps)], finished=True, num_tokens=tokens[p][j])
-                 for j in range(n)] for p in range(len(prompts))]
+        return [
+            [
+                SampledSolution(
+                    steps=[
+                        f"searcher {self.searcher} round {self.rounds} prompt {p} sample {j} step {k}"
+                        for k in range(self.steps)
+                    ],
+                    finished=True,
+                    num_tokens=tokens[p][j],
+                )
+                for j in range(n)
+            ]
+            for p in range(len(prompts))
+        ]
 
 
 class ConstantScorer:
@@ -243,8 +258,12 @@ def timed_store_class():
             return answer
 
         def timings(self) -> dict:
-            return {**self.stats(), "add_seconds": self.add_seconds, "sample_seconds": self.sample_seconds,
-                    "sampled_rows": self.sampled_rows}
+            return {
+                **self.stats(),
+                "add_seconds": self.add_seconds,
+                "sample_seconds": self.sample_seconds,
+                "sampled_rows": self.sampled_rows,
+            }
 
     return TimedTrajectoryStore
 
@@ -269,9 +288,9 @@ def publish_weights(weights, searchers: list, state: dict, version: int, *, buck
     from which every searcher fetches at the start of its next round). Returns {"seconds", "bytes",
     "buckets"}: from the call until the references are handed out (packing included)."""
 
-
-    publisher = WeightPublisher(transport="object_store", weights=weights, dtype=torch.bfloat16,
-                                bucket_bytes=bucket_bytes(bucket_mb))
+    publisher = WeightPublisher(
+        transport="object_store", weights=weights, dtype=torch.bfloat16, bucket_bytes=bucket_bytes(bucket_mb)
+    )
     start = time.monotonic()
     publisher.publish(state, version, searchers)
     publisher.wait()
@@ -313,31 +332,54 @@ def trajectory_identity(trajectory) -> tuple:
 def gfn_section(cfg, settings: SimSettings, searchers: int):
     """The gfn section the searchers' samplers and the placement read: the config's, with the
     sweep's round shape, searcher count and unlimited rounds per version."""
-    return dataclasses.replace(cfg.gfn, questions_per_step=settings.questions_per_round,
-                               samples_per_question=settings.samples_per_question, searchers=searchers,
-                               searcher_gpus=0.0, searcher_rounds_per_version=None, min_steps=1,
-                               placement_timeout=settings.placement_timeout)
+    return dataclasses.replace(
+        cfg.gfn,
+        questions_per_step=settings.questions_per_round,
+        samples_per_question=settings.samples_per_question,
+        searchers=searchers,
+        searcher_gpus=0.0,
+        searcher_rounds_per_version=None,
+        min_steps=1,
+        placement_timeout=settings.placement_timeout,
+    )
 
 
 def problems_json(count: int) -> list[dict]:
     return [{"problem_id": f"q{i}", "question": f"question {i}", "answer": "1"} for i in range(count)]
 
 
-def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: list, settings: SimSettings,
-                calibration: Calibration, first_step: int, sweep_state: dict) -> dict:
+def train_point(
+    *,
+    searchers: int,
+    policy: StorePolicy,
+    store,
+    weights,
+    actors: list,
+    settings: SimSettings,
+    calibration: Calibration,
+    first_step: int,
+    sweep_state: dict,
+) -> dict:
     """One sweep point: ``searchers`` searchers run while the fake trainer trains warmup +
     measured updates under ``policy``. Returns the point's measurements and the next free step."""
     import ray  # the optional extra (extra `distributed`)
-
 
     questions, used = searchers * settings.questions_per_round, settings.samples_per_question
     rows_per_update = questions * used
     capacity = policy.buffer_size or policy.buffer_batches * rows_per_update
     if capacity < rows_per_update:
-        raise ValueError(f"async_cluster_sim: policy {policy.name}: buffer_size = {capacity} is below one batch "
-                         f"({questions} questions x {used}) at {searchers} searchers")
-    buffer = {"capacity": capacity, "per_question": used, "priority": policy.async_priority,
-              "temperature": 1.0, "recency": policy.recency_fraction, "seed": searchers}
+        raise ValueError(
+            f"async_cluster_sim: policy {policy.name}: buffer_size = {capacity} is below one batch "
+            f"({questions} questions x {used}) at {searchers} searchers"
+        )
+    buffer = {
+        "capacity": capacity,
+        "per_question": used,
+        "priority": policy.async_priority,
+        "temperature": 1.0,
+        "recency": policy.recency_fraction,
+        "seed": searchers,
+    }
     ray.get(store.restart.remote(buffer))
     ray.get(weights.resume.remote())
     step = published = first_step
@@ -362,12 +404,15 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
                 for ref in ready:
                     ray.get(ref)  # a searcher's loop ends early only with an error: raised here
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"async_cluster_sim: {searchers} searchers: step {step} got no batch of "
-                                       f"{questions} questions x {used} within {settings.draw_timeout:g} s; store: "
-                                       f"{ray.get(store.stats.remote())}")
+                    raise RuntimeError(
+                        f"async_cluster_sim: {searchers} searchers: step {step} got no batch of "
+                        f"{questions} questions x {used} within {settings.draw_timeout:g} s; store: "
+                        f"{ray.get(store.stats.remote())}"
+                    )
                 time.sleep(0.05)  # the real trainer's poll (async_ray.POLL_SECONDS)
-            batch = [Trajectory.from_json(obj, "trajectories from the store")
-                     for group in answer["groups"] for obj in group]
+            batch = [
+                Trajectory.from_json(obj, "trajectories from the store") for group in answer["groups"] for obj in group
+            ]
             wait = time.monotonic() - waited
             time.sleep(calibration.update_seconds)  # the update
             new = 0
@@ -397,9 +442,13 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
     sampled = stats_end["sampled_rows"] - stats_start["sampled_rows"]
     add_s = stats_end["add_seconds"] - stats_start["add_seconds"]
     sample_s = stats_end["sample_seconds"] - stats_start["sample_seconds"]
-    ideal = ideal_rate(searchers, round_seconds=calibration.round_seconds,
-                       trajectories_per_round=calibration.trajectories_per_round,
-                       update_seconds=calibration.update_seconds, rows_per_update=rows_per_update)
+    ideal = ideal_rate(
+        searchers,
+        round_seconds=calibration.round_seconds,
+        trajectories_per_round=calibration.trajectories_per_round,
+        update_seconds=calibration.update_seconds,
+        rows_per_update=rows_per_update,
+    )
     trained_per_s = fresh_in_window / window_seconds
     point = {
         "policy": policy.name,
@@ -432,8 +481,8 @@ def train_point(*, searchers: int, policy: StorePolicy, store, weights, actors: 
         "per_searcher": final["per_searcher"],
         "trained_distinct": len(trained),
         "trained_rows": updates * rows_per_update,
-        "searcher_rate_of_calibrated": (added / window_seconds) / (searchers * calibration.trajectories_per_round
-                                                                     / calibration.round_seconds),
+        "searcher_rate_of_calibrated": (added / window_seconds)
+        / (searchers * calibration.trajectories_per_round / calibration.round_seconds),
         "next_step": step,
     }
     return point
@@ -449,16 +498,19 @@ def full_publication(weights, searchers: list, state: dict, version: int) -> dic
     published, refs, layout, _ = ray.get(weights.latest.remote(-1))
     fetched = ray.get(ray.remote(num_cpus=0)(fetch_seconds).remote(published, refs, layout))
     ray.get(weights.publish.remote(version, None, None))  # drop the 2 GB object before the next point
-    return {"full_publish_seconds": publication["seconds"], "full_publish_bytes": publication["bytes"],
-            "full_fetch_seconds": fetched["seconds"]}
+    return {
+        "full_publish_seconds": publication["seconds"],
+        "full_publish_bytes": publication["bytes"],
+        "full_fetch_seconds": fetched["seconds"],
+    }
 
 
-def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibration = CALIBRATION,
-          full_payload: bool = True) -> dict:
+def sweep(
+    cfg, *, settings: SimSettings = SimSettings(), calibration: Calibration = CALIBRATION, full_payload: bool = True
+) -> dict:
     """Start a local Ray instance, the run's actors and max(searcher_counts) searchers in the
     run's placement group, run every sweep point, shut Ray down."""
     import ray  # the optional extra (extra `distributed`)
-
 
     most = max(settings.searcher_counts)
     gfn = gfn_section(cfg, settings, most)
@@ -466,21 +518,41 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
     path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
     # Ray's CPU resource is logical: one per searcher bundle, as ray_cluster.bundles asks; the
     # searchers sleep, so more bundles than cores is what the simulation is for
-    ray.init(num_cpus=most, include_dashboard=False, log_to_driver=False, namespace=f"{NAME}-{os.getpid()}",
-             runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    ray.init(
+        num_cpus=most,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace=f"{NAME}-{os.getpid()}",
+        runtime_env={
+            "env_vars": {
+                "PYTHONPATH": path,
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        },
+    )
     try:
         names = {"store": "store", "weights": "weights"}
-        store = ray.remote(num_cpus=0)(timed_store_class()).options(name=names["store"]).remote(
-            {"capacity": 1, "per_question": 1, "priority": "uniform", "temperature": 1.0, "recency": 0.0, "seed": 0})
+        store = (
+            ray.remote(num_cpus=0)(timed_store_class())
+            .options(name=names["store"])
+            .remote(
+                {"capacity": 1, "per_question": 1, "priority": "uniform", "temperature": 1.0, "recency": 0.0, "seed": 0}
+            )
+        )
         problems_ref = ray.put(problems_json(settings.problems))
         weights_actor = ray.remote(num_cpus=0)(reopenable_weights_class())
         weights = weights_actor.options(name=names["weights"]).remote([problems_ref])
         group, _ = ray_cluster.reserve(gfn, 0, settings.placement_timeout, "the local Ray instance")
         factory = functools.partial(make_sampler, gfn=gfn, calibration=calibration)
         searcher = ray.remote(num_cpus=1, max_restarts=0, max_concurrency=2)(Searcher)
-        actors = [searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(group, i))
-                  .remote(i, factory, names, None) for i in range(most)]
+        actors = [
+            searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(group, i)).remote(
+                i, factory, names, None
+            )
+            for i in range(most)
+        ]
         statuses = ray.get([actor.status.remote() for actor in actors], timeout=600)
         bundles = [status["placement"]["bundles"] for status in statuses]
         startup = time.monotonic() - started
@@ -489,22 +561,42 @@ def sweep(cfg, *, settings: SimSettings = SimSettings(), calibration: Calibratio
         points, step = [], 0
         for policy in settings.policies or (config_policy(cfg.gfn), NO_REPLAY):
             for count in settings.searcher_counts:
-                point = train_point(searchers=count, policy=policy, store=store, weights=weights, actors=actors,
-                                    settings=settings, calibration=calibration, first_step=step,
-                                    sweep_state=sweep_state)
+                point = train_point(
+                    searchers=count,
+                    policy=policy,
+                    store=store,
+                    weights=weights,
+                    actors=actors,
+                    settings=settings,
+                    calibration=calibration,
+                    first_step=step,
+                    sweep_state=sweep_state,
+                )
                 step = point["next_step"]
                 points.append(point)
-                log.info("%s: %s N=%d trained %.1f/s of ideal %.1f/s (%.2f); staleness p50 %.1f p90 %.1f; "
-                         "store busy %.3f",
-                         NAME, policy.name, count, point["trained_per_s"], point["ideal_per_s"],
-                         point["fraction_of_ideal"], point["staleness_p50"], point["staleness_p90"],
-                         point["store_busy_fraction"])
+                log.info(
+                    "%s: %s N=%d trained %.1f/s of ideal %.1f/s (%.2f); staleness p50 %.1f p90 %.1f; store busy %.3f",
+                    NAME,
+                    policy.name,
+                    count,
+                    point["trained_per_s"],
+                    point["ideal_per_s"],
+                    point["fraction_of_ideal"],
+                    point["staleness_p50"],
+                    point["staleness_p90"],
+                    point["store_busy_fraction"],
+                )
         full = None
         if full_payload:
             full = full_publication(weights, actors, bf16_state(settings.full_payload_parameters), step)
             log.info("%s: 1B-parameter bf16 publication %s", NAME, full)
-        return {"points": points, "full_publication": full, "startup_seconds": startup, "searcher_bundles": bundles,
-                "total_seconds": time.monotonic() - started}
+        return {
+            "points": points,
+            "full_publication": full,
+            "startup_seconds": startup,
+            "searcher_bundles": bundles,
+            "total_seconds": time.monotonic() - started,
+        }
     finally:
         ray.shutdown()
 
@@ -520,25 +612,39 @@ def plot(result: dict, path: Path) -> Path:
     """Per store policy: trained trajectories per second and the ideal against N (log-log); the
     fraction of the ideal and the store's busy fraction beside it."""
 
-
     fig = Figure(figsize=(11, 4.2))
     left, right = fig.subplots(1, 2)
     groups = by_policy(result["points"])
     first = next(iter(groups.values()))
     n = [p["searchers"] for p in first]
     left.plot(n, [p["ideal_per_s"] for p in first], "k--", label="ideal min(N x 16 / G, 16 N / T)")
-    left.plot(n, [p["store_ingest_per_s"] for p in first], "s:", color="grey",
-              label=f"store ingest ({first[0]['policy']})")
+    left.plot(
+        n, [p["store_ingest_per_s"] for p in first], "s:", color="grey", label=f"store ingest ({first[0]['policy']})"
+    )
     for (name, points), marker, color in zip(groups.items(), "o^v", ("tab:blue", "tab:orange", "tab:green")):
         n = [p["searchers"] for p in points]
-        left.plot(n, [p["trained_per_s"] for p in points], marker + "-", color=color,
-                  label=f"trained (first time), {name}")
-        right.plot(n, [p["fraction_of_ideal"] for p in points], marker + "-", color=color,
-                   label=f"trained / ideal, {name}")
-        right.plot(n, [p["rows_trained_of_ideal"] for p in points], marker + "--", color=color, alpha=0.6,
-                   label=f"rows trained (replays too) / ideal, {name}")
-        right.plot(n, [p["store_busy_fraction"] for p in points], marker + ":", color=color, alpha=0.6,
-                   label=f"store busy fraction, {name}")
+        left.plot(
+            n, [p["trained_per_s"] for p in points], marker + "-", color=color, label=f"trained (first time), {name}"
+        )
+        right.plot(
+            n, [p["fraction_of_ideal"] for p in points], marker + "-", color=color, label=f"trained / ideal, {name}"
+        )
+        right.plot(
+            n,
+            [p["rows_trained_of_ideal"] for p in points],
+            marker + "--",
+            color=color,
+            alpha=0.6,
+            label=f"rows trained (replays too) / ideal, {name}",
+        )
+        right.plot(
+            n,
+            [p["store_busy_fraction"] for p in points],
+            marker + ":",
+            color=color,
+            alpha=0.6,
+            label=f"store busy fraction, {name}",
+        )
     left.set_xscale("log", base=2)
     left.set_yscale("log")
     left.set_xlabel("searchers N")
@@ -558,21 +664,30 @@ def plot(result: dict, path: Path) -> Path:
 
 def markdown_table(row: dict) -> str:
     """The docs/benchmarks.md table of a row: one line per store policy and N."""
-    header = ("| policy | N | trained traj/s | ideal | fraction | rows trained / ideal | "
-              "searchers' rate / calibrated | staleness p50 / p90 (max) | trainer wait per update (s) | "
-              "store ingest /s (capacity) | "
-              "store sample rows/s (capacity) | store busy | "
-              "publication s (sweep payload) |")
+    header = (
+        "| policy | N | trained traj/s | ideal | fraction | rows trained / ideal | "
+        "searchers' rate / calibrated | staleness p50 / p90 (max) | trainer wait per update (s) | "
+        "store ingest /s (capacity) | "
+        "store sample rows/s (capacity) | store busy | "
+        "publication s (sweep payload) |"
+    )
     lines = [header, "|" + "---|" * 13]
     for p in row["points"]:
-        cells = [p["policy"], p["searchers"], f"{p['trained_per_s']:.1f}", f"{p['ideal_per_s']:.1f}",
-                 f"{p['fraction_of_ideal']:.2f}", f"{p['rows_trained_of_ideal']:.2f}",
-                 f"{p['searcher_rate_of_calibrated']:.2f}",
-                 f"{p['staleness_p50']:g} / {p['staleness_p90']:g} ({p['staleness_max']})",
-                 f"{p['trainer_wait_per_update_s']:.3f}",
-                 f"{p['store_ingest_per_s']:.0f} ({p['store_ingest_capacity_per_s']:.0f})",
-                 f"{p['store_sample_per_s']:.0f} ({p['store_sample_capacity_per_s']:.0f})",
-                 f"{p['store_busy_fraction']:.3f}", f"{p['publish_seconds']:.3f}"]
+        cells = [
+            p["policy"],
+            p["searchers"],
+            f"{p['trained_per_s']:.1f}",
+            f"{p['ideal_per_s']:.1f}",
+            f"{p['fraction_of_ideal']:.2f}",
+            f"{p['rows_trained_of_ideal']:.2f}",
+            f"{p['searcher_rate_of_calibrated']:.2f}",
+            f"{p['staleness_p50']:g} / {p['staleness_p90']:g} ({p['staleness_max']})",
+            f"{p['trainer_wait_per_update_s']:.3f}",
+            f"{p['store_ingest_per_s']:.0f} ({p['store_ingest_capacity_per_s']:.0f})",
+            f"{p['store_sample_per_s']:.0f} ({p['store_sample_capacity_per_s']:.0f})",
+            f"{p['store_busy_fraction']:.3f}",
+            f"{p['publish_seconds']:.3f}",
+        ]
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines)
 
@@ -582,8 +697,14 @@ def run(cfg, out_dir: Path) -> dict:
     return measure(cfg, out_dir)
 
 
-def measure(cfg, out_dir: Path, *, settings: SimSettings = SimSettings(), calibration: Calibration = CALIBRATION,
-            full_payload: bool = True) -> dict:
+def measure(
+    cfg,
+    out_dir: Path,
+    *,
+    settings: SimSettings = SimSettings(),
+    calibration: Calibration = CALIBRATION,
+    full_payload: bool = True,
+) -> dict:
     """The row at the given settings: writes out_dir/async_cluster_sim.json and .png; returns the row."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

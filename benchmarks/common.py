@@ -49,8 +49,15 @@ def ratio_row(name: str, *, ours_s: float, reference_s: float, goal: float | Non
     """A ratio row: ratio = reference_s / ours_s (> 1: ours is faster; inf when ours took no
     measurable time); ``goal``: the least ratio the row is meant to reach (None: none set);
     ``reference``: what the reference does, as the docs table says it; ``fields``: the row's own."""
-    return {"name": name, "ours_s": ours_s, "reference_s": reference_s, "ratio": reference_s / ours_s if ours_s > 0 else float("inf"),
-            "goal": goal, "reference": reference, **fields}
+    return {
+        "name": name,
+        "ours_s": ours_s,
+        "reference_s": reference_s,
+        "ratio": reference_s / ours_s if ours_s > 0 else float("inf"),
+        "goal": goal,
+        "reference": reference,
+        **fields,
+    }
 
 
 def per_unit(seconds: float, units: float) -> float:
@@ -87,8 +94,10 @@ def _ratio_line(name: str, r: dict, machine: str) -> str:
     goal, reference = r.get("goal"), r["reference"]
     if "ours_tokens" in r:
         reference += f"; generated tokens: ours {r['ours_tokens']}, reference {r['reference_tokens']}"
-    return (f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | {f'>= {goal:g}x' if goal else '-'} | "
-            f"{reference} | {machine} |")
+    return (
+        f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | {f'>= {goal:g}x' if goal else '-'} | "
+        f"{reference} | {machine} |"
+    )
 
 
 def kept_rows(old: str, header: str, machine: str, replaced: set[str] | None = None) -> list[str]:
@@ -98,13 +107,17 @@ def kept_rows(old: str, header: str, machine: str, replaced: set[str] | None = N
     if header not in old:
         return []
     table = []
-    for line in old[old.index(header) + len(header):].splitlines():
+    for line in old[old.index(header) + len(header) :].splitlines():
         if line.startswith("|"):
             table.append(line)
         elif table or line.startswith("#"):
             break
-    return [row for row in table[2:] if row.rstrip(" |").rsplit("|", 1)[-1].strip() != machine
-            or (replaced is not None and row.strip(" |").split("|", 1)[0].strip() not in replaced)]
+    return [
+        row
+        for row in table[2:]
+        if row.rstrip(" |").rsplit("|", 1)[-1].strip() != machine
+        or (replaced is not None and row.strip(" |").split("|", 1)[0].strip() not in replaced)
+    ]
 
 
 def write_ratio_row(path: Path, name: str, r: dict, model_note: str, machine: str) -> None:
@@ -115,19 +128,30 @@ def write_ratio_row(path: Path, name: str, r: dict, model_note: str, machine: st
         write_markdown({name: r}, path, model_note, machine)
         return
     lines = old.split("\n")
-    start = old[:old.index(RATIO_HEADER) + len(RATIO_HEADER)].count("\n")
+    start = old[: old.index(RATIO_HEADER) + len(RATIO_HEADER)].count("\n")
     table = [i for i in range(start, len(lines)) if lines[i].startswith("|")]
     last = table[0]
     while last + 1 < len(lines) and lines[last + 1].startswith("|"):
         last += 1
-    body = [row for row in lines[table[0] + 2:last + 1]
-            if not (row.strip(" |").split("|", 1)[0].strip() == name and row.rstrip(" |").rsplit("|", 1)[-1].strip() == machine)]
-    lines[table[0] + 2:last + 1] = body + [_ratio_line(name, r, machine)]
+    body = [
+        row
+        for row in lines[table[0] + 2 : last + 1]
+        if not (
+            row.strip(" |").split("|", 1)[0].strip() == name and row.rstrip(" |").rsplit("|", 1)[-1].strip() == machine
+        )
+    ]
+    lines[table[0] + 2 : last + 1] = body + [_ratio_line(name, r, machine)]
     path.write_text("\n".join(lines))
 
 
-def write_markdown(results: dict, path: Path, model_note: str, machine: str, training: list[dict] | None = None,
-                   contention: dict | None = None) -> None:
+def write_markdown(
+    results: dict,
+    path: Path,
+    model_note: str,
+    machine: str,
+    training: list[dict] | None = None,
+    contention: dict | None = None,
+) -> None:
     """docs/benchmarks.md from ratio rows ({name: row}), PRM training runs and thread-contention
     rows: this machine's rows replace its earlier ones; other machines' rows (a GPU run's beside a
     CPU run's) and the hand-written notes after '## Notes' are kept."""
@@ -160,24 +184,28 @@ def write_markdown(results: dict, path: Path, model_note: str, machine: str, tra
     lines += kept_rows(old, TRAINING_HEADER, machine)
     for row in training or []:
         mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "peak unknown"
-        lines.append(f"| {row['tokens_per_s']:.0f} | {row['achieved_tflops']:.1f} | {mfu} | {row['seq_len']:.0f} | "
-                     f"{row['micro_batch_size']} x {row['batch_size'] // row['micro_batch_size']} | {row['compile']} | {machine} |")
+        lines.append(
+            f"| {row['tokens_per_s']:.0f} | {row['achieved_tflops']:.1f} | {mfu} | {row['seq_len']:.0f} | "
+            f"{row['micro_batch_size']} x {row['batch_size'] // row['micro_batch_size']} | {row['compile']} | {machine} |"
+        )
     lines += [
         "",
         THREADS_HEADER.strip("\n"),
         "",
         "The tiny world's bootstrap training step (benchmarks/threads_under_contention.py): optimizer steps/s alone, and",
         "beside a competitor (the same job with torch's defaults: a thread per core, OpenMP's spinning wait), timed over one",
-        "window; slowdown = alone / shared. model.torch_threads in configs/tiny.yaml comes from this table (docs/demo.md, \"Threads\").",
+        'window; slowdown = alone / shared. model.torch_threads in configs/tiny.yaml comes from this table (docs/demo.md, "Threads").',
         "",
         "| setting | alone (steps/s) | beside a competitor (steps/s) | slowdown | competitor beside it (steps/s) | machine |",
         "|---|---|---|---|---|---|",
     ]
     lines += kept_rows(old, THREADS_HEADER, machine)
     for name, row in (contention or {}).items():
-        lines.append(f"| {name} | {row['alone_steps_per_s']:.1f} | {row['shared_steps_per_s']:.1f} | {row['slowdown']:.2f}x | "
-                     f"{row['competitor_steps_per_s']:.1f} | {machine} |")
+        lines.append(
+            f"| {name} | {row['alone_steps_per_s']:.1f} | {row['shared_steps_per_s']:.1f} | {row['slowdown']:.2f}x | "
+            f"{row['competitor_steps_per_s']:.1f} | {machine} |"
+        )
     marker = "\n## Notes\n"
-    notes = old[old.index(marker):] if marker in old else ""
+    notes = old[old.index(marker) :] if marker in old else ""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + notes)

@@ -55,11 +55,21 @@ def bench_shared_prompt(
     ours = seconds_of(lambda: outputs.extend(generator.generate(chosen, seed=seed, **kwargs)))
     reference = seconds_of(lambda: [generator.generate([p], seed=seed + i, **kwargs) for i, p in enumerate(chosen)])
     tokens = sum(len(c.token_ids) for outs in outputs for c in outs)
-    result = ratio_row(NAME, ours_s=ours, reference_s=reference, goal=GOAL, reference=REFERENCE, sequences=n_prompts * n,
-                       generated_tokens=tokens, tokens_per_s=tokens / ours if ours > 0 else float("inf"))
+    result = ratio_row(
+        NAME,
+        ours_s=ours,
+        reference_s=reference,
+        goal=GOAL,
+        reference=REFERENCE,
+        sequences=n_prompts * n,
+        generated_tokens=tokens,
+        tokens_per_s=tokens / ours if ours > 0 else float("inf"),
+    )
     model, tokenizer = getattr(generator, "model", None), getattr(generator, "tokenizer", None)
     if with_hf_generate and model is not None and tokenizer is not None:
-        result["hf_generate_s"] = seconds_of(lambda: _hf_generate_per_prompt(model, tokenizer, chosen, n, temperature, max_new_tokens))
+        result["hf_generate_s"] = seconds_of(
+            lambda: _hf_generate_per_prompt(model, tokenizer, chosen, n, temperature, max_new_tokens)
+        )
     return result
 
 
@@ -70,6 +80,12 @@ def _hf_generate_per_prompt(model, tokenizer, prompts, n, temperature, max_new_t
         for prompt in prompts:
             ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=device)
             model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=temperature > 0, temperature=temperature or None,
-                top_p=1.0, num_return_sequences=n, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=temperature > 0,
+                temperature=temperature or None,
+                top_p=1.0,
+                num_return_sequences=n,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
             )

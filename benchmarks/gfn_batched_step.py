@@ -61,4 +61,6 @@ def bench_gfn_step(policy, prompts: Sequence[str], step_lists: Sequence[Sequence
     batched()  # warm-up
     ours = min(seconds_of(batched) for _ in range(2))
     reference = min(seconds_of(per_trajectory) for _ in range(2))
-    return ratio_row(NAME, ours_s=ours, reference_s=reference, goal=GOAL, reference=REFERENCE, trajectories=len(prompts))
+    return ratio_row(
+        NAME, ours_s=ours, reference_s=reference, goal=GOAL, reference=REFERENCE, trajectories=len(prompts)
+    )

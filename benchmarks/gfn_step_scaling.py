@@ -18,22 +18,38 @@ from pipeline.training.metrics import MetricsLog
 
 NAME = "gfn_step_scaling"
 GOAL = 1.8
-REFERENCE = ("weak scaling of make gfn under DDP: 1 process on 1 core vs 2 processes (torchrun) on a core each "
-             "(sched_setaffinity, one torch thread each), 8 questions x 4 samples per process a step; ours/reference "
-             "= s per trajectory; ratio = trajectories/s of 2 over 1 (ideal 2.0)")
+REFERENCE = (
+    "weak scaling of make gfn under DDP: 1 process on 1 core vs 2 processes (torchrun) on a core each "
+    "(sched_setaffinity, one torch thread each), 8 questions x 4 samples per process a step; ours/reference "
+    "= s per trajectory; ratio = trajectories/s of 2 over 1 (ideal 2.0)"
+)
 
 
 def run(cfg, out_dir: Path) -> dict:
     world = tiny_world(cfg, out_dir)
-    return {**ratio_row(NAME, goal=GOAL, reference=REFERENCE, **step_scaling(cfg, world.scaling_world())), "model": world.note}
+    return {
+        **ratio_row(NAME, goal=GOAL, reference=REFERENCE, **step_scaling(cfg, world.scaling_world())),
+        "model": world.note,
+    }
 
 
 def gfn_overrides(world: Path, run: str, steps: int, threads: int) -> list[str]:
     """`make gfn` on the scaling world: TB-VarGrad, 8 questions x 4 samples a step, ``threads``
     torch threads per process."""
-    return [f"runs_root={world}", f"run={run}", f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}",
-            f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "gfn.loss=tb_vargrad", f"gfn.num_train_steps={steps}",
-            "gfn.questions_per_step=8", "gfn.samples_per_question=4", "gfn.save_every=0", f"model.torch_threads={threads}"]
+    return [
+        f"runs_root={world}",
+        f"run={run}",
+        f"model.policy={world / 'policy'}",
+        f"model.prm={world / 'prm'}",
+        f"data.train_path={world / 'problems_train.jsonl'}",
+        "data.disjoint_from=[]",
+        "gfn.loss=tb_vargrad",
+        f"gfn.num_train_steps={steps}",
+        "gfn.questions_per_step=8",
+        "gfn.samples_per_question=4",
+        "gfn.save_every=0",
+        f"model.torch_threads={threads}",
+    ]
 
 
 def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: bool = False) -> dict:
@@ -46,19 +62,45 @@ def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: 
               trajectories_per_s}
     """
     if len(os.sched_getaffinity(0)) < processes:
-        raise ValueError(f"gfn_step_scaling pins each of {processes} processes to its own core; this process may use "
-                         f"{len(os.sched_getaffinity(0))}")
+        raise ValueError(
+            f"gfn_step_scaling pins each of {processes} processes to its own core; this process may use "
+            f"{len(os.sched_getaffinity(0))}"
+        )
     rates = {}
     for count in (1, processes):
         run = f"run{count}{'_fsdp2' if fsdp else ''}"
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(count), "--master_port",
-                   str(29400 + os.getpid() % 500 + count), "--no-python", sys.executable, "-m", "benchmarks.pinned", "stages.train_gfn",
-                   "--config", "configs/tiny.yaml", *gfn_overrides(world, run, steps, 1), f"gfn.questions_per_step={8 * count}",
-                   f"model.device={config.model.device}"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               **({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"} if fsdp and count > 1 else {})}
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(count),
+            "--master_port",
+            str(29400 + os.getpid() % 500 + count),
+            "--no-python",
+            sys.executable,
+            "-m",
+            "benchmarks.pinned",
+            "stages.train_gfn",
+            "--config",
+            "configs/tiny.yaml",
+            *gfn_overrides(world, run, steps, 1),
+            f"gfn.questions_per_step={8 * count}",
+            f"model.device={config.model.device}",
+        ]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            **({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"} if fsdp and count > 1 else {}),
+        }
         subprocess.run(command, check=True, timeout=1800, env=env, stdout=subprocess.DEVNULL)
         rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()[1:]
         rates[count] = statistics.median(r["sampled"] / r["seconds"] for r in rows)
-    return {"ours_s": 1 / rates[processes], "reference_s": 1 / rates[1], "processes": processes,
-            "fraction_of_ideal": rates[processes] / (processes * rates[1]), "trajectories_per_s": {str(k): v for k, v in rates.items()}}
+    return {
+        "ours_s": 1 / rates[processes],
+        "reference_s": 1 / rates[1],
+        "processes": processes,
+        "fraction_of_ideal": rates[processes] / (processes * rates[1]),
+        "trajectories_per_s": {str(k): v for k, v in rates.items()},
+    }

@@ -15,4 +15,7 @@ REFERENCE = "the same with the policy sharded by FSDP2 over the 2 processes (gat
 
 def run(cfg, out_dir: Path) -> dict:
     world = tiny_world(cfg, out_dir)
-    return {**ratio_row(NAME, goal=GOAL, reference=REFERENCE, **step_scaling(cfg, world.scaling_world(), fsdp=True)), "model": world.note}
+    return {
+        **ratio_row(NAME, goal=GOAL, reference=REFERENCE, **step_scaling(cfg, world.scaling_world(), fsdp=True)),
+        "model": world.note,
+    }

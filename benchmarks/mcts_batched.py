@@ -18,8 +18,10 @@ from pipeline.rollouts.mcts import RolloutFn, make_rollout_fn, run_mcts
 
 NAME = "mcts_batched"
 GOAL = 4.0
-REFERENCE = ("one generator call per pending prefix, same k and budget (ours/reference = s per completion; "
-             "ratio = completions/s of ours over the reference)")
+REFERENCE = (
+    "one generator call per pending prefix, same k and budget (ours/reference = s per completion; "
+    "ratio = completions/s of ours over the reference)"
+)
 
 
 def run(cfg, out_dir: Path) -> dict:
@@ -27,11 +29,24 @@ def run(cfg, out_dir: Path) -> dict:
     world = tiny_world(cfg, out_dir)
     k = 8
     problems = world.problems[:16]
-    rollout_fn = make_rollout_fn(world.generator, world.prompts[:16], [p.answer for p in problems], "tiny", k=k, temperature=0.6,
-                                 top_p=1.0, max_new_tokens=cfg.generation.max_new_tokens, separator=cfg.format.separator,
-                                 grade_many=grade_many, extract_answer=extract_answer)
+    rollout_fn = make_rollout_fn(
+        world.generator,
+        world.prompts[:16],
+        [p.answer for p in problems],
+        "tiny",
+        k=k,
+        temperature=0.6,
+        top_p=1.0,
+        max_new_tokens=cfg.generation.max_new_tokens,
+        separator=cfg.format.separator,
+        grade_many=grade_many,
+        extract_answer=extract_answer,
+    )
     params = MCTSConfig(k=k, max_iterations=2, max_rollouts=64, search_trivial=True)
-    return {**bench_mcts_batched([(p.problem_id, p.question) for p in problems], params, rollout_fn), "model": world.note}
+    return {
+        **bench_mcts_batched([(p.problem_id, p.question) for p in problems], params, rollout_fn),
+        "model": world.note,
+    }
 
 
 def bench_mcts_batched(problems: Sequence[tuple[str, str]], params: MCTSConfig, batched_fn: RolloutFn) -> dict:
@@ -57,8 +72,21 @@ def bench_mcts_batched(problems: Sequence[tuple[str, str]], params: MCTSConfig, 
         return [batched_fn([request])[0] for request in requests]
 
     ours = seconds_of(lambda: run_mcts(problems, params, counting("ours", batched_fn), on_done=lambda r: None))
-    reference = seconds_of(lambda: run_mcts(problems, params, counting("reference", one_at_a_time), on_done=lambda r: None))
-    return ratio_row(NAME, ours_s=per_unit(ours, counts["ours"]), reference_s=per_unit(reference, counts["reference"]), goal=GOAL,
-                     reference=REFERENCE, ours_total_s=ours, reference_total_s=reference, ours_completions=counts["ours"],
-                     reference_completions=counts["reference"], ours_completions_per_s=counts["ours"] / ours,
-                     reference_completions_per_s=counts["reference"] / reference, problems=len(problems), k=params.k)
+    reference = seconds_of(
+        lambda: run_mcts(problems, params, counting("reference", one_at_a_time), on_done=lambda r: None)
+    )
+    return ratio_row(
+        NAME,
+        ours_s=per_unit(ours, counts["ours"]),
+        reference_s=per_unit(reference, counts["reference"]),
+        goal=GOAL,
+        reference=REFERENCE,
+        ours_total_s=ours,
+        reference_total_s=reference,
+        ours_completions=counts["ours"],
+        reference_completions=counts["reference"],
+        ours_completions_per_s=counts["ours"] / ours,
+        reference_completions_per_s=counts["reference"] / reference,
+        problems=len(problems),
+        k=params.k,
+    )

@@ -65,11 +65,18 @@ def _random_tiny_scorer(solutions: Sequence[Solution], batch_size: int) -> PRMSc
     tokenizer = train_tokenizer(texts, vocab_size=256)
     b = BootstrapConfig()
     torch.manual_seed(0)
-    backbone = LlamaModel(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=b.hidden_size, intermediate_size=b.intermediate_size,
-        num_hidden_layers=b.num_layers, num_attention_heads=b.num_heads, num_key_value_heads=b.num_heads,
-        max_position_embeddings=1024, attn_implementation="eager",
-    ))
+    backbone = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=b.hidden_size,
+            intermediate_size=b.intermediate_size,
+            num_hidden_layers=b.num_layers,
+            num_attention_heads=b.num_heads,
+            num_key_value_heads=b.num_heads,
+            max_position_embeddings=1024,
+            attn_implementation="eager",
+        )
+    )
     model = ProcessRewardModel(backbone, PRMInfo.from_format(format_config, "tiny")).eval()
     return PRMScorer(model, tokenizer, format_config, "tiny", batch_size=batch_size)
 
@@ -97,5 +104,13 @@ def bench_prm_one_pass(
 
     one_pass, per_prefix = np.concatenate(ours()), np.array(reference())  # also warms up
     if not np.allclose(one_pass, per_prefix, atol=1e-3):  # bf16 on GPU: a loose bound
-        raise AssertionError(f"one-pass and per-prefix scores differ by up to {np.abs(one_pass - per_prefix).max():.2e}")
-    return ratio_row(NAME, ours_s=best_seconds(ours, repeats), reference_s=best_seconds(reference, repeats), goal=GOAL, reference=REFERENCE)
+        raise AssertionError(
+            f"one-pass and per-prefix scores differ by up to {np.abs(one_pass - per_prefix).max():.2e}"
+        )
+    return ratio_row(
+        NAME,
+        ours_s=best_seconds(ours, repeats),
+        reference_s=best_seconds(reference, repeats),
+        goal=GOAL,
+        reference=REFERENCE,
+    )

@@ -33,15 +33,28 @@ def run(cfg, out_dir: Path) -> dict:
         raise NotRunHere("a 0.5B-parameter model: a GPU benchmark only")
     world.release()
     torch.cuda.empty_cache()
-    return {"name": NAME, "runs": [bench_prm_training(cfg, out_dir / f"prm_training_{mode}", compile=mode == "compiled")
-                                   for mode in ("eager", "compiled")]}
+    return {
+        "name": NAME,
+        "runs": [
+            bench_prm_training(cfg, out_dir / f"prm_training_{mode}", compile=mode == "compiled")
+            for mode in ("eager", "compiled")
+        ],
+    }
 
 
 # Qwen2-0.5B's architecture (its config.json on the hub), for a training-throughput benchmark at
 # random init: the shapes set the cost, the weights do not.
 QWEN2_0_5B = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
 )
 # Dense bf16 tensor-core peak of the SXM parts, FLOP/s (vendor datasheets; sparsity not counted).
 PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
@@ -91,7 +104,8 @@ def bench_prm_training(
     solutions = synthetic_solutions(n_solutions, n_steps)
     records = [
         PRMExample(f"bench-{i}", q, steps[:k], steps[k], ((i * 31 + k * 7) % 11) / 10, ORIGIN_MCTS)
-        for i, (q, steps) in enumerate(solutions) for k in range(len(steps))
+        for i, (q, steps) in enumerate(solutions)
+        for k in range(len(steps))
     ]
     run_config = copy.deepcopy(config)
     run_config.format = dataclasses.replace(run_config.format, use_chat_template=False)
@@ -107,18 +121,32 @@ def bench_prm_training(
     tokenizer.save_pretrained(backbone_dir)
     del backbone
 
-    run_config.model = dataclasses.replace(run_config.model, prm_backbone=str(backbone_dir), device="auto", dtype="auto",
-                                           attn_implementation="sdpa")
+    run_config.model = dataclasses.replace(
+        run_config.model, prm_backbone=str(backbone_dir), device="auto", dtype="auto", attn_implementation="sdpa"
+    )
     run_config.prm = dataclasses.replace(
-        run_config.prm, lr=8e-6, batch_size=batch_size, micro_batch_size=micro_batch_size, epochs=1.0, log_every=1,
-        save_every=0, resume=False, max_length=4096, kind="tiny", lora=False, gradient_checkpointing=False,
-        compile=compile, group_by_length=True,  # as measured in docs/benchmarks.md: least padding
+        run_config.prm,
+        lr=8e-6,
+        batch_size=batch_size,
+        micro_batch_size=micro_batch_size,
+        epochs=1.0,
+        log_every=1,
+        save_every=0,
+        resume=False,
+        max_length=4096,
+        kind="tiny",
+        lora=False,
+        gradient_checkpointing=False,
+        compile=compile,
+        group_by_length=True,  # as measured in docs/benchmarks.md: least padding
     )
     lengths = PRMDataset(records, tokenizer, run_config.format, "tiny", run_config.prm.max_length).lengths
     seq_len = sum(n * n for n in lengths) / sum(lengths)  # token-weighted, as the attention cost is
     metrics = train_prm(run_config, records, None, work_dir / "out", tokenizer=tokenizer, progress=False)
     lines = [json.loads(line) for line in (work_dir / "out" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    measured = sorted(line["tokens_per_s"] for line in lines[warmup_steps:]) or [metrics["train_tokens"] / metrics["train_seconds"]]
+    measured = sorted(line["tokens_per_s"] for line in lines[warmup_steps:]) or [
+        metrics["train_tokens"] / metrics["train_seconds"]
+    ]
     tokens_per_s = measured[len(measured) // 2]
     flops = training_flops_per_token(backbone_config, seq_len) * tokens_per_s
     peak = peak_bf16_flops(torch.cuda.get_device_name(0)) if device == "cuda" else None

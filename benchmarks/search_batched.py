@@ -23,9 +23,19 @@ def run(cfg, out_dir: Path) -> dict:
     """16 tiny-world test problems, step_best_of_k with k = 4, greedy, at most 6 steps."""
     world = tiny_world(cfg, out_dir)
     prm = PRMScorer(ProcessRewardModel.from_backbone(world.model), world.tokenizer, cfg.format, "tiny")
-    row = bench_batched_search([p.question for p in world.problems[:16]], world.generator, prm, "step_best_of_k", k=4,
-                               prompts=world.prompts[:16], kind="tiny", temperature=0.0, max_depth=6,
-                               max_step_tokens=cfg.generation.max_step_tokens, format_config=cfg.format)
+    row = bench_batched_search(
+        [p.question for p in world.problems[:16]],
+        world.generator,
+        prm,
+        "step_best_of_k",
+        k=4,
+        prompts=world.prompts[:16],
+        kind="tiny",
+        temperature=0.0,
+        max_depth=6,
+        max_step_tokens=cfg.generation.max_step_tokens,
+        format_config=cfg.format,
+    )
     return {**row, "model": world.note}
 
 
@@ -47,11 +57,26 @@ def bench_batched_search(
     if not questions:
         raise ValueError("bench_batched_search: no questions")
     prompts = list(prompts) if prompts is not None else default_prompts(questions, policy, search_settings(settings))
-    search_many(questions[:1], policy, prm, strategy, min(k, 2), prompts=prompts[:1], **{**settings, "max_depth": 1})  # warm-up
+    search_many(
+        questions[:1], policy, prm, strategy, min(k, 2), prompts=prompts[:1], **{**settings, "max_depth": 1}
+    )  # warm-up
 
     ours: list = []
-    ours_s = seconds_of(lambda: ours.extend(search_many(questions, policy, prm, strategy, k, prompts=prompts, **settings)))
-    reference_s = seconds_of(lambda: [search_many([question], policy, prm, strategy, k, prompts=[prompt], **settings)
-                                      for question, prompt in zip(questions, prompts)])
-    return ratio_row(NAME, ours_s=ours_s, reference_s=reference_s, goal=GOAL, reference=REFERENCE, problems=len(questions),
-                     tokens_generated=sum(r.tokens_generated for r in ours))
+    ours_s = seconds_of(
+        lambda: ours.extend(search_many(questions, policy, prm, strategy, k, prompts=prompts, **settings))
+    )
+    reference_s = seconds_of(
+        lambda: [
+            search_many([question], policy, prm, strategy, k, prompts=[prompt], **settings)
+            for question, prompt in zip(questions, prompts)
+        ]
+    )
+    return ratio_row(
+        NAME,
+        ours_s=ours_s,
+        reference_s=reference_s,
+        goal=GOAL,
+        reference=REFERENCE,
+        problems=len(questions),
+        tokens_generated=sum(r.tokens_generated for r in ours),
+    )

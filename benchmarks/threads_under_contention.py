@@ -56,10 +56,14 @@ def training_rate(config_path: str, threads: int, seconds: float, warmup: int = 
     splits = generate_splits(config.tinyworld)
     tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], config.format), config.bootstrap.vocab_size)
     model = build_model(config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
-    examples = training_examples(splits["train"][:2048], tokenizer, config.format, config.bootstrap.max_position_embeddings)
+    examples = training_examples(
+        splits["train"][:2048], tokenizer, config.format, config.bootstrap.max_position_embeddings
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = [collate([examples[i] for i in batch], tokenizer.pad_token_id)
-               for batch in length_grouped_batches(examples, config.bootstrap.batch_size, random.Random(0))]
+    batches = [
+        collate([examples[i] for i in batch], tokenizer.pad_token_id)
+        for batch in length_grouped_batches(examples, config.bootstrap.batch_size, random.Random(0))
+    ]
 
     def step(batch) -> None:
         model(**batch).loss.backward()
@@ -79,13 +83,25 @@ def training_rate(config_path: str, threads: int, seconds: float, warmup: int = 
 
 def _probe(config_path: str, threads: int, seconds: float, env: dict) -> subprocess.Popen:
     """A rate probe in its own process, with only ``env`` governing its OpenMP threads."""
-    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.threads_under_contention", config_path, str(threads), str(seconds)],
-                            env={**clean, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.threads_under_contention", config_path, str(threads), str(seconds)],
+        env={**clean, **env},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
 
 
-def measure_together(probes: list[tuple[int, dict]], config_path: str, seconds: float, timeout: float = 600) -> list[float]:
+def measure_together(
+    probes: list[tuple[int, dict]], config_path: str, seconds: float, timeout: float = 600
+) -> list[float]:
     """Steps/s of each (threads, env) probe, all timed over the same window: every probe builds
     its model and warms up, says so, and waits; then all are started at once."""
     processes = [_probe(config_path, threads, seconds, env) for threads, env in probes]
@@ -122,8 +138,14 @@ def contention(config_path: str, seconds: float = 20.0) -> dict:
     for name, (threads, env) in SETTINGS.items():
         (alone,) = measure_together([(threads, env)], config_path, seconds)
         shared, competitor = measure_together([(threads, env), (cores, {})], config_path, seconds)
-        rows[name] = {"threads": threads, "env": env, "alone_steps_per_s": round(alone, 2), "shared_steps_per_s": round(shared, 2),
-                      "slowdown": round(alone / shared, 2), "competitor_steps_per_s": round(competitor, 2)}
+        rows[name] = {
+            "threads": threads,
+            "env": env,
+            "alone_steps_per_s": round(alone, 2),
+            "shared_steps_per_s": round(shared, 2),
+            "slowdown": round(alone / shared, 2),
+            "competitor_steps_per_s": round(competitor, 2),
+        }
     return rows
 
 

@@ -83,10 +83,20 @@ def _build(config, out: Path) -> TinyWorld:
     path = Path(config.resolve(config.model.policy))
     splits = generate_splits(config.tinyworld)
     if (path / "config.json").exists():
-        return TinyWorld(config, load_tokenizer(str(path)), load_causal_lm(str(path), config.model), splits, f"trained ({path})", str(path), out)
+        return TinyWorld(
+            config,
+            load_tokenizer(str(path)),
+            load_causal_lm(str(path), config.model),
+            splits,
+            f"trained ({path})",
+            str(path),
+            out,
+        )
     texts = [p.question + "\n" + join_steps(p.meta["solutions"][0]) for p in splits["train"]]
     tokenizer = train_tokenizer(texts)
     model = build_model(config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
     save_policy(model, tokenizer, out / "model")
     folder = str(out / "model")
-    return TinyWorld(config, load_tokenizer(folder), load_causal_lm(folder, config.model), splits, "random init", folder, out)
+    return TinyWorld(
+        config, load_tokenizer(folder), load_causal_lm(folder, config.model), splits, "random init", folder, out
+    )

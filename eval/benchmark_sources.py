@@ -46,14 +46,17 @@ def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
             f"benchmark {name!r}: file {source.path} not found "
             f"(eval.benchmark_paths.{name}, or the stage that writes it has not run)"
         )
-    problems = load_benchmark(source.loader, path=source.path, limit=config.eval.max_problems, lenient=config.data.lenient)
+    problems = load_benchmark(
+        source.loader, path=source.path, limit=config.eval.max_problems, lenient=config.data.lenient
+    )
     if not problems:
         raise ValueError(f"benchmark {name!r} ({source.path or 'hub'}): no problems")
     seen: set[str] = set()
     for problem in problems:
         if problem.problem_id in seen:
-            raise ValueError(f"benchmark {name!r} ({source.path or 'hub'}): problem_id {problem.problem_id!r} occurs twice; "
-                             "samples, shards and paired comparisons key on it")
+            raise ValueError(
+                f"benchmark {name!r} ({source.path or 'hub'}): problem_id {problem.problem_id!r} occurs twice; "
+                "samples, shards and paired comparisons key on it"
+            )
         seen.add(problem.problem_id)
     return problems
-

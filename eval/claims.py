@@ -41,8 +41,14 @@ from pipeline.stats import bootstrap_ci
 AUC_THRESHOLD = 0.8  # prm_auc: exact labels, first wrong steps against correct steps after a correct prefix
 SLIP_PAIR_THRESHOLD = 0.9  # prm_slip_pair_auc: slips against their correct counterparts
 SEARCH_STRATEGIES = ("step_best_of_k", "beam", "weighted_vote")
-CLAIM_IDS = ("prm_auc", "prm_slip_pair_auc", "search_rises_with_k", "gfn_reward_higher", "gfn_accuracy_not_lower",
-             "gfn_more_diverse_than_ppo")
+CLAIM_IDS = (
+    "prm_auc",
+    "prm_slip_pair_auc",
+    "search_rises_with_k",
+    "gfn_reward_higher",
+    "gfn_accuracy_not_lower",
+    "gfn_more_diverse_than_ppo",
+)
 
 
 @dataclass
@@ -58,12 +64,23 @@ class Claim:
     def markdown(self) -> str:
         """``- <id>: holds|fails: <figure> [<lo>, <hi>] (<comparison>)``"""
         lo, hi = self.interval
-        figure = "n/a" if self.value is None else f"{self.value:+.4g}" if self.comparison.startswith("paired") else f"{self.value:.4g}"
+        figure = (
+            "n/a"
+            if self.value is None
+            else f"{self.value:+.4g}"
+            if self.comparison.startswith("paired")
+            else f"{self.value:.4g}"
+        )
         interval = f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
         return f"- {self.id}: {'holds' if self.holds else 'fails'}: {figure}{interval} ({self.comparison})"
 
     def to_json(self) -> dict:
-        return {"holds": self.holds, "value": self.value, "interval": list(self.interval), "comparison": self.comparison}
+        return {
+            "holds": self.holds,
+            "value": self.value,
+            "interval": list(self.interval),
+            "comparison": self.comparison,
+        }
 
 
 def _threshold_claim(claim_id: str, value, interval, what: str, threshold: float) -> Claim:
@@ -90,12 +107,22 @@ def prm_claims(validation: dict | None) -> list[Claim]:
     validation = validation or {}
     exact, pair = validation.get("exact") or {}, validation.get("slip_pair") or {}
     return [
-        _threshold_claim("prm_auc", exact.get("auc"), exact.get("interval"),
-                         "AUC of first wrong steps vs correct steps after a correct prefix, exact labels, the policy's own "
-                         "held-out samples", AUC_THRESHOLD),
-        _threshold_claim("prm_slip_pair_auc", pair.get("auc"), pair.get("interval"),
-                         f"share of the policy's slips scored below their correct counterpart, same prefix "
-                         f"({pair.get('n_pairs', 0)} pairs)", SLIP_PAIR_THRESHOLD),
+        _threshold_claim(
+            "prm_auc",
+            exact.get("auc"),
+            exact.get("interval"),
+            "AUC of first wrong steps vs correct steps after a correct prefix, exact labels, the policy's own "
+            "held-out samples",
+            AUC_THRESHOLD,
+        ),
+        _threshold_claim(
+            "prm_slip_pair_auc",
+            pair.get("auc"),
+            pair.get("interval"),
+            f"share of the policy's slips scored below their correct counterpart, same prefix "
+            f"({pair.get('n_pairs', 0)} pairs)",
+            SLIP_PAIR_THRESHOLD,
+        ),
     ]
 
 
@@ -108,45 +135,83 @@ def search_claim(search: dict | None, n_resamples: int = 2000, seed: int = 0) ->
         mine = {row["k"]: row for row in rows if row["strategy"] == strategy}
         if 1 in mine and len(mine) > 1 and "correct" in mine[1]:
             top = max(mine)
-            values = np.asarray(mine[top]["correct"], dtype=np.float64) - np.asarray(mine[1]["correct"], dtype=np.float64)
+            values = np.asarray(mine[top]["correct"], dtype=np.float64) - np.asarray(
+                mine[1]["correct"], dtype=np.float64
+            )
             mean, lo, hi = bootstrap_ci(values, n_resamples=n_resamples, seed=seed)
             diffs[strategy] = {"mean": mean, "lo": lo, "hi": hi, "k": top}
     if len(diffs) < len(SEARCH_STRATEGIES):
         missing = sorted(set(SEARCH_STRATEGIES) - set(diffs))
-        return Claim("search_rises_with_k", False, None, (None, None), f"paired accuracy difference: no rows for {', '.join(missing)}")
+        return Claim(
+            "search_rises_with_k",
+            False,
+            None,
+            (None, None),
+            f"paired accuracy difference: no rows for {', '.join(missing)}",
+        )
     weakest = min(diffs, key=lambda s: diffs[s]["mean"])
     detail = "; ".join(f"{s} k={d['k']} vs 1: {_fmt(d, 100)} pts" for s, d in diffs.items())
-    return Claim("search_rises_with_k", all(d["lo"] > 0 for d in diffs.values()), diffs[weakest]["mean"],
-                 (diffs[weakest]["lo"], diffs[weakest]["hi"]), f"paired accuracy at the largest k minus k=1, all higher; {detail}")
+    return Claim(
+        "search_rises_with_k",
+        all(d["lo"] > 0 for d in diffs.values()),
+        diffs[weakest]["mean"],
+        (diffs[weakest]["lo"], diffs[weakest]["hi"]),
+        f"paired accuracy at the largest k minus k=1, all higher; {detail}",
+    )
 
 
 def finetuning_claims(results: dict | None, benchmark: str) -> list[Claim]:
     comparisons = (results or {}).get("comparisons") or {}
-    gfn = (comparisons.get("models") or {}).get("gfn", {}).get(benchmark) if comparisons.get("reference") == "base" else None
+    gfn = (
+        (comparisons.get("models") or {}).get("gfn", {}).get(benchmark)
+        if comparisons.get("reference") == "base"
+        else None
+    )
     pair = ((comparisons.get("pairs") or {}).get("gfn_vs_ppo") or {}).get(benchmark)
     claims = []
     reward = (gfn or {}).get("prm_reward")
-    claims.append(Claim("gfn_reward_higher", _verdict(reward) == "higher", reward and reward["mean"],
-                        (reward and reward["lo"], reward and reward["hi"]),
-                        f"paired held-out mean PRM reward, GFlowNet minus base: {_verdict(reward)}"))
+    claims.append(
+        Claim(
+            "gfn_reward_higher",
+            _verdict(reward) == "higher",
+            reward and reward["mean"],
+            (reward and reward["lo"], reward and reward["hi"]),
+            f"paired held-out mean PRM reward, GFlowNet minus base: {_verdict(reward)}",
+        )
+    )
     accuracy = [(gfn or {}).get(key) for key in ("greedy_pass@1", "pass@1")]
     worst = min((d for d in accuracy if d), key=lambda d: d["mean"], default=None)
-    claims.append(Claim("gfn_accuracy_not_lower", bool(gfn) and all(d and _verdict(d) != "lower" for d in accuracy),
-                        worst and 100 * worst["mean"], (worst and 100 * worst["lo"], worst and 100 * worst["hi"]),
-                        f"paired accuracy in points, GFlowNet minus base, neither lower: greedy {_fmt(accuracy[0], 100)}, "
-                        f"pass@1 {_fmt(accuracy[1], 100)}"))
+    claims.append(
+        Claim(
+            "gfn_accuracy_not_lower",
+            bool(gfn) and all(d and _verdict(d) != "lower" for d in accuracy),
+            worst and 100 * worst["mean"],
+            (worst and 100 * worst["lo"], worst and 100 * worst["hi"]),
+            f"paired accuracy in points, GFlowNet minus base, neither lower: greedy {_fmt(accuracy[0], 100)}, "
+            f"pass@1 {_fmt(accuracy[1], 100)}",
+        )
+    )
     entropy, pass1, similarity = ((pair or {}).get(key) for key in ("strategy_entropy", "pass@1", "similarity"))
     holds = _verdict(entropy) == "higher" and pass1 is not None and _verdict(pass1) != "lower"
-    claims.append(Claim("gfn_more_diverse_than_ppo", holds, entropy and entropy["mean"], (entropy and entropy["lo"], entropy and entropy["hi"]),
-                        f"paired, GFlowNet minus PPO: strategy entropy of correct solutions {_fmt(entropy)} bits (must be "
-                        f"higher), pass@1 {_fmt(pass1, 100)} pts (not lower); whole-text similarity {_fmt(similarity)} (shown, "
-                        "not judged)"))
+    claims.append(
+        Claim(
+            "gfn_more_diverse_than_ppo",
+            holds,
+            entropy and entropy["mean"],
+            (entropy and entropy["lo"], entropy and entropy["hi"]),
+            f"paired, GFlowNet minus PPO: strategy entropy of correct solutions {_fmt(entropy)} bits (must be "
+            f"higher), pass@1 {_fmt(pass1, 100)} pts (not lower); whole-text similarity {_fmt(similarity)} (shown, "
+            "not judged)",
+        )
+    )
     return claims
 
 
 def evaluate_claims(run_dir: Path, reports_dir: Path, benchmark: str = "tiny_test", seed: int = 0) -> list[Claim]:
     """Every claim of CLAIM_IDS, in that order, from a finished run's files."""
     run_dir, reports_dir = Path(run_dir), Path(reports_dir)
-    return [*prm_claims(read_json_if_exists(run_dir / "prm" / "validation.json", "PRM validation")),
-            search_claim(read_json_if_exists(run_dir / "search" / "results.json", "search results"), seed=seed),
-            *finetuning_claims(read_json_if_exists(reports_dir / "results.json", "evaluation results"), benchmark)]
+    return [
+        *prm_claims(read_json_if_exists(run_dir / "prm" / "validation.json", "PRM validation")),
+        search_claim(read_json_if_exists(run_dir / "search" / "results.json", "search results"), seed=seed),
+        *finetuning_claims(read_json_if_exists(reports_dir / "results.json", "evaluation results"), benchmark),
+    ]

@@ -48,8 +48,10 @@ def paired_differences(
     # figure -> (reference's per-problem values, model's), both in problem order
     per_problem: dict[str, tuple[Sequence, Sequence]] = {}
     if reference_greedy is not None and model_greedy is not None:
-        per_problem["greedy_pass@1"] = ([float(reference_greedy[p.problem_id]) for p in problems],
-                                        [float(model_greedy[p.problem_id]) for p in problems])
+        per_problem["greedy_pass@1"] = (
+            [float(reference_greedy[p.problem_id]) for p in problems],
+            [float(model_greedy[p.problem_id]) for p in problems],
+        )
     before, after = per_problem_scores(reference), per_problem_scores(model)
     for metric in ("pass@1", "maj@k", "pass@k"):
         per_problem[metric] = (before[metric], after[metric])
@@ -73,8 +75,9 @@ def paired_differences(
     return differences
 
 
-def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config,
-                         metrics: dict | None = None) -> dict:
+def compare_to_reference(
+    all_records: dict, benchmarks: dict, kind_of: KindOf, config: Config, metrics: dict | None = None
+) -> dict:
     """{"reference": name, "models": {model: {benchmark: paired differences}}, "pairs": {"a_vs_b":
     {benchmark: a minus b}}} against the model named "base" (else the first evaluated one) and
     for every pair of eval.pairs that was evaluated (paired_differences, eval.bootstrap_resamples
@@ -89,11 +92,20 @@ def compare_to_reference(all_records: dict, benchmarks: dict, kind_of: KindOf, c
     reference = "base" if "base" in all_records else next(iter(all_records))
 
     def compare(model: str, against: str) -> dict:
-        return {bench: paired_differences(all_records[against][bench], records, benchmarks[bench], kind_of,
-                                          n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed,
-                                          reference_metrics=metrics.get(against, {}).get(bench),
-                                          model_metrics=metrics.get(model, {}).get(bench))
-                for bench, records in all_records[model].items() if bench in all_records[against]}
+        return {
+            bench: paired_differences(
+                all_records[against][bench],
+                records,
+                benchmarks[bench],
+                kind_of,
+                n_resamples=config.eval.bootstrap_resamples,
+                seed=config.eval.seed,
+                reference_metrics=metrics.get(against, {}).get(bench),
+                model_metrics=metrics.get(model, {}).get(bench),
+            )
+            for bench, records in all_records[model].items()
+            if bench in all_records[against]
+        }
 
     models = {name: compare(name, reference) for name in all_records if name != reference}
     pairs = {f"{a}_vs_{b}": compare(a, b) for a, b in config.eval.pairs if a in all_records and b in all_records}

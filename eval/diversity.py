@@ -106,8 +106,15 @@ def semantic_similarity(
         vendi.append(vendi_score(solutions))
 
     scored = np.array([s for s in similarity if s is not None], dtype=np.float64)
-    result: dict = {"mean": None, "lo": None, "hi": None, "per_problem": similarity,
-                    "vendi_mean": None, "vendi_per_problem": vendi, "n_scored": int(scored.size)}
+    result: dict = {
+        "mean": None,
+        "lo": None,
+        "hi": None,
+        "per_problem": similarity,
+        "vendi_mean": None,
+        "vendi_per_problem": vendi,
+        "n_scored": int(scored.size),
+    }
     if scored.size:
         mean, lo, hi = bootstrap_ci(scored, n_resamples=n_resamples, alpha=alpha, seed=seed)
         result.update(mean=mean, lo=lo, hi=hi)
@@ -235,7 +242,9 @@ def admitted_strategies(problem: Problem) -> int | None:
     return len(strategy_names(problem)) if problem.meta.get("solutions") else None
 
 
-def correct_strategy_names(problem: Problem, solutions: Sequence[Sequence[str]], correct: Sequence[bool]) -> list[str] | None:
+def correct_strategy_names(
+    problem: Problem, solutions: Sequence[Sequence[str]], correct: Sequence[bool]
+) -> list[str] | None:
     """The strategy name (pipeline.tinyworld.strategy_of) of each correct solution of one problem,
     in sample order; None when the problem's record lists no valid solutions (``meta["solutions"]``).
     A correct solution that carries out no valid strategy (the right answer reached by other
@@ -274,7 +283,9 @@ def strategy_diversity(
     problems that know their strategies that carry out none (None when there are none)}.
     """
     if not len(problems) == len(solutions) == len(correct):
-        raise ValueError(f"strategy_diversity: {len(problems)} problems, {len(solutions)} solution lists, {len(correct)} flag lists")
+        raise ValueError(
+            f"strategy_diversity: {len(problems)} problems, {len(solutions)} solution lists, {len(correct)} flag lists"
+        )
     entropy: list[float | None] = []
     distinct: list[int] = []
     multi: int | None = None
@@ -293,9 +304,12 @@ def strategy_diversity(
         else:
             entropy.append(None)
     scored = np.array([e for e in entropy if e is not None], dtype=np.float64)
-    result: dict = {"entropy": {"mean": None, "lo": None, "hi": None, "n_scored": int(scored.size), "per_problem": entropy},
-                    "distinct": float(np.mean(distinct)) if distinct else None, "multi_strategy_problems": multi,
-                    "correct_without_strategy": (correct_total - named) / correct_total if correct_total else None}
+    result: dict = {
+        "entropy": {"mean": None, "lo": None, "hi": None, "n_scored": int(scored.size), "per_problem": entropy},
+        "distinct": float(np.mean(distinct)) if distinct else None,
+        "multi_strategy_problems": multi,
+        "correct_without_strategy": (correct_total - named) / correct_total if correct_total else None,
+    }
     if scored.size:
         mean, lo, hi = bootstrap_ci(scored, n_resamples=n_resamples, alpha=alpha, seed=seed)
         result["entropy"].update(mean=mean, lo=lo, hi=hi)

@@ -80,7 +80,12 @@ class _LazyGenerator:
     def get(self):
         if self.generator is None:
             spec = self.spec
-            log.info("eval: loading model %r from %s%s", spec.name, spec.path, f" with adapter {spec.adapter}" if spec.adapter else "")
+            log.info(
+                "eval: loading model %r from %s%s",
+                spec.name,
+                spec.path,
+                f" with adapter {spec.adapter}" if spec.adapter else "",
+            )
             self.generator = self.make_generator(spec.path, spec.adapter)
         return self.generator
 
@@ -94,8 +99,17 @@ def _in_chunks(items: Sequence, size: int) -> list[Sequence]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
-def sample_share(generator: _LazyGenerator, problems: Sequence[Problem], kind_of: KindOf, config: Config, *, folder: Path,
-                 settings: dict, shard: tuple[int, int], others_running: bool) -> int:
+def sample_share(
+    generator: _LazyGenerator,
+    problems: Sequence[Problem],
+    kind_of: KindOf,
+    config: Config,
+    *,
+    folder: Path,
+    settings: dict,
+    shard: tuple[int, int],
+    others_running: bool,
+) -> int:
     """Sample the problems of shard (i, n) (index % n == i) that ``folder`` holds no samples of yet,
     eval.problems_per_commit at a time, each chunk committed as one shard; returns how many.
     The folder's settings.json guards the resume (pipeline.shards.check_settings)."""
@@ -105,8 +119,14 @@ def sample_share(generator: _LazyGenerator, problems: Sequence[Problem], kind_of
     todo = [p for i, p in enumerate(problems) if i % count == index and p.problem_id not in done]
     if not todo:
         return 0
-    log.info("eval: %s: %d problems of shard %d/%d to sample (%d already committed)", folder.name, len(todo), index, count,
-             sum(1 for i, p in enumerate(problems) if i % count == index) - len(todo))
+    log.info(
+        "eval: %s: %d problems of shard %d/%d to sample (%d already committed)",
+        folder.name,
+        len(todo),
+        index,
+        count,
+        sum(1 for i, p in enumerate(problems) if i % count == index) - len(todo),
+    )
     per_commit = config.eval.problems_per_commit
     with ShardWriter(folder, tag=f"{index}of{count}", commit_every=per_commit) as writer:
         for chunk in _in_chunks(todo, per_commit):
@@ -131,7 +151,9 @@ def _models(config: Config):
         yield name, spec, missing_model_reason(spec)
 
 
-def sample_shard(config: Config, make_generator: GeneratorFactory, out_dir: str | Path, kind_of: KindOf = problem_kind) -> dict:
+def sample_shard(
+    config: Config, make_generator: GeneratorFactory, out_dir: str | Path, kind_of: KindOf = problem_kind
+) -> dict:
     """Worker i of n (eval.shard = i/n): sample its share of every (model, benchmark) pair into
     the pair's shard folder and nothing else (a run with eval.shard = 0/1 merges and scores).
     Pairs whose samples file is up to date and models that cannot be found are left out.
@@ -151,9 +173,16 @@ def sample_shard(config: Config, make_generator: GeneratorFactory, out_dir: str 
                 settings = sampling_settings(config, spec, sources[bench], problems)
                 if reusable_samples(samples_path(out, name, bench), settings) is not None:
                     continue
-                sampled.setdefault(name, {})[bench] = sample_share(generator, problems, kind_of, config,
-                                                                   folder=shard_folder(out, name, bench), settings=settings,
-                                                                   shard=shard, others_running=others_running)
+                sampled.setdefault(name, {})[bench] = sample_share(
+                    generator,
+                    problems,
+                    kind_of,
+                    config,
+                    folder=shard_folder(out, name, bench),
+                    settings=settings,
+                    shard=shard,
+                    others_running=others_running,
+                )
         finally:
             generator.close()
     return sampled
@@ -181,15 +210,25 @@ def run_evaluation(
     results: dict = {
         "run": config.run,
         "settings": {
-            "k": config.eval.k, "temperature": config.eval.temperature, "greedy": config.eval.greedy,
-            "top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens,
-            "max_problems": config.eval.max_problems, "embedder": config.eval.embedder or "all-MiniLM-L6-v2",
-            "bootstrap_resamples": config.eval.bootstrap_resamples, "confidence": 0.95, "seed": config.eval.seed,
+            "k": config.eval.k,
+            "temperature": config.eval.temperature,
+            "greedy": config.eval.greedy,
+            "top_p": config.generation.top_p,
+            "max_new_tokens": config.generation.max_new_tokens,
+            "max_problems": config.eval.max_problems,
+            "embedder": config.eval.embedder or "all-MiniLM-L6-v2",
+            "bootstrap_resamples": config.eval.bootstrap_resamples,
+            "confidence": 0.95,
+            "seed": config.eval.seed,
             "prm": config.resolve(config.eval.prm) if prm is not None else None,
         },
         "benchmarks": {
-            name: {"n_problems": len(problems), "kinds": sorted({kind_of(p) for p in problems}),
-                   "loader": sources[name].loader, "path": sources[name].path}
+            name: {
+                "n_problems": len(problems),
+                "kinds": sorted({kind_of(p) for p in problems}),
+                "loader": sources[name].loader,
+                "path": sources[name].path,
+            }
             for name, problems in benchmarks.items()
         },
         "models": {},
@@ -210,11 +249,25 @@ def run_evaluation(
                 settings = sampling_settings(config, spec, sources[bench], problems)
                 records = reusable_samples(path, settings)
                 if records is None:
-                    log.info("eval: %s on %s: %d problems x %d samples%s", name, bench, len(problems), config.eval.k,
-                             " + greedy" if config.eval.greedy else "")
+                    log.info(
+                        "eval: %s on %s: %d problems x %d samples%s",
+                        name,
+                        bench,
+                        len(problems),
+                        config.eval.k,
+                        " + greedy" if config.eval.greedy else "",
+                    )
                     folder = shard_folder(out, name, bench)
-                    sample_share(generator, problems, kind_of, config, folder=folder, settings=settings, shard=(0, 1),
-                                 others_running=False)
+                    sample_share(
+                        generator,
+                        problems,
+                        kind_of,
+                        config,
+                        folder=folder,
+                        settings=settings,
+                        shard=(0, 1),
+                        others_running=False,
+                    )
                     records = commit_samples_file(folder, path, problems, settings)
                 else:
                     log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
@@ -222,9 +275,15 @@ def run_evaluation(
                 metrics["samples"] = str(path)
                 results["results"].setdefault(name, {})[bench] = metrics
                 acc, similarity = metrics["accuracy"], metrics["diversity"]["similarity"]["mean"]
-                log.info("eval: %s on %s: pass@1 %.3f, maj@k %.3f, pass@k %.3f, similarity %s", name, bench,
-                         acc["pass@1"]["mean"], acc["maj@k"]["mean"], acc["pass@k"]["mean"],
-                         "n/a" if similarity is None else f"{similarity:.3f}")
+                log.info(
+                    "eval: %s on %s: pass@1 %.3f, maj@k %.3f, pass@k %.3f, similarity %s",
+                    name,
+                    bench,
+                    acc["pass@1"]["mean"],
+                    acc["maj@k"]["mean"],
+                    acc["pass@k"]["mean"],
+                    "n/a" if similarity is None else f"{similarity:.3f}",
+                )
                 all_records.setdefault(name, {})[bench] = records
         finally:
             generator.close()

@@ -45,7 +45,9 @@ def same_answer(ours: str | None, theirs: list) -> bool:
     return bool(verify(theirs, parse("\\boxed{" + ours + "}")))
 
 
-def compare(texts: Sequence[str], kind: str, golds: Sequence[str | None] | None = None, ids: Sequence[str] | None = None) -> dict:
+def compare(
+    texts: Sequence[str], kind: str, golds: Sequence[str | None] | None = None, ids: Sequence[str] | None = None
+) -> dict:
     """{n, agree, share, disagreements: [{id, ours, theirs, gold, ours_right, theirs_right}]}."""
     golds = golds if golds is not None else [None] * len(texts)
     ids = ids if ids is not None else [str(i) for i in range(len(texts))]
@@ -61,14 +63,22 @@ def compare(texts: Sequence[str], kind: str, golds: Sequence[str | None] | None 
             row["ours_right"] = ours is not None and answers_equal(ours, gold, kind)
             row["theirs_right"] = bool(theirs) and bool(verify(parse("\\boxed{" + gold + "}"), theirs))
         disagreements.append(row)
-    return {"n": len(texts), "agree": agree, "share": agree / len(texts) if texts else None, "disagreements": disagreements}
+    return {
+        "n": len(texts),
+        "agree": agree,
+        "share": agree / len(texts) if texts else None,
+        "disagreements": disagreements,
+    }
 
 
 def math_texts(path: str | Path) -> tuple[list[str], list[str | None], list[str]]:
     """(gold solutions, their answers (None where the file has none: MATH's test split), ids)."""
     rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    return ([r["solution"] for r in rows], [r.get("answer") for r in rows],
-            [str(r.get("unique_id", r.get("idx", i))) for i, r in enumerate(rows)])
+    return (
+        [r["solution"] for r in rows],
+        [r.get("answer") for r in rows],
+        [str(r.get("unique_id", r.get("idx", i))) for i, r in enumerate(rows)],
+    )
 
 
 def sample_texts(samples: str | Path, problems: str | Path) -> dict[str, tuple[list[str], list[str | None], list[str]]]:
@@ -91,7 +101,10 @@ def measure(benchmarks: str | Path) -> dict:
     """Agreement on the gold solutions of MATH-500 (and of MATH's whole test split where the file
     is there) and on tests/data's policy samples."""
     results = {}
-    for name, file in (("math500_gold_solutions", "math500_test.jsonl"), ("math_test_gold_solutions", "math_test.jsonl")):
+    for name, file in (
+        ("math500_gold_solutions", "math500_test.jsonl"),
+        ("math_test_gold_solutions", "math_test.jsonl"),
+    ):
         if (Path(benchmarks) / file).is_file():
             texts, golds, ids = math_texts(Path(benchmarks) / file)
             results[name] = compare(texts, "math", golds, ids)
@@ -103,7 +116,11 @@ def measure(benchmarks: str | Path) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m eval.extraction_agreement", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmarks", default=str(benchmarks_dir()), help="the benchmark folder (default: $STEPFLOW_BENCHMARKS or data/benchmarks)")
+    parser.add_argument(
+        "--benchmarks",
+        default=str(benchmarks_dir()),
+        help="the benchmark folder (default: $STEPFLOW_BENCHMARKS or data/benchmarks)",
+    )
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     results = measure(args.benchmarks)

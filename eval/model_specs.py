@@ -18,6 +18,7 @@ from pipeline.files import path_fingerprint
 
 ADAPTER_SEPARATOR = "::"  # eval.models value "model::adapter" = a peft adapter on top of a model
 
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One entry of eval.models: a hub id or local path, optionally with a peft adapter."""
@@ -42,7 +43,7 @@ def _is_local_path(raw: str, resolved: str) -> bool:
 
 
 def parse_model_spec(config: Config, name: str, value: str) -> ModelSpec:
-    """"path" or "path::adapter_path" (either side a hub id or local path; {run_dir} resolved)."""
+    """ "path" or "path::adapter_path" (either side a hub id or local path; {run_dir} resolved)."""
     raw_path, _, raw_adapter = value.partition(ADAPTER_SEPARATOR)
     raw_path, raw_adapter = raw_path.strip(), raw_adapter.strip()
     if not raw_path:
@@ -65,8 +66,6 @@ def missing_model_reason(spec: ModelSpec) -> str | None:
     if spec.adapter is not None and spec.adapter_is_local and not Path(spec.adapter).expanduser().exists():
         return f"adapter path {spec.adapter} does not exist"
     return None
-
-
 
 
 def model_fingerprint(path: str | None, is_local: bool) -> str | None:

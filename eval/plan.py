@@ -106,9 +106,13 @@ class StageCost:
     engine_needs: dict[str, float] = field(default_factory=dict)
     engines: int = 1
     engine_share: float | None = None
-    share_key: str = "generation.vllm_gpu_memory_utilization"  # the config key of that share (VLLM_SHARE_KEY, SEARCHER_SHARE_KEY)
+    share_key: str = (
+        "generation.vllm_gpu_memory_utilization"  # the config key of that share (VLLM_SHARE_KEY, SEARCHER_SHARE_KEY)
+    )
     colocated_kv: tuple[int, int, int] | None = None  # (bytes, sequences, tokens) of a colocated engine's step
-    memory_errors: list[Finding] = field(default_factory=list)  # the device cannot hold the stage (or its engines' share)
+    memory_errors: list[Finding] = field(
+        default_factory=list
+    )  # the device cannot hold the stage (or its engines' share)
 
 
 @dataclass
@@ -151,8 +155,18 @@ def _made_by(config: Config, raw: str) -> str | None:
 
 def _bootstrap_shape(config: Config) -> ModelShape:
     b = config.bootstrap
-    return ModelShape("llama", b.hidden_size, b.num_layers, b.num_heads, b.num_heads, b.hidden_size // b.num_heads,
-                      b.intermediate_size, b.vocab_size, True, False)
+    return ModelShape(
+        "llama",
+        b.hidden_size,
+        b.num_layers,
+        b.num_heads,
+        b.num_heads,
+        b.hidden_size // b.num_heads,
+        b.intermediate_size,
+        b.vocab_size,
+        True,
+        False,
+    )
 
 
 def resolve_model(config: Config, key: str, raw: str, derived_from: Model | None = None) -> Model:
@@ -198,7 +212,9 @@ def unresolvable_model(config: Config, key: str, raw: str, missing_ok: bool = Fa
 
 
 def _check_model(plan: Plan, model: Model) -> None:
-    problem = unresolvable_model(plan.config, model.key, model.value) if not model.status.startswith("made by") else None
+    problem = (
+        unresolvable_model(plan.config, model.key, model.value) if not model.status.startswith("made by") else None
+    )
     if problem is not None:
         plan.error(model.key, problem.split(": ", 1)[1])
     elif model.shape is None and not model.status.startswith("made by"):
@@ -209,7 +225,11 @@ def resolve_models(plan: Plan) -> dict[str, Model]:
     config = plan.config
     policy = resolve_model(config, "model.policy", config.model.policy)
     backbone = resolve_model(config, "model.prm_backbone", config.model.prm_backbone)
-    models = {"policy": policy, "prm_backbone": backbone, "prm": resolve_model(config, "model.prm", config.model.prm, backbone)}
+    models = {
+        "policy": policy,
+        "prm_backbone": backbone,
+        "prm": resolve_model(config, "model.prm", config.model.prm, backbone),
+    }
     for name, raw in config.eval.models.items():
         derived = policy if _made_by(config, raw) in ("gfn", "ppo") else None
         models[f"eval.{name}"] = resolve_model(config, f"eval.models.{name}", raw.split("::")[0], derived)
@@ -221,7 +241,14 @@ def resolve_models(plan: Plan) -> dict[str, Model]:
     return models
 
 
-KNOWN_SIZES = {"math500": 500, "gsm8k": 1319, "math": 5000, "math_level5": 1324, "agieval_sat_math": 220, "sat_math_32": 32}
+KNOWN_SIZES = {
+    "math500": 500,
+    "gsm8k": 1319,
+    "math": 5000,
+    "math_level5": 1324,
+    "agieval_sat_math": 220,
+    "sat_math_32": 32,
+}
 
 
 def resolve_data(plan: Plan, key: str, loader: str, raw_path: str | None, limit: int | None, **kwargs) -> Data:
@@ -258,20 +285,35 @@ def resolve_all_data(plan: Plan) -> dict[str, Data]:
             if "problem_sources" in inspect.signature(BENCHMARK_LOADERS.get(loader, load_benchmark)).parameters:
                 sources = {"problem_sources": config.data.problem_sources}
             else:
-                plan.warn("data.problem_sources", f"filters OpenMathInstruct-2 problems only: not applied to data.{split} ({loader})")
-        data[split] = resolve_data(plan, f"data.{split}", loader, getattr(config.data, f"{split}_path"),
-                                   getattr(config.data, f"{split}_limit"), **sources)
+                plan.warn(
+                    "data.problem_sources",
+                    f"filters OpenMathInstruct-2 problems only: not applied to data.{split} ({loader})",
+                )
+        data[split] = resolve_data(
+            plan,
+            f"data.{split}",
+            loader,
+            getattr(config.data, f"{split}_path"),
+            getattr(config.data, f"{split}_limit"),
+            **sources,
+        )
     for index, name in enumerate(config.eval.benchmarks):
         source = resolve_benchmark(config, name)
-        raw = config.eval.benchmark_paths.get(name) or (source.path and source.path.replace(str(config.run_dir), "{run_dir}"))
-        data[f"eval.{name}"] = resolve_data(plan, f"eval.benchmarks[{index}] ({name})", source.loader, raw, config.eval.max_problems)
+        raw = config.eval.benchmark_paths.get(name) or (
+            source.path and source.path.replace(str(config.run_dir), "{run_dir}")
+        )
+        data[f"eval.{name}"] = resolve_data(
+            plan, f"eval.benchmarks[{index}] ({name})", source.loader, raw, config.eval.max_problems
+        )
     name = config.search.benchmark
     if config.search.benchmark_path is not None:
         loader, raw = ("problems" if name == "tiny_test" else name), config.search.benchmark_path
     else:
         source = resolve_benchmark(config, name)
         loader = source.loader
-        raw = config.eval.benchmark_paths.get(name) or (source.path and source.path.replace(str(config.run_dir), "{run_dir}"))
+        raw = config.eval.benchmark_paths.get(name) or (
+            source.path and source.path.replace(str(config.run_dir), "{run_dir}")
+        )
     data["search"] = resolve_data(plan, "search.benchmark", loader, raw, config.search.max_problems)
     plan.data = list(data.values())
     return data
@@ -296,8 +338,11 @@ def read_launch(plan: Plan, stage: str) -> Launch:
         plan.error(key, f"{file}: cannot read it ({error})")
         return Launch("ddp", False, file)
     if settings.get("num_processes") not in (None, processes):
-        plan.error(key, f"{file} launches num_processes: {settings['num_processes']} but plan.processes = {processes} "
-                        f"(accelerate launch --num_processes {processes} overrides the file)")
+        plan.error(
+            key,
+            f"{file} launches num_processes: {settings['num_processes']} but plan.processes = {processes} "
+            f"(accelerate launch --num_processes {processes} overrides the file)",
+        )
     kind = str(settings.get("distributed_type", "NO")).upper()
     if kind == "FSDP":
         fsdp = settings.get("fsdp_config") or {}
@@ -331,9 +376,12 @@ def check_wrap_class(plan: Plan, stage: str, model: Model) -> None:
     named = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
     wanted = WRAP_CLASSES.get(model.shape.model_type)
     if named and wanted and named != wanted:
-        plan.error(f"plan.accelerate.{stage}", f"{file} wraps {named} but {model.key} is a {model.shape.model_type} model "
-                                               f"({wanted}); leave fsdp_transformer_layer_cls_to_wrap out to wrap the model's "
-                                               "own _no_split_modules")
+        plan.error(
+            f"plan.accelerate.{stage}",
+            f"{file} wraps {named} but {model.key} is a {model.shape.model_type} model "
+            f"({wanted}); leave fsdp_transformer_layer_cls_to_wrap out to wrap the model's "
+            "own _no_split_modules",
+        )
 
 
 # ----------------------------------------------------------------------------- memory and time
@@ -343,7 +391,9 @@ def _half_bytes(config: Config) -> int:
     return 4 if config.model.dtype == "float32" else 2
 
 
-def training_state(shape: ModelShape, trainable: int, launch: Launch, processes: int, lm_head: bool) -> dict[str, float]:
+def training_state(
+    shape: ModelShape, trainable: int, launch: Launch, processes: int, lm_head: bool
+) -> dict[str, float]:
     """Weights, gradients and AdamW state on one GPU: float32 master weights (4 bytes), gradients
     (4) and two moments (8) of the trainable parameters; a LoRA base stays frozen in bf16 (2).
     ZeRO-2 shards gradients and optimizer state; ZeRO-3 and FSDP also the weights (plus one layer
@@ -355,9 +405,17 @@ def training_state(shape: ModelShape, trainable: int, launch: Launch, processes:
     if full:
         weights = 4 * params / n + 4 * shape.layer_parameters() if sharded else 4 * params
         state_share = n if launch.strategy in ("zero2", "zero3", "fsdp") else 1
-        return {"weights (fp32 master)": weights, "gradients": 4 * params / state_share, "AdamW state": 8 * params / state_share}
+        return {
+            "weights (fp32 master)": weights,
+            "gradients": 4 * params / state_share,
+            "AdamW state": 8 * params / state_share,
+        }
     base = 2 * params / n + 2 * shape.layer_parameters() if sharded else 2 * params
-    return {"weights (bf16 base + fp32 LoRA)": base + 4 * trainable, "gradients (LoRA)": 4 * trainable, "AdamW state (LoRA)": 8 * trainable}
+    return {
+        "weights (bf16 base + fp32 LoRA)": base + 4 * trainable,
+        "gradients (LoRA)": 4 * trainable,
+        "AdamW state (LoRA)": 8 * trainable,
+    }
 
 
 def _tokens_per_second(plan: Plan, parameters: int, mfu: float, flops_per_parameter: int) -> float:
@@ -401,8 +459,13 @@ def _check_memory(plan: Plan, cost: StageCost, key: str) -> None:
     total = sum(cost.memory.values())
     if total > device:
         items = " + ".join(f"{v / GIB:.1f}" for v in cost.memory.values())
-        _memory_error(plan, cost, key, f"make {cost.name}: estimated {items} = {total / GIB:.1f} GiB per GPU exceeds the "
-                                       f"{plan.gpu_name}'s {plan.gpu.memory_gib:g} GiB")
+        _memory_error(
+            plan,
+            cost,
+            key,
+            f"make {cost.name}: estimated {items} = {total / GIB:.1f} GiB per GPU exceeds the "
+            f"{plan.gpu_name}'s {plan.gpu.memory_gib:g} GiB",
+        )
 
 
 def _memory_error(plan: Plan, cost: StageCost, key: str, message: str) -> None:
@@ -417,19 +480,24 @@ def _engine_share(plan: Plan, cost: StageCost, device: float) -> bool:
     requested = setting(plan.config, cost.share_key)
     beside = {name: value for name, value in cost.memory.items() if name != VLLM_SHARE_ITEM}
     try:
-        share = engine_memory_share(device, beside, cost.engine_needs, cost.engines, requested, cost.share_key, f"make {cost.name}")
+        share = engine_memory_share(
+            device, beside, cost.engine_needs, cost.engines, requested, cost.share_key, f"make {cost.name}"
+        )
     except ValueError as error:
         _memory_error(plan, cost, cost.share_key, str(error))
         return False
     cost.engine_share = share
     cost.memory = {**beside, VLLM_SHARE_ITEM: share * device * cost.engines}
     if requested is None:
-        cost.notes.append(f"{cost.share_key} unset: derived {share:.2f} per engine ({cost.engines} on a device) from what shares it")
+        cost.notes.append(
+            f"{cost.share_key} unset: derived {share:.2f} per engine ({cost.engines} on a device) from what shares it"
+        )
     return True
 
 
-def _sampler_memory(plan: Plan, cost: StageCost, policy: ModelShape, sequences: int, tokens: int, with_weights: bool,
-                    engines: int = 1) -> None:
+def _sampler_memory(
+    plan: Plan, cost: StageCost, policy: ModelShape, sequences: int, tokens: int, with_weights: bool, engines: int = 1
+) -> None:
     """The memory of sampling: vLLM's share of the device (its weights and KV cache: derived from
     or checked against the stage's other items in _check_memory), or HF's KV cache (+ the weights
     when the sampler is not the model being trained, ``with_weights``). For a colocated engine
@@ -439,9 +507,14 @@ def _sampler_memory(plan: Plan, cost: StageCost, policy: ModelShape, sequences: 
     kv_per_token = policy.kv_cache_bytes_per_token(_half_bytes(config))
     kv = sequences * tokens * kv_per_token
     if config.generation.backend == "vllm":
-        max_model_len = config.generation.vllm_max_model_len or default_max_model_len(config.generation.max_new_tokens, None)
+        max_model_len = config.generation.vllm_max_model_len or default_max_model_len(
+            config.generation.max_new_tokens, None
+        )
         weights = _half_bytes(config) * policy.parameters()
-        cost.engine_needs = {"weights": weights, f"KV cache of one {max_model_len}-token sequence": max_model_len * kv_per_token}
+        cost.engine_needs = {
+            "weights": weights,
+            f"KV cache of one {max_model_len}-token sequence": max_model_len * kv_per_token,
+        }
         cost.engines = engines
         cost.memory[VLLM_SHARE_ITEM] = 0.0  # sized in _check_memory, beside everything else the stage holds
         cost.colocated_kv = None if with_weights else (kv, sequences, tokens)
@@ -459,17 +532,31 @@ def _warn_queued(plan: Plan, cost: StageCost) -> None:
     share = cost.engine_share * plan.gpu.memory_gib * GIB
     weights = cost.engine_needs["weights"]
     if share < weights + kv:
-        plan.warn(VLLM_SHARE_KEY, f"make {cost.name}: {cost.engine_share:g} x {plan.gpu.memory_gib:g} GiB = {share / GIB:.1f} GiB for "
-                                  f"vLLM, which needs {weights / GIB:.1f} GiB of weights + {kv / GIB:.1f} GiB of KV cache for "
-                                  f"{sequences} sequences of {tokens} tokens at once (it will queue them)")
+        plan.warn(
+            VLLM_SHARE_KEY,
+            f"make {cost.name}: {cost.engine_share:g} x {plan.gpu.memory_gib:g} GiB = {share / GIB:.1f} GiB for "
+            f"vLLM, which needs {weights / GIB:.1f} GiB of weights + {kv / GIB:.1f} GiB of KV cache for "
+            f"{sequences} sequences of {tokens} tokens at once (it will queue them)",
+        )
 
 
 def _fmt(n: float) -> str:
     return f"{n:,.0f}" if n < 1e6 else f"{n:.3g}".replace("e+0", "e").replace("e+", "e")
 
 
-def generation_stage(plan: Plan, name: str, policy: Model, prm: Model | None, problems: int | None, samples_low: float,
-                     samples_high: float, tokens_per_sample: int, scored_tokens_per_sample: int, workers: int, what: str) -> StageCost:
+def generation_stage(
+    plan: Plan,
+    name: str,
+    policy: Model,
+    prm: Model | None,
+    problems: int | None,
+    samples_low: float,
+    samples_high: float,
+    tokens_per_sample: int,
+    scored_tokens_per_sample: int,
+    workers: int,
+    what: str,
+) -> StageCost:
     """mcts / eval / search: ``samples_*`` per problem, each at most ``tokens_per_sample`` tokens."""
     config = plan.config
     cost = StageCost(name, workers)
@@ -478,18 +565,29 @@ def generation_stage(plan: Plan, name: str, policy: Model, prm: Model | None, pr
         return cost
     low, high = problems * samples_low, problems * samples_high
     tokens = high * tokens_per_sample
-    cost.work.append(f"{_fmt(problems)} problems; {what}: {_fmt(low)}" + (f" to {_fmt(high)}" if high != low else "")
-                     + f"; generated tokens at most {_fmt(tokens)}")
+    cost.work.append(
+        f"{_fmt(problems)} problems; {what}: {_fmt(low)}"
+        + (f" to {_fmt(high)}" if high != low else "")
+        + f"; generated tokens at most {_fmt(tokens)}"
+    )
     if policy.shape is None:
         return cost
     concurrent = min(config.generation.batch_size, max(1, int(samples_high)))
-    _sampler_memory(plan, cost, policy.shape, concurrent, config.plan.prompt_tokens + tokens_per_sample, with_weights=True)
-    seconds = [n * tokens_per_sample / _tokens_per_second(plan, policy.shape.parameters(), config.plan.generation_mfu, 2)
-               for n in (low, high)]
+    _sampler_memory(
+        plan, cost, policy.shape, concurrent, config.plan.prompt_tokens + tokens_per_sample, with_weights=True
+    )
+    seconds = [
+        n * tokens_per_sample / _tokens_per_second(plan, policy.shape.parameters(), config.plan.generation_mfu, 2)
+        for n in (low, high)
+    ]
     if prm is not None and prm.shape is not None:
         cost.memory["frozen PRM"] = _half_bytes(config) * prm.shape.parameters(lm_head=False)
-        scoring = [n * scored_tokens_per_sample / _tokens_per_second(plan, prm.shape.parameters(False), config.plan.training_mfu, 2)
-                   for n in (low, high)]
+        scoring = [
+            n
+            * scored_tokens_per_sample
+            / _tokens_per_second(plan, prm.shape.parameters(False), config.plan.training_mfu, 2)
+            for n in (low, high)
+        ]
         seconds = [s + t for s, t in zip(seconds, scoring)]
     cost.gpu_seconds = (seconds[0], seconds[1])
     _check_memory(plan, cost, VLLM_SHARE_KEY if cost.engine_needs else "generation.batch_size")
@@ -504,26 +602,33 @@ def prm_stage(plan: Plan, backbone: Model) -> StageCost:
     cost = StageCost("prm", processes)
     try:
         accumulation = gradient_accumulation(cfg.batch_size, cfg.micro_batch_size, processes)
-        cost.work.append(f"{cfg.batch_size} sequences a step = micro-batch {cfg.micro_batch_size} x {processes} processes x "
-                         f"{accumulation} accumulation")
+        cost.work.append(
+            f"{cfg.batch_size} sequences a step = micro-batch {cfg.micro_batch_size} x {processes} processes x "
+            f"{accumulation} accumulation"
+        )
     except ValueError as error:
         plan.error("prm.batch_size", str(error))
     train_path = Path(config.resolve(cfg.train_path))
     examples = sum(1 for line in train_path.open(encoding="utf-8") if line.strip()) if train_path.is_file() else None
     counted = examples if examples is not None else 10_000
     tokens = counted * cfg.epochs * cfg.max_length
-    cost.work.append(f"{'%s training records' % _fmt(examples) if examples is not None else 'training records unknown until make augment: per 10,000'}"
-                     f"; training tokens at most {_fmt(tokens)} ({cfg.epochs:g} epochs x {cfg.max_length} tokens)")
+    cost.work.append(
+        f"{'%s training records' % _fmt(examples) if examples is not None else 'training records unknown until make augment: per 10,000'}"
+        f"; training tokens at most {_fmt(tokens)} ({cfg.epochs:g} epochs x {cfg.max_length} tokens)"
+    )
     if backbone.shape is None:
         return cost
     shape = backbone.shape
     checkpointing = cfg.gradient_checkpointing or launch.activation_checkpointing
     trainable = lora_parameters(shape, cfg.lora_r, cfg.lora_target_modules)[0] if cfg.lora else shape.parameters(False)
     cost.memory.update(training_state(shape, trainable, launch, processes, lm_head=False))
-    cost.memory[f"activations ({cfg.micro_batch_size} x {cfg.max_length} tokens{', checkpointed' if checkpointing else ''})"] = \
-        activation_bytes(shape, cfg.micro_batch_size, cfg.max_length, checkpointing)
+    cost.memory[
+        f"activations ({cfg.micro_batch_size} x {cfg.max_length} tokens{', checkpointed' if checkpointing else ''})"
+    ] = activation_bytes(shape, cfg.micro_batch_size, cfg.max_length, checkpointing)
     flops = (4 if cfg.lora else 6) + (2 if checkpointing else 0)
-    cost.gpu_seconds = (tokens / _tokens_per_second(plan, shape.parameters(False), config.plan.training_mfu, flops),) * 2
+    cost.gpu_seconds = (
+        tokens / _tokens_per_second(plan, shape.parameters(False), config.plan.training_mfu, flops),
+    ) * 2
     cost.notes.append(f"launch: {launch.strategy}" + (f" ({launch.file})" if launch.file else ""))
     _check_memory(plan, cost, "prm.micro_batch_size")
     return cost
@@ -541,28 +646,36 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     except ValueError as error:
         plan.error(f"{stage}.questions_per_step", str(error))
     if launch.strategy in ("fsdp", "zero3") and config.generation.backend != "vllm" and cfg.mode != "async":
-        plan.error("generation.backend", f"make {stage} under {launch.strategy} ({launch.file}) samples with generation.backend=vllm "
-                                         "only: no process holds the whole policy between forwards")
+        plan.error(
+            "generation.backend",
+            f"make {stage} under {launch.strategy} ({launch.file}) samples with generation.backend=vllm "
+            "only: no process holds the whole policy between forwards",
+        )
     if config.generation.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         plan.warn("generation.backend", "vllm is not installed here (pip install -e '.[vllm]' on the GPU machine)")
     fresh = cfg.num_train_steps * cfg.questions_per_step * cfg.samples_per_question
     trained = fresh * (cfg.ppo_epochs if stage == "ppo" else (1 + cfg.replay_fraction if cfg.buffer_size > 0 else 1))
     tokens = config.plan.prompt_tokens + config.generation.max_new_tokens
     reference = needs_reference(cfg)
-    cost.work.append(f"{cfg.num_train_steps} steps x {cfg.questions_per_step} questions x {cfg.samples_per_question} samples = "
-                     f"{_fmt(fresh)} trajectories ({cfg.questions_per_step // max(1, processes)} questions per process a step); "
-                     f"generated tokens at most {_fmt(fresh * config.generation.max_new_tokens)}; trained on at most "
-                     f"{_fmt(trained * tokens)} tokens ({_fmt(trained)} trajectories x {tokens})")
+    cost.work.append(
+        f"{cfg.num_train_steps} steps x {cfg.questions_per_step} questions x {cfg.samples_per_question} samples = "
+        f"{_fmt(fresh)} trajectories ({cfg.questions_per_step // max(1, processes)} questions per process a step); "
+        f"generated tokens at most {_fmt(fresh * config.generation.max_new_tokens)}; trained on at most "
+        f"{_fmt(trained * tokens)} tokens ({_fmt(trained)} trajectories x {tokens})"
+    )
     if cfg.mode == "async":
-        cost.notes.append("mode=async: this process trains; the searchers' memory is the next entry, their time is not estimated")
+        cost.notes.append(
+            "mode=async: this process trains; the searchers' memory is the next entry, their time is not estimated"
+        )
     if policy.shape is None or prm.shape is None:
         return cost
     shape = policy.shape
     checkpointing = launch.activation_checkpointing
     trainable = lora_parameters(shape, cfg.lora_r, cfg.lora_target_modules)[0] if cfg.lora else shape.parameters()
     cost.memory.update(training_state(shape, trainable, launch, processes, lm_head=True))
-    cost.memory[f"activations ({cfg.micro_batch_size} x {tokens} tokens{', checkpointed' if checkpointing else ''})"] = \
-        activation_bytes(shape, cfg.micro_batch_size, tokens, checkpointing)
+    cost.memory[
+        f"activations ({cfg.micro_batch_size} x {tokens} tokens{', checkpointed' if checkpointing else ''})"
+    ] = activation_bytes(shape, cfg.micro_batch_size, tokens, checkpointing)
     cost.memory["logits (bf16 + fp32 log-softmax)"] = cfg.micro_batch_size * tokens * shape.vocab_size * 6
     cost.memory["frozen PRM"] = _half_bytes(config) * prm.shape.parameters(lm_head=False)
     if reference:
@@ -571,10 +684,18 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     if cfg.mode != "async":  # asynchronous: the searchers sample (searcher_stage), this process only trains
         _sampler_memory(plan, cost, shape, per_process, tokens, with_weights=False)
     flops = (4 if cfg.lora else 6) + (2 if checkpointing else 0)
-    seconds = (fresh * config.generation.max_new_tokens / _tokens_per_second(plan, shape.parameters(), config.plan.generation_mfu, 2)
-               + trained * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, flops)
-               + fresh * tokens / _tokens_per_second(plan, prm.shape.parameters(False), config.plan.training_mfu, 2)
-               + (fresh * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, 2) if reference else 0))
+    seconds = (
+        fresh
+        * config.generation.max_new_tokens
+        / _tokens_per_second(plan, shape.parameters(), config.plan.generation_mfu, 2)
+        + trained * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, flops)
+        + fresh * tokens / _tokens_per_second(plan, prm.shape.parameters(False), config.plan.training_mfu, 2)
+        + (
+            fresh * tokens / _tokens_per_second(plan, shape.parameters(), config.plan.training_mfu, 2)
+            if reference
+            else 0
+        )
+    )
     cost.gpu_seconds = (seconds, seconds)
     cost.notes.append(f"launch: {launch.strategy}" + (f" ({launch.file})" if launch.file else ""))
     _check_memory(plan, cost, VLLM_SHARE_KEY if cost.engine_needs else f"{stage}.micro_batch_size")
@@ -597,7 +718,9 @@ def scorers_beside(cfg, searchers: int) -> int:
     return max(0, min(cfg.scorer_actors, math.floor(left / cfg.scorer_gpus + 1e-9)))
 
 
-def _searcher_device(plan: Plan, stage: str, policy: ModelShape, prm: ModelShape | None, searchers: int, scorers: int) -> StageCost:
+def _searcher_device(
+    plan: Plan, stage: str, policy: ModelShape, prm: ModelShape | None, searchers: int, scorers: int
+) -> StageCost:
     """One GPU holding ``searchers`` searchers and ``scorers`` scorer actors: its memory items."""
     config, cfg = plan.config, getattr(plan.config, stage)
     cost = StageCost(f"{stage} searchers", cfg.searchers)
@@ -607,16 +730,21 @@ def _searcher_device(plan: Plan, stage: str, policy: ModelShape, prm: ModelShape
     if not cfg.scorer_actors:
         cost.memory[f"frozen PRM x {searchers}"] = searchers * prm_bytes
     if scorers:
-        cost.memory[f"frozen PRM of {scorers} scorer actor{'s' if scorers > 1 else ''} packed beside them"] = scorers * prm_bytes
+        cost.memory[f"frozen PRM of {scorers} scorer actor{'s' if scorers > 1 else ''} packed beside them"] = (
+            scorers * prm_bytes
+        )
     if searchers + scorers > 1:  # each actor is a process of its own; _check_memory counts one
-        cost.memory[f"CUDA contexts of {searchers + scorers - 1} more processes (assumed)"] = (searchers + scorers - 1) * RUNTIME_RESERVE
+        cost.memory[f"CUDA contexts of {searchers + scorers - 1} more processes (assumed)"] = (
+            searchers + scorers - 1
+        ) * RUNTIME_RESERVE
     sequences = cfg.questions_per_step * cfg.samples_per_question
     if config.generation.backend == "vllm":  # the engine holds the weights: no transformers copy
         _sampler_memory(plan, cost, policy, sequences, tokens, with_weights=True, engines=searchers)
     else:  # HF generate on each searcher's copy of the policy
         cost.memory[f"policy copies x {searchers}"] = searchers * _half_bytes(config) * policy.parameters()
-        cost.memory[f"KV caches ({sequences} x {tokens} tokens) x {searchers}"] = \
+        cost.memory[f"KV caches ({sequences} x {tokens} tokens) x {searchers}"] = (
             searchers * sequences * tokens * policy.kv_cache_bytes_per_token(_half_bytes(config))
+        )
     return cost
 
 
@@ -630,18 +758,33 @@ def searcher_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     checked and shown. The trainer's own GPU is the stage's entry before this one."""
     config, cfg = plan.config, getattr(plan.config, stage)
     engines = searchers_per_device(cfg)
-    work = (f"gfn.searchers={cfg.searchers}, {engines} per GPU (gfn.searcher_gpus={cfg.searcher_gpus:g}), each sampling "
-            f"{cfg.questions_per_step} questions x {cfg.samples_per_question} a round")
-    notes = [f"gfn.scorer_actors={cfg.scorer_actors}: the PRM is in the scorer actors, not in the searchers"] if cfg.scorer_actors else []
+    work = (
+        f"gfn.searchers={cfg.searchers}, {engines} per GPU (gfn.searcher_gpus={cfg.searcher_gpus:g}), each sampling "
+        f"{cfg.questions_per_step} questions x {cfg.samples_per_question} a round"
+    )
+    notes = (
+        [f"gfn.scorer_actors={cfg.scorer_actors}: the PRM is in the scorer actors, not in the searchers"]
+        if cfg.scorer_actors
+        else []
+    )
     if not cfg.searcher_gpus:
-        return StageCost(f"{stage} searchers", cfg.searchers, work=[work], share_key=SEARCHER_SHARE_KEY,
-                         notes=notes + ["gfn.searcher_gpus=0: the searchers run on CPUs; no GPU memory"])
+        return StageCost(
+            f"{stage} searchers",
+            cfg.searchers,
+            work=[work],
+            share_key=SEARCHER_SHARE_KEY,
+            notes=notes + ["gfn.searcher_gpus=0: the searchers run on CPUs; no GPU memory"],
+        )
     if policy.shape is None or (prm.shape is None and not cfg.scorer_actors):
         return StageCost(f"{stage} searchers", cfg.searchers, work=[work], notes=notes, share_key=SEARCHER_SHARE_KEY)
     device = plan.gpu.memory_gib * GIB
-    mixes = [_searcher_device(plan, stage, policy.shape, prm.shape, n, scorers_beside(cfg, n)) for n in range(engines, 0, -1)]
+    mixes = [
+        _searcher_device(plan, stage, policy.shape, prm.shape, n, scorers_beside(cfg, n)) for n in range(engines, 0, -1)
+    ]
 
-    def room(mix: StageCost) -> float:  # what each engine (or, with HF, the device) has left beside the mix's other items
+    def room(
+        mix: StageCost,
+    ) -> float:  # what each engine (or, with HF, the device) has left beside the mix's other items
         held = sum(v for k, v in mix.memory.items() if k != VLLM_SHARE_ITEM)
         return (device - held) / (mix.engines if mix.engine_needs else 1)
 
@@ -660,8 +803,10 @@ def scorer_stage(plan: Plan, stage: str, prm: Model) -> StageCost:
     config, cfg = plan.config, getattr(plan.config, stage)
     per_device = min(cfg.scorer_actors, max(1, math.floor(1 / cfg.scorer_gpus + 1e-9))) if cfg.scorer_gpus else 1
     cost = StageCost(f"{stage} scorers", cfg.scorer_actors)
-    cost.work.append(f"gfn.scorer_actors={cfg.scorer_actors}, {per_device} per GPU (gfn.scorer_gpus={cfg.scorer_gpus:g}), each "
-                     "scoring the rounds searchers send it")
+    cost.work.append(
+        f"gfn.scorer_actors={cfg.scorer_actors}, {per_device} per GPU (gfn.scorer_gpus={cfg.scorer_gpus:g}), each "
+        "scoring the rounds searchers send it"
+    )
     if not cfg.scorer_gpus:
         cost.notes.append("gfn.scorer_gpus=0: the scorer actors run on CPUs; no GPU memory")
         return cost
@@ -669,7 +814,9 @@ def scorer_stage(plan: Plan, stage: str, prm: Model) -> StageCost:
         return cost
     cost.memory[f"frozen PRM x {per_device}"] = per_device * _half_bytes(config) * prm.shape.parameters(lm_head=False)
     if per_device > 1:
-        cost.memory[f"CUDA contexts of {per_device - 1} more scorer actors (assumed)"] = (per_device - 1) * RUNTIME_RESERVE
+        cost.memory[f"CUDA contexts of {per_device - 1} more scorer actors (assumed)"] = (
+            per_device - 1
+        ) * RUNTIME_RESERVE
     _check_memory(plan, cost, "gfn.scorer_gpus")
     return cost
 
@@ -691,12 +838,30 @@ def make_plan(config: Config, config_path: str = "") -> Plan:
     policy, backbone, prm = models["policy"], models["prm_backbone"], models["prm"]
     train = data["train"].problems
     mcts = config.mcts
-    problems = None if train is None and mcts.max_problems is None else min(x for x in (train, mcts.max_problems) if x is not None)
-    plan.stages.append(generation_stage(plan, "mcts", policy, None, problems, mcts.k, mcts.max_rollouts,
-                                        config.generation.max_new_tokens, 0, generation_workers(config, mcts.shard),
-                                        f"rollouts (mcts.k={mcts.k} to mcts.max_rollouts={mcts.max_rollouts} a problem)"))
+    problems = (
+        None
+        if train is None and mcts.max_problems is None
+        else min(x for x in (train, mcts.max_problems) if x is not None)
+    )
+    plan.stages.append(
+        generation_stage(
+            plan,
+            "mcts",
+            policy,
+            None,
+            problems,
+            mcts.k,
+            mcts.max_rollouts,
+            config.generation.max_new_tokens,
+            0,
+            generation_workers(config, mcts.shard),
+            f"rollouts (mcts.k={mcts.k} to mcts.max_rollouts={mcts.max_rollouts} a problem)",
+        )
+    )
     if plan.stages[-1].processes > 1:
-        plan.stages[-1].notes.append(f"python -m stages.launch mcts: {plan.stages[-1].processes} workers, one shard each")
+        plan.stages[-1].notes.append(
+            f"python -m stages.launch mcts: {plan.stages[-1].processes} workers, one shard each"
+        )
     plan.stages.append(StageCost("augment", 1, work=["CPU: groups and splits the MCTS records (no GPU)"]))
     plan.stages.append(prm_stage(plan, backbone))
     for stage in ("gfn", "ppo"):
@@ -725,15 +890,29 @@ def _eval_stage(plan: Plan, models: dict[str, Model], data: dict[str, Data]) -> 
     problems = None if any(c is None for c in counts) else sum(counts)
     evaluated = [models[f"eval.{name}"] for name in config.eval.models]
     samples = config.eval.k + (1 if config.eval.greedy else 0)
-    largest = max((m for m in evaluated if m.shape is not None), key=lambda m: m.shape.parameters(), default=evaluated[0])
+    largest = max(
+        (m for m in evaluated if m.shape is not None), key=lambda m: m.shape.parameters(), default=evaluated[0]
+    )
     workers = generation_workers(config, config.eval.shard)
-    cost = generation_stage(plan, "eval", largest, models.get("eval.prm"), problems, samples * len(evaluated),
-                            samples * len(evaluated), config.generation.max_new_tokens, config.generation.max_new_tokens, workers,
-                            f"samples ({len(evaluated)} models x (eval.k={config.eval.k}{' + greedy' if config.eval.greedy else ''}))")
+    cost = generation_stage(
+        plan,
+        "eval",
+        largest,
+        models.get("eval.prm"),
+        problems,
+        samples * len(evaluated),
+        samples * len(evaluated),
+        config.generation.max_new_tokens,
+        config.generation.max_new_tokens,
+        workers,
+        f"samples ({len(evaluated)} models x (eval.k={config.eval.k}{' + greedy' if config.eval.greedy else ''}))",
+    )
     cost.notes.append("one model at a time: memory is that of the largest")
     if workers > 1:
-        cost.notes.append(f"python -m stages.launch eval: {workers} workers sample; the PRM reward and the embeddings are "
-                          "computed after them in one process on one GPU")
+        cost.notes.append(
+            f"python -m stages.launch eval: {workers} workers sample; the PRM reward and the embeddings are "
+            "computed after them in one process on one GPU"
+        )
     return cost
 
 
@@ -743,15 +922,30 @@ def _search_stage(plan: Plan, policy: Model, prm: Model, problems: int | None) -
     per_problem = 0
     for k in s.ks:
         for strategy in [*s.strategies, "majority"]:
-            per_problem += k * (s.max_depth * config.generation.max_step_tokens if strategy in step_level
-                                else config.generation.max_new_tokens)
+            per_problem += k * (
+                s.max_depth * config.generation.max_step_tokens
+                if strategy in step_level
+                else config.generation.max_new_tokens
+            )
     samples = per_problem / config.generation.max_new_tokens
     workers = generation_workers(config, s.shard)
-    cost = generation_stage(plan, "search", policy, prm, problems, samples, samples, config.generation.max_new_tokens,
-                            config.generation.max_new_tokens, workers,
-                            f"sample-equivalents of max_new_tokens ({len(s.strategies)} strategies + majority, ks {s.ks})")
+    cost = generation_stage(
+        plan,
+        "search",
+        policy,
+        prm,
+        problems,
+        samples,
+        samples,
+        config.generation.max_new_tokens,
+        config.generation.max_new_tokens,
+        workers,
+        f"sample-equivalents of max_new_tokens ({len(s.strategies)} strategies + majority, ks {s.ks})",
+    )
     if workers > 1:
-        cost.notes.append(f"python -m stages.launch search: {workers} workers, each with the policy and the PRM on its GPU")
+        cost.notes.append(
+            f"python -m stages.launch search: {workers} workers, each with the policy and the PRM on its GPU"
+        )
     return cost
 
 
@@ -760,8 +954,16 @@ def _search_stage(plan: Plan, policy: Model, prm: Model, problems: int | None) -
 
 # stages.<name> -> the plan's stage whose memory estimate the stage checks on its GPU before any model
 # loads (None: a vLLM engine of its own only, sized alone on the device)
-MEMORY_STAGES = {"mcts": "mcts", "evaluate": "eval", "search": "search", "train_gfn": "gfn", "train_ppo": "ppo",
-                 "train_prm": "prm", "bootstrap": None, "prm_bench": None}
+MEMORY_STAGES = {
+    "mcts": "mcts",
+    "evaluate": "eval",
+    "search": "search",
+    "train_gfn": "gfn",
+    "train_ppo": "ppo",
+    "train_prm": "prm",
+    "bootstrap": None,
+    "prm_bench": None,
+}
 
 
 def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict) -> float | None:
@@ -789,27 +991,59 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
         costs.append(prm_stage(plan, resolve_model(config, "model.prm_backbone", config.model.prm_backbone)))
         name = None
     if name in ("gfn", "ppo"):
-        prm = resolve_model(config, "model.prm", config.model.prm, resolve_model(config, "model.prm_backbone", config.model.prm_backbone))
+        prm = resolve_model(
+            config,
+            "model.prm",
+            config.model.prm,
+            resolve_model(config, "model.prm_backbone", config.model.prm_backbone),
+        )
         cfg = getattr(config, name)
         if vllm and cfg.mode == "async" and not cfg.searcher_gpus:
-            raise ConfigError("gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "
-                              "searcher that asks for none, and vLLM's GPU build cannot start without one; set gfn.searcher_gpus "
-                              "(1: a GPU each; 0.5: two searchers a GPU)")
+            raise ConfigError(
+                "gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "
+                "searcher that asks for none, and vLLM's GPU build cannot start without one; set gfn.searcher_gpus "
+                "(1: a GPU each; 0.5: two searchers a GPU)"
+            )
         if cfg.mode == "async" and cfg.scorer_actors:
             costs.append(scorer_stage(plan, name, prm))
-        costs.append(searcher_stage(plan, name, policy, prm) if cfg.mode == "async" else finetune_stage(plan, name, policy, prm))
+        costs.append(
+            searcher_stage(plan, name, policy, prm) if cfg.mode == "async" else finetune_stage(plan, name, policy, prm)
+        )
     elif name == "eval":
         models = resolve_models(plan)
-        data = {f"eval.{benchmark}": Data(benchmark, benchmark, "counted at the stage", 1) for benchmark in config.eval.benchmarks}
+        data = {
+            f"eval.{benchmark}": Data(benchmark, benchmark, "counted at the stage", 1)
+            for benchmark in config.eval.benchmarks
+        }
         costs.append(_eval_stage(plan, models, data))
     elif name == "search":
-        prm = resolve_model(config, "model.prm", config.model.prm, resolve_model(config, "model.prm_backbone", config.model.prm_backbone))
+        prm = resolve_model(
+            config,
+            "model.prm",
+            config.model.prm,
+            resolve_model(config, "model.prm_backbone", config.model.prm_backbone),
+        )
         costs.append(_search_stage(plan, policy, prm, 1))
     elif name == "mcts" or vllm:
         samples = (config.mcts.k, config.mcts.max_rollouts) if name == "mcts" else (1, config.generation.batch_size)
-        costs.append(generation_stage(plan, name or stage, policy, None, 1, samples[0], samples[1], config.generation.max_new_tokens,
-                                      0, 1, "samples"))
-    errors = [f.message if f.key in f.message else f"{f.key}: {f.message}" for cost in costs for f in cost.memory_errors]
+        costs.append(
+            generation_stage(
+                plan,
+                name or stage,
+                policy,
+                None,
+                1,
+                samples[0],
+                samples[1],
+                config.generation.max_new_tokens,
+                0,
+                1,
+                "samples",
+            )
+        )
+    errors = [
+        f.message if f.key in f.message else f"{f.key}: {f.message}" for cost in costs for f in cost.memory_errors
+    ]
     if errors:
         raise ConfigError("; ".join(errors))
     if not vllm:
@@ -817,9 +1051,11 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
     cost = costs[-1]
     if cost.engine_share is None:
         unknown = [m.key for m in (policy,) if m.shape is None]
-        raise ConfigError(f"{cost.share_key}: make {name or stage}'s memory cannot be estimated "
-                          f"({', '.join(unknown) or 'a model'}'s shape is unknown: no local config.json, hub cache entry or "
-                          f"published shape); set {cost.share_key}")
+        raise ConfigError(
+            f"{cost.share_key}: make {name or stage}'s memory cannot be estimated "
+            f"({', '.join(unknown) or 'a model'}'s shape is unknown: no local config.json, hub cache entry or "
+            f"published shape); set {cost.share_key}"
+        )
     return cost.engine_share
 
 
@@ -829,15 +1065,21 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
 def render(plan: Plan) -> str:
     config = plan.config
     p = config.plan
-    lines = [f"make plan: {plan.config_path or 'defaults'} (run {config.run}): {p.processes} process(es) on {plan.gpu_name} "
-             f"({plan.gpu.memory_gib:g} GiB each)",
-             f"Assumed throughput per {plan.gpu_name} ({plan.gpu.peak_tflops:g} TFLOP/s bf16 peak): sampling at "
-             f"plan.generation_mfu={p.generation_mfu:g} of peak (2 x parameters FLOPs a token), training and scoring at "
-             f"plan.training_mfu={p.training_mfu:g} (6 x parameters a token, 4 with LoRA, +2 with activation checkpointing; "
-             f"2 to score); prompts of plan.prompt_tokens={p.prompt_tokens}. Token counts are upper bounds.", "", "Models"]
+    lines = [
+        f"make plan: {plan.config_path or 'defaults'} (run {config.run}): {p.processes} process(es) on {plan.gpu_name} "
+        f"({plan.gpu.memory_gib:g} GiB each)",
+        f"Assumed throughput per {plan.gpu_name} ({plan.gpu.peak_tflops:g} TFLOP/s bf16 peak): sampling at "
+        f"plan.generation_mfu={p.generation_mfu:g} of peak (2 x parameters FLOPs a token), training and scoring at "
+        f"plan.training_mfu={p.training_mfu:g} (6 x parameters a token, 4 with LoRA, +2 with activation checkpointing; "
+        f"2 to score); prompts of plan.prompt_tokens={p.prompt_tokens}. Token counts are upper bounds.",
+        "",
+        "Models",
+    ]
     for m in plan.models:
         size = f"{m.shape.model_type}, {_fmt(m.shape.parameters())} parameters" if m.shape else "shape unknown"
-        lines.append(f"  {m.key:22} {m.value}  [{'needs the hub' if m.status == 'hub' else m.status}; {size}; shape from {m.source}]")
+        lines.append(
+            f"  {m.key:22} {m.value}  [{'needs the hub' if m.status == 'hub' else m.status}; {size}; shape from {m.source}]"
+        )
     lines += ["", "Data"]
     for d in plan.data:
         lines.append(f"  {d.key:32} {d.name}: {d.status}; problems: {'unknown' if d.problems is None else d.problems}")

@@ -39,8 +39,12 @@ def policy_checks(generator, problems, config: Config) -> dict:
         raise ValueError(f"bootstrap checks: the test problems mix answer kinds {sorted(kinds)}")
     kind = kinds.pop()
     k = boot.eval_samples
-    settings = dataclasses.replace(config, eval=dataclasses.replace(
-        config.eval, k=k, temperature=boot.sample_temperature, seed=boot.seed + 1, greedy=True))
+    settings = dataclasses.replace(
+        config,
+        eval=dataclasses.replace(
+            config.eval, k=k, temperature=boot.sample_temperature, seed=boot.seed + 1, greedy=True
+        ),
+    )
 
     start = time.monotonic()
     records = generate_samples(generator, problems, problem_kind, settings, model="bootstrap")
@@ -69,15 +73,17 @@ def policy_checks(generator, problems, config: Config) -> dict:
             slips += len(wrong)
             slip_examples.extend(wrong[: max(0, 5 - len(slip_examples))])
     all_sampled = [r for rows in sampled.values() for r in rows]
-    checks.update({
-        "finished_share": round(sum(bool(r.finished) for r in all_sampled) / max(len(all_sampled), 1), 4),
-        # distinct valid strategies among a problem's correct samples, over problems with >1 valid strategy
-        "mean_correct_strategies_multi": _mean([used for used, total in strategies if total > 1]),
-        "mean_valid_strategies": _mean([total for _, total in strategies]),
-        "step_arithmetic_error_rate": round(slips / max(steps_total, 1), 4),
-        "example_wrong_steps": slip_examples,
-        "sampling_seconds": round(time.monotonic() - start, 1),
-    })
+    checks.update(
+        {
+            "finished_share": round(sum(bool(r.finished) for r in all_sampled) / max(len(all_sampled), 1), 4),
+            # distinct valid strategies among a problem's correct samples, over problems with >1 valid strategy
+            "mean_correct_strategies_multi": _mean([used for used, total in strategies if total > 1]),
+            "mean_valid_strategies": _mean([total for _, total in strategies]),
+            "step_arithmetic_error_rate": round(slips / max(steps_total, 1), 4),
+            "example_wrong_steps": slip_examples,
+            "sampling_seconds": round(time.monotonic() - start, 1),
+        }
+    )
 
     # Monte Carlo values of the step prefixes of the first problems' samples: every prefix that
     # ends before the answer step, deduplicated, with mc_rollouts continuations each.
@@ -95,19 +101,30 @@ def policy_checks(generator, problems, config: Config) -> dict:
     mcs: list[float] = []
     if requests and boot.mc_rollouts > 0:
         rollout_fn = make_rollout_fn(
-            generator, prompts, [p.answer for p in problems], kind, k=boot.mc_rollouts, temperature=boot.sample_temperature,
-            top_p=config.generation.top_p, max_new_tokens=config.generation.max_new_tokens, separator=sep,
-            grade_many=grade_many, extract_answer=extract_answer, seed=boot.seed + 2,
+            generator,
+            prompts,
+            [p.answer for p in problems],
+            kind,
+            k=boot.mc_rollouts,
+            temperature=boot.sample_temperature,
+            top_p=config.generation.top_p,
+            max_new_tokens=config.generation.max_new_tokens,
+            separator=sep,
+            grade_many=grade_many,
+            extract_answer=extract_answer,
+            seed=boot.seed + 2,
         )
         mcs = [mc_value(rollouts) for rollouts in rollout_fn(requests)]
     between = sum(0 < mc < 1 for mc in mcs)
-    checks.update({
-        "mc_prefixes": len(mcs),
-        "mc_rollouts_per_prefix": boot.mc_rollouts,
-        "mc_strictly_between": between,
-        "mc_share_strictly_between": round(between / len(mcs), 4) if mcs else None,
-        "mc_share_zero": round(sum(mc == 0 for mc in mcs) / len(mcs), 4) if mcs else None,
-        "mc_share_one": round(sum(mc == 1 for mc in mcs) / len(mcs), 4) if mcs else None,
-        "mc_seconds": round(time.monotonic() - start, 1),
-    })
+    checks.update(
+        {
+            "mc_prefixes": len(mcs),
+            "mc_rollouts_per_prefix": boot.mc_rollouts,
+            "mc_strictly_between": between,
+            "mc_share_strictly_between": round(between / len(mcs), 4) if mcs else None,
+            "mc_share_zero": round(sum(mc == 0 for mc in mcs) / len(mcs), 4) if mcs else None,
+            "mc_share_one": round(sum(mc == 1 for mc in mcs) / len(mcs), 4) if mcs else None,
+            "mc_seconds": round(time.monotonic() - start, 1),
+        }
+    )
     return checks

@@ -28,7 +28,11 @@ def load_results(path: str | Path) -> dict:
 
 def _rows(results: dict) -> list[tuple[str, str, dict]]:
     """(model, benchmark, metrics) in config order."""
-    return [(model, bench, metrics) for model, per_bench in results["results"].items() for bench, metrics in per_bench.items()]
+    return [
+        (model, bench, metrics)
+        for model, per_bench in results["results"].items()
+        for bench, metrics in per_bench.items()
+    ]
 
 
 def _percent(interval: dict | None) -> str:
@@ -105,12 +109,21 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     ]
     lines += _table(
         ["benchmark", "problems", "grading kind", "source"],
-        [[name, str(b["n_problems"]), ", ".join(b["kinds"]), f"`{b['path']}`" if b["path"] else f"hub ({b['loader']})"]
-         for name, b in results["benchmarks"].items()],
+        [
+            [
+                name,
+                str(b["n_problems"]),
+                ", ".join(b["kinds"]),
+                f"`{b['path']}`" if b["path"] else f"hub ({b['loader']})",
+            ]
+            for name, b in results["benchmarks"].items()
+        ],
     )
     rows = _rows(results)
     if rows:
-        shown = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS if greedy or key != "greedy_pass@1"]
+        shown = [
+            (key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS if greedy or key != "greedy_pass@1"
+        ]
         lines += ["", "## Accuracy (Table 2)", ""]
         main_key = "greedy_pass@1" if greedy else "pass@1"
         lines += [f"{dict(shown)[main_key]}, by model and benchmark:", ""]
@@ -118,50 +131,111 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         lines += ["", "Every metric:", ""]
         lines += _table(
             ["model", "benchmark", "problems"] + [title for _, title in shown] + ["answered"],
-            [[model, bench, str(m["n_problems"])] + [_percent(m["accuracy"].get(key)) for key, _ in shown]
-             + [f"{100 * m['answered']:.1f}"] for model, bench, m in rows],
+            [
+                [model, bench, str(m["n_problems"])]
+                + [_percent(m["accuracy"].get(key)) for key, _ in shown]
+                + [f"{100 * m['answered']:.1f}"]
+                for model, bench, m in rows
+            ],
         )
         if any("prm_reward" in m for _, _, m in rows):
-            lines += ["", f"Mean PRM reward R = prod U of the sampled solutions (`{settings.get('prm')}`; the GFlowNet's "
-                      "target is proportional to it), mean over problems with a 95% bootstrap interval:", ""]
+            lines += [
+                "",
+                f"Mean PRM reward R = prod U of the sampled solutions (`{settings.get('prm')}`; the GFlowNet's "
+                "target is proportional to it), mean over problems with a 95% bootstrap interval:",
+                "",
+            ]
             lines += _pivot(results, lambda m: _interval(m.get("prm_reward"), 4))
-            lines += ["", "Can fine-tuning toward R help? Within-problem AUC: how well R ranks a problem's correct samples "
-                      "above its wrong ones (mean over problems with both; 0.5 = not at all). Reweighted: the samples "
-                      "weighted in proportion to R within each problem, an estimate of what a policy sampling in "
-                      "proportion to pi * R would reach:", ""]
+            lines += [
+                "",
+                "Can fine-tuning toward R help? Within-problem AUC: how well R ranks a problem's correct samples "
+                "above its wrong ones (mean over problems with both; 0.5 = not at all). Reweighted: the samples "
+                "weighted in proportion to R within each problem, an estimate of what a policy sampling in "
+                "proportion to pi * R would reach:",
+                "",
+            ]
             lines += _table(
-                ["model", "benchmark", "within-problem AUC (problems)", "accuracy", "R-reweighted accuracy", "R-reweighted mean R"],
-                [[model, bench, f"{_number(m['prm_reward'].get('within_problem_auc'))} ({m['prm_reward'].get('n_mixed', 0)})",
-                  f"{100 * m['accuracy']['pass@1']['mean']:.1f}", f"{100 * m['prm_reward']['reweighted_accuracy']:.1f}",
-                  _number(m["prm_reward"]["reweighted_reward"], 4)]
-                 for model, bench, m in rows if "prm_reward" in m],
+                [
+                    "model",
+                    "benchmark",
+                    "within-problem AUC (problems)",
+                    "accuracy",
+                    "R-reweighted accuracy",
+                    "R-reweighted mean R",
+                ],
+                [
+                    [
+                        model,
+                        bench,
+                        f"{_number(m['prm_reward'].get('within_problem_auc'))} ({m['prm_reward'].get('n_mixed', 0)})",
+                        f"{100 * m['accuracy']['pass@1']['mean']:.1f}",
+                        f"{100 * m['prm_reward']['reweighted_accuracy']:.1f}",
+                        _number(m["prm_reward"]["reweighted_reward"], 4),
+                    ]
+                    for model, bench, m in rows
+                    if "prm_reward" in m
+                ],
             )
         lines += ["", "## Diversity of reasoning (Table 4)", ""]
-        lines += ["Mean pairwise similarity of the sampled solutions, each embedded whole with its steps in order, by "
-                  "model and benchmark (lower = more diverse):", ""]
+        lines += [
+            "Mean pairwise similarity of the sampled solutions, each embedded whole with its steps in order, by "
+            "model and benchmark (lower = more diverse):",
+            "",
+        ]
         lines += _pivot(results, lambda m: _interval(m["diversity"]["similarity"]))
         if any(m["diversity"].get("strategy_entropy", {}).get("mean") is not None for _, _, m in rows):
-            lines += ["", "Strategy entropy of the correct solutions, in bits (per problem the entropy of the strategy names "
-                      "its correct samples carry out, mean over the problems counted: more than one valid strategy and "
-                      "at least one correct sample with one; higher = more diverse; n/a where problems do not know "
-                      "their strategies):", ""]
+            lines += [
+                "",
+                "Strategy entropy of the correct solutions, in bits (per problem the entropy of the strategy names "
+                "its correct samples carry out, mean over the problems counted: more than one valid strategy and "
+                "at least one correct sample with one; higher = more diverse; n/a where problems do not know "
+                "their strategies):",
+                "",
+            ]
             lines += _pivot(results, lambda m: _interval(m["diversity"].get("strategy_entropy")))
-        lines += ["", "Every measure (distinct-n over whitespace tokens; distinct strategies: strategy names among a "
-                  "problem's correct samples, mean over the problems the entropy counts; problems counted / "
-                  "multi-strategy: how many it counts, of those with more than one valid strategy; correct texts: "
-                  "distinct step sequences among a problem's correct samples, mean over all problems / over solved "
-                  "ones):", ""]
+        lines += [
+            "",
+            "Every measure (distinct-n over whitespace tokens; distinct strategies: strategy names among a "
+            "problem's correct samples, mean over the problems the entropy counts; problems counted / "
+            "multi-strategy: how many it counts, of those with more than one valid strategy; correct texts: "
+            "distinct step sequences among a problem's correct samples, mean over all problems / over solved "
+            "ones):",
+            "",
+        ]
         lines += _table(
-            ["model", "benchmark", "similarity", "Vendi", "distinct-1", "distinct-2", "distinct-3", "strategy entropy (bits)",
-             "distinct strategies", "problems counted / multi-strategy", "correct texts", "per solved problem",
-             "steps per solution"],
-            [[model, bench, _interval(m["diversity"]["similarity"]), _number(m["diversity"]["vendi"], 2),
-              _number(m["diversity"]["distinct_1"]), _number(m["diversity"]["distinct_2"]),
-              _number(m["diversity"]["distinct_3"]), _interval(m["diversity"].get("strategy_entropy")),
-              _number(m["diversity"].get("distinct_strategies"), 2), _counted(m["diversity"]),
-              _number(m["diversity"].get("correct_texts"), 2), _number(m["diversity"].get("correct_texts_solved"), 2),
-              _number(m["mean_steps"], 1)]
-             for model, bench, m in rows],
+            [
+                "model",
+                "benchmark",
+                "similarity",
+                "Vendi",
+                "distinct-1",
+                "distinct-2",
+                "distinct-3",
+                "strategy entropy (bits)",
+                "distinct strategies",
+                "problems counted / multi-strategy",
+                "correct texts",
+                "per solved problem",
+                "steps per solution",
+            ],
+            [
+                [
+                    model,
+                    bench,
+                    _interval(m["diversity"]["similarity"]),
+                    _number(m["diversity"]["vendi"], 2),
+                    _number(m["diversity"]["distinct_1"]),
+                    _number(m["diversity"]["distinct_2"]),
+                    _number(m["diversity"]["distinct_3"]),
+                    _interval(m["diversity"].get("strategy_entropy")),
+                    _number(m["diversity"].get("distinct_strategies"), 2),
+                    _counted(m["diversity"]),
+                    _number(m["diversity"].get("correct_texts"), 2),
+                    _number(m["diversity"].get("correct_texts_solved"), 2),
+                    _number(m["mean_steps"], 1),
+                ]
+                for model, bench, m in rows
+            ],
         )
     else:
         lines += ["", "No model was evaluated."]
@@ -170,20 +244,30 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
     if comparisons.get("models"):
         reference = comparisons["reference"]
         lines += ["", f"## Against `{reference}` (paired)", ""]
-        lines += [f"Accuracy of each model minus `{reference}`'s on the same problems, in points, with a paired "
-                  "95% bootstrap interval (problems resampled once for both models). *higher* / *lower*: the "
-                  "interval excludes 0; *no clear change* otherwise.", ""]
+        lines += [
+            f"Accuracy of each model minus `{reference}`'s on the same problems, in points, with a paired "
+            "95% bootstrap interval (problems resampled once for both models). *higher* / *lower*: the "
+            "interval excludes 0; *no clear change* otherwise.",
+            "",
+        ]
         lines += _differences_table(comparisons["models"], shown)
     if comparisons.get("pairs"):
         lines += ["", "## Model against model (paired)", ""]
-        lines += ["The first model minus the second (eval.pairs), as above; similarity: mean pairwise cosine of "
-                  "a problem's whole solution texts (lower = more diverse); strategy entropy: bits per problem, over "
-                  "the problems counted for both models (higher = more diverse).", ""]
-        lines += _differences_table({pair.replace("_vs_", " - "): per_bench for pair, per_bench in comparisons["pairs"].items()}, shown)
+        lines += [
+            "The first model minus the second (eval.pairs), as above; similarity: mean pairwise cosine of "
+            "a problem's whole solution texts (lower = more diverse); strategy entropy: bits per problem, over "
+            "the problems counted for both models (higher = more diverse).",
+            "",
+        ]
+        lines += _differences_table(
+            {pair.replace("_vs_", " - "): per_bench for pair, per_bench in comparisons["pairs"].items()}, shown
+        )
     if results["skipped"]:
         lines += ["", "## Skipped models", ""]
-        lines += [f"- **{s['model']}**: {s['reason']} (run the stage that trains it, or fix `eval.models.{s['model']}`)"
-                  for s in results["skipped"]]
+        lines += [
+            f"- **{s['model']}**: {s['reason']} (run the stage that trains it, or fix `eval.models.{s['model']}`)"
+            for s in results["skipped"]
+        ]
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{name}]({file})" for name, file in plots.items()]
@@ -193,13 +277,23 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
 def _differences_table(compared: dict, shown: list[tuple[str, str]]) -> list[str]:
     """One row per (compared model(s), benchmark): accuracy differences in points, then the PRM
     reward, strategy entropy and similarity differences where any row has them."""
-    extras = [("prm_reward", "mean PRM reward (not in points)", 4), ("strategy_entropy", "strategy entropy (bits)", 3),
-              ("similarity", "similarity", 3)]
-    present = [(key, title, digits) for key, title, digits in extras
-               if any(key in diffs for per_bench in compared.values() for diffs in per_bench.values())]
-    rows = [[name, bench] + [_difference(diffs.get(key)) for key, _ in shown]
-            + [_difference(diffs.get(key), scale=1, digits=digits) for key, _, digits in present]
-            for name, per_bench in compared.items() for bench, diffs in per_bench.items()]
+    extras = [
+        ("prm_reward", "mean PRM reward (not in points)", 4),
+        ("strategy_entropy", "strategy entropy (bits)", 3),
+        ("similarity", "similarity", 3),
+    ]
+    present = [
+        (key, title, digits)
+        for key, title, digits in extras
+        if any(key in diffs for per_bench in compared.values() for diffs in per_bench.values())
+    ]
+    rows = [
+        [name, bench]
+        + [_difference(diffs.get(key)) for key, _ in shown]
+        + [_difference(diffs.get(key), scale=1, digits=digits) for key, _, digits in present]
+        for name, per_bench in compared.items()
+        for bench, diffs in per_bench.items()
+    ]
     return _table(["model", "benchmark"] + [title for _, title in shown] + [title for _, title, _ in present], rows)
 
 
@@ -244,8 +338,11 @@ def plot_accuracy(results: dict, path: str | Path) -> Path:
         _empty_figure(path, "no model was evaluated")
         return path
     k = results["settings"]["k"]
-    metrics = [(key, title.replace("@k", f"@{k}")) for key, title in ACCURACY_COLUMNS
-               if results["settings"].get("greedy", True) or key != "greedy_pass@1"]
+    metrics = [
+        (key, title.replace("@k", f"@{k}"))
+        for key, title in ACCURACY_COLUMNS
+        if results["settings"].get("greedy", True) or key != "greedy_pass@1"
+    ]
     figure = Figure(figsize=(3.2 * len(metrics) + 1, 3.6))
     axes = figure.subplots(1, len(metrics), sharey=True, squeeze=False)
     for axis, (key, title) in zip(axes[0], metrics):
@@ -266,8 +363,13 @@ def plot_similarity(results: dict, path: str | Path) -> Path:
         return path
     figure = Figure(figsize=(1.6 * len(results["benchmarks"]) + 3, 3.6))
     axis = figure.subplots()
-    _grouped_bars(axis, results, lambda m: m and m["diversity"]["similarity"], "Mean pairwise similarity (lower = more diverse)",
-                  "cosine similarity")
+    _grouped_bars(
+        axis,
+        results,
+        lambda m: m and m["diversity"]["similarity"],
+        "Mean pairwise similarity (lower = more diverse)",
+        "cosine similarity",
+    )
     axis.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -278,7 +380,10 @@ def write_report(results: dict, out_dir: str | Path) -> dict[str, Path]:
     """report.md, accuracy.png and similarity.png in ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"accuracy": plot_accuracy(results, out / "accuracy.png"), "similarity": plot_similarity(results, out / "similarity.png")}
+    paths = {
+        "accuracy": plot_accuracy(results, out / "accuracy.png"),
+        "similarity": plot_similarity(results, out / "similarity.png"),
+    }
     plots = {"Accuracy": "accuracy.png", "Mean pairwise similarity": "similarity.png"} if results["results"] else None
     paths["report"] = out / "report.md"
     paths["report"].write_text(render_markdown(results, plots), encoding="utf-8")

@@ -39,11 +39,20 @@ def sampling_settings(config: Config, spec: ModelSpec, source: BenchmarkSource, 
     """Everything the samples of a (model, benchmark) pair depend on; equal settings = reusable samples."""
     ids = hashlib.sha256("\n".join(p.problem_id for p in problems).encode()).hexdigest()[:16]
     return {
-        "model_path": spec.path, "model_fingerprint": model_fingerprint(spec.path, spec.path_is_local),
-        "adapter": spec.adapter, "adapter_fingerprint": model_fingerprint(spec.adapter, spec.adapter_is_local),
-        "benchmark": list(source), "problem_ids": ids, "k": config.eval.k, "temperature": config.eval.temperature,
-        "greedy": config.eval.greedy, "top_p": config.generation.top_p, "max_new_tokens": config.generation.max_new_tokens,
-        "seed": config.eval.seed, "seeding": "per problem", "format": dataclasses.asdict(config.format),
+        "model_path": spec.path,
+        "model_fingerprint": model_fingerprint(spec.path, spec.path_is_local),
+        "adapter": spec.adapter,
+        "adapter_fingerprint": model_fingerprint(spec.adapter, spec.adapter_is_local),
+        "benchmark": list(source),
+        "problem_ids": ids,
+        "k": config.eval.k,
+        "temperature": config.eval.temperature,
+        "greedy": config.eval.greedy,
+        "top_p": config.generation.top_p,
+        "max_new_tokens": config.generation.max_new_tokens,
+        "seed": config.eval.seed,
+        "seeding": "per problem",
+        "format": dataclasses.asdict(config.format),
         "backend": config.generation.backend,
     }
 
@@ -71,7 +80,9 @@ def merge_samples(folder: Path, problems: Sequence[Problem]) -> list[Sample]:
         by_problem.setdefault(record.problem_id, []).append(record)
     missing = [p.problem_id for p in problems if p.problem_id not in by_problem]
     if missing:
-        raise ValueError(f"{folder}: no samples of problem {missing[0]!r} ({len(missing)} of {len(problems)} problems missing)")
+        raise ValueError(
+            f"{folder}: no samples of problem {missing[0]!r} ({len(missing)} of {len(problems)} problems missing)"
+        )
     return [record for problem in problems for record in by_problem[problem.problem_id]]
 
 

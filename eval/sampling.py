@@ -29,20 +29,25 @@ def problem_kind(problem: Problem) -> str:
 
 def _prompts(problems: Sequence[Problem], kind_of: KindOf, tokenizer, config: Config) -> list[str]:
     return [
-        prompt_from_config(p.question, kind_of(p), tokenizer, config.format, p.meta.get("options"))
-        for p in problems
+        prompt_from_config(p.question, kind_of(p), tokenizer, config.format, p.meta.get("options")) for p in problems
     ]
 
 
 def _check_outputs(outputs, problems: Sequence[Problem], n: int, what: str) -> None:
     if len(outputs) != len(problems):
-        raise ValueError(f"generate ({what}) returned {len(outputs)} lists for {len(problems)} prompts; expected one each")
+        raise ValueError(
+            f"generate ({what}) returned {len(outputs)} lists for {len(problems)} prompts; expected one each"
+        )
     for problem, completions in zip(problems, outputs):
         if len(completions) != n:
-            raise ValueError(f"generate ({what}) returned {len(completions)} completions for {problem.problem_id}; expected {n}")
+            raise ValueError(
+                f"generate ({what}) returned {len(completions)} completions for {problem.problem_id}; expected {n}"
+            )
 
 
-def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, config: Config, model: str) -> list[Sample]:
+def generate_samples(
+    generator, problems: Sequence[Problem], kind_of: KindOf, config: Config, model: str
+) -> list[Sample]:
     """The samples of one model on one benchmark, problem by problem: the greedy sample
     (sample_idx -1, when eval.greedy) then samples 0..k-1; a sample cut off at max_new_tokens
     is recorded as not finished.
@@ -73,7 +78,9 @@ def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, co
     for position, (p, _, _) in enumerate(flat):
         by_kind.setdefault(kind_of(problems[p]), []).append(position)
     for kind, positions in by_kind.items():
-        verdicts = grade_many([flat[j][2].text for j in positions], [problems[flat[j][0]].answer for j in positions], kind)
+        verdicts = grade_many(
+            [flat[j][2].text for j in positions], [problems[flat[j][0]].answer for j in positions], kind
+        )
         for j, verdict in zip(positions, verdicts):
             correct[j] = bool(verdict)
 
@@ -89,4 +96,3 @@ def generate_samples(generator, problems: Sequence[Problem], kind_of: KindOf, co
         )
         for (p, i, completion), is_correct in zip(flat, correct)
     ]
-

@@ -30,6 +30,7 @@ DISTINCT_NS = (1, 2, 3)
 
 StepScorer = Callable[[Sequence[tuple[str, Sequence[str]]]], list[list[float]]]  # PRMScorer.score_many
 
+
 def _group_records(records: Sequence[Sample], problems: Sequence[Problem]) -> tuple[dict, dict]:
     """problem_id -> sampled records in sample_idx order, and problem_id -> greedy record."""
     sampled: dict[str, list[Sample]] = {p.problem_id: [] for p in problems}
@@ -68,6 +69,7 @@ def graded(records: Sequence[Sample], problems: Sequence[Problem], kind_of: Kind
             raise ValueError(f"samples: greedy sample missing for problem {missing[0]!r}")
         greedy_correct = {pid: r.correct for pid, r in greedy.items()}
     return sampled, per_problem, greedy_correct
+
 
 def score_samples(
     records: Sequence[Sample],
@@ -113,8 +115,13 @@ def score_samples(
         diversity["vendi"] = similarity["vendi_mean"]
     for n in DISTINCT_NS:
         diversity[f"distinct_{n}"] = distinct_n_per_problem(texts, n)["mean"]
-    strategies = strategy_diversity(problems, solutions, [s.correct for s in per_problem],
-                                    n_resamples=settings.bootstrap_resamples, seed=settings.seed)
+    strategies = strategy_diversity(
+        problems,
+        solutions,
+        [s.correct for s in per_problem],
+        n_resamples=settings.bootstrap_resamples,
+        seed=settings.seed,
+    )
     diversity["strategy_entropy"] = strategies["entropy"]  # per_problem in problem order: comparisons pair them
     diversity["distinct_strategies"] = strategies["distinct"]
     diversity["multi_strategy_problems"] = strategies["multi_strategy_problems"]
@@ -138,7 +145,9 @@ def score_samples(
     }
 
 
-def mean_prm_reward(sampled: dict[str, list[Sample]], problems: Sequence[Problem], prm: StepScorer, n_resamples: int, seed: int) -> dict:
+def mean_prm_reward(
+    sampled: dict[str, list[Sample]], problems: Sequence[Problem], prm: StepScorer, n_resamples: int, seed: int
+) -> dict:
     """How the PRM's reward R = prod U sees one model's samples.
 
     mean, lo, hi:        per problem, the mean R over its sampled solutions (an empty one: 0); a
@@ -170,11 +179,12 @@ def mean_prm_reward(sampled: dict[str, list[Sample]], problems: Sequence[Problem
         reweighted_accuracy.append(float((r * c).sum() / total) if total > 0 else float(c.mean()))
         reweighted_reward.append(float((r * r).sum() / total) if total > 0 else 0.0)
     return {
-        "mean": mean, "lo": lo, "hi": hi,
+        "mean": mean,
+        "lo": lo,
+        "hi": hi,
         "per_problem": per_problem_mean,  # in problem order: compare_to_reference pairs them
         "within_problem_auc": float(np.mean(aucs)) if aucs else None,
         "n_mixed": len(aucs),
         "reweighted_accuracy": float(np.mean(reweighted_accuracy)),
         "reweighted_reward": float(np.mean(reweighted_reward)),
     }
-

@@ -121,8 +121,9 @@ class Codec(NamedTuple):
     plural: str  # several of them, for a list's description: "integers >= 0"
 
 
-def value_codec(annotation: Any, field_rules: FieldRules = FieldRules(), name: str = "value", *,
-                from_yaml: bool = False) -> Codec:
+def value_codec(
+    annotation: Any, field_rules: FieldRules = FieldRules(), name: str = "value", *, from_yaml: bool = False
+) -> Codec:
     """The codec of a field declared ``annotation`` with ``field_rules``; ``name`` is the field's
     declaration (``Sample.steps``) in the TypeError raised for a type or rule it cannot have.
     from_yaml: the values come from PyYAML (a float field then accepts "1e-4")."""
@@ -247,9 +248,14 @@ def _check_rules_apply(r: FieldRules, scalar: type | None, name: str) -> None:
     record or a choice) is a bug in the declaring class: refuse it when the class is first used."""
     numeric = scalar in (int, float)
     misplaced = [
-        rule for rule, applies in (
-            ("non_empty", scalar is str), ("numbers_as_text", scalar is str), ("within", numeric),
-            ("minimum", numeric), ("finite", scalar is float), ("one_of", scalar is not None),
+        rule
+        for rule, applies in (
+            ("non_empty", scalar is str),
+            ("numbers_as_text", scalar is str),
+            ("within", numeric),
+            ("minimum", numeric),
+            ("finite", scalar is float),
+            ("one_of", scalar is not None),
         )
         if getattr(r, rule) not in (None, False) and not applies
     ]
@@ -339,7 +345,7 @@ def _optional_codec(annotation: Any, inner: Codec) -> Codec:
 
 
 def _or_null(expected: str) -> str:
-    """"true or false" -> "true, false or null"."""
+    """ "true or false" -> "true, false or null"."""
     return f"{expected.replace(' or ', ', ')} or null"
 
 

@@ -34,22 +34,39 @@ class Range:
     lt: float | None = None
 
     def contains(self, value: float) -> bool:
-        return (math.isfinite(value) and (self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
-                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+        return (
+            math.isfinite(value)
+            and (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
 
     def __str__(self) -> str:
-        parts = [f"{op} {bound:.12g}" for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
-                 if bound is not None]
+        parts = [
+            f"{op} {bound:.12g}"
+            for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+            if bound is not None
+        ]
         return " and ".join(parts) if parts else "any finite number"
 
 
 _RANGE_KEY = "range"
 SEED_MAX = 2**32 - 1  # numpy's seeds (accelerate's set_seed seeds numpy too)
-MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more; both backends follow vLLM's rules (pipeline.generation.base)
+MAX_TEMPERATURE = (
+    2.0  # vLLM's SamplingParams refuses more; both backends follow vLLM's rules (pipeline.generation.base)
+)
 
 
-def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            lt: float | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
+def bounded(
+    default: Any = dataclasses.MISSING,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
     """A numeric config field with its declared range, e.g. ``k: int = bounded(16, ge=1)``;
     None (for an optional field) is always accepted, a list's items are checked one by one."""
     return field(default=default, default_factory=default_factory, metadata={_RANGE_KEY: Range(ge, gt, le, lt)})
@@ -69,16 +86,22 @@ def declared_range(spec: dataclasses.Field) -> Range | None:
 # ``check_choice`` (pipeline.config_loader), which library calls taking such a name use too;
 # typing.get_args lists them (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES).
 ReportTo = Literal["none", "tensorboard", "wandb", "all"]  # experiment trackers (pipeline/training/tracking.py)
-PRMFormat = Literal["auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"]  # docs/prm.md, "Other PRMs"
+PRMFormat = Literal[
+    "auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"
+]  # docs/prm.md, "Other PRMs"
 TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
 WeightTransport = Literal["object_store", "collective"]  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
 AsyncPriority = Literal["softmax", "uniform"]  # gfn.async_priority (pipeline/finetune/grouped_replay.py)
 GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
 SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority"]  # prm/search.py
 Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)
-TinyFamily = Literal["gains_losses", "shared_containers", "mixed"]  # tinyworld.families (pipeline/tinyworld/problems.py FAMILIES)
+TinyFamily = Literal[
+    "gains_losses", "shared_containers", "mixed"
+]  # tinyworld.families (pipeline/tinyworld/problems.py FAMILIES)
 TinyStrategy = Literal["running_total", "gains_losses", "containers_first"]  # tinyworld.strategies (docs/tinyworld.md)
-PRMLabels = Literal["soft", "hard"]  # prm.labels: the BCE targets, the MC value or MC > prm.hard_label_threshold (prm/train.py)
+PRMLabels = Literal[
+    "soft", "hard"
+]  # prm.labels: the BCE targets, the MC value or MC > prm.hard_label_threshold (prm/train.py)
 PRM_FORMATS = typing.get_args(PRMFormat)
 # The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
@@ -100,7 +123,9 @@ class ModelConfig:
     policy: str = "{run_dir}/bootstrap/model"  # paper: meta-llama/Llama-3.2-3B-Instruct (or 3.1-8B)
     policy_adapter: str | None = None  # optional peft adapter on top of `policy`
     prm_backbone: str = "{run_dir}/bootstrap/model"  # paper: Qwen/Qwen2.5-Math-7B
-    prm: str = "{run_dir}/prm/model"  # the trained PRM the later stages score with (or a third-party PRM: hub id or path)
+    prm: str = (
+        "{run_dir}/prm/model"  # the trained PRM the later stages score with (or a third-party PRM: hub id or path)
+    )
     # how to read the PRM a stage loads (model.prm; eval.prm in make eval): auto (sniffed from its folder) | stepflow |
     # token_classification (TRL's PRMTrainer) | math_shepherd | qwen_prm (docs/prm.md, "Other PRMs")
     prm_format: PRMFormat = "auto"
@@ -155,7 +180,9 @@ class DataConfig:
     validation: str = "problems"
     validation_path: str | None = "{run_dir}/bootstrap/problems_val.jsonl"
     validation_limit: int | None = bounded(None, ge=1)
-    problem_sources: list[str] = field(default_factory=list)  # data.train's OpenMathInstruct-2 filter, e.g. [augmented_math]
+    problem_sources: list[str] = field(
+        default_factory=list
+    )  # data.train's OpenMathInstruct-2 filter, e.g. [augmented_math]
     # skip malformed problem records (counted, and reported once loading ends) instead of
     # stopping at the first one with its file, line and field; every stage that loads problems
     # or benchmarks (mcts, prm, gfn, ppo, eval, search) follows it
@@ -196,7 +223,9 @@ class BootstrapConfig:
     max_position_embeddings: int = bounded(256, ge=1)
     # train on every strategy's template of each problem (false: on its gold solution only); docs/tinyworld.md
     every_strategy: bool = True
-    train_seconds: float = bounded(3600.0, gt=0)  # wall-clock safety net: a run still training then stops, with a loud warning
+    train_seconds: float = bounded(
+        3600.0, gt=0
+    )  # wall-clock safety net: a run still training then stops, with a loud warning
     max_train_steps: int = bounded(100000, ge=1)  # optimizer steps: what bounds the run
     batch_size: int = bounded(32, ge=1)
     lr: float = bounded(3e-3, gt=0)
@@ -244,7 +273,9 @@ class RolloutTemperatureConfig:
 
     temperatures: list[float] = bounded(default_factory=lambda: [0.6, 0.8, 1.0, 1.2, 1.4], gt=0, le=MAX_TEMPERATURE)
     problems: int = bounded(200, ge=1)  # held-out problems (data.validation) sampled at each temperature
-    k: int | None = bounded(None, ge=1)  # samples per problem (null: mcts.k, the rollouts of an MC estimate at the root)
+    k: int | None = bounded(
+        None, ge=1
+    )  # samples per problem (null: mcts.k, the rollouts of an MC estimate at the root)
     seed: int = seed_field()
 
 
@@ -275,14 +306,18 @@ class PRMConfig:
     pair_loss_weight: float = bounded(0.0, ge=0)
     lr: float = bounded(1e-3, gt=0)  # paper: 8e-6
     batch_size: int = bounded(32, ge=1)  # sequences per optimizer step, all processes together (paper: 144 examples)
-    micro_batch_size: int = bounded(32, ge=1)  # sequences per forward and process; accumulation = batch_size / (micro x processes)
+    micro_batch_size: int = bounded(
+        32, ge=1
+    )  # sequences per forward and process; accumulation = batch_size / (micro x processes)
     weight_decay: float = bounded(0.01, ge=0)  # AdamW; never on biases and norm weights
     epochs: float = bounded(2.0, gt=0)  # paper: 1; fractions allowed
     warmup_ratio: float = bounded(0.05, ge=0, le=1)  # share of optimizer steps with linear warmup
     scheduler: str = "cosine"  # cosine | linear | constant (after warmup)
     max_grad_norm: float = bounded(1.0, ge=0)  # gradient clipping (0: none)
     max_length: int = bounded(512, ge=2)  # tokens; labels of steps ending beyond it are dropped (and counted)
-    group_by_length: bool = False  # length-bucketed micro-batches: less padding, but label-homogeneous batches (docs/prm.md)
+    group_by_length: bool = (
+        False  # length-bucketed micro-batches: less padding, but label-homogeneous batches (docs/prm.md)
+    )
     merge_prefixes: bool = True  # records whose path is a prefix of another share one sequence
     kind: str | None = None  # prompt kind (tiny | math | gsm8k | sat); None = the training problems' kind
     lora: bool = False  # LoRA on the backbone; the saved model has the adapters merged
@@ -291,12 +326,16 @@ class PRMConfig:
     lora_dropout: float = bounded(0.05, ge=0, lt=1)
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     gradient_checkpointing: bool = False
-    compile: bool = False  # torch.compile through accelerate (GPU: 1.6x training throughput on Qwen2-0.5B shapes, docs/prm.md)
+    compile: bool = (
+        False  # torch.compile through accelerate (GPU: 1.6x training throughput on Qwen2-0.5B shapes, docs/prm.md)
+    )
     seed: int = seed_field()
     log_every: int = bounded(10, ge=1)  # optimizer steps between metrics lines
     save_every: int = bounded(0, ge=0)  # optimizer steps between resumable checkpoints (0: only the final model)
     resume: bool = True  # continue from the newest good checkpoint under <output>/checkpoints when there is one
-    retrain: bool = False  # train again even when prm/model/ holds a finished model (it is replaced once the new one is done)
+    retrain: bool = (
+        False  # train again even when prm/model/ holds a finished model (it is replaced once the new one is done)
+    )
     eval_only: bool = False  # stages.train_prm: validate the model at model.prm, train nothing
     corrupt_examples: int = bounded(200, ge=0)  # E.4 check: correct steps whose result is altered (+1..9 and +-1)
     # held-out problems (data.validation) the policy samples for the exact check and the slip pairs (0: off); only kinds
@@ -332,7 +371,9 @@ class StepTrainingConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     save_every: int = bounded(20, ge=0)  # steps between resumable checkpoints (0: none)
     seed: int = seed_field()
-    retrain: bool = False  # train again even when <stage>/model/ holds a finished model (it is replaced once the new one is done)
+    retrain: bool = (
+        False  # train again even when <stage>/model/ holds a finished model (it is replaced once the new one is done)
+    )
     mode: TrainingMode = "sync"  # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
     # CPU cores every trainer process pins itself to (os.sched_setaffinity) when training starts, after it has started or
     # joined Ray in async mode (so Ray's own processes keep the cores the stage was started on); None: left as started
@@ -346,17 +387,25 @@ class GFNConfig(StepTrainingConfig):
     loss: GFlowNetLoss = "subtb"  # subtb | tb | tb_vargrad
     lam: float = bounded(1.0, ge=0)  # SubTB lambda
     reward_temperature: float = bounded(1.0, gt=0)  # log R is multiplied by 1/this
-    reference_prior_coef: float = bounded(0.0, ge=0)  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
+    reference_prior_coef: float = bounded(
+        0.0, ge=0
+    )  # appendix F: + coef * log pi_ref(trajectory); off in the paper config
     outcome_coef: float = bounded(0.0, ge=0)  # + coef * log(correct ? 1 : outcome_floor); off in the paper config
     outcome_floor: float = bounded(0.01, gt=0, le=1)
-    unfinished_log_reward: float = bounded(-10.0, le=0)  # added to log R(s) when s's last step states no final answer (s_0 too)
+    unfinished_log_reward: float = bounded(
+        -10.0, le=0
+    )  # added to log R(s) when s's last step states no final answer (s_0 too)
     # before training: the base policy's samples of this many training questions (samples_per_question each), reweighted by
     # R^(1/reward_temperature): the reward a GFlowNet could gain on them, logged and written to gfn/ceiling.json (0: skipped)
     ceiling_questions: int = bounded(32, ge=0)
     kl_coef: float = bounded(0.0, ge=0)  # TB-VarGrad: beta, the KL to the reference (at step 0 when annealed)
-    kl_coef_final: float | None = bounded(None, ge=0)  # beta annealed linearly from kl_coef to this over kl_anneal_steps (None: constant)
+    kl_coef_final: float | None = bounded(
+        None, ge=0
+    )  # beta annealed linearly from kl_coef to this over kl_anneal_steps (None: constant)
     kl_anneal_steps: int = bounded(0, ge=0)  # trainer steps of the linear beta anneal (then kl_coef_final)
-    reference_reset_every: int = bounded(0, ge=0)  # rho: every rho updates the reference becomes the current policy (0: never; TBA': 50)
+    reference_reset_every: int = bounded(
+        0, ge=0
+    )  # rho: every rho updates the reference becomes the current policy (0: never; TBA': 50)
     learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
     log_z_lr: float = bounded(1e-2, gt=0)
     buffer_size: int = bounded(1000, ge=0)  # paper: 1000
@@ -371,14 +420,26 @@ class GFNConfig(StepTrainingConfig):
     searchers: int = bounded(2, ge=1)  # searcher actors
     sync_every: int = bounded(1, ge=1)  # trainer steps between weight publications (TBA's k)
     async_questions: int | None = bounded(None, ge=1)  # B, questions per trainer step (None: questions_per_step)
-    async_samples_used: int | None = bounded(None, ge=1)  # K <= S, distinct completions per question in a batch (None: S)
-    async_initial_completions: int = bounded(0, ge=0)  # the first step waits until the buffer holds this many (paper: 500)
-    async_priority: AsyncPriority = "softmax"  # softmax (p ~ exp(log_reward / buffer_temperature)) | uniform: a question's K completions
-    searcher_rounds_per_version: int | None = bounded(None, ge=1)  # rounds a searcher samples per published version (None: no limit)
-    max_staleness: int | None = bounded(16, ge=0)  # completions sampled by weights more than this many trainer steps old are dropped (None: kept)
+    async_samples_used: int | None = bounded(
+        None, ge=1
+    )  # K <= S, distinct completions per question in a batch (None: S)
+    async_initial_completions: int = bounded(
+        0, ge=0
+    )  # the first step waits until the buffer holds this many (paper: 500)
+    async_priority: AsyncPriority = (
+        "softmax"  # softmax (p ~ exp(log_reward / buffer_temperature)) | uniform: a question's K completions
+    )
+    searcher_rounds_per_version: int | None = bounded(
+        None, ge=1
+    )  # rounds a searcher samples per published version (None: no limit)
+    max_staleness: int | None = bounded(
+        16, ge=0
+    )  # completions sampled by weights more than this many trainer steps old are dropped (None: kept)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
     ray_connect_timeout: float = bounded(30.0, gt=0)  # seconds to wait for the cluster at ray_address to answer
-    searcher_max_restarts: int = bounded(10, ge=0)  # Ray restarts a dead searcher this many times; one more death stops the run
+    searcher_max_restarts: int = bounded(
+        10, ge=0
+    )  # Ray restarts a dead searcher this many times; one more death stops the run
     searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
     # each searcher's vLLM engine's share of its GPU (vLLM's gpu_memory_utilization; generation.vllm_gpu_memory_utilization is
     # the other stages' engines'); None: derived at the stage's start from what shares a searcher's GPU (the PRM unless scorer
@@ -388,13 +449,17 @@ class GFNConfig(StepTrainingConfig):
     # placement-group bundle (1 CPU, scorer_gpus GPUs), searchers send each round's steps to them in turn and load no PRM
     scorer_actors: int = bounded(0, ge=0)
     scorer_gpus: float = bounded(0.0, ge=0)  # GPUs per scorer actor (0: on CPU)
-    placement_timeout: float = bounded(60.0, gt=0)  # seconds to wait for Ray to place the trainer's and searchers' bundles
+    placement_timeout: float = bounded(
+        60.0, gt=0
+    )  # seconds to wait for Ray to place the trainer's and searchers' bundles
     # CPU cores searcher i pins its process to (os.sched_setaffinity): searcher_cores[i % len]; None: wherever the OS runs it
     searcher_cores: list[int] | None = bounded(None, ge=0)
     # how the trainer publishes its weights (docs/async.md, "Weight publication"): object_store (one Ray object per bucket, read
     # by every searcher) | collective (one NCCL group of the trainer and every GPU searcher, gloo on CPU; one broadcast per bucket)
     weight_transport: WeightTransport = "object_store"
-    publish_bucket_mb: float = bounded(256.0, gt=0)  # MiB per bucket of published weights (flattened, in the sampler's dtype)
+    publish_bucket_mb: float = bounded(
+        256.0, gt=0
+    )  # MiB per bucket of published weights (flattened, in the sampler's dtype)
 
 
 @dataclass
@@ -407,7 +472,9 @@ class PPOConfig(StepTrainingConfig):
     gamma: float = bounded(1.0, ge=0, le=1)
     gae_lambda: float = bounded(0.95, ge=0, le=1)
     kl_coef: float = bounded(0.0, ge=0)  # KL penalty to the frozen reference, folded into step rewards
-    step_reward: str = "score"  # score: r_k = U (paper) | log_score: r_k = log U, return log R (no gain from extra steps)
+    step_reward: str = (
+        "score"  # score: r_k = U (paper) | log_score: r_k = log U, return log R (no gain from extra steps)
+    )
     unfinished_reward: float = bounded(-1.0, le=0)  # added to the last step's reward when it states no final answer
     ppo_epochs: int = bounded(2, ge=1)
 
@@ -417,7 +484,9 @@ class EvalConfig:
     """Accuracy and diversity evaluation (paper 5, Tables 2 and 4)."""
 
     benchmarks: list[str] = field(default_factory=lambda: ["tiny_test"])  # names in pipeline.problems / tiny
-    benchmark_paths: dict[str, str] = field(default_factory=dict)  # name -> local file (or "hub"); absent: the repository's copy
+    benchmark_paths: dict[str, str] = field(
+        default_factory=dict
+    )  # name -> local file (or "hub"); absent: the repository's copy
     max_problems: int | None = bounded(100, ge=1)
     models: dict[str, str] = field(
         default_factory=lambda: {
@@ -430,8 +499,12 @@ class EvalConfig:
     temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     greedy: bool = True
     embedder: str | None = None  # None = offline all-MiniLM-L6-v2; paper: sentence-transformers/paraphrase-MiniLM-L6-v2
-    prm: str | None = None  # a trained PRM: report each model's mean PRM reward R = prod U on its samples (skipped if absent)
-    pairs: list[list[str]] = field(default_factory=lambda: [["gfn", "ppo"]])  # [a, b]: also report a minus b, paired (Table 4)
+    prm: str | None = (
+        None  # a trained PRM: report each model's mean PRM reward R = prod U on its samples (skipped if absent)
+    )
+    pairs: list[list[str]] = field(
+        default_factory=lambda: [["gfn", "ppo"]]
+    )  # [a, b]: also report a minus b, paired (Table 4)
     bootstrap_resamples: int = bounded(2000, ge=1)
     seed: int = seed_field()
     # i/n: this process samples the problems with index % n == i of every (model, benchmark) into
@@ -445,7 +518,9 @@ class EvalConfig:
 class SearchConfig:
     """PRM-guided search at inference (paper 3.4, Figure 2)."""
 
-    strategies: list[SearchStrategy] = field(default_factory=lambda: ["step_best_of_k", "beam", "best_of_n", "weighted_vote"])
+    strategies: list[SearchStrategy] = field(
+        default_factory=lambda: ["step_best_of_k", "beam", "best_of_n", "weighted_vote"]
+    )
     ks: list[int] = bounded(default_factory=lambda: [1, 2, 4, 8, 16], ge=1)
     temperature: float = bounded(0.8, ge=0, le=MAX_TEMPERATURE)
     max_depth: int = bounded(12, ge=1)
@@ -463,16 +538,22 @@ class SearchConfig:
     # and stops; 0/1 searches whatever is missing and writes the results over every problem
     # (python -m stages.launch search sets it, one worker per GPU)
     shard: str = "0/1"
-    problems_per_commit: int = bounded(32, ge=1)  # problems searched together (every strategy and k) and committed together
+    problems_per_commit: int = bounded(
+        32, ge=1
+    )  # problems searched together (every strategy and k) and committed together
 
 
 @dataclass
 class PRMBenchConfig:
     """The ProcessBench protocol for the PRM at model.prm (stages.prm_bench, docs/prm.md "ProcessBench")."""
 
-    processbench_paths: list[str] = field(default_factory=list)  # ProcessBench-format JSON/JSONL files, or hub splits hf://owner/name/split
+    processbench_paths: list[str] = field(
+        default_factory=list
+    )  # ProcessBench-format JSON/JSONL files, or hub splits hf://owner/name/split
     prm800k_path: str | None = None  # PRM800K phase-2 ratings: the first step rated -1 is the label
-    policy_problems: int = bounded(100, ge=0)  # held-out problems (data.validation) the policy samples, labelled exactly where the kind can be (0: off)
+    policy_problems: int = bounded(
+        100, ge=0
+    )  # held-out problems (data.validation) the policy samples, labelled exactly where the kind can be (0: off)
     policy_samples: int = bounded(4, ge=1)  # samples per problem
     temperature: float = bounded(0.6, ge=0)
     held_out_fraction: float = bounded(0.5, gt=0, lt=1)  # share of each set's cases the threshold is chosen on
@@ -491,7 +572,9 @@ class PlanConfig:
     # stage (prm, gfn, ppo) -> the accelerate config file it is launched with; a stage not named
     # runs as DDP (one whole copy per process), or as one plain process when processes is 1
     accelerate: dict[str, str] = field(default_factory=dict)
-    generation_mfu: float = bounded(0.10, gt=0, le=1)  # assumed share of peak FLOP/s when sampling (2 x parameters a token)
+    generation_mfu: float = bounded(
+        0.10, gt=0, le=1
+    )  # assumed share of peak FLOP/s when sampling (2 x parameters a token)
     training_mfu: float = bounded(0.35, gt=0, le=1)  # assumed share when training (6 x parameters a token) or scoring
     prompt_tokens: int = bounded(256, ge=1)  # assumed prompt length (chat template + question) in tokens
 
@@ -502,8 +585,12 @@ class Config:
 
     run: str = "demo"
     runs_root: str = "runs"  # relative: below the working folder; absolute: anywhere (explicit)
-    seed: int = seed_field()  # every section's seed unless the section sets its own (tiny world, training, sampling, evaluation)
-    report_to: ReportTo = "none"  # experiment trackers of every trainer: none | tensorboard | wandb | all (extra `tracking`)
+    seed: int = (
+        seed_field()
+    )  # every section's seed unless the section sets its own (tiny world, training, sampling, evaluation)
+    report_to: ReportTo = (
+        "none"  # experiment trackers of every trainer: none | tensorboard | wandb | all (extra `tracking`)
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     format: FormatConfig = field(default_factory=FormatConfig)

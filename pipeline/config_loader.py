@@ -71,7 +71,9 @@ def check_choice(value: Any, tp: Any, key: str, where: str | None = None) -> Any
         raise _config_error(error, where) from None
 
 
-MAX_CONFIG_BYTES = 64 << 10  # a config is a few kilobytes (configs/: 2-3 KB); PyYAML parses ~70 KB/s of nested flow lists
+MAX_CONFIG_BYTES = (
+    64 << 10
+)  # a config is a few kilobytes (configs/: 2-3 KB); PyYAML parses ~70 KB/s of nested flow lists
 MAX_OVERRIDE_CHARS = 16 << 10
 _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SHOW = reprlib.Repr()  # (3.11's Repr takes no keyword arguments)
@@ -93,8 +95,13 @@ class _NoAliasLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, f"the alias *{event.anchor} is not allowed: configs do not use YAML "
-                                              "anchors and aliases (write the value out)", event.start_mark)
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"the alias *{event.anchor} is not allowed: configs do not use YAML "
+                "anchors and aliases (write the value out)",
+                event.start_mark,
+            )
         return super().compose_node(parent, index)
 
 
@@ -166,14 +173,16 @@ def _apply_override(config: Config, keys: list[str], value: Any, sources: dict[s
         if name not in names:
             raise ConfigError(f"{where}: unknown key {_show(prefix + name)} (known: {', '.join(sorted(names))})")
         current = getattr(obj, name)
-        rest = keys[depth + 1:]
+        rest = keys[depth + 1 :]
         if dataclasses.is_dataclass(current) and rest:
             obj, prefix = current, f"{prefix}{name}."
             continue
         if rest and isinstance(current, dict):
             if len(rest) > 1:
-                raise ConfigError(f"{where}: {prefix}{name}.{'.'.join(rest)}: {prefix}{name} maps names to values; "
-                                  f"expected {prefix}{name}.<name>=value")
+                raise ConfigError(
+                    f"{where}: {prefix}{name}.{'.'.join(rest)}: {prefix}{name} maps names to values; "
+                    f"expected {prefix}{name}.<name>=value"
+                )
             _, value_type = typing.get_args(typing.get_type_hints(type(obj))[name])
             key = f"{prefix}{name}.{rest[0]}"
             setattr(obj, name, {**current, rest[0]: _coerce(value, value_type, key, where)})
@@ -190,7 +199,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"command line: override {_show(text)} is not of the form key=value")
     if len(text) > MAX_OVERRIDE_CHARS:
-        raise ConfigError(f"command line: override {_show(text)} has {len(text)} characters; at most {MAX_OVERRIDE_CHARS}")
+        raise ConfigError(
+            f"command line: override {_show(text)} has {len(text)} characters; at most {MAX_OVERRIDE_CHARS}"
+        )
     key, raw = text.split("=", 1)
     key = key.strip()
     if not key:
@@ -228,11 +239,20 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
 
     walk(config, "")
     if config.tinyworld.min_ops > config.tinyworld.max_ops:
-        fail("tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}")
+        fail(
+            "tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}"
+        )
     if config.data.problem_sources and config.data.train not in SOURCE_FILTERED_DATA:
-        fail("data.problem_sources", f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
-             f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]")
-    for key, shard in (("mcts.shard", config.mcts.shard), ("eval.shard", config.eval.shard), ("search.shard", config.search.shard)):
+        fail(
+            "data.problem_sources",
+            f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
+            f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]",
+        )
+    for key, shard in (
+        ("mcts.shard", config.mcts.shard),
+        ("eval.shard", config.eval.shard),
+        ("search.shard", config.search.shard),
+    ):
         try:
             parse_shard(shard)  # what the stage reads it with
         except ValueError:
@@ -245,12 +265,16 @@ def check_run_location(config: Config, sources: dict[str, str] | None = None) ->
     stage writes nothing (not even config.yaml) outside the runs folder."""
     sources = sources or {}
     if not _RUN_NAME.fullmatch(config.run):
-        raise ConfigError(f"{sources.get('run', 'default')}: run = {_show(config.run)}: expected one folder name "
-                          "(letters, digits, '.', '_', '-'; not starting with '.'), so the run stays inside runs_root")
+        raise ConfigError(
+            f"{sources.get('run', 'default')}: run = {_show(config.run)}: expected one folder name "
+            "(letters, digits, '.', '_', '-'; not starting with '.'), so the run stays inside runs_root"
+        )
     root = Path(config.runs_root)
     if not config.runs_root.strip() or (not root.is_absolute() and ".." in root.parts):
-        raise ConfigError(f"{sources.get('runs_root', 'default')}: runs_root = {_show(config.runs_root)}: a relative runs_root "
-                          "may not leave the working folder ('..'); give an absolute path to put runs elsewhere")
+        raise ConfigError(
+            f"{sources.get('runs_root', 'default')}: runs_root = {_show(config.runs_root)}: a relative runs_root "
+            "may not leave the working folder ('..'); give an absolute path to put runs elsewhere"
+        )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

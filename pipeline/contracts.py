@@ -55,7 +55,10 @@ def check_run(run_dir: Path, reports_dir: Path) -> list[str]:
     problems += check_files(sorted((run_dir / "bootstrap").glob("problems_*.jsonl")), Problem)
     problems += check_files(sorted(shards.glob("part-*/records.jsonl")), MCTSRecord)
     problems += check_files(sorted(shards.glob("part-*/summaries.jsonl")), MCTSSummary)
-    problems += check_files([p for p in (run_dir / "augment" / "prm_train.jsonl", run_dir / "augment" / "prm_val.jsonl") if p.exists()], PRMExample)
+    problems += check_files(
+        [p for p in (run_dir / "augment" / "prm_train.jsonl", run_dir / "augment" / "prm_val.jsonl") if p.exists()],
+        PRMExample,
+    )
     for stage in ("gfn", "ppo"):
         problems += check_files([p for p in [run_dir / stage / "metrics.jsonl"] if p.exists()], None)
         for name in ("loss", "avg_reward"):
@@ -67,6 +70,9 @@ def check_run(run_dir: Path, reports_dir: Path) -> list[str]:
     problems += check_files(sorted((reports_dir / "samples").glob("*.jsonl")), Sample)
     if not (run_dir / "prm" / "model").exists():
         problems.append(f"{run_dir / 'prm' / 'model'}: no saved PRM")
-    if not (run_dir / "gfn" / "metrics.jsonl").exists() or "proportionality_gap" not in (run_dir / "gfn" / "metrics.jsonl").read_text():
+    if (
+        not (run_dir / "gfn" / "metrics.jsonl").exists()
+        or "proportionality_gap" not in (run_dir / "gfn" / "metrics.jsonl").read_text()
+    ):
         problems.append(f"{run_dir / 'gfn' / 'metrics.jsonl'}: no proportionality_gap metric")
     return problems

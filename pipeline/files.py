@@ -69,7 +69,9 @@ def json_objects(path: str | Path) -> Iterator[tuple[int, dict]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise RecordError(f"{path}:{line_no}: not valid UTF-8 (byte {exc.start} of the line: {raw[exc.start:exc.start + 4]!r})") from None
+                raise RecordError(
+                    f"{path}:{line_no}: not valid UTF-8 (byte {exc.start} of the line: {raw[exc.start : exc.start + 4]!r})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -108,7 +110,7 @@ def _tmp_name(path: Path) -> Path:
     may write the same file; readers skip names starting with TMP_PREFIX). Temporary files of
     ``path`` left by processes that died (killed mid-write) are removed."""
     for stale in path.parent.glob(f"{TMP_PREFIX}*-{path.name}"):
-        pid = stale.name[len(TMP_PREFIX):-len(path.name) - 1]
+        pid = stale.name[len(TMP_PREFIX) : -len(path.name) - 1]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             stale.unlink(missing_ok=True)
     return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")

@@ -45,15 +45,23 @@ def visible_devices(environ: dict[str, str] | None = None) -> list[str]:
 def shard_workers(stage: str, argv: list[str], devices: list[str] | None, workers: int | None = None) -> list[Worker]:
     """One Worker per device (``devices``), or ``workers`` workers without a device each (CPU)."""
     if stage not in SHARDED_STAGES:
-        raise ValueError(f"stage {stage!r} has no shards to spread over devices; sharded stages: {', '.join(SHARDED_STAGES)}")
+        raise ValueError(
+            f"stage {stage!r} has no shards to spread over devices; sharded stages: {', '.join(SHARDED_STAGES)}"
+        )
     key = SHARDED_STAGES[stage]
     if any(arg.startswith(f"{key}=") for arg in argv):
         raise ValueError(f"{key} is set by the launcher (one shard per worker); remove it from the arguments")
     count = len(devices) if devices else (workers or 0)
     if count < 1:
         raise ValueError("no devices to launch on: set CUDA_VISIBLE_DEVICES or give the number of workers")
-    return [Worker([sys.executable, "-m", STAGE_MODULES[stage], *argv, f"{key}={i}/{count}"],
-                   {"CUDA_VISIBLE_DEVICES": devices[i]} if devices else {}, f"{i}/{count}") for i in range(count)]
+    return [
+        Worker(
+            [sys.executable, "-m", STAGE_MODULES[stage], *argv, f"{key}={i}/{count}"],
+            {"CUDA_VISIBLE_DEVICES": devices[i]} if devices else {},
+            f"{i}/{count}",
+        )
+        for i in range(count)
+    ]
 
 
 def merge_worker(stage: str, argv: list[str], devices: list[str] | None) -> Worker:
@@ -62,7 +70,11 @@ def merge_worker(stage: str, argv: list[str], devices: list[str] | None) -> Work
     the PRM and the embedder score there)."""
     if stage not in MERGED_STAGES:
         raise ValueError(f"stage {stage!r} has no merge run; stages with one: {', '.join(MERGED_STAGES)}")
-    return Worker([sys.executable, "-m", STAGE_MODULES[stage], *argv], {"CUDA_VISIBLE_DEVICES": devices[0]} if devices else {}, "merge")
+    return Worker(
+        [sys.executable, "-m", STAGE_MODULES[stage], *argv],
+        {"CUDA_VISIBLE_DEVICES": devices[0]} if devices else {},
+        "merge",
+    )
 
 
 def run_workers(workers: list[Worker], timeout: float | None = None, poll_seconds: float = 0.2) -> None:
@@ -96,5 +108,7 @@ def run_workers(workers: list[Worker], timeout: float | None = None, poll_second
         if failed:
             failure = f"shard {failed[0][0].shard} exited with status {failed[0][1].returncode}"
     if failure is not None:
-        raise SystemExit(f"launch: {failure}; the other workers were stopped. Run the same command again: every shard "
-                         "resumes where it stopped")
+        raise SystemExit(
+            f"launch: {failure}; the other workers were stopped. Run the same command again: every shard "
+            "resumes where it stopped"
+        )

@@ -71,16 +71,27 @@ class StageLock:
         except OSError:
             os.close(fd)
             holder = self._holder()
-            raise LockError(f"{self.what}: another process is writing this stage of this run: {self.path} is held by process "
-                            f"{holder.get('pid', '?')} on host {holder.get('host', '?')} (since {holder.get('started', '?')}). "
-                            f"Wait for it to finish or stop it; a lock whose process has died is taken over automatically") from None
+            raise LockError(
+                f"{self.what}: another process is writing this stage of this run: {self.path} is held by process "
+                f"{holder.get('pid', '?')} on host {holder.get('host', '?')} (since {holder.get('started', '?')}). "
+                f"Wait for it to finish or stop it; a lock whose process has died is taken over automatically"
+            ) from None
         previous = self._holder()
         if previous.get("pid") not in (None, os.getpid()):
-            log.warning("%s: took over %s from process %s on host %s, which ended without releasing it (killed, or crashed)",
-                        self.what, self.path, previous.get("pid"), previous.get("host"))
+            log.warning(
+                "%s: took over %s from process %s on host %s, which ended without releasing it (killed, or crashed)",
+                self.what,
+                self.path,
+                previous.get("pid"),
+                previous.get("host"),
+            )
         os.ftruncate(fd, 0)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "launch": launch,
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "launch": launch,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         os.fsync(fd)
         self.fd = fd
@@ -95,13 +106,19 @@ class StageLock:
                 return self
             waited = time.monotonic() - start
             if holder.get("host") not in (None, host) and waited > 10:
-                log.warning("%s: %s is held on host %s: a multi-node launch, not checked from this node", self.what, self.path,
-                            holder.get("host"))
+                log.warning(
+                    "%s: %s is held on host %s: a multi-node launch, not checked from this node",
+                    self.what,
+                    self.path,
+                    holder.get("host"),
+                )
                 return self
             if waited > self.WAIT_FOR_RANK0_S:
-                raise LockError(f"{self.what}: {self.path} names process {holder.get('pid', '?')} of launch "
-                                f"{holder.get('launch', '?')} on {holder.get('host', '?')}, not this launch ({launch}): another run "
-                                "of this stage holds the run folder")
+                raise LockError(
+                    f"{self.what}: {self.path} names process {holder.get('pid', '?')} of launch "
+                    f"{holder.get('launch', '?')} on {holder.get('host', '?')}, not this launch ({launch}): another run "
+                    "of this stage holds the run folder"
+                )
             time.sleep(0.1)
 
     def release(self) -> None:
@@ -123,7 +140,9 @@ def acquire_stage_lock(path: str | Path, what: str) -> StageLock:
     key = Path(path).resolve()
     if key not in _HELD:
         if not _AT_EXIT:
-            _AT_EXIT.append(atexit.register(release_stage_locks))  # a clean exit (errors included) leaves nothing to take over
+            _AT_EXIT.append(
+                atexit.register(release_stage_locks)
+            )  # a clean exit (errors included) leaves nothing to take over
         _HELD[key] = StageLock(key, what).acquire()
     return _HELD[key]
 

@@ -59,7 +59,11 @@ def verify_manifest(directory: Path) -> dict:
         manifest = read_json(directory / FOLDER_MANIFEST, "manifest")
     except RecordError as error:
         raise FolderError(f"{directory}: no readable {FOLDER_MANIFEST} ({str(error).split(': ', 1)[1]})") from None
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FOLDER_MANIFEST_FORMAT or not isinstance(manifest.get("files"), dict):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format_version") != FOLDER_MANIFEST_FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
         version = manifest.get("format_version") if isinstance(manifest, dict) else None
         raise FolderError(f"{directory}: {FOLDER_MANIFEST} has format {version!r}, expected {FOLDER_MANIFEST_FORMAT}")
     for name, expected in manifest["files"].items():
@@ -67,7 +71,9 @@ def verify_manifest(directory: Path) -> dict:
         if not file.is_file():
             raise FolderError(f"{directory}: {name} is missing")
         if file.stat().st_size != expected["bytes"]:
-            raise FolderError(f"{directory}: {name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}")
+            raise FolderError(
+                f"{directory}: {name} has {file.stat().st_size} bytes, the manifest says {expected['bytes']}"
+            )
         if file_digest(file) != expected["sha256"]:
             raise FolderError(f"{directory}: {name} does not match its sha256 in the manifest")
     return manifest
@@ -115,16 +121,26 @@ def check_safetensors(path: Path) -> None:
         head = handle.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
         if length < 2 or 8 + length > size:
-            raise FolderError(f"{path}: not a complete safetensors file ({size} bytes; header length {length}): truncated or damaged")
+            raise FolderError(
+                f"{path}: not a complete safetensors file ({size} bytes; header length {length}): truncated or damaged"
+            )
         try:
             header = json.loads(handle.read(length).decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise FolderError(f"{path}: its safetensors header is not valid JSON: damaged") from None
-    ends = [entry["data_offsets"][1] for key, entry in header.items()
-            if key != "__metadata__" and isinstance(entry, dict) and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2]
+    ends = [
+        entry["data_offsets"][1]
+        for key, entry in header.items()
+        if key != "__metadata__"
+        and isinstance(entry, dict)
+        and isinstance(entry.get("data_offsets"), list)
+        and len(entry["data_offsets"]) == 2
+    ]
     if 8 + length + max(ends, default=0) != size:
-        raise FolderError(f"{path}: its header describes {8 + length + max(ends, default=0)} bytes but the file has {size}: "
-                          "truncated or damaged")
+        raise FolderError(
+            f"{path}: its header describes {8 + length + max(ends, default=0)} bytes but the file has {size}: "
+            "truncated or damaged"
+        )
 
 
 def check_model_folder(path: str | Path) -> None:

@@ -80,7 +80,9 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, check: bool = Tru
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"{path}: the tokenizer has neither a pad token nor an eos token; the step format needs an end token")
+            raise ValueError(
+                f"{path}: the tokenizer has neither a pad token nor an eos token; the step format needs an end token"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
@@ -129,7 +131,7 @@ def merge_lora_state_dict(state_dict: dict[str, Tensor], scaling: float) -> dict
     merged: dict[str, Tensor] = {}
     lora: dict[str, dict[str, Tensor]] = {}
     for key, value in state_dict.items():
-        name = key[len("base_model.model."):] if key.startswith("base_model.model.") else key
+        name = key[len("base_model.model.") :] if key.startswith("base_model.model.") else key
         if ".lora_A." in name or ".lora_B." in name:
             module, which = (name.split(".lora_A.")[0], "A") if ".lora_A." in name else (name.split(".lora_B.")[0], "B")
             lora.setdefault(module, {})[which] = value

@@ -114,13 +114,18 @@ def shipped_file(name: str) -> Path:
     expected_size, expected_sha = recorded_files()[name]
     folder = benchmarks_dir()
     path = folder / name
-    where = f"benchmark file {name}, looked for in {folder}" + (f" (${BENCHMARKS_ENV})" if os.environ.get(BENCHMARKS_ENV) else "")
+    where = f"benchmark file {name}, looked for in {folder}" + (
+        f" (${BENCHMARKS_ENV})" if os.environ.get(BENCHMARKS_ENV) else ""
+    )
     if not path.is_file():
-        raise FolderError(f"{where}: missing. The repository carries it in {SHIPPED_DIR}; unset ${BENCHMARKS_ENV} "
-                          f"or copy it there")
+        raise FolderError(
+            f"{where}: missing. The repository carries it in {SHIPPED_DIR}; unset ${BENCHMARKS_ENV} or copy it there"
+        )
     stat = path.stat()
     if stat.st_size != expected_size:
-        raise FolderError(f"{where}: {stat.st_size} bytes, {SOURCES.name} records {expected_size}: the file was changed or truncated")
+        raise FolderError(
+            f"{where}: {stat.st_size} bytes, {SOURCES.name} records {expected_size}: the file was changed or truncated"
+        )
     if _checked_digest(path, stat.st_size, stat.st_mtime_ns) != expected_sha:
         raise FolderError(f"{where}: its sha256 differs from the one {SOURCES.name} records: the file was changed")
     return path
@@ -135,8 +140,10 @@ def _rows(family: str, split: str, path: str | Path | None, hub: Callable[[], It
     if path is None and name is not None:
         return _read_local(shipped_file(name))
     if hub is None:
-        raise ValueError(f"{family} has no hub copy: give the path of a local file (the repository's copy is "
-                         f"{SHIPPED.get((family, 'test'), 'not carried')})")
+        raise ValueError(
+            f"{family} has no hub copy: give the path of a local file (the repository's copy is "
+            f"{SHIPPED.get((family, 'test'), 'not carried')})"
+        )
     return hub()
 
 
@@ -180,7 +187,9 @@ def parse_options_list(items: Sequence[Any], where: str = "record", field_name: 
         expected = chr(ord("A") + i)
         match = _ITEM_OPTION.match(item) if isinstance(item, str) else None
         if match is None or match.group(1) != expected:
-            raise RecordError(f"{where}: field '{field_name}': item {i} {item!r}: expected it to start with '({expected})'")
+            raise RecordError(
+                f"{where}: field '{field_name}': item {i} {item!r}: expected it to start with '({expected})'"
+            )
         options[expected] = match.group(2).strip()
     return options
 
@@ -333,8 +342,10 @@ def _collect(
             if keep is not None and not keep(problem):
                 continue
             if problem.problem_id in first_seen:
-                raise RecordError(f"{where}: field 'problem_id': {problem.problem_id!r} appears twice (first at "
-                                  f"{first_seen[problem.problem_id]}); problem ids must be unique")
+                raise RecordError(
+                    f"{where}: field 'problem_id': {problem.problem_id!r} appears twice (first at "
+                    f"{first_seen[problem.problem_id]}); problem ids must be unique"
+                )
         except RecordError as exc:
             if not lenient:
                 raise
@@ -346,10 +357,21 @@ def _collect(
         if limit is not None and len(problems) >= limit:
             break
     if skipped:
-        log.warning("%s: skipped %d malformed record(s) of %d (lenient=True); first: %s", loader, skipped, rows_seen, first_error)
+        log.warning(
+            "%s: skipped %d malformed record(s) of %d (lenient=True); first: %s",
+            loader,
+            skipped,
+            rows_seen,
+            first_error,
+        )
     if not problems:
-        why = ("no records" if rows_seen == 0 else f"all {rows_seen} records were malformed" if skipped == rows_seen
-               else f"none of the {rows_seen} records passed the filter")
+        why = (
+            "no records"
+            if rows_seen == 0
+            else f"all {rows_seen} records were malformed"
+            if skipped == rows_seen
+            else f"none of the {rows_seen} records passed the filter"
+        )
         raise RecordError(f"{loader}: {source or 'the input'}: no problems ({why})")
     return problems
 
@@ -381,8 +403,10 @@ def _gsm8k_problem(split: str) -> Callable[[dict, str, int], Problem]:
         solution = _text(record, "answer", where)
         answer = gsm8k_final_answer(solution)
         if answer is None or not _NUMBER.fullmatch(answer):
-            raise RecordError(f"{where}: field 'answer': expected a solution ending in '#### <number>'"
-                              + (f", got '#### {answer[:40]}'" if answer is not None else ""))
+            raise RecordError(
+                f"{where}: field 'answer': expected a solution ending in '#### <number>'"
+                + (f", got '#### {answer[:40]}'" if answer is not None else "")
+            )
         return Problem(f"gsm8k-{split}-{index}", question, answer, "gsm8k", {"solution": solution})
 
     return convert
@@ -512,8 +536,12 @@ def _sat32_problem(record: dict, where: str, index: int) -> Problem:
     options = parse_options_string(_require(record, "options", where, str, "a string"), where)
     answer = _choice_answer(_require(record, "Answer", where, str, "an option letter"), options, where, "Answer")
     record_id = record.get("id", index)
-    if isinstance(record_id, bool) or not (isinstance(record_id, int) or (isinstance(record_id, str) and record_id.strip())):
-        raise RecordError(f"{where}: field 'id': expected a non-empty string or an integer, got {type(record_id).__name__}")
+    if isinstance(record_id, bool) or not (
+        isinstance(record_id, int) or (isinstance(record_id, str) and record_id.strip())
+    ):
+        raise RecordError(
+            f"{where}: field 'id': expected a non-empty string or an integer, got {type(record_id).__name__}"
+        )
     return Problem(f"sat_math-{record_id}", question, answer, "sat_math", {"options": options, "id": record_id})
 
 
@@ -630,7 +658,9 @@ def load_openmathinstruct2(
         seen.add(key)
         return True
 
-    rows = _rows("openmathinstruct2", split, path, lambda: _read_hub(HUB_OPENMATHINSTRUCT2, None, split, streaming=True))
+    rows = _rows(
+        "openmathinstruct2", split, path, lambda: _read_hub(HUB_OPENMATHINSTRUCT2, None, split, streaming=True)
+    )
     if subset_size is None:
         return _collect(rows, _omi2_problem, loader="load_openmathinstruct2", lenient=lenient, keep=keep, limit=limit)
     problems = _collect(rows, _omi2_problem, loader="load_openmathinstruct2", lenient=lenient, keep=keep)
@@ -645,8 +675,13 @@ def load_openmathinstruct2(
 def load_problems_jsonl(path: str | Path, *, limit: int | None = None, lenient: bool = False) -> list[Problem]:
     """Problems-contract records {problem_id, question, answer, source, meta} (JSONL or JSON array),
     each validated by ``Problem.from_json``; problem ids must be unique."""
-    return _collect(_read_local(path), lambda record, where, index: Problem.from_json(record, where), loader="load_problems_jsonl",
-                    lenient=lenient, limit=limit)
+    return _collect(
+        _read_local(path),
+        lambda record, where, index: Problem.from_json(record, where),
+        loader="load_problems_jsonl",
+        lenient=lenient,
+        limit=limit,
+    )
 
 
 def question_places(path: str | Path, *, lenient: bool = False, validate: bool = True) -> dict[str, tuple[str, str]]:

@@ -41,7 +41,11 @@ FEW_SHOT = {
         ),
         (
             "Simplify $\\frac{6}{8}$.",
-            ["Both 6 and 8 are divisible by 2.", "So $\\frac{6}{8} = \\frac{3}{4}$.", "The answer is \\boxed{\\frac{3}{4}}"],
+            [
+                "Both 6 and 8 are divisible by 2.",
+                "So $\\frac{6}{8} = \\frac{3}{4}$.",
+                "The answer is \\boxed{\\frac{3}{4}}",
+            ],
         ),
     ],
     "sat": [

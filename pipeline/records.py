@@ -153,8 +153,11 @@ class MCTSSummary(Record):
 
     def check(self) -> None:
         if self.root_n_correct > len(self.root_rollouts):
-            raise FieldError("root_n_correct", f"at most the number of root_rollouts ({len(self.root_rollouts)})",
-                             self.root_n_correct)
+            raise FieldError(
+                "root_n_correct",
+                f"at most the number of root_rollouts ({len(self.root_rollouts)})",
+                self.root_n_correct,
+            )
 
 
 # ----------------------------------------------------------------------------- PRM data

@@ -52,7 +52,9 @@ class ModelShape:
 
     def layer_parameters(self) -> int:
         """One decoder layer's parameters (what FSDP gathers at a time)."""
-        return (self.parameters(lm_head=False) - self.vocab_size * self.hidden_size - self.hidden_size) // self.num_layers
+        return (
+            self.parameters(lm_head=False) - self.vocab_size * self.hidden_size - self.hidden_size
+        ) // self.num_layers
 
 
 def shape_from_config(config: dict, where: str) -> ModelShape:
@@ -73,7 +75,9 @@ def shape_from_config(config: dict, where: str) -> ModelShape:
             qkv_bias=bool(config.get("attention_bias", config.get("model_type") == "qwen2")),
         )
     except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{where}: not a decoder config this plan can size ({type(error).__name__}: {error})") from None
+        raise ValueError(
+            f"{where}: not a decoder config this plan can size ({type(error).__name__}: {error})"
+        ) from None
 
 
 # The published config.json values of the models configs/paper/ names (hub "config.json" of each
@@ -110,7 +114,9 @@ def model_shape(path_or_hub_id: str) -> ShapeSource:
         config_file = folder / "config.json"
         if not config_file.is_file():
             return ShapeSource(None, f"{folder} has no config.json")
-        return ShapeSource(shape_from_config(read_json(config_file, "model config"), str(config_file)), f"local {config_file}")
+        return ShapeSource(
+            shape_from_config(read_json(config_file, "model config"), str(config_file)), f"local {config_file}"
+        )
     cached = cached_hub_config(path_or_hub_id)
     if cached is not None:
         return ShapeSource(shape_from_config(read_json(cached, "model config"), str(cached)), f"hub cache {cached}")
@@ -119,7 +125,9 @@ def model_shape(path_or_hub_id: str) -> ShapeSource:
     return ShapeSource(None, "not local, not in the hub cache, not in pipeline/shapes.py's table")
 
 
-def activation_bytes(shape: ModelShape, sequences: int, tokens: int, checkpointing: bool, bytes_per_value: int = 2) -> int:
+def activation_bytes(
+    shape: ModelShape, sequences: int, tokens: int, checkpointing: bool, bytes_per_value: int = 2
+) -> int:
     """Activations kept for the backward pass of ``sequences`` x ``tokens`` (bf16: 2 bytes a value).
 
     Per layer and token, what autograd saves (sdpa attention, so no (tokens x tokens) scores):
@@ -128,7 +136,12 @@ def activation_bytes(shape: ModelShape, sequences: int, tokens: int, checkpointi
     is (4h + 2q + 2kv + 4i) values; with activation checkpointing only each layer's input (h) is
     kept, plus one layer's whole set while it is recomputed.
     """
-    h, q, kv, i = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim, shape.intermediate_size
+    h, q, kv, i = (
+        shape.hidden_size,
+        shape.num_heads * shape.head_dim,
+        shape.num_kv_heads * shape.head_dim,
+        shape.intermediate_size,
+    )
     per_layer = (4 * h + 2 * q + 2 * kv + 4 * i) * sequences * tokens * bytes_per_value
     if checkpointing:
         return shape.num_layers * h * sequences * tokens * bytes_per_value + per_layer
@@ -138,9 +151,21 @@ def activation_bytes(shape: ModelShape, sequences: int, tokens: int, checkpointi
 def lora_parameters(shape: ModelShape, rank: int, target_modules: list[str]) -> tuple[int, list[str]]:
     """LoRA's trainable parameters, r x (in + out) per targeted projection and layer, and the
     target names this layout does not know (their adapters are not counted)."""
-    h, q, kv, i = shape.hidden_size, shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim, shape.intermediate_size
-    sizes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i), "up_proj": (h, i),
-             "down_proj": (i, h)}
+    h, q, kv, i = (
+        shape.hidden_size,
+        shape.num_heads * shape.head_dim,
+        shape.num_kv_heads * shape.head_dim,
+        shape.intermediate_size,
+    )
+    sizes = {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
     known = [name for name in target_modules if name in sizes]
     per_layer = sum(rank * sum(sizes[name]) for name in known)
     return shape.num_layers * per_layer, [name for name in target_modules if name not in sizes]
@@ -155,9 +180,15 @@ SHARE_STEP = 0.01  # derived shares are rounded down to this
 MAX_DERIVED_SHARE = 0.9  # vLLM's own default: a device the engine has to itself still keeps a tenth back
 
 
-def engine_memory_share(device_bytes: float, beside: dict[str, float], needs: dict[str, float], engines: int = 1,
-                        requested: float | None = None, key: str = "generation.vllm_gpu_memory_utilization",
-                        what: str = "") -> float:
+def engine_memory_share(
+    device_bytes: float,
+    beside: dict[str, float],
+    needs: dict[str, float],
+    engines: int = 1,
+    requested: float | None = None,
+    key: str = "generation.vllm_gpu_memory_utilization",
+    what: str = "",
+) -> float:
     """The share of a device (vLLM's gpu_memory_utilization) each of ``engines`` vLLM engines on it
     gets, beside everything else the device holds.
 
@@ -185,18 +216,24 @@ def engine_memory_share(device_bytes: float, beside: dict[str, float], needs: di
         share = math.floor((device_bytes - held) / engines / device_bytes / SHARE_STEP) * SHARE_STEP
         share = round(min(share, MAX_DERIVED_SHARE), 10)
         if share * device_bytes < need:
-            raise ValueError(f"{prefix}{key} (unset: derived) = ({gib(device_bytes)} GiB device - {gib(held)} GiB beside the engine "
-                             f"({held_text})){' / ' + str(engines) if engines > 1 else ''} = {max(share, 0.0):.2f} of the device = "
-                             f"{gib(max(share, 0.0) * device_bytes)} GiB{per}, below the {gib(need)} GiB a vLLM engine needs to start "
-                             f"({need_text}): shrink what shares the device, or use a larger one")
+            raise ValueError(
+                f"{prefix}{key} (unset: derived) = ({gib(device_bytes)} GiB device - {gib(held)} GiB beside the engine "
+                f"({held_text})){' / ' + str(engines) if engines > 1 else ''} = {max(share, 0.0):.2f} of the device = "
+                f"{gib(max(share, 0.0) * device_bytes)} GiB{per}, below the {gib(need)} GiB a vLLM engine needs to start "
+                f"({need_text}): shrink what shares the device, or use a larger one"
+            )
         return share
     if engines * requested * device_bytes + held > device_bytes:
-        raise ValueError(f"{prefix}{key} = {requested:g}: {engines} x {requested:g} x {gib(device_bytes)} GiB for vLLM + "
-                         f"{gib(held)} GiB beside it ({held_text}) = {gib(engines * requested * device_bytes + held)} GiB exceeds "
-                         f"the device's {gib(device_bytes)} GiB (vLLM takes its share of the whole device); at most "
-                         f"{max(0.0, math.floor((device_bytes - held) / engines / device_bytes / SHARE_STEP) * SHARE_STEP):.2f}, "
-                         f"or leave {key} unset to derive it")
+        raise ValueError(
+            f"{prefix}{key} = {requested:g}: {engines} x {requested:g} x {gib(device_bytes)} GiB for vLLM + "
+            f"{gib(held)} GiB beside it ({held_text}) = {gib(engines * requested * device_bytes + held)} GiB exceeds "
+            f"the device's {gib(device_bytes)} GiB (vLLM takes its share of the whole device); at most "
+            f"{max(0.0, math.floor((device_bytes - held) / engines / device_bytes / SHARE_STEP) * SHARE_STEP):.2f}, "
+            f"or leave {key} unset to derive it"
+        )
     if requested * device_bytes < need:
-        raise ValueError(f"{prefix}{key} = {requested:g}: {requested:g} x {gib(device_bytes)} GiB = {gib(requested * device_bytes)} "
-                         f"GiB{per} is below the {gib(need)} GiB a vLLM engine needs to start ({need_text})")
+        raise ValueError(
+            f"{prefix}{key} = {requested:g}: {requested:g} x {gib(device_bytes)} GiB = {gib(requested * device_bytes)} "
+            f"GiB{per} is below the {gib(need)} GiB a vLLM engine needs to start ({need_text})"
+        )
     return requested

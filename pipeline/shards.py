@@ -80,8 +80,10 @@ def committed_shards(directory: str | Path) -> list[Path]:
 
 
 def _damaged(shard: Path, problem: str) -> ShardError:
-    return ShardError(f"{shard}: {problem}. The shard is damaged; move it out of {shard.parent} (its problems are then "
-                      f"searched again) or restore it from a copy")
+    return ShardError(
+        f"{shard}: {problem}. The shard is damaged; move it out of {shard.parent} (its problems are then "
+        f"searched again) or restore it from a copy"
+    )
 
 
 def _records_in(path: Path) -> int:
@@ -96,7 +98,11 @@ def shard_problems(shard: Path) -> list[str]:
         problems = read_json(shard / SHARD_PROBLEMS, "shard's problem list")
     except RecordError as error:
         raise _damaged(shard, str(error).replace(f"{shard}{os.sep}", "")) from None
-    if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems) or len(set(problems)) != len(problems):
+    if (
+        not isinstance(problems, list)
+        or not all(isinstance(p, str) for p in problems)
+        or len(set(problems)) != len(problems)
+    ):
         raise _damaged(shard, f"{SHARD_PROBLEMS} is not a list of distinct problem ids")
     name = next((n for n in (SHARD_MANIFEST, SHARD_MANIFEST_OTHER_NAME) if (shard / n).exists()), None)
     if name is None:
@@ -105,19 +111,30 @@ def shard_problems(shard: Path) -> list[str]:
         manifest = read_json(shard / name, "shard manifest")
     except RecordError as error:
         raise _damaged(shard, str(error).replace(f"{shard}{os.sep}", "")) from None
-    if not isinstance(manifest, dict) or manifest.get("format_version") != SHARD_FORMAT or not isinstance(manifest.get("files"), dict):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format_version") != SHARD_FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
         raise _damaged(shard, f"{name} is not a format-{SHARD_FORMAT} shard manifest")
     if manifest.get("problems") != problems:
         raise _damaged(shard, f"{SHARD_PROBLEMS} does not list the problems of {name}")
     for file_name, expected in manifest["files"].items():
         file = shard / file_name
         if not file.is_file():
-            raise _damaged(shard, f"{file_name} is missing (the manifest lists it with {expected.get('records')} records)")
+            raise _damaged(
+                shard, f"{file_name} is missing (the manifest lists it with {expected.get('records')} records)"
+            )
         size = file.stat().st_size
         if (size, file_digest(file)) != (expected.get("bytes"), expected.get("sha256")):
-            raise _damaged(shard, f"{file_name} holds {_records_in(file)} records in {size} bytes; the manifest says "
-                                  f"{expected.get('records')} records in {expected.get('bytes')} bytes (or another sha256)")
+            raise _damaged(
+                shard,
+                f"{file_name} holds {_records_in(file)} records in {size} bytes; the manifest says "
+                f"{expected.get('records')} records in {expected.get('bytes')} bytes (or another sha256)",
+            )
     return problems
+
+
 def verified_shards(directory: str | Path) -> list[tuple[Path, list[str]]]:
     """(shard, its problems) for every committed shard, each checked against its manifest; a
     problem listed by two shards (a copied shard folder) is an error naming both."""
@@ -127,8 +144,10 @@ def verified_shards(directory: str | Path) -> list[tuple[Path, list[str]]]:
         problems = shard_problems(shard)
         for problem in problems:
             if problem in owner:
-                raise ShardError(f"{shard} and {owner[problem]} both hold problem {problem!r}: a shard was copied or written "
-                                 f"twice. Reading both would duplicate its records; move one of them out of {shard.parent}")
+                raise ShardError(
+                    f"{shard} and {owner[problem]} both hold problem {problem!r}: a shard was copied or written "
+                    f"twice. Reading both would duplicate its records; move one of them out of {shard.parent}"
+                )
             owner[problem] = shard
         shards.append((shard, problems))
     return shards
@@ -147,7 +166,10 @@ def read_stream(directory: str | Path, stream: str, record_type: type[R]) -> Ite
             record = record_type.from_json(obj, f"{path}:{line_no}")
             problem_id = getattr(record, "problem_id", None)
             if problem_id is not None and problem_id not in listed:
-                raise _damaged(shard, f"{stream}.jsonl line {line_no} belongs to problem {problem_id!r}, which {SHARD_PROBLEMS} does not list")
+                raise _damaged(
+                    shard,
+                    f"{stream}.jsonl line {line_no} belongs to problem {problem_id!r}, which {SHARD_PROBLEMS} does not list",
+                )
             yield record
 
 
@@ -212,7 +234,9 @@ class ShardWriter:
             count = write_jsonl_atomic(path, records)
             files[path.name] = {"bytes": path.stat().st_size, "sha256": file_digest(path), "records": count}
         write_json_atomic(tmp / SHARD_PROBLEMS, self._problems)
-        write_json_atomic(tmp / SHARD_MANIFEST, {"format_version": SHARD_FORMAT, "problems": self._problems, "files": files})
+        write_json_atomic(
+            tmp / SHARD_MANIFEST, {"format_version": SHARD_FORMAT, "problems": self._problems, "files": files}
+        )
         final = self.directory / name
         os.rename(tmp, final)
         fsync_path(self.directory)
@@ -257,10 +281,14 @@ def check_settings(directory: str | Path, settings: dict, what: str, others_runn
     if path.exists():
         old = read_json(path, "settings file")
         if not isinstance(old, dict):
-            raise RecordError(f"{path}: expected a JSON object of settings, got {type(old).__name__}; the settings file is damaged")
+            raise RecordError(
+                f"{path}: expected a JSON object of settings, got {type(old).__name__}; the settings file is damaged"
+            )
         changed = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         if changed and not committed_shards(directory) and not others_running:
-            log.info("%s: no record was made with the settings it holds (%s differ): replaced", path, ", ".join(changed))
+            log.info(
+                "%s: no record was made with the settings it holds (%s differ): replaced", path, ", ".join(changed)
+            )
             write_json_atomic(path, settings)
             return
         if changed:
@@ -270,8 +298,8 @@ def check_settings(directory: str | Path, settings: dict, what: str, others_runn
             )
         return
     if committed_shards(directory):
-        raise SettingsMismatch(f"{directory}: {what} holds records but no {SETTINGS} (written by an older version); "
-                               f"move or delete it, or use another run name")
+        raise SettingsMismatch(
+            f"{directory}: {what} holds records but no {SETTINGS} (written by an older version); "
+            f"move or delete it, or use another run name"
+        )
     write_json_atomic(path, settings)
-
-

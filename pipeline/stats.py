@@ -93,8 +93,14 @@ def mann_whitney_auc(scores: Sequence[float], positive: Sequence[bool]) -> float
     return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def grouped_bootstrap_auc(scores: Sequence[float], positive: Sequence[bool], groups: Sequence, n_resamples: int = 1000,
-                          alpha: float = 0.05, seed: int = 0) -> tuple[float, float | None, float | None]:
+def grouped_bootstrap_auc(
+    scores: Sequence[float],
+    positive: Sequence[bool],
+    groups: Sequence,
+    n_resamples: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float, float | None, float | None]:
     """Mann-Whitney AUC with a percentile-bootstrap interval that resamples groups (problems), not
     items: a problem's steps are not independent of each other.
 
@@ -123,8 +129,9 @@ def grouped_bootstrap_auc(scores: Sequence[float], positive: Sequence[bool], gro
     return auc, float(lo), float(hi)
 
 
-def bootstrap_statistic(statistic: Callable[[np.ndarray], float | None], n: int, n_resamples: int = 1000, alpha: float = 0.05,
-                        seed: int = 0) -> tuple[float | None, float | None]:
+def bootstrap_statistic(
+    statistic: Callable[[np.ndarray], float | None], n: int, n_resamples: int = 1000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float | None, float | None]:
     """Percentile-bootstrap interval of any statistic of n items (e.g. an F1 that is no mean).
 
     statistic: (index array of length n, drawn with replacement) -> value, or None where the
@@ -134,7 +141,9 @@ def bootstrap_statistic(statistic: Callable[[np.ndarray], float | None], n: int,
     if n < 1:
         raise ValueError(f"bootstrap_statistic: n must be >= 1, got {n}")
     rng = np.random.default_rng(seed)
-    values = [value for value in (statistic(rng.integers(0, n, size=n)) for _ in range(n_resamples)) if value is not None]
+    values = [
+        value for value in (statistic(rng.integers(0, n, size=n)) for _ in range(n_resamples)) if value is not None
+    ]
     if not values:
         return None, None
     lo, hi = np.quantile(values, [alpha / 2, 1 - alpha / 2])

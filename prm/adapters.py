@@ -55,8 +55,10 @@ def tag_positions(ids: Sequence[int], tag_id: int, n_steps: int, what: str) -> l
     """Where the step tags are; exactly one per step."""
     positions = [i for i, token in enumerate(ids) if token == tag_id]
     if len(positions) != n_steps:
-        raise ValueError(f"{what}: {len(positions)} step tags in a solution of {n_steps} steps (the text must not make or merge "
-                         f"tag tokens)")
+        raise ValueError(
+            f"{what}: {len(positions)} step tags in a solution of {n_steps} steps (the text must not make or merge "
+            f"tag tokens)"
+        )
     return positions
 
 
@@ -88,7 +90,9 @@ class AdapterScorer(StepScorer):
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
         raise NotImplementedError
 
-    def step_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def step_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def logits_many(self, solutions: Sequence[Solution]) -> list[torch.Tensor]:
@@ -106,7 +110,9 @@ class TokenClassificationScorer(AdapterScorer):
         super().__init__(model, tokenizer, **kwargs)
         labels = int(model.config.num_labels)
         if labels not in (1, 2):
-            raise ValueError(f"a token-classification PRM needs 1 or 2 labels (label 1 = correct step), this one has {labels}")
+            raise ValueError(
+                f"a token-classification PRM needs 1 or 2 labels (label 1 = correct step), this one has {labels}"
+            )
         self.separator = separator
         self.separator_ids = tokenizer.encode(separator, add_special_tokens=False)
         if not self.separator_ids:
@@ -136,19 +142,33 @@ class TokenClassificationScorer(AdapterScorer):
 class MathShepherdScorer(AdapterScorer):
     """A causal LM scoring each step tag by P(good) against P(bad) (Math-Shepherd)."""
 
-    def __init__(self, model, tokenizer, tag: str = MATH_SHEPHERD_TAG, good: str = MATH_SHEPHERD_GOOD, bad: str = MATH_SHEPHERD_BAD,
-                 **kwargs):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        tag: str = MATH_SHEPHERD_TAG,
+        good: str = MATH_SHEPHERD_GOOD,
+        bad: str = MATH_SHEPHERD_BAD,
+        **kwargs,
+    ):
         super().__init__(model, tokenizer, **kwargs)
         self.tag = tag
         self.tag_id = single_token(tokenizer, tag, "step tag")
-        self.good_id, self.bad_id = single_token(tokenizer, good, "good token"), single_token(tokenizer, bad, "bad token")
+        self.good_id, self.bad_id = (
+            single_token(tokenizer, good, "good token"),
+            single_token(tokenizer, bad, "bad token"),
+        )
 
     auto_class = AutoModelForCausalLM
 
     def text(self, question: str, steps: Sequence[str]) -> str:
         """The model's input text (a tag already in the text is removed: it would be read as a step)."""
         clean = [step.replace(self.tag, "").strip() for step in steps]
-        return question.replace(self.tag, "") + " " + "\n".join(f"Step {k}: {step} {self.tag}" for k, step in enumerate(clean, 1))
+        return (
+            question.replace(self.tag, "")
+            + " "
+            + "\n".join(f"Step {k}: {step} {self.tag}" for k, step in enumerate(clean, 1))
+        )
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
         ids = encode_prompt(self.tokenizer, self.text(question, steps))
@@ -175,8 +195,11 @@ class QwenPRMScorer(AdapterScorer):
 
     def text(self, question: str, steps: Sequence[str]) -> str:
         answer = "".join(step.replace(self.separator, "") + self.separator for step in steps)
-        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": question.replace(self.separator, "")},
-                    {"role": "assistant", "content": answer}]
+        messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": question.replace(self.separator, "")},
+            {"role": "assistant", "content": answer},
+        ]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
@@ -187,9 +210,15 @@ class QwenPRMScorer(AdapterScorer):
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask)
         logits = outputs.logits if hasattr(outputs, "logits") else outputs[0]
         if logits.shape[-1] != 2:
-            raise ValueError(f"a qwen_prm PRM returns two-class logits per token, this one returns {logits.shape[-1]} per token")
+            raise ValueError(
+                f"a qwen_prm PRM returns two-class logits per token, this one returns {logits.shape[-1]} per token"
+            )
         logits = gather(logits, positions).float()
         return logits[..., 1] - logits[..., 0]
 
 
-ADAPTERS = {"token_classification": TokenClassificationScorer, "math_shepherd": MathShepherdScorer, "qwen_prm": QwenPRMScorer}
+ADAPTERS = {
+    "token_classification": TokenClassificationScorer,
+    "math_shepherd": MathShepherdScorer,
+    "qwen_prm": QwenPRMScorer,
+}

@@ -41,7 +41,9 @@ def control_records(problems: Sequence[Problem], seed: int = 0) -> list[PRMExamp
             records.append(PRMExample(problem.problem_id, problem.question, prefix, step, 1.0, ORIGIN_MCTS))
             corrupted = corrupt_step(step, rng.randrange(1 << 30))
             if corrupted is not None:
-                records.append(PRMExample(f"{problem.problem_id}-corrupted", problem.question, prefix, corrupted, 0.0, ORIGIN_MCTS))
+                records.append(
+                    PRMExample(f"{problem.problem_id}-corrupted", problem.question, prefix, corrupted, 0.0, ORIGIN_MCTS)
+                )
     return records
 
 

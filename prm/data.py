@@ -44,7 +44,9 @@ class PRMSequence:
     labels: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
-def group_records(records: Sequence[PRMExample], merge_prefixes: bool = True) -> tuple[list[PRMSequence], list[tuple[int, int]]]:
+def group_records(
+    records: Sequence[PRMExample], merge_prefixes: bool = True
+) -> tuple[list[PRMSequence], list[tuple[int, int]]]:
     """Pack records into sequences; returns (sequences, slots) with slots[i] = (sequence index,
     step index) of record i.
 
@@ -111,7 +113,9 @@ def sibling_pairs(sequences: Sequence[PRMSequence], min_gap: float = 0.0) -> lis
                 (seq_a, step_a, label_a), (seq_b, step_b, label_b) = siblings[a], siblings[b]
                 if abs(label_a - label_b) <= min_gap:
                     continue
-                high, low = ((seq_a, step_a), (seq_b, step_b)) if label_a > label_b else ((seq_b, step_b), (seq_a, step_a))
+                high, low = (
+                    ((seq_a, step_a), (seq_b, step_b)) if label_a > label_b else ((seq_b, step_b), (seq_a, step_a))
+                )
                 pairs.append(SiblingPair(high, low, abs(label_a - label_b)))
     return pairs
 
@@ -142,7 +146,9 @@ class SolutionEncoder:
 
     def encode(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int]]:
         prompt_ids = self.prompt_ids(question)
-        segmented = encode_trajectory(self.tokenizer, "", steps, self.format_config.separator, add_end=False, prompt_ids=prompt_ids)
+        segmented = encode_trajectory(
+            self.tokenizer, "", steps, self.format_config.separator, add_end=False, prompt_ids=prompt_ids
+        )
         return segmented.input_ids, [end - 1 for _, end in segmented.step_spans]
 
 
@@ -161,7 +167,15 @@ class PRMDataset(torch.utils.data.Dataset):
     """Encoded PRM sequences. Labels of steps ending beyond ``max_length`` tokens are dropped
     (counted in ``dropped_labels``); a sequence is cut after its last kept labelled step."""
 
-    def __init__(self, records: Sequence[PRMExample], tokenizer, format_config, kind: str, max_length: int, merge_prefixes: bool = True):
+    def __init__(
+        self,
+        records: Sequence[PRMExample],
+        tokenizer,
+        format_config,
+        kind: str,
+        max_length: int,
+        merge_prefixes: bool = True,
+    ):
         self.sequences, _ = group_records(records, merge_prefixes)
         self.n_records = len(records)
         encoder = SolutionEncoder(tokenizer, format_config, kind)
@@ -253,8 +267,9 @@ class PRMCollator:
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
 
-    def __call__(self, items: Sequence[EncodedSequence], pairs: Sequence[tuple[int, int, int, int, float]] | None = None
-                 ) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, items: Sequence[EncodedSequence], pairs: Sequence[tuple[int, int, int, int, float]] | None = None
+    ) -> dict[str, torch.Tensor]:
         width = max(len(item) for item in items)
         steps = max(len(item.score_positions) for item in items)
         batch = len(items)
@@ -270,8 +285,13 @@ class PRMCollator:
             score_positions[row, :s] = torch.tensor(item.score_positions, dtype=torch.long)
             labels[row, :s] = torch.tensor(item.labels, dtype=torch.float32)
             label_mask[row, :s] = torch.tensor(item.weights, dtype=torch.float32)
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "score_positions": score_positions,
-                 "labels": labels, "label_mask": label_mask}
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "score_positions": score_positions,
+            "labels": labels,
+            "label_mask": label_mask,
+        }
         if pairs is not None:
             batch["pair_better"] = torch.tensor([[p[0], p[1]] for p in pairs], dtype=torch.long).reshape(-1, 2)
             batch["pair_worse"] = torch.tensor([[p[2], p[3]] for p in pairs], dtype=torch.long).reshape(-1, 2)
@@ -292,7 +312,9 @@ def pad_token_id(tokenizer) -> int:
 # ----------------------------------------------------------------------------- batching
 
 
-def length_bucketed_batches(lengths: Sequence[int], batch_size: int, rng: random.Random, bucket_batches: int = 50) -> list[list[int]]:
+def length_bucketed_batches(
+    lengths: Sequence[int], batch_size: int, rng: random.Random, bucket_batches: int = 50
+) -> list[list[int]]:
     """Micro-batches of indices with similar lengths, in random order.
 
     Shuffle, cut into buckets of ``batch_size * bucket_batches`` items, sort each bucket by
@@ -328,7 +350,11 @@ def sibling_group_batches(groups: Sequence[Sequence[int]], batch_size: int, rng:
 
 
 def iter_training_batches(
-    lengths: Sequence[int], micro_batch_size: int, n_micro_batches: int, seed: int, group_by_length: bool = False,
+    lengths: Sequence[int],
+    micro_batch_size: int,
+    n_micro_batches: int,
+    seed: int,
+    group_by_length: bool = False,
     groups: Sequence[Sequence[int]] | None = None,
 ) -> Iterator[list[int]]:
     """``n_micro_batches`` micro-batches over as many epochs as that takes; epoch e is shuffled
@@ -347,8 +373,11 @@ def iter_training_batches(
     produced, epoch = 0, 0
     while produced < n_micro_batches:
         rng = random.Random(seed * 1_000_003 + epoch)
-        batches = (sibling_group_batches(groups, micro_batch_size, rng) if groups is not None
-                   else length_bucketed_batches(lengths, micro_batch_size, rng, bucket_batches))
+        batches = (
+            sibling_group_batches(groups, micro_batch_size, rng)
+            if groups is not None
+            else length_bucketed_batches(lengths, micro_batch_size, rng, bucket_batches)
+        )
         for batch in batches:
             if produced >= n_micro_batches:
                 return

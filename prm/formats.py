@@ -38,7 +38,9 @@ def detect_format(path: str, prm_format: str = "auto") -> str:
         return prm_format
     if (Path(path) / PRM_CONFIG_NAME).is_file():
         return "stepflow"
-    config_file = cached_file(path, "config.json", _raise_exceptions_for_missing_entries=False)  # a hub id: that file only
+    config_file = cached_file(
+        path, "config.json", _raise_exceptions_for_missing_entries=False
+    )  # a hub id: that file only
     architectures = []
     if config_file:
         architectures = json.loads(Path(config_file).read_text(encoding="utf-8")).get("architectures") or []
@@ -46,10 +48,12 @@ def detect_format(path: str, prm_format: str = "auto") -> str:
         return "token_classification"
     if any(name.endswith("ForProcessRewardModel") for name in architectures):
         return "qwen_prm"
-    raise ValueError(f"{path}: no known PRM format; tried stepflow (no {PRM_CONFIG_NAME}), token_classification (no "
-                     f"architecture ending in ForTokenClassification) and qwen_prm (none ending in ForProcessRewardModel): "
-                     f"architectures {architectures or 'unknown'}; set model.prm_format to one of {', '.join(FORMATS)} "
-                     f"(math_shepherd for a Math-Shepherd-style causal LM; docs/prm.md, \"Other PRMs\")")
+    raise ValueError(
+        f"{path}: no known PRM format; tried stepflow (no {PRM_CONFIG_NAME}), token_classification (no "
+        f"architecture ending in ForTokenClassification) and qwen_prm (none ending in ForProcessRewardModel): "
+        f"architectures {architectures or 'unknown'}; set model.prm_format to one of {', '.join(FORMATS)} "
+        f'(math_shepherd for a Math-Shepherd-style causal LM; docs/prm.md, "Other PRMs")'
+    )
 
 
 def load_scorer(path: str | Path, config) -> StepScorer:
@@ -58,8 +62,10 @@ def load_scorer(path: str | Path, config) -> StepScorer:
     config.model, batch size from prm.score_batch_size."""
     path = str(path)
     if not Path(path).exists() and not is_hub_id(path):
-        raise InputNotFound(f"no PRM at {path}: train one with `make prm` (same CONFIG and RUN), or set the path to a PRM "
-                                f"folder or hub id (docs/prm.md)")
+        raise InputNotFound(
+            f"no PRM at {path}: train one with `make prm` (same CONFIG and RUN), or set the path to a PRM "
+            f"folder or hub id (docs/prm.md)"
+        )
     prm_format = detect_format(path, config.model.prm_format)
     if prm_format == "stepflow":
         return PRMScorer.from_pretrained(path, config)

@@ -157,7 +157,9 @@ class ProcessRewardModel(nn.Module):
     def device(self) -> torch.device:
         return self.head.weight.device
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, score_positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, score_positions: Tensor | None = None
+    ) -> Tensor:
         """Step-score logits.
 
         input_ids:       (B, T) prompt + steps, right-padded
@@ -175,7 +177,9 @@ class ProcessRewardModel(nn.Module):
 
     def add_lora(self, r: int, alpha: int, dropout: float, target_modules: list[str]) -> None:
         """Wrap the backbone with peft LoRA adapters; the head stays fully trainable."""
-        lora_config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none")
+        lora_config = LoraConfig(
+            r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none"
+        )
         self.backbone = get_peft_model(self.backbone, lora_config)
         self.info.extra["lora_scaling"] = alpha / r
 
@@ -204,8 +208,10 @@ class ProcessRewardModel(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         remove_saved_weights(directory)  # a rerun into the same folder must not leave the other layout's files behind
         full = state_dict if state_dict is not None else self.state_dict()
-        backbone_sd = {k[len("backbone."):]: v for k, v in full.items() if k.startswith("backbone.")}
-        head_sd = {k[len("head."):]: v.detach().float().cpu().contiguous() for k, v in full.items() if k.startswith("head.")}
+        backbone_sd = {k[len("backbone.") :]: v for k, v in full.items() if k.startswith("backbone.")}
+        head_sd = {
+            k[len("head.") :]: v.detach().float().cpu().contiguous() for k, v in full.items() if k.startswith("head.")
+        }
         if any(".lora_" in k for k in backbone_sd):
             backbone_sd = merge_lora_state_dict(backbone_sd, self.info.extra["lora_scaling"])
         backbone_sd = {
@@ -222,7 +228,9 @@ class ProcessRewardModel(nn.Module):
         if layout is not None:
             class_name, prefix, head_name = layout
             weights = {f"{prefix}.{k}": v for k, v in backbone_sd.items()}
-            weights[f"{head_name}.weight"], weights[f"{head_name}.bias"] = two_class_head(head_sd["weight"], head_sd["bias"])
+            weights[f"{head_name}.weight"], weights[f"{head_name}.bias"] = two_class_head(
+                head_sd["weight"], head_sd["bias"]
+            )
             save_torch_state_dict(weights, directory, max_shard_size="5GB")
             base_config.architectures = [class_name]
             base_config.num_labels = len(ID2LABEL)
@@ -230,20 +238,27 @@ class ProcessRewardModel(nn.Module):
             base_config.save_pretrained(directory)
             info.update(layout=LAYOUT_TOKEN_CLASSIFICATION, score_head=head_name, transformers_class=class_name)
         else:
-            log.warning("prm: %s has no transformers token-classification class matching its weights; saved as backbone/ + "
-                        "head.safetensors, which only stepflow loads", type(base).__name__)
+            log.warning(
+                "prm: %s has no transformers token-classification class matching its weights; saved as backbone/ + "
+                "head.safetensors, which only stepflow loads",
+                type(base).__name__,
+            )
             (directory / BACKBONE_DIR).mkdir(exist_ok=True)
             save_torch_state_dict(backbone_sd, directory / BACKBONE_DIR, max_shard_size="5GB")
             base_config.architectures = [type(base).__name__]
             base_config.save_pretrained(directory / BACKBONE_DIR)
-            if getattr(base, "_auto_class", None) is not None:  # trust_remote_code models need their code beside the weights
+            if (
+                getattr(base, "_auto_class", None) is not None
+            ):  # trust_remote_code models need their code beside the weights
                 custom_object_save(base, directory / BACKBONE_DIR, config=base_config)
             save_file(head_sd, str(directory / HEAD_NAME))
             info.update(layout=LAYOUT_BACKBONE_AND_HEAD)
         info["format_version"] = FORMAT_VERSION
         info["hidden_size"] = self.config.hidden_size
         info["lora_merged"] = self.has_lora
-        (directory / PRM_CONFIG_NAME).write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (directory / PRM_CONFIG_NAME).write_text(
+            json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
         if tokenizer is not None:
             tokenizer.save_pretrained(str(directory))
         write_model_card(directory, self.info, layout[0] if layout is not None else None, tokenizer)
@@ -308,7 +323,7 @@ def token_classification_layout(base: nn.Module, backbone_keys: set[str]) -> tup
         return None
     prefix = probe.base_model_prefix
     keys = set(probe.state_dict())
-    inside = {k[len(prefix) + 1:] for k in keys if k.startswith(prefix + ".")}
+    inside = {k[len(prefix) + 1 :] for k in keys if k.startswith(prefix + ".")}
     outside = keys - {f"{prefix}.{k}" for k in inside}
     heads = {k.rsplit(".", 1)[0] for k in outside}
     if inside != backbone_keys or len(heads) != 1:
@@ -322,8 +337,12 @@ def token_classification_layout(base: nn.Module, backbone_keys: set[str]) -> tup
 def remove_saved_weights(directory: Path) -> None:
     """Delete the weight files either layout writes (before a save into the same folder)."""
     shutil.rmtree(directory / BACKBONE_DIR, ignore_errors=True)
-    for path in [directory / HEAD_NAME, directory / "config.json", *directory.glob("model*.safetensors"),
-                 directory / "model.safetensors.index.json"]:
+    for path in [
+        directory / HEAD_NAME,
+        directory / "config.json",
+        *directory.glob("model*.safetensors"),
+        directory / "model.safetensors.index.json",
+    ]:
         path.unlink(missing_ok=True)
 
 
@@ -363,9 +382,13 @@ def load_backbone(path: str, model_config, device: torch.device | str | None = N
     return AutoModel.from_pretrained(path, **kwargs).to(device)
 
 
-def new_prm(backbone_path: str, model_config, format_config, kind: str, device: torch.device | str | None = None) -> ProcessRewardModel:
+def new_prm(
+    backbone_path: str, model_config, format_config, kind: str, device: torch.device | str | None = None
+) -> ProcessRewardModel:
     """A PRM with a freshly initialised head on the backbone at ``backbone_path``."""
     backbone = load_backbone(backbone_path, model_config, device)
-    info = PRMInfo.from_format(format_config, kind, base_model=str(backbone_path), base_architecture=type(backbone).__name__)
+    info = PRMInfo.from_format(
+        format_config, kind, base_model=str(backbone_path), base_architecture=type(backbone).__name__
+    )
     model = ProcessRewardModel(backbone, info)
     return model.to(backbone.device)

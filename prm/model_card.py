@@ -22,7 +22,12 @@ def model_card(info, transformers_class: str | None, tokenizer=None) -> str:
     """README.md of a saved PRM (``info``: its PRMInfo; ``transformers_class``: the
     token-classification class it is saved as, None for the backbone/ + head layout)."""
     base = info.base_model if re.fullmatch(r"[\w.-]+/[\w.-]+", info.base_model or "") else ""
-    front = ["---", "library_name: transformers", "pipeline_tag: token-classification", "tags: [process-reward-model, prm, stepflow]"]
+    front = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: token-classification",
+        "tags: [process-reward-model, prm, stepflow]",
+    ]
     if base:
         front.append(f"base_model: {base}")
     front.append("---")
@@ -34,12 +39,20 @@ def model_card(info, transformers_class: str | None, tokenizer=None) -> str:
         f"prompt kind `{info.kind}`" + (f", backbone `{backbone}`" if backbone else "") + ").\n"
     )
     if transformers_class is None:
-        return "\n".join(front) + "\n\n# Process reward model\n\n" + what + (
-            "\nThis architecture has no transformers token-classification class, so the PRM is saved as `backbone/` (a\n"
-            "transformers base model) plus `head.safetensors` (a Linear(hidden, 1) read at each step's last token,\n"
-            "U = sigmoid(logit)). Load it with stepflow: `prm.formats.load_scorer(folder, config)` (docs/prm.md).\n")
+        return (
+            "\n".join(front)
+            + "\n\n# Process reward model\n\n"
+            + what
+            + (
+                "\nThis architecture has no transformers token-classification class, so the PRM is saved as `backbone/` (a\n"
+                "transformers base model) plus `head.safetensors` (a Linear(hidden, 1) read at each step's last token,\n"
+                "U = sigmoid(logit)). Load it with stepflow: `prm.formats.load_scorer(folder, config)` (docs/prm.md).\n"
+            )
+        )
     prompt = rendered_prompt(info, tokenizer)
-    return "\n".join(front) + f"""
+    return (
+        "\n".join(front)
+        + f"""
 
 # Process reward model
 
@@ -82,6 +95,7 @@ def step_scores(path, question, steps):
 - With stepflow: `prm.formats.load_scorer(folder, config).score_many([(question, steps), ...])` (docs/prm.md).
 - The head is stored in float32; loading in bfloat16 rounds the scores slightly.
 """
+    )
 
 
 def write_model_card(directory: str | Path, info, transformers_class: str | None, tokenizer=None) -> Path:

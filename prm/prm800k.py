@@ -53,8 +53,16 @@ def prm800k_examples(path: str | Path, neutral_label: float = 1.0) -> list[PRMEx
             text, _, last = prm800k_step(step, str(path), lines[0], index)  # checks the step's fields
             for completion in step["completions"]:
                 if completion["rating"] is not None and completion["text"].strip():
-                    records.append(PRMExample(pid, question, list(path_steps), completion["text"],
-                                              rating_label(completion["rating"], neutral_label), ORIGIN_HUMAN))
+                    records.append(
+                        PRMExample(
+                            pid,
+                            question,
+                            list(path_steps),
+                            completion["text"],
+                            rating_label(completion["rating"], neutral_label),
+                            ORIGIN_HUMAN,
+                        )
+                    )
             human = step.get("human_completion")
             if step.get("chosen_completion") is None and human is not None and text.strip():
                 records.append(PRMExample(pid, question, list(path_steps), text, 1.0, ORIGIN_HUMAN))

@@ -60,8 +60,10 @@ def processbench_case(obj: Any, where: str) -> FirstErrorCase:
         raise RecordError(f"{where}: field 'steps': expected a list of strings, got {steps!r:.80}")
     label = obj.get("label")
     if not isinstance(label, int) or isinstance(label, bool) or not -1 <= label <= len(steps) - 1:
-        raise RecordError(f"{where}: field 'label': expected an integer in [-1, {len(steps) - 1}] (the earliest wrong step of "
-                          f"{len(steps)} steps, -1 for none), got {label!r}")
+        raise RecordError(
+            f"{where}: field 'label': expected an integer in [-1, {len(steps) - 1}] (the earliest wrong step of "
+            f"{len(steps)} steps, -1 for none), got {label!r}"
+        )
     if not isinstance(obj.get("problem"), str):
         raise RecordError(f"{where}: field 'problem': expected a string, got {obj.get('problem')!r:.80}")
     if not isinstance(obj.get("id"), (str, int)) or isinstance(obj.get("id"), bool):
@@ -99,7 +101,9 @@ def read_processbench(path: str | Path) -> list[FirstErrorCase]:
     if path.suffix == ".json":
         return [processbench_case(item, f"{path}:{line}") for line, item in _json_array_items(path)]
     cases: list[FirstErrorCase] = []
-    for _ in read_jsonl(path, validate=lambda obj, where, line: cases.append(processbench_case(obj, f"{where}:{line}"))):
+    for _ in read_jsonl(
+        path, validate=lambda obj, where, line: cases.append(processbench_case(obj, f"{where}:{line}"))
+    ):
         pass
     return cases
 
@@ -114,8 +118,10 @@ def processbench_source(spec: str) -> tuple[str, str | None, str] | None:
         return None
     match = _HUB_SPLIT.fullmatch(spec)
     if match is None:
-        raise ValueError(f"prm_bench.processbench_paths: {spec!r}: a hub split is hf://owner/name/split or "
-                         "hf://owner/name[config]/split, e.g. hf://Qwen/ProcessBench/gsm8k")
+        raise ValueError(
+            f"prm_bench.processbench_paths: {spec!r}: a hub split is hf://owner/name/split or "
+            "hf://owner/name[config]/split, e.g. hf://Qwen/ProcessBench/gsm8k"
+        )
     return match["hub_id"], match["config"], match["split"]
 
 
@@ -132,19 +138,35 @@ def prm800k_cases(path: str | Path) -> list[FirstErrorCase]:
     for solution in load_prm800k(path):
         if solution.steps:
             first = solution.first_error
-            cases.append(FirstErrorCase(f"{Path(path).name}:{solution.source_line}", solution.question, list(solution.steps),
-                                        -1 if first is None else first, None, f"{path}:{solution.source_line}"))
+            cases.append(
+                FirstErrorCase(
+                    f"{Path(path).name}:{solution.source_line}",
+                    solution.question,
+                    list(solution.steps),
+                    -1 if first is None else first,
+                    None,
+                    f"{path}:{solution.source_line}",
+                )
+            )
     return cases
 
 
-def labelled_cases(problems: Sequence[Problem], solutions: Sequence[Sequence[str]], labeller: Callable[[Problem, Sequence[str]], int],
-                   question: Callable[[Problem], str] = lambda p: p.question) -> list[FirstErrorCase]:
+def labelled_cases(
+    problems: Sequence[Problem],
+    solutions: Sequence[Sequence[str]],
+    labeller: Callable[[Problem, Sequence[str]], int],
+    question: Callable[[Problem], str] = lambda p: p.question,
+) -> list[FirstErrorCase]:
     """Cases of solutions (steps) to problems (aligned), labelled by an exact labeller."""
     cases = []
     for index, (problem, steps) in enumerate(zip(problems, solutions, strict=True)):
         if steps:
             label = labeller(problem, steps)
-            cases.append(FirstErrorCase(f"{problem.problem_id}#{index}", question(problem), list(steps), label, None, problem.problem_id))
+            cases.append(
+                FirstErrorCase(
+                    f"{problem.problem_id}#{index}", question(problem), list(steps), label, None, problem.problem_id
+                )
+            )
     return cases
 
 
@@ -168,16 +190,28 @@ def first_error_f1(predicted: Sequence[int], labels: Sequence[int]) -> dict:
     f1 = None
     if acc_err is not None and acc_ok is not None:
         f1 = 2 * acc_err * acc_ok / (acc_err + acc_ok) if acc_err + acc_ok > 0 else 0.0
-    return {"f1": f1, "accuracy_erroneous": acc_err, "accuracy_correct": acc_ok, "n_erroneous": n_err, "n_correct": n_ok}
+    return {
+        "f1": f1,
+        "accuracy_erroneous": acc_err,
+        "accuracy_correct": acc_ok,
+        "n_erroneous": n_err,
+        "n_correct": n_ok,
+    }
 
 
-def choose_threshold(scores: Sequence[Sequence[float]], labels: Sequence[int], thresholds: Sequence[float] = THRESHOLDS) -> float:
+def choose_threshold(
+    scores: Sequence[Sequence[float]], labels: Sequence[int], thresholds: Sequence[float] = THRESHOLDS
+) -> float:
     """The threshold of the best F1 on these cases (the first of equals); where the cases are of
     one kind only (no F1), of the best accuracy on that kind."""
     best, best_value = thresholds[0], -1.0
     for threshold in thresholds:
         result = first_error_f1([predicted_first_error(row, threshold) for row in scores], labels)
-        value = result["f1"] if result["f1"] is not None else (result["accuracy_erroneous"] or result["accuracy_correct"] or 0.0)
+        value = (
+            result["f1"]
+            if result["f1"] is not None
+            else (result["accuracy_erroneous"] or result["accuracy_correct"] or 0.0)
+        )
         if value > best_value:
             best, best_value = threshold, value
     return best
@@ -189,8 +223,15 @@ def held_out(case_id: str, fraction: float, seed: int) -> bool:
     return draw < fraction
 
 
-def processbench(scorer, cases: Sequence[FirstErrorCase], *, held_out_fraction: float = 0.5, threshold: float | None = None,
-                 n_resamples: int = 1000, seed: int = 0) -> dict:
+def processbench(
+    scorer,
+    cases: Sequence[FirstErrorCase],
+    *,
+    held_out_fraction: float = 0.5,
+    threshold: float | None = None,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> dict:
     """The protocol on one set of cases (module docstring). ``threshold``: use it instead of
     choosing one (then every case is scored). Returns {threshold, threshold_from, f1, interval,
     accuracy_erroneous, accuracy_correct, n_erroneous, n_correct, n_held_out, held_out_f1,
@@ -200,8 +241,14 @@ def processbench(scorer, cases: Sequence[FirstErrorCase], *, held_out_fraction: 
     if threshold is None:
         tune = [i for i, case in enumerate(cases) if held_out(case.id, held_out_fraction, seed)]
         chosen = choose_threshold([scores[i] for i in tune], [labels[i] for i in tune]) if tune else 0.5
-        held_f1 = first_error_f1([predicted_first_error(scores[i], chosen) for i in tune], [labels[i] for i in tune])["f1"]
-        threshold_from = f"the best F1 (accuracy where one kind only) on {len(tune)} held-out cases" if tune else "0.5 (no held-out case)"
+        held_f1 = first_error_f1([predicted_first_error(scores[i], chosen) for i in tune], [labels[i] for i in tune])[
+            "f1"
+        ]
+        threshold_from = (
+            f"the best F1 (accuracy where one kind only) on {len(tune)} held-out cases"
+            if tune
+            else "0.5 (no held-out case)"
+        )
     else:
         tune, chosen, held_f1, threshold_from = [], float(threshold), None, "given"
     tuned = set(tune)
@@ -211,9 +258,21 @@ def processbench(scorer, cases: Sequence[FirstErrorCase], *, held_out_fraction: 
     result = {"threshold": chosen, "threshold_from": threshold_from, **first_error_f1(test_predicted, test_labels)}
     lo, hi = (None, None)
     if len(test):
-        lo, hi = bootstrap_statistic(lambda rows: first_error_f1(test_predicted[rows], test_labels[rows])["f1"], len(test),
-                                     n_resamples=n_resamples, seed=seed)
-    result.update({"interval": [lo, hi], "n_held_out": len(tune), "held_out_f1": held_f1,
-                   "cases": [{"id": cases[i].id, "label": labels[i], "predicted": int(predicted[i]), "held_out": i in tuned}
-                             for i in range(len(cases))]})
+        lo, hi = bootstrap_statistic(
+            lambda rows: first_error_f1(test_predicted[rows], test_labels[rows])["f1"],
+            len(test),
+            n_resamples=n_resamples,
+            seed=seed,
+        )
+    result.update(
+        {
+            "interval": [lo, hi],
+            "n_held_out": len(tune),
+            "held_out_f1": held_f1,
+            "cases": [
+                {"id": cases[i].id, "label": labels[i], "predicted": int(predicted[i]), "held_out": i in tuned}
+                for i in range(len(cases))
+            ],
+        }
+    )
     return result

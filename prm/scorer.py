@@ -64,8 +64,15 @@ class PRMScorer(StepScorer):
     device:        where inputs go (None: the model's device)
     """
 
-    def __init__(self, model: ProcessRewardModel, tokenizer, format_config=None, kind: str | None = None,
-                 batch_size: int = 64, device: str | torch.device | None = None):
+    def __init__(
+        self,
+        model: ProcessRewardModel,
+        tokenizer,
+        format_config=None,
+        kind: str | None = None,
+        batch_size: int = 64,
+        device: str | torch.device | None = None,
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.format_config = format_config if format_config is not None else model.info.format_config()
@@ -87,16 +94,26 @@ class PRMScorer(StepScorer):
     def logits_many(self, solutions: Sequence[Solution]) -> list[torch.Tensor]:
         """Head logits (float32, CPU) per step of each solution; U = sigmoid(logit)."""
         encoded = [self.encoder.encode(question, list(steps)) for question, steps in solutions]
-        return batched_step_logits(encoded, self.batch_size, self.pad_token_id, self.device,
-                                   lambda ids, mask, positions: self.model(ids, mask, positions))
+        return batched_step_logits(
+            encoded,
+            self.batch_size,
+            self.pad_token_id,
+            self.device,
+            lambda ids, mask, positions: self.model(ids, mask, positions),
+        )
 
 
 StepLogits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @torch.inference_mode()
-def batched_step_logits(encoded: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int, device: torch.device,
-                        forward: StepLogits) -> list[torch.Tensor]:
+def batched_step_logits(
+    encoded: Sequence[tuple[list[int], list[int]]],
+    batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    forward: StepLogits,
+) -> list[torch.Tensor]:
     """Step logits of encoded solutions, batched by length and returned in their order.
 
     encoded: per solution (input ids, index of the token each step's score is read at)

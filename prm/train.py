@@ -87,7 +87,9 @@ def training_targets(records: Sequence[PRMExample], labels: str = "soft", thresh
 
 
 @torch.no_grad()
-def evaluate_loss(model: torch.nn.Module, dataset: PRMDataset, collator: PRMCollator, micro_batch_size: int, device) -> float:
+def evaluate_loss(
+    model: torch.nn.Module, dataset: PRMDataset, collator: PRMCollator, micro_batch_size: int, device
+) -> float:
     """Mean BCE over every labelled step of a dataset (weighted by records)."""
     was_training = model.training
     model.eval()
@@ -124,7 +126,9 @@ def train_prm(
     cfg = config.prm
     output_dir = Path(output_dir)
     kind = kind or cfg.kind or (model.info.kind if model is not None else "math")
-    tracking = Tracking.from_config(config, "prm", output_dir)  # before any model loads: a missing tracker package fails here
+    tracking = Tracking.from_config(
+        config, "prm", output_dir
+    )  # before any model loads: a missing tracker package fails here
     accelerator = make_accelerator(config.model, compile=cfg.compile, tracking=tracking)
     world = accelerator.num_processes
     accumulation = gradient_accumulation(cfg.batch_size, cfg.micro_batch_size, world)  # exact, before any model loads
@@ -150,36 +154,72 @@ def train_prm(
     train_records = training_targets(train_records, cfg.labels, cfg.hard_label_threshold)
     val_records = training_targets(val_records, cfg.labels, cfg.hard_label_threshold) if val_records else val_records
     train_set = PRMDataset(train_records, tokenizer, format_config, kind, cfg.max_length, cfg.merge_prefixes)
-    val_set = PRMDataset(val_records, tokenizer, format_config, kind, cfg.max_length, cfg.merge_prefixes) if val_records else None
+    val_set = (
+        PRMDataset(val_records, tokenizer, format_config, kind, cfg.max_length, cfg.merge_prefixes)
+        if val_records
+        else None
+    )
     if len(train_set) == 0:
         raise ValueError("train_prm: no training sequences (no records, or every label beyond prm.max_length)")
     collator = PRMCollator(pad_token_id(tokenizer))
     pair_weight = cfg.pair_loss_weight
     if pair_weight > 0 and cfg.group_by_length:
-        raise ValueError("prm.pair_loss_weight > 0 keeps sibling steps in one micro-batch; prm.group_by_length=true cannot be combined "
-                         "with it")
+        raise ValueError(
+            "prm.pair_loss_weight > 0 keeps sibling steps in one micro-batch; prm.group_by_length=true cannot be combined "
+            "with it"
+        )
     sibling_groups = train_set.sibling_groups() if pair_weight > 0 else None
 
     micro_per_epoch = math.ceil(len(train_set) / cfg.micro_batch_size)
     total_steps = max(1, round(cfg.epochs * micro_per_epoch / (accumulation * world)))
-    settings = OptimizerSettings(lr=cfg.lr, total_steps=total_steps, weight_decay=cfg.weight_decay, schedule=cfg.scheduler,
-                                 warmup_steps=int(round(cfg.warmup_ratio * total_steps)), max_grad_norm=cfg.max_grad_norm)
-    base = TrainingBase(accelerator, model, settings, output_dir, micro_batch_size=cfg.micro_batch_size, save_every=cfg.save_every,
-                        log_every=cfg.log_every, progress=progress, desc="prm", tracking=tracking)
+    settings = OptimizerSettings(
+        lr=cfg.lr,
+        total_steps=total_steps,
+        weight_decay=cfg.weight_decay,
+        schedule=cfg.scheduler,
+        warmup_steps=int(round(cfg.warmup_ratio * total_steps)),
+        max_grad_norm=cfg.max_grad_norm,
+    )
+    base = TrainingBase(
+        accelerator,
+        model,
+        settings,
+        output_dir,
+        micro_batch_size=cfg.micro_batch_size,
+        save_every=cfg.save_every,
+        log_every=cfg.log_every,
+        progress=progress,
+        desc="prm",
+        tracking=tracking,
+    )
     if cfg.resume:
         base.resume()
     else:
         base.metrics.trim(0)
     start_step = base.step
     if base.is_main:
-        log.info("prm: %d records -> %d sequences (%d labels dropped beyond max_length=%d); %d steps of %d micro-batches x %d processes",
-                 train_set.n_records, len(train_set), int(train_set.dropped_labels), cfg.max_length, total_steps, accumulation, world)
+        log.info(
+            "prm: %d records -> %d sequences (%d labels dropped beyond max_length=%d); %d steps of %d micro-batches x %d processes",
+            train_set.n_records,
+            len(train_set),
+            int(train_set.dropped_labels),
+            cfg.max_length,
+            total_steps,
+            accumulation,
+            world,
+        )
 
     def my_micro_batches():
         """This process's share of the seeded stream (every process walks the same one), from
         the first micro-batch a resumed run has not trained on."""
-        stream = iter_training_batches(train_set.lengths, cfg.micro_batch_size, total_steps * accumulation * world, cfg.seed,
-                                       cfg.group_by_length, groups=sibling_groups)
+        stream = iter_training_batches(
+            train_set.lengths,
+            cfg.micro_batch_size,
+            total_steps * accumulation * world,
+            cfg.seed,
+            cfg.group_by_length,
+            groups=sibling_groups,
+        )
         for micro_index, indices in enumerate(stream):
             if micro_index % world == accelerator.process_index and micro_index >= start_step * accumulation * world:
                 pairs = train_set.pairs_within(indices) if pair_weight > 0 else None
@@ -194,11 +234,14 @@ def train_prm(
         logits = model(batch["input_ids"], batch["attention_mask"], batch["score_positions"]).float()
         loss = prm_bce_loss(logits, batch["labels"], batch["label_mask"])
         if pair_weight > 0:
-            loss = loss + pair_weight * prm_pair_loss(logits, batch["pair_better"], batch["pair_worse"], batch["pair_gap"])
+            loss = loss + pair_weight * prm_pair_loss(
+                logits, batch["pair_better"], batch["pair_worse"], batch["pair_gap"]
+            )
         return loss, counts
 
-    result = base.fit(my_micro_batches(), loss_fn,
-                      extra_record=lambda step: {"epoch": step * accumulation * world / micro_per_epoch})
+    result = base.fit(
+        my_micro_batches(), loss_fn, extra_record=lambda step: {"epoch": step * accumulation * world / micro_per_epoch}
+    )
 
     accelerator.wait_for_everyone()
     unwrapped: ProcessRewardModel = base.unwrapped
@@ -223,7 +266,9 @@ def train_prm(
         "n_train_labels": train_set.n_labels,
         "pair_loss_weight": pair_weight,
         "n_train_sibling_pairs": len(train_set.pairs),  # pairs in the training set (their labels differ)
-        "sibling_pairs_trained": int(result["counts"].get("sibling_pairs", 0)),  # pair terms seen in micro-batches, every epoch
+        "sibling_pairs_trained": int(
+            result["counts"].get("sibling_pairs", 0)
+        ),  # pair terms seen in micro-batches, every epoch
         "dropped_labels": train_set.dropped_labels,
         "accumulation": accumulation,
         "processes": world,

@@ -43,11 +43,13 @@ def stepwise_rows(records: Sequence[PRMExample], separator: str = "\n") -> Itera
             while end + 1 in labelled:
                 end += 1
             soft = [labelled[k][0] for k in range(index, end + 1)]
-            yield {"prompt": sequence.question + join_steps(sequence.steps[:index], separator),
-                   "completions": list(sequence.steps[index : end + 1]),
-                   "labels": [value > POSITIVE_ABOVE for value in soft],
-                   "soft_labels": soft,
-                   "problem_id": sequence.problem_id}
+            yield {
+                "prompt": sequence.question + join_steps(sequence.steps[:index], separator),
+                "completions": list(sequence.steps[index : end + 1]),
+                "labels": [value > POSITIVE_ABOVE for value in soft],
+                "soft_labels": soft,
+                "problem_id": sequence.problem_id,
+            }
             index = end + 1
 
 

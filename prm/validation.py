@@ -53,13 +53,15 @@ def reliability_table(scores: Sequence[float], labels: Sequence[float], bins: in
     for b in range(bins):
         inside = index == b
         count = int(inside.sum())
-        table.append({
-            "lo": b / bins,
-            "hi": (b + 1) / bins,
-            "count": count,
-            "mean_score": float(scores[inside].mean()) if count else None,
-            "mean_label": float(labels[inside].mean()) if count else None,
-        })
+        table.append(
+            {
+                "lo": b / bins,
+                "hi": (b + 1) / bins,
+                "count": count,
+                "mean_score": float(scores[inside].mean()) if count else None,
+                "mean_label": float(labels[inside].mean()) if count else None,
+            }
+        )
     return table
 
 
@@ -69,7 +71,9 @@ def expected_calibration_error(scores: Sequence[float], labels: Sequence[float],
     total = sum(row["count"] for row in table)
     if total == 0:
         return float("nan")
-    return float(sum(row["count"] / total * abs(row["mean_label"] - row["mean_score"]) for row in table if row["count"]))
+    return float(
+        sum(row["count"] / total * abs(row["mean_label"] - row["mean_score"]) for row in table if row["count"])
+    )
 
 
 def brier_score(scores: Sequence[float], labels: Sequence[float]) -> float:
@@ -98,7 +102,13 @@ def mc_pair_check(scorer, records: Sequence[PRMExample], merge_prefixes: bool = 
     sequences, _ = group_records(records, merge_prefixes)
     pairs = sibling_pairs(sequences)
     if not pairs:
-        return {"accuracy": None, "interval": [None, None], "gap_weighted_accuracy": None, "n_pairs": 0, "n_prefixes": 0}
+        return {
+            "accuracy": None,
+            "interval": [None, None],
+            "gap_weighted_accuracy": None,
+            "n_pairs": 0,
+            "n_prefixes": 0,
+        }
     logits = scorer.logits_many([(s.question, s.steps) for s in sequences])
     better = np.array([float(logits[p.better[0]][p.better[1]]) for p in pairs])
     worse = np.array([float(logits[p.worse[0]][p.worse[1]]) for p in pairs])
@@ -107,8 +117,13 @@ def mc_pair_check(scorer, records: Sequence[PRMExample], merge_prefixes: bool = 
     problems = [sequences[p.better[0]].problem_id for p in pairs]
     accuracy, lo, hi = pair_auc(worse, better, problems)
     prefixes = {(problem, tuple(sequences[p.better[0]].steps[: p.better[1]])) for problem, p in zip(problems, pairs)}
-    return {"accuracy": accuracy, "interval": [lo, hi], "gap_weighted_accuracy": float((wins * gap).sum() / gap.sum()),
-            "n_pairs": len(pairs), "n_prefixes": len(prefixes)}
+    return {
+        "accuracy": accuracy,
+        "interval": [lo, hi],
+        "gap_weighted_accuracy": float((wins * gap).sum() / gap.sum()),
+        "n_pairs": len(pairs),
+        "n_prefixes": len(prefixes),
+    }
 
 
 # ----------------------------------------------------------------------------- E.4 corruption
@@ -142,18 +157,37 @@ def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | No
     return step[: match.start(1)] + new + step[match.end(1) :]
 
 
-def corruption_check(scorer, records: Sequence[PRMExample], max_examples: int = 200, seed: int = 0, min_label: float = 0.9,
-                     corruption: str = "1to9") -> dict:
+def corruption_check(
+    scorer,
+    records: Sequence[PRMExample],
+    max_examples: int = 200,
+    seed: int = 0,
+    min_label: float = 0.9,
+    corruption: str = "1to9",
+) -> dict:
     """Mean score drop when a correct step's result is altered (paper E.4).
 
     Steps with label >= min_label that have a result to alter; at most max_examples of them,
     drawn with Random(seed). drop = U(original) - U(corrupted), each scored after its own prefix.
     """
-    candidates = [(r, c) for r in records if r.label >= min_label for c in [corrupt_step(r.step, seed, corruption)] if c is not None]
+    candidates = [
+        (r, c)
+        for r in records
+        if r.label >= min_label
+        for c in [corrupt_step(r.step, seed, corruption)]
+        if c is not None
+    ]
     if len(candidates) > max_examples:
         candidates = random.Random(seed).sample(candidates, max_examples)
     if not candidates:
-        return {"n": 0, "corruption": corruption, "mean_drop": None, "share_lower": None, "mean_original": None, "mean_corrupted": None}
+        return {
+            "n": 0,
+            "corruption": corruption,
+            "mean_drop": None,
+            "share_lower": None,
+            "mean_original": None,
+            "mean_corrupted": None,
+        }
     solutions = []
     for record, corrupted in candidates:
         solutions.append((record.question, [*record.prefix_steps, record.step]))
@@ -169,7 +203,9 @@ def corruption_check(scorer, records: Sequence[PRMExample], max_examples: int = 
         "share_lower": float((drop > 0).mean()),
         "mean_original": float(original.mean()),
         "mean_corrupted": float(corrupted.mean()),
-        "examples": [{"step": r.step, "corrupted": c, "drop": float(d)} for (r, c), d in list(zip(candidates, drop))[:5]],
+        "examples": [
+            {"step": r.step, "corrupted": c, "drop": float(d)} for (r, c), d in list(zip(candidates, drop))[:5]
+        ],
     }
 
 
@@ -205,8 +241,9 @@ class SlipPair:
     path: int
 
 
-def exact_paths(samples: Sequence[PolicySample], labellers: dict = FIRST_ERROR_LABELLERS
-                ) -> tuple[list[tuple[str, list[str]]], list[bool], list[str], list[SlipPair], int]:
+def exact_paths(
+    samples: Sequence[PolicySample], labellers: dict = FIRST_ERROR_LABELLERS
+) -> tuple[list[tuple[str, list[str]]], list[bool], list[str], list[SlipPair], int]:
     """The scored paths and exact labels of the exact check, and the slip pairs they hold.
 
     For every sample whose problem kind has a labeller: its steps up to and including the first
@@ -238,8 +275,14 @@ def exact_paths(samples: Sequence[PolicySample], labellers: dict = FIRST_ERROR_L
     return paths, labels, groups, pairs, left_out
 
 
-def pair_auc(slip: Sequence[float], counterpart: Sequence[float], groups: Sequence, n_resamples: int = 1000, alpha: float = 0.05,
-             seed: int = 0) -> tuple[float | None, float | None, float | None]:
+def pair_auc(
+    slip: Sequence[float],
+    counterpart: Sequence[float],
+    groups: Sequence,
+    n_resamples: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float | None, float | None, float | None]:
     """Share of pairs whose counterpart scores above its slip (ties 1/2), with a percentile-
     bootstrap interval that resamples groups (problems) and takes every pair of each drawn group.
     Returns (auc, lo, hi); None without pairs, lo and hi None with fewer than two groups."""
@@ -254,12 +297,19 @@ def pair_auc(slip: Sequence[float], counterpart: Sequence[float], groups: Sequen
     blocks = [np.asarray(rows) for rows in members.values()]
     if len(blocks) < 2:
         return float(wins.mean()), None, None
-    lo, hi = bootstrap_statistic(lambda drawn: float(wins[np.concatenate([blocks[i] for i in drawn])].mean()), len(blocks),
-                                 n_resamples, alpha, seed)
+    lo, hi = bootstrap_statistic(
+        lambda drawn: float(wins[np.concatenate([blocks[i] for i in drawn])].mean()),
+        len(blocks),
+        n_resamples,
+        alpha,
+        seed,
+    )
     return float(wins.mean()), lo, hi
 
 
-def exact_check(scorer, samples: Sequence[PolicySample], labellers: dict = FIRST_ERROR_LABELLERS, seed: int = 0) -> dict | None:
+def exact_check(
+    scorer, samples: Sequence[PolicySample], labellers: dict = FIRST_ERROR_LABELLERS, seed: int = 0
+) -> dict | None:
     """How well the PRM tells wrong steps from right ones by exact labels, on the policy's own samples.
 
     Returns {"exact": {auc (correct steps after a correct prefix above first wrong steps;
@@ -275,9 +325,11 @@ def exact_check(scorer, samples: Sequence[PolicySample], labellers: dict = FIRST
     scores = np.array([u for row in rows[: len(paths)] for u in row], dtype=np.float64)
     correct = np.array(labels, dtype=bool)
     n_correct, n_wrong = int(correct.sum()), int((~correct).sum())
-    auc, lo, hi = grouped_bootstrap_auc(scores, correct, groups, seed=seed) if n_correct and n_wrong else (None, None, None)
+    auc, lo, hi = (
+        grouped_bootstrap_auc(scores, correct, groups, seed=seed) if n_correct and n_wrong else (None, None, None)
+    )
     slip = np.array([rows[pair.path][-1] for pair in pairs], dtype=np.float64)
-    counterpart = np.array([row[-1] for row in rows[len(paths):]], dtype=np.float64)
+    counterpart = np.array([row[-1] for row in rows[len(paths) :]], dtype=np.float64)
     pair_value, pair_lo, pair_hi = pair_auc(slip, counterpart, [pair.group for pair in pairs], seed=seed)
     return {
         "exact": {
@@ -285,7 +337,9 @@ def exact_check(scorer, samples: Sequence[PolicySample], labellers: dict = FIRST
             "interval": [lo, hi],
             "n_correct": n_correct,
             "n_wrong": n_wrong,
-            "n_solutions": sum(sample.problem.kind in labellers for sample in samples),  # every one checked, empty ones too
+            "n_solutions": sum(
+                sample.problem.kind in labellers for sample in samples
+            ),  # every one checked, empty ones too
             "mean_correct": float(scores[correct].mean()) if n_correct else None,
             "mean_wrong": float(scores[~correct].mean()) if n_wrong else None,
         },
@@ -296,21 +350,30 @@ def exact_check(scorer, samples: Sequence[PolicySample], labellers: dict = FIRST
             "mean_slip": float(slip.mean()) if pairs else None,
             "mean_counterpart": float(counterpart.mean()) if pairs else None,
             "n_left_out": left_out,
-            "examples": [{"slip": p.slip, "counterpart": p.counterpart, "slip_score": float(s), "counterpart_score": float(c)}
-                         for p, s, c in list(zip(pairs, slip, counterpart))[:5]],
+            "examples": [
+                {"slip": p.slip, "counterpart": p.counterpart, "slip_score": float(s), "counterpart_score": float(c)}
+                for p, s, c in list(zip(pairs, slip, counterpart))[:5]
+            ],
         },
     }
 
 
-def policy_solutions(generator, problems: Sequence[Problem], format_config, n: int, temperature: float, max_new_tokens: int,
-                     seed: int) -> list[PolicySample]:
+def policy_solutions(
+    generator, problems: Sequence[Problem], format_config, n: int, temperature: float, max_new_tokens: int, seed: int
+) -> list[PolicySample]:
     """n samples per problem from ``generator`` (one generate call), each beside its problem, in
     the problems' order."""
     kind = problems[0].kind if problems else "tiny"
-    prompts = [prompt_from_config(p.question, kind, generator.tokenizer, format_config, p.meta.get("options")) for p in problems]
+    prompts = [
+        prompt_from_config(p.question, kind, generator.tokenizer, format_config, p.meta.get("options"))
+        for p in problems
+    ]
     outputs = generator.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    return [PolicySample(p, question_text(p.question, p.meta.get("options")), split_steps(c.text, format_config.separator))
-            for p, completions in zip(problems, outputs) for c in completions]
+    return [
+        PolicySample(p, question_text(p.question, p.meta.get("options")), split_steps(c.text, format_config.separator))
+        for p, completions in zip(problems, outputs)
+        for c in completions
+    ]
 
 
 # ----------------------------------------------------------------------------- PRM800K
@@ -343,7 +406,9 @@ def prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, i
         if not isinstance(completion, dict) or not isinstance(completion.get("text"), str):
             raise RecordError(f"{where}.completions[{j}].text': expected a string")
         if completion.get("rating") not in (-1, 0, 1, None):
-            raise RecordError(f"{where}.completions[{j}].rating': expected -1, 0, 1 or null, got {completion.get('rating')!r}")
+            raise RecordError(
+                f"{where}.completions[{j}].rating': expected -1, 0, 1 or null, got {completion.get('rating')!r}"
+            )
     chosen = step.get("chosen_completion")
     human = step.get("human_completion")
     if isinstance(chosen, int) and not isinstance(chosen, bool):
@@ -409,7 +474,14 @@ def first_error_accuracy(scorer, solutions: Sequence[LabelledSolution], threshol
         if solution.first_error is not None:
             n_with_error += 1
             agree_with_error += hit
-        details.append({"line": solution.source_line, "n_steps": len(solution.steps), "first_error": solution.first_error, "predicted": predicted})
+        details.append(
+            {
+                "line": solution.source_line,
+                "n_steps": len(solution.steps),
+                "first_error": solution.first_error,
+                "predicted": predicted,
+            }
+        )
     return {
         "n": len(usable),
         "accuracy": agree / len(usable),
@@ -445,21 +517,27 @@ def validate_prm(
         positive = labels > 0.5
         table = reliability_table(scores, labels, bins)
         auc, auc_lo, auc_hi = grouped_bootstrap_auc(scores, positive, [r.problem_id for r in records])
-        report.update({
-            "bce": bce,
-            "auc": auc,
-            "auc_interval": [auc_lo, auc_hi],
-            "n_positive": int(positive.sum()),
-            "n_negative": int((~positive).sum()),
-            "brier": brier_score(scores, labels),
-            "ece": expected_calibration_error(scores, labels, bins),
-            "mean_score": float(scores.mean()),
-            "mean_label": float(labels.mean()),
-            "reliability": table,
-        })
+        report.update(
+            {
+                "bce": bce,
+                "auc": auc,
+                "auc_interval": [auc_lo, auc_hi],
+                "n_positive": int(positive.sum()),
+                "n_negative": int((~positive).sum()),
+                "brier": brier_score(scores, labels),
+                "ece": expected_calibration_error(scores, labels, bins),
+                "mean_score": float(scores.mean()),
+                "mean_label": float(labels.mean()),
+                "reliability": table,
+            }
+        )
         report["mc_pair"] = mc_pair_check(scorer, records, merge_prefixes)
         for key, corruption in (("corruption", "1to9"), ("corruption_pm1", "pm1")):
-            report[key] = corruption_check(scorer, records, corrupt_examples, seed, corruption=corruption) if corrupt_examples > 0 else None
+            report[key] = (
+                corruption_check(scorer, records, corrupt_examples, seed, corruption=corruption)
+                if corrupt_examples > 0
+                else None
+            )
     exact = exact_check(scorer, policy_samples, seed=seed) if policy_samples else None
     if exact is not None:
         report.update(exact)

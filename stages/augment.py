@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> dict:
         # the records alone, not on the order problems finished in or how a kill split the run
         records = sorted(read_stream(shards, "records", MCTSRecord), key=lambda record: record.problem_id)
         if not records:
-            raise SystemExit(f"{shards}: the MCTS shards hold no records; nothing to augment (the outputs in {out} are left as they are)")
+            raise SystemExit(
+                f"{shards}: the MCTS shards hold no records; nothing to augment (the outputs in {out} are left as they are)"
+            )
         n_mcts, problem_ids = len(records), {record.problem_id for record in records}
         examples = list(augment_records(records, threshold=cfg.similarity_threshold, include_mcts=cfg.include_mcts))
         train = [e for e in examples if not is_validation_problem(e.problem_id, cfg.val_fraction, cfg.seed)]
@@ -41,19 +43,30 @@ def main(argv: list[str] | None = None) -> dict:
         problems = len(problem_ids)
         for name, split in (("training", train), ("validation", val)):
             if not split:  # checked before anything is written: a good earlier output is never replaced by an empty one
-                raise SystemExit(f"augment: the {name} split is empty ({len(examples)} examples of {problems} problems, "
-                                 f"augment.val_fraction={cfg.val_fraction}); search more problems (mcts.max_problems) or "
-                                 f"change augment.val_fraction. The outputs in {out} are left as they are")
+                raise SystemExit(
+                    f"augment: the {name} split is empty ({len(examples)} examples of {problems} problems, "
+                    f"augment.val_fraction={cfg.val_fraction}); search more problems (mcts.max_problems) or "
+                    f"change augment.val_fraction. The outputs in {out} are left as they are"
+                )
         write_records_atomic(out / "prm_train.jsonl", train)
         write_records_atomic(out / "prm_val.jsonl", val)
         stats = augmentation_stats(examples, n_mcts)
         stats.update(
-            train_examples=len(train), val_examples=len(val),
-            train_problems=len({e.problem_id for e in train}), val_problems=len({e.problem_id for e in val}),
+            train_examples=len(train),
+            val_examples=len(val),
+            train_problems=len({e.problem_id for e in train}),
+            val_problems=len({e.problem_id for e in val}),
             seconds=round(time.monotonic() - start, 3),
         )
         write_json_atomic(out / "stats.json", stats)
-        log.info("augment: %d MCTS steps -> %d PRM examples (%d train / %d val) in %.1f s", n_mcts, len(examples), len(train), len(val), stats["seconds"])
+        log.info(
+            "augment: %d MCTS steps -> %d PRM examples (%d train / %d val) in %.1f s",
+            n_mcts,
+            len(examples),
+            len(train),
+            len(val),
+            stats["seconds"],
+        )
     return stats
 
 

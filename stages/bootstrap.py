@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(config, "bootstrap")
     out = stage_dir(config, "bootstrap", save=False)  # locked; config.yaml is compared before it is replaced
     if is_done(out, config) and not config.bootstrap.retrain:
-        log.info("bootstrap: finished: %s already holds a model trained with this config; bootstrap.retrain=true trains it again", out)
+        log.info(
+            "bootstrap: finished: %s already holds a model trained with this config; bootstrap.retrain=true trains it again",
+            out,
+        )
         return read_json(out / "metrics.json", "bootstrap metrics")
     (out / "metrics.json").unlink(missing_ok=True)  # it described an earlier model
     save_config(config, out / "config.yaml")
@@ -70,8 +73,12 @@ def strategy_checks(generator, problems: list[Problem], config: Config) -> dict:
     if not problems:
         return {}
     boot = config.bootstrap
-    settings = dataclasses.replace(config, eval=dataclasses.replace(
-        config.eval, k=boot.eval_samples, temperature=boot.sample_temperature, seed=boot.seed + 1, greedy=True))
+    settings = dataclasses.replace(
+        config,
+        eval=dataclasses.replace(
+            config.eval, k=boot.eval_samples, temperature=boot.sample_temperature, seed=boot.seed + 1, greedy=True
+        ),
+    )
     start = time.monotonic()
     records = generate_samples(generator, problems, problem_kind, settings, model="bootstrap")
     return strategy_metrics(problems, records) | {"strategy_seconds": round(time.monotonic() - start, 1)}
@@ -106,8 +113,10 @@ def strategy_metrics(problems: list[Problem], records: list[Sample]) -> dict:
         return round(sum(values) / len(values), 4) if values else None
 
     return {
-        "family_accuracy": {family: {"problems": counts[family], "greedy": mean(acc["greedy"]),
-                                     "sampled": mean(acc["sampled"])} for family, acc in sorted(families.items())},
+        "family_accuracy": {
+            family: {"problems": counts[family], "greedy": mean(acc["greedy"]), "sampled": mean(acc["sampled"])}
+            for family, acc in sorted(families.items())
+        },
         "greedy_strategy_counts": dict(sorted(greedy_strategies.items())),
         "strategy_entropy_multi": mean(entropies.pop("all", [])),
         "strategy_entropy_problems": sum(len(v) for v in entropies.values()),
@@ -118,7 +127,10 @@ def strategy_metrics(problems: list[Problem], records: list[Sample]) -> dict:
 def input_settings(config: Config) -> dict:
     """The config sections that determine what bootstrap writes (bootstrap.retrain aside)."""
     settings = {section: getattr(config, section) for section in INPUT_SECTIONS}
-    return {section: {k: v for k, v in dataclasses.asdict(value).items() if k != "retrain"} for section, value in settings.items()}
+    return {
+        section: {k: v for k, v in dataclasses.asdict(value).items() if k != "retrain"}
+        for section, value in settings.items()
+    }
 
 
 def is_done(out: Path, config: Config) -> bool:

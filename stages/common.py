@@ -40,7 +40,16 @@ log = logging.getLogger("stepflow")
 # input file or folder that is missing or damaged, a resume into records made under other
 # settings, a check before the work (pipeline.config_loader.config_checks), another process on the same
 # run folder. Any other exception (a plain FileNotFoundError included) is a bug and keeps its traceback.
-USER_ERRORS = (ConfigError, RecordError, InputNotFound, FolderError, ShardError, SettingsMismatch, CheckpointError, LockError)
+USER_ERRORS = (
+    ConfigError,
+    RecordError,
+    InputNotFound,
+    FolderError,
+    ShardError,
+    SettingsMismatch,
+    CheckpointError,
+    LockError,
+)
 PRINT_CONFIG = "print_config"  # an override the command line takes, not a config field
 
 
@@ -49,11 +58,17 @@ def parse_args(stage: str, argv: list[str] | None = None, *, prog: str | None = 
     (YAML) and exits with status 0 before anything is written. ``prog``: the command --help names
     (default ``python -m stages.<stage>``)."""
     parser = argparse.ArgumentParser(
-        prog=prog or f"python -m stages.{stage}", description=f"stepflow stage: {stage}", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog or f"python -m stages.{stage}",
+        description=f"stepflow stage: {stage}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="print_config=true prints the resolved config and exits without writing anything.\n\n"
-               "Config fields (key: type = default, before --config and the overrides apply):\n  " + "\n  ".join(describe_fields()))
+        "Config fields (key: type = default, before --config and the overrides apply):\n  "
+        + "\n  ".join(describe_fields()),
+    )
     parser.add_argument("--config", default="configs/tiny.yaml", help="YAML config (default: configs/tiny.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. mcts.k=8 run=demo (fields listed below)")
+    parser.add_argument(
+        "overrides", nargs="*", help="key=value overrides, e.g. mcts.k=8 run=demo (fields listed below)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     printing, overrides = False, []
@@ -89,13 +104,19 @@ def _exact_check_policy(config: Config) -> list[tuple[str, str]]:
 STAGE_MODELS: dict[str, Callable[[Config], list[tuple[str, str]]]] = {
     "mcts": lambda c: [("model.policy", c.model.policy)],
     "search": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
-    "train_prm": lambda c: [("model.prm", c.model.prm) if c.prm.eval_only else ("model.prm_backbone", c.model.prm_backbone)]
-    + _exact_check_policy(c),
+    "train_prm": lambda c: (
+        [("model.prm", c.model.prm) if c.prm.eval_only else ("model.prm_backbone", c.model.prm_backbone)]
+        + _exact_check_policy(c)
+    ),
     "train_gfn": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
     "train_ppo": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
-    "prm_bench": lambda c: [("model.prm", c.model.prm)] + ([("model.policy", c.model.policy)] if c.prm_bench.policy_problems > 0 else []),
-    "evaluate": lambda c: [(f"eval.models.{name}", raw) for name, raw in c.eval.models.items()]
-    + ([("eval.prm", c.eval.prm)] if c.eval.prm else []),
+    "prm_bench": lambda c: (
+        [("model.prm", c.model.prm)] + ([("model.policy", c.model.policy)] if c.prm_bench.policy_problems > 0 else [])
+    ),
+    "evaluate": lambda c: (
+        [(f"eval.models.{name}", raw) for name, raw in c.eval.models.items()]
+        + ([("eval.prm", c.eval.prm)] if c.eval.prm else [])
+    ),
 }
 MISSING_OK = ("eval.",)
 
@@ -108,7 +129,11 @@ def check_models(config: Config, stage: str) -> None:
     "model::adapter", the model."""
     for key, raw in STAGE_MODELS.get(stage, lambda c: [])(config):
         model = raw.partition(ADAPTER_SEPARATOR)[0].strip()
-        problem = unresolvable_model(config, key, model, missing_ok=key.startswith(MISSING_OK)) if model else f"{key}: {raw!r} names no model"
+        problem = (
+            unresolvable_model(config, key, model, missing_ok=key.startswith(MISSING_OK))
+            if model
+            else f"{key}: {raw!r} names no model"
+        )
         if problem is not None:
             raise ConfigError(problem)
 
@@ -153,7 +178,11 @@ def device_memory(config: Config, stage: str, environ: dict | None = None, devic
         if config.model.device == "cpu" or not torch.cuda.is_available():
             return
         environ = os.environ if environ is None else environ
-        index = int(config.model.device.split(":")[1]) if config.model.device.startswith("cuda:") else int(environ.get("LOCAL_RANK", "0"))
+        index = (
+            int(config.model.device.split(":")[1])
+            if config.model.device.startswith("cuda:")
+            else int(environ.get("LOCAL_RANK", "0"))
+        )
         device_bytes = torch.cuda.get_device_properties(index).total_memory
     share = stage_memory(config, stage, device_bytes, dict(os.environ if environ is None else environ))
     if share is None:
@@ -201,8 +230,10 @@ def require_finished(config: Config, stage: str) -> None:
     running = held_locks(config.stage_dir(stage), ".lock*")
     if running:
         holder = running[0]
-        raise SystemExit(f"make {stage} is still running in {config.run_dir} (process {holder.get('pid', '?')} on "
-                         f"{holder.get('host', '?')}): wait for it to finish before reading its outputs")
+        raise SystemExit(
+            f"make {stage} is still running in {config.run_dir} (process {holder.get('pid', '?')} on "
+            f"{holder.get('host', '?')}): wait for it to finish before reading its outputs"
+        )
 
 
 def require_records(path: Path, read: Callable[[Path], list], produced_by: str) -> list:
@@ -212,8 +243,10 @@ def require_records(path: Path, read: Callable[[Path], list], produced_by: str) 
     path = require(path, produced_by)
     records = read(path)
     if not records:
-        raise SystemExit(f"{path}: no records (an empty file). Run `make {produced_by}` again (same CONFIG and RUN); "
-                         "if it writes an empty file again, its own log says why")
+        raise SystemExit(
+            f"{path}: no records (an empty file). Run `make {produced_by}` again (same CONFIG and RUN); "
+            "if it writes an empty file again, its own log says why"
+        )
     return records
 
 
@@ -233,7 +266,9 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
         if main and (out / CHECKPOINTS).exists():
             shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
         if model.exists():
-            log.info("%s: %s.retrain=true: training afresh; %s stays until the new model replaces it", stage, stage, model)
+            log.info(
+                "%s: %s.retrain=true: training afresh; %s stays until the new model replaces it", stage, stage, model
+            )
         return None
     if not model.exists():
         return None
@@ -243,15 +278,26 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
         if main:
             aside = model.with_name(f"model.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
             model.rename(aside)
-            log.warning("%s: %s is not a finished model (%s); moved to %s, training again (from its checkpoints if any)", stage,
-                        model, error, aside.name)
+            log.warning(
+                "%s: %s is not a finished model (%s); moved to %s, training again (from its checkpoints if any)",
+                stage,
+                model,
+                error,
+                aside.name,
+            )
         return None
     if main and (out / CHECKPOINTS).exists():
         shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
     before = manifest.get("settings") or {}
     changed = sorted(k for k in set(before) | set(settings) if k != "retrain" and before.get(k) != settings.get(k))
-    log.info("%s: finished: %s holds the trained model (%s steps); %s.retrain=true trains it again%s", stage, model,
-             manifest.get("steps", "?"), stage, f" (settings changed since: {', '.join(changed)})" if before and changed else "")
+    log.info(
+        "%s: finished: %s holds the trained model (%s steps); %s.retrain=true trains it again%s",
+        stage,
+        model,
+        manifest.get("steps", "?"),
+        stage,
+        f" (settings changed since: {', '.join(changed)})" if before and changed else "",
+    )
     return manifest
 
 
@@ -265,9 +311,15 @@ def set_threads(config: Config, stage: str) -> int:
         torch.set_num_threads(config.model.torch_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threads = torch.get_num_threads()
-    log.info("%s: torch threads: %d (model.torch_threads=%d, %d CPUs; OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s)", stage, threads,
-             config.model.torch_threads, os.cpu_count() or 0, os.environ.get("OMP_WAIT_POLICY", "unset"),
-             os.environ.get("GOMP_SPINCOUNT", "unset"))
+    log.info(
+        "%s: torch threads: %d (model.torch_threads=%d, %d CPUs; OMP_WAIT_POLICY=%s, GOMP_SPINCOUNT=%s)",
+        stage,
+        threads,
+        config.model.torch_threads,
+        os.cpu_count() or 0,
+        os.environ.get("OMP_WAIT_POLICY", "unset"),
+        os.environ.get("GOMP_SPINCOUNT", "unset"),
+    )
     return threads
 
 
@@ -305,8 +357,13 @@ def training_problems(config: Config):
     data.problem_sources: the config refuses a filter data.train's loader cannot apply), refused
     when one shares its question with a file data.disjoint_from lists (``refuse_overlap``)."""
     filters = {"problem_sources": config.data.problem_sources} if config.data.problem_sources else {}
-    problems = load_benchmark(config.data.train, path=config.resolve(config.data.train_path), limit=config.data.train_limit,
-                              lenient=config.data.lenient, **filters)
+    problems = load_benchmark(
+        config.data.train,
+        path=config.resolve(config.data.train_path),
+        limit=config.data.train_limit,
+        lenient=config.data.lenient,
+        **filters,
+    )
     refuse_overlap(config, problems)
     return problems
 
@@ -319,22 +376,33 @@ def refuse_overlap(config: Config, problems) -> None:
     for raw in config.data.disjoint_from:
         other = config.resolve(raw)
         if not Path(other).is_file():
-            raise InputNotFound(f"data.disjoint_from: {other} not found (a file the training problems may share no question "
-                                f"with; the tiny world's `make bootstrap` writes it; data.disjoint_from=[] checks nothing)")
+            raise InputNotFound(
+                f"data.disjoint_from: {other} not found (a file the training problems may share no question "
+                f"with; the tiny world's `make bootstrap` writes it; data.disjoint_from=[] checks nothing)"
+            )
         places = question_places(other, lenient=config.data.lenient)
         shared = [problem for problem in problems if problem.question in places]
         if not shared:
             continue
         first = shared[0]
         local = Path(train_file).is_file()
-        where = (question_places(train_file, validate=False).get(first.question) if local else None) or (train_file, first.problem_id)
+        where = (question_places(train_file, validate=False).get(first.question) if local else None) or (
+            train_file,
+            first.problem_id,
+        )
         other_where, other_id = places[first.question]
-        raise RecordError(f"data.disjoint_from: {train_file} (data.train_path) and {other} share {len(shared)} of "
-                          f"{len(problems)} questions; first: {first.problem_id!r} at {where[0]} is {other_id!r} at {other_where}. "
-                          f"The problems the stages train on must be disjoint from the files data.disjoint_from lists")
+        raise RecordError(
+            f"data.disjoint_from: {train_file} (data.train_path) and {other} share {len(shared)} of "
+            f"{len(problems)} questions; first: {first.problem_id!r} at {where[0]} is {other_id!r} at {other_where}. "
+            f"The problems the stages train on must be disjoint from the files data.disjoint_from lists"
+        )
 
 
 def validation_problems(config: Config):
     """Held-out problems of the training distribution (config.data.validation*)."""
-    return load_benchmark(config.data.validation, path=config.resolve(config.data.validation_path),
-                          limit=config.data.validation_limit, lenient=config.data.lenient)
+    return load_benchmark(
+        config.data.validation,
+        path=config.resolve(config.data.validation_path),
+        limit=config.data.validation_limit,
+        lenient=config.data.lenient,
+    )

@@ -79,8 +79,13 @@ def processbench_lines(bench: dict) -> list[str]:
     for name, result in bench.items():
         n_err, n_ok = result["n_erroneous"], result["n_correct"]
         if result["f1"] is None:
-            missing = ("no scored case" if not n_err + n_ok else "no solution with a wrong step" if not n_err
-                       else "no solution without a wrong step")
+            missing = (
+                "no scored case"
+                if not n_err + n_ok
+                else "no solution with a wrong step"
+                if not n_err
+                else "no solution without a wrong step"
+            )
             figure = f"F1 n/a ({missing})"
         else:
             lo, hi = result["interval"]
@@ -90,15 +95,21 @@ def processbench_lines(bench: dict) -> list[str]:
         elif not result["n_held_out"]:
             chosen = f"threshold {result['threshold']:.2f} (no case was set aside to choose one)"
         elif result["held_out_f1"] is None:
-            chosen = (f"threshold {result['threshold']:.2f}, the best accuracy on {result['n_held_out']} other cases set aside to "
-                      "choose it (of one kind only: no F1 there)")
+            chosen = (
+                f"threshold {result['threshold']:.2f}, the best accuracy on {result['n_held_out']} other cases set aside to "
+                "choose it (of one kind only: no F1 there)"
+            )
         else:
-            chosen = (f"threshold {result['threshold']:.2f}, the best F1 on {result['n_held_out']} other cases set aside to choose "
-                      f"it (F1 there {_fmt(result['held_out_f1'])})")
-        lines += [f"- {name}: {figure} on {n_err + n_ok} scored cases ({n_err} with a wrong step, {n_ok} without); accuracy "
-                  f"{_fmt(result['accuracy_erroneous'])} on those with one (the first wrong step found exactly), "
-                  f"{_fmt(result['accuracy_correct'])} on those without (no step flagged); {chosen}. Cases: "
-                  f"{result.get('source', 'n/a')}."]
+            chosen = (
+                f"threshold {result['threshold']:.2f}, the best F1 on {result['n_held_out']} other cases set aside to choose "
+                f"it (F1 there {_fmt(result['held_out_f1'])})"
+            )
+        lines += [
+            f"- {name}: {figure} on {n_err + n_ok} scored cases ({n_err} with a wrong step, {n_ok} without); accuracy "
+            f"{_fmt(result['accuracy_erroneous'])} on those with one (the first wrong step found exactly), "
+            f"{_fmt(result['accuracy_correct'])} on those without (no step flagged); {chosen}. Cases: "
+            f"{result.get('source', 'n/a')}."
+        ]
     return lines
 
 
@@ -108,11 +119,19 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     reports = reports_dir(config)
     reports.mkdir(parents=True, exist_ok=True)
     lines = [f"# stepflow demo report (run `{config.run}`, seed {config.seed})", ""]
-    lines += ["Every number below is read from the files the stages wrote under "
-              f"`{run_dir}/` and `{reports}/`; rerun `make demo` to regenerate it.", ""]
+    lines += [
+        "Every number below is read from the files the stages wrote under "
+        f"`{run_dir}/` and `{reports}/`; rerun `make demo` to regenerate it.",
+        "",
+    ]
     claims = evaluate_claims(run_dir, reports, config.search.benchmark, seed=config.eval.seed)
-    lines += ["## Claims", "", "The paper's claims at the tiny world's scale, each with a 95% interval (eval/claims.py says how "
-              "each is read):", ""]
+    lines += [
+        "## Claims",
+        "",
+        "The paper's claims at the tiny world's scale, each with a 95% interval (eval/claims.py says how "
+        "each is read):",
+        "",
+    ]
     lines += [claim.markdown() for claim in claims] + [""]
     bench = read_json_if_exists(run_dir / "prm_bench" / "results.json")
     results_path = reports / "results.json"
@@ -120,12 +139,17 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     if results is not None:
         results["claims"] = {claim.id: claim.to_json() for claim in claims}
         if bench is not None:  # the figures without the per-case predictions (those stay in prm_bench/results.json)
-            results["prm_bench"] = {name: {k: v for k, v in result.items() if k != "cases"} for name, result in bench.items()}
+            results["prm_bench"] = {
+                name: {k: v for k, v in result.items() if k != "cases"} for name, result in bench.items()
+            }
         write_json_atomic(results_path, results)
     stopped = [stage for stage in ("bootstrap", "prm", "gfn", "ppo") if _stopped_by_time(run_dir / stage)]
     if stopped:
-        lines += [f"**WARNING: the wall-clock safety net stopped {', '.join(stopped)} before its step count: these results "
-                  "depend on the machine's speed. Rerun on an idle machine, or raise the time limit.**", ""]
+        lines += [
+            f"**WARNING: the wall-clock safety net stopped {', '.join(stopped)} before its step count: these results "
+            "depend on the machine's speed. Rerun on an idle machine, or raise the time limit.**",
+            "",
+        ]
     lines += ["## Stage timings", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {name} | {secs} |" for name, secs in seconds.items()]
     lines += [f"| total | {round(sum(seconds.values()), 1)} |", ""]
@@ -140,47 +164,66 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
     val = read_json_if_exists(run_dir / "prm" / "validation.json") or {}
     lines += ["", "## PRM validation", ""]
     if "auc" in val:
-        lines += [f"- MC-label AUC (held-out PRM records, MC label > 0.5 positive): {_fmt(val['auc'])} {_span(val.get('auc_interval'))}"]
+        lines += [
+            f"- MC-label AUC (held-out PRM records, MC label > 0.5 positive): {_fmt(val['auc'])} {_span(val.get('auc_interval'))}"
+        ]
     lines += [f"- {k}: {_fmt(v)}" for k, v in val.items() if not isinstance(v, (dict, list)) and k != "auc"]
     exact, pair = val.get("exact"), val.get("slip_pair")
     if exact:
-        lines += [f"- exact labels (the policy's own samples of held-out problems, {exact['n_solutions']} solutions): AUC "
-                  f"{_fmt(exact['auc'])} {_span(exact['interval'])} of {exact['n_correct']} correct steps after a correct prefix "
-                  f"against {exact['n_wrong']} first wrong steps (mean score {_fmt(exact['mean_correct'])} vs {_fmt(exact['mean_wrong'])})"]
+        lines += [
+            f"- exact labels (the policy's own samples of held-out problems, {exact['n_solutions']} solutions): AUC "
+            f"{_fmt(exact['auc'])} {_span(exact['interval'])} of {exact['n_correct']} correct steps after a correct prefix "
+            f"against {exact['n_wrong']} first wrong steps (mean score {_fmt(exact['mean_correct'])} vs {_fmt(exact['mean_wrong'])})"
+        ]
     if pair:
-        lines += [f"- slip pairs (a first wrong step with a wrong result against the same step with the right result, same "
-                  f"prefix): {pair['n_pairs']} pairs, counterpart above the slip in a share {_fmt(pair['auc'])} {_span(pair['interval'])} "
-                  f"(mean score {_fmt(pair['mean_counterpart'])} vs {_fmt(pair['mean_slip'])})"]
+        lines += [
+            f"- slip pairs (a first wrong step with a wrong result against the same step with the right result, same "
+            f"prefix): {pair['n_pairs']} pairs, counterpart above the slip in a share {_fmt(pair['auc'])} {_span(pair['interval'])} "
+            f"(mean score {_fmt(pair['mean_counterpart'])} vs {_fmt(pair['mean_slip'])})"
+        ]
     for key, what in (("corruption", "+1..9"), ("corruption_pm1", "+-1")):
         corruption = val.get(key) or {}
         if corruption.get("n"):
-            lines += [f"- corrupted steps (E.4: a correct step's calculation result altered by {what}): {corruption['n']} steps, mean score "
-                      f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} (mean drop {_fmt(corruption['mean_drop'], 4)}; "
-                      f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"]
+            lines += [
+                f"- corrupted steps (E.4: a correct step's calculation result altered by {what}): {corruption['n']} steps, mean score "
+                f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} (mean drop {_fmt(corruption['mean_drop'], 4)}; "
+                f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"
+            ]
         elif key in val:
-            lines += [f"- corrupted steps (E.4, {what}): none to corrupt (no validation step labelled correct holds a calculation)"]
+            lines += [
+                f"- corrupted steps (E.4, {what}): none to corrupt (no validation step labelled correct holds a calculation)"
+            ]
     if val.get("prm800k"):
-        lines += ["- PRM800K-format first-error check: " + ", ".join(f"{k} {_fmt(v)}" for k, v in val["prm800k"].items()
-                                                                     if not isinstance(v, (dict, list)))]
+        lines += [
+            "- PRM800K-format first-error check: "
+            + ", ".join(f"{k} {_fmt(v)}" for k, v in val["prm800k"].items() if not isinstance(v, (dict, list)))
+        ]
     for png in ("calibration.png",):
         if (run_dir / "prm" / png).exists():
             shutil.copy(run_dir / "prm" / png, reports / f"prm_{png}")
             lines += ["", f"![PRM calibration](prm_{png})"]
     if bench is not None:
-        lines += ["", "## PRM on ProcessBench's protocol (make prm-bench)", "",
-                  "A reported figure, not a claim. The PRM predicts a solution's first wrong step as its first step scored below a "
-                  "threshold (none: no wrong step); F1 is the harmonic mean of its accuracy on solutions with a wrong step and on "
-                  "solutions without one, with a 95% bootstrap interval over cases (docs/prm.md, \"ProcessBench\"):", ""]
+        lines += [
+            "",
+            "## PRM on ProcessBench's protocol (make prm-bench)",
+            "",
+            "A reported figure, not a claim. The PRM predicts a solution's first wrong step as its first step scored below a "
+            "threshold (none: no wrong step); F1 is the harmonic mean of its accuracy on solutions with a wrong step and on "
+            'solutions without one, with a 95% bootstrap interval over cases (docs/prm.md, "ProcessBench"):',
+            "",
+        ]
         lines += processbench_lines(bench)
     lines += ["", "## GFlowNet and PPO training", ""]
     for stage in ("gfn", "ppo"):
         metrics = run_dir / stage / "metrics.jsonl"
         if metrics.exists():
             rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-            first, last = rows[: max(1, len(rows) // 5)], rows[-max(1, len(rows) // 5):]
+            first, last = rows[: max(1, len(rows) // 5)], rows[-max(1, len(rows) // 5) :]
             mean = lambda rs, k: sum(r[k] for r in rs if k in r) / max(1, sum(k in r for r in rs))
-            lines += [f"- {stage}: average PRM reward {mean(first, 'avg_reward'):.3f} (first fifth of training) -> "
-                      f"{mean(last, 'avg_reward'):.3f} (last fifth); sampled accuracy {mean(first, 'accuracy'):.3f} -> {mean(last, 'accuracy'):.3f}"]
+            lines += [
+                f"- {stage}: average PRM reward {mean(first, 'avg_reward'):.3f} (first fifth of training) -> "
+                f"{mean(last, 'avg_reward'):.3f} (last fifth); sampled accuracy {mean(first, 'accuracy'):.3f} -> {mean(last, 'accuracy'):.3f}"
+            ]
             if (run_dir / stage / "training_curves.png").exists():
                 shutil.copy(run_dir / stage / "training_curves.png", reports / f"{stage}_training_curves.png")
                 lines += ["", f"![{stage} training curves]({stage}_training_curves.png)", ""]
@@ -194,7 +237,9 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
             shutil.copy(run_dir / "search" / "accuracy_vs_k.png", reports / "search_accuracy_vs_k.png")
             lines += ["", "![search accuracy vs k](search_accuracy_vs_k.png)"]
     lines += ["", "## Contract checks", ""]
-    lines += [f"- FAILED: {p}" for p in contract_problems] or ["- every stage's outputs satisfy the DESIGN.md contracts"]
+    lines += [f"- FAILED: {p}" for p in contract_problems] or [
+        "- every stage's outputs satisfy the DESIGN.md contracts"
+    ]
     path = reports / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -50,8 +50,13 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(config, "eval")
     # every model's folder before the first loads: a later model that cannot be served would
     # otherwise stop the evaluation after the earlier ones had run
-    check_served_models(config, {f"eval.models.{name}": parse_model_spec(config, name, value).path
-                                 for name, value in config.eval.models.items()})
+    check_served_models(
+        config,
+        {
+            f"eval.models.{name}": parse_model_spec(config, name, value).path
+            for name, value in config.eval.models.items()
+        },
+    )
     out = reports_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     index, count = parse_shard(config.eval.shard)
@@ -60,8 +65,10 @@ def main(argv: list[str] | None = None) -> dict:
     acquire_stage_lock(out / ".lock", f"make eval for run {config.run}")  # one writer per reports folder
     workers = held_locks(out, ".lock-shard-*")
     if workers:
-        raise SystemExit(f"eval: {workers[0]['path']} is held by process {workers[0].get('pid', '?')}: workers of "
-                         "`python -m stages.launch eval` are sampling this run; wait for them (the launcher merges when they finish)")
+        raise SystemExit(
+            f"eval: {workers[0]['path']} is held by process {workers[0].get('pid', '?')}: workers of "
+            "`python -m stages.launch eval` are sampling this run; wait for them (the launcher merges when they finish)"
+        )
     save_config(config, out / "config.yaml")
     with timed("eval"):
         embed = load_embedder(config.eval.embedder, device=str(resolve_device(config.model.device)))
@@ -83,10 +90,14 @@ def sample_worker(config, out: Path, index: int, count: int) -> dict:
     acquire_stage_lock(out / f".lock-shard-{index}of{count}", f"make eval shard {index}/{count} for run {config.run}")
     others = [h for h in held_locks(out, ".lock*") if not h["path"].endswith(f"of{count}")]
     if others:
-        raise SystemExit(f"eval: {others[0]['path']} is held by process {others[0].get('pid', '?')}: another evaluation of this run "
-                         f"(one process, or split another way than {count} shards) is sampling the same problems")
+        raise SystemExit(
+            f"eval: {others[0]['path']} is held by process {others[0].get('pid', '?')}: another evaluation of this run "
+            f"(one process, or split another way than {count} shards) is sampling the same problems"
+        )
     with timed(f"eval shard {index}/{count}"):
-        sampled = sample_shard(config, lambda path, adapter: build_generator(config, model_path=path, adapter=adapter, progress=True), out)
+        sampled = sample_shard(
+            config, lambda path, adapter: build_generator(config, model_path=path, adapter=adapter, progress=True), out
+        )
     log.info("eval: shard %d/%d sampled %s", index, count, sampled or "nothing (up to date)")
     return {"shard": config.eval.shard, "sampled": sampled}
 

@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> dict:
     stats = {}
     with timed("export_trl"):
         for name, source in (("prm_train", config.prm.train_path), ("prm_val", config.prm.val_path)):
-            records = read_training_records(require(config.resolve(source), "augment"), config.prm.prm800k_neutral_label)
+            records = read_training_records(
+                require(config.resolve(source), "augment"), config.prm.prm800k_neutral_label
+            )
             stats[name] = write_stepwise_dataset(records, out / f"{name}.jsonl", config.format.separator)
         write_json_atomic(out / "stats.json", stats)
         log.info("export_trl: %s -> %s", stats, out)

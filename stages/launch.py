@@ -34,13 +34,17 @@ from stages.mcts import mcts_stats
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m stages.launch", description="one stage worker per local GPU")
     parser.add_argument("stage", choices=sorted(SHARDED_STAGES))
-    parser.add_argument("--workers", type=int, default=None, help="workers without a GPU each (CPU); default: one per GPU")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="workers without a GPU each (CPU); default: one per GPU"
+    )
     args, rest = parser.parse_known_args(argv)
     config = parse_args("launch", rest)  # checked before any worker starts
     check_models(config, STAGE_MODULES[args.stage].rpartition(".")[2])
     devices = None if args.workers else visible_devices()
     if devices is not None and not devices:
-        raise SystemExit("launch: no GPU is visible to launch on: set CUDA_VISIBLE_DEVICES, or give --workers N for CPU workers")
+        raise SystemExit(
+            "launch: no GPU is visible to launch on: set CUDA_VISIBLE_DEVICES, or give --workers N for CPU workers"
+        )
     run_workers(shard_workers(args.stage, rest, devices, args.workers))
     if args.stage in MERGED_STAGES:
         run_workers([merge_worker(args.stage, rest, devices)])

@@ -35,30 +35,51 @@ def main(argv: list[str] | None = None) -> dict:
     out = stage_dir(config, "mcts", lock=f".lock-shard-{shard_index}of{shard_count}")
     other_splits = [h for h in held_locks(out, ".lock-shard-*") if not h["path"].endswith(f"of{shard_count}")]
     if other_splits:
-        raise SystemExit(f"mcts: {other_splits[0]['path']} is held by process {other_splits[0].get('pid', '?')}: a run split "
-                         f"another way than {shard_count} shards is searching this folder; both would search the same problems")
+        raise SystemExit(
+            f"mcts: {other_splits[0]['path']} is held by process {other_splits[0].get('pid', '?')}: a run split "
+            f"another way than {shard_count} shards is searching this folder; both would search the same problems"
+        )
     shards = out / "shards"
     with timed("mcts"):
         problems = training_problems(config)
         if config.mcts.max_problems is not None:
             problems = problems[: config.mcts.max_problems]
         mine = [p for i, p in enumerate(problems) if i % shard_count == shard_index]
-        check_settings(shards, mcts_settings(config), "the MCTS run", others_running=bool(held_locks(out, ".lock-shard-*")))
+        check_settings(
+            shards, mcts_settings(config), "the MCTS run", others_running=bool(held_locks(out, ".lock-shard-*"))
+        )
         done = completed_problem_ids(shards)
         todo = [p for p in mine if p.problem_id not in done]
-        log.info("mcts: %d problems in shard %s, %d already complete, %d to search", len(mine), config.mcts.shard, len(mine) - len(todo), len(todo))
+        log.info(
+            "mcts: %d problems in shard %s, %d already complete, %d to search",
+            len(mine),
+            config.mcts.shard,
+            len(mine) - len(todo),
+            len(todo),
+        )
         if todo:
             kinds = {p.kind for p in todo}
             if len(kinds) != 1:
                 raise SystemExit(f"mcts: problems mix answer kinds {sorted(kinds)}; run one source at a time")
             kind = kinds.pop()
             generator = build_generator(config)
-            prompts = [prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options")) for p in todo]
+            prompts = [
+                prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options"))
+                for p in todo
+            ]
             rollout_fn = make_rollout_fn(
-                generator, prompts, [p.answer for p in todo], kind, k=config.mcts.k,
-                temperature=config.mcts.temperature, top_p=config.mcts.top_p,
-                max_new_tokens=config.generation.max_new_tokens, separator=config.format.separator,
-                grade_many=grade_many, extract_answer=extract_answer, seed=config.seed,
+                generator,
+                prompts,
+                [p.answer for p in todo],
+                kind,
+                k=config.mcts.k,
+                temperature=config.mcts.temperature,
+                top_p=config.mcts.top_p,
+                max_new_tokens=config.generation.max_new_tokens,
+                separator=config.format.separator,
+                grade_many=grade_many,
+                extract_answer=extract_answer,
+                seed=config.seed,
                 problem_ids=[p.problem_id for p in todo],
             )
             bar = tqdm(total=len(todo), desc="mcts problems", unit="problem", dynamic_ncols=True)
@@ -73,9 +94,14 @@ def main(argv: list[str] | None = None) -> dict:
             tag = f"{shard_index}of{shard_count}"
             with ShardWriter(shards, tag=tag, commit_every=config.mcts.problems_per_commit) as writer:
                 run_mcts(
-                    [(p.problem_id, p.question) for p in todo], config.mcts, rollout_fn,
-                    on_done=lambda result: writer.add(result.summary.problem_id, records=result.records, summaries=[result.summary]),
-                    max_active=config.mcts.max_active, progress=progress,
+                    [(p.problem_id, p.question) for p in todo],
+                    config.mcts,
+                    rollout_fn,
+                    on_done=lambda result: writer.add(
+                        result.summary.problem_id, records=result.records, summaries=[result.summary]
+                    ),
+                    max_active=config.mcts.max_active,
+                    progress=progress,
                 )
             bar.close()
         stats = mcts_stats(shards)
@@ -89,15 +115,26 @@ def mcts_settings(config) -> dict:
     problems and the step format. Not: shard, max_active, problems_per_commit, max_problems,
     data.lenient, data.disjoint_from (a check of the problems, which it changes none of)."""
     policy = config.resolve(config.model.policy)
-    search = {k: v for k, v in dataclasses.asdict(config.mcts).items() if k not in ("shard", "max_active", "problems_per_commit", "max_problems")}
+    search = {
+        k: v
+        for k, v in dataclasses.asdict(config.mcts).items()
+        if k not in ("shard", "max_active", "problems_per_commit", "max_problems")
+    }
     return {
-        "policy": policy, "policy_fingerprint": _fingerprint_if_local(policy),
-        "policy_adapter": config.resolve(config.model.policy_adapter), "mcts": search, "seed": config.seed,
+        "policy": policy,
+        "policy_fingerprint": _fingerprint_if_local(policy),
+        "policy_adapter": config.resolve(config.model.policy_adapter),
+        "mcts": search,
+        "seed": config.seed,
         # not data.lenient: skipping malformed problem records changes no other problem's records
-        "data": {k: config.resolve(v) if k == "train_path" else v for k, v in dataclasses.asdict(config.data).items()
-                 if not k.startswith("validation") and k not in ("lenient", "disjoint_from")},
+        "data": {
+            k: config.resolve(v) if k == "train_path" else v
+            for k, v in dataclasses.asdict(config.data).items()
+            if not k.startswith("validation") and k not in ("lenient", "disjoint_from")
+        },
         "train_fingerprint": _fingerprint_if_local(config.resolve(config.data.train_path)),
-        "format": dataclasses.asdict(config.format), "max_new_tokens": config.generation.max_new_tokens,
+        "format": dataclasses.asdict(config.format),
+        "max_new_tokens": config.generation.max_new_tokens,
     }
 
 

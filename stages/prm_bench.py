@@ -42,16 +42,32 @@ def policy_cases(config) -> tuple[str, list, str] | None:
     kinds = {problem.kind for problem in problems}
     labeller = FIRST_ERROR_LABELLERS.get(kinds.pop()) if len(kinds) == 1 else None
     if labeller is None:
-        log.info("prm_bench: no exact step labels for problems of kind(s) %s: the policy's samples are skipped", sorted(kinds))
+        log.info(
+            "prm_bench: no exact step labels for problems of kind(s) %s: the policy's samples are skipped",
+            sorted(kinds),
+        )
         return None
-    samples = policy_solutions(build_generator(config), problems, config.format, cfg.policy_samples, cfg.temperature,
-                               config.generation.max_new_tokens, seed=cfg.seed)
-    cases = labelled_cases([sample.problem for sample in samples], [sample.steps for sample in samples], labeller,
-                           question=lambda p: question_text(p.question, p.meta.get("options")))
-    source = (f"the policy's ({config.resolve(config.model.policy)}) {cfg.policy_samples} samples at temperature {cfg.temperature} "
-              f"of each of {len(problems)} held-out problems (data.validation: "
-              f"{config.resolve(config.data.validation_path) or config.data.validation}), "
-              f"labelled exactly by {labeller.__module__}.{labeller.__name__}")
+    samples = policy_solutions(
+        build_generator(config),
+        problems,
+        config.format,
+        cfg.policy_samples,
+        cfg.temperature,
+        config.generation.max_new_tokens,
+        seed=cfg.seed,
+    )
+    cases = labelled_cases(
+        [sample.problem for sample in samples],
+        [sample.steps for sample in samples],
+        labeller,
+        question=lambda p: question_text(p.question, p.meta.get("options")),
+    )
+    source = (
+        f"the policy's ({config.resolve(config.model.policy)}) {cfg.policy_samples} samples at temperature {cfg.temperature} "
+        f"of each of {len(problems)} held-out problems (data.validation: "
+        f"{config.resolve(config.data.validation_path) or config.data.validation}), "
+        f"labelled exactly by {labeller.__module__}.{labeller.__name__}"
+    )
     return f"{problems[0].kind}_policy", cases, source
 
 
@@ -60,8 +76,10 @@ def hub_cases(spec: str, hub_id: str, hub_config: str | None, split: str) -> lis
     try:
         return read_processbench_hub(hub_id, hub_config, split)
     except OSError as exc:  # datasets' unreachable hub (ConnectionError) and missing dataset (FileNotFoundError)
-        raise SystemExit(f"prm_bench: could not read {spec} from the hub ({type(exc).__name__}: {exc}); download the split "
-                         "as JSON/JSONL and pass its path in prm_bench.processbench_paths") from None
+        raise SystemExit(
+            f"prm_bench: could not read {spec} from the hub ({type(exc).__name__}: {exc}); download the split "
+            "as JSON/JSONL and pass its path in prm_bench.processbench_paths"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -79,27 +97,54 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 name, cases, source = hub[2], hub_cases(spec, *hub), f"ProcessBench-format hub split {spec}"
             if name in sets:
-                raise SystemExit(f"prm_bench.processbench_paths: two sets named {name!r} ({sources[name]}; {source}): "
-                                 "rename one file")
+                raise SystemExit(
+                    f"prm_bench.processbench_paths: two sets named {name!r} ({sources[name]}; {source}): "
+                    "rename one file"
+                )
             sets[name], sources[name] = cases, source
         if cfg.prm800k_path:
             path = require(Path(config.resolve(cfg.prm800k_path)), "prm-bench (a PRM800K file you supply)")
-            sets["prm800k"], sources["prm800k"] = prm800k_cases(path), f"PRM800K phase-2 ratings {path} (the first step rated -1)"
+            sets["prm800k"], sources["prm800k"] = (
+                prm800k_cases(path),
+                f"PRM800K phase-2 ratings {path} (the first step rated -1)",
+            )
         scorer = load_scorer(require_prm(config.resolve(config.model.prm)), config)
         policy = policy_cases(config)
         if policy is not None:
             sets[policy[0]], sources[policy[0]] = policy[1], policy[2]
         if not sets:
-            raise SystemExit("prm_bench: nothing to score: set prm_bench.processbench_paths, prm_bench.prm800k_path or "
-                             "prm_bench.policy_problems (with problems of a kind that has exact step labels)")
-        results = {name: {"source": sources[name],
-                          **processbench(scorer, cases, held_out_fraction=cfg.held_out_fraction, threshold=cfg.threshold,
-                                         n_resamples=cfg.bootstrap_resamples, seed=cfg.seed)} for name, cases in sets.items()}
+            raise SystemExit(
+                "prm_bench: nothing to score: set prm_bench.processbench_paths, prm_bench.prm800k_path or "
+                "prm_bench.policy_problems (with problems of a kind that has exact step labels)"
+            )
+        results = {
+            name: {
+                "source": sources[name],
+                **processbench(
+                    scorer,
+                    cases,
+                    held_out_fraction=cfg.held_out_fraction,
+                    threshold=cfg.threshold,
+                    n_resamples=cfg.bootstrap_resamples,
+                    seed=cfg.seed,
+                ),
+            }
+            for name, cases in sets.items()
+        }
         write_json_atomic(out / "results.json", results)
         for name, result in results.items():
-            log.info("prm_bench: %s: F1 %s %s at threshold %.2f (%s); acc erroneous %s (n %d), correct %s (n %d)", name,
-                     result["f1"], result["interval"], result["threshold"], result["threshold_from"], result["accuracy_erroneous"],
-                     result["n_erroneous"], result["accuracy_correct"], result["n_correct"])
+            log.info(
+                "prm_bench: %s: F1 %s %s at threshold %.2f (%s); acc erroneous %s (n %d), correct %s (n %d)",
+                name,
+                result["f1"],
+                result["interval"],
+                result["threshold"],
+                result["threshold_from"],
+                result["accuracy_erroneous"],
+                result["n_erroneous"],
+                result["accuracy_correct"],
+                result["n_correct"],
+            )
     return results
 
 

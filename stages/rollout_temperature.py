@@ -30,19 +30,33 @@ def main(argv: list[str] | None = None) -> dict:
     problems = validation_problems(config)[: cfg.problems]
     kinds = sorted({p.kind for p in problems})
     if len(kinds) != 1 or kinds[0] not in FIRST_ERROR_LABELLERS:
-        raise SystemExit(f"rollout_temperature: the problems of data.validation ({config.resolve(config.data.validation_path) or config.data.validation}) "
-                         f"are of kind(s) {kinds}; the slip rate needs one kind with an exact first-wrong-step labeller "
-                         f"({sorted(FIRST_ERROR_LABELLERS)})")
+        raise SystemExit(
+            f"rollout_temperature: the problems of data.validation ({config.resolve(config.data.validation_path) or config.data.validation}) "
+            f"are of kind(s) {kinds}; the slip rate needs one kind with an exact first-wrong-step labeller "
+            f"({sorted(FIRST_ERROR_LABELLERS)})"
+        )
     out = stage_dir(config, "rollout_temperature")
     k = cfg.k or config.mcts.k
     with timed("rollout_temperature"):
-        rows = temperature_sweep(build_generator(config), problems, config, cfg.temperatures, k, cfg.seed, FIRST_ERROR_LABELLERS[kinds[0]])
-    result = {"rows": rows, "settings": {"policy": config.resolve(config.model.policy), "problems": len(problems), "k": k,
-                                         "validation": config.resolve(config.data.validation_path) or config.data.validation,
-                                         "mcts.temperature": config.mcts.temperature, "seed": cfg.seed}}
+        rows = temperature_sweep(
+            build_generator(config), problems, config, cfg.temperatures, k, cfg.seed, FIRST_ERROR_LABELLERS[kinds[0]]
+        )
+    result = {
+        "rows": rows,
+        "settings": {
+            "policy": config.resolve(config.model.policy),
+            "problems": len(problems),
+            "k": k,
+            "validation": config.resolve(config.data.validation_path) or config.data.validation,
+            "mcts.temperature": config.mcts.temperature,
+            "seed": cfg.seed,
+        },
+    }
     write_json_atomic(out / "results.json", result)
     log.info("rollout_temperature: wrote %s", out / "results.json")
-    print(f"rollout temperature sweep: {len(problems)} held-out problems x {k} samples, policy {config.resolve(config.model.policy)}")
+    print(
+        f"rollout temperature sweep: {len(problems)} held-out problems x {k} samples, policy {config.resolve(config.model.policy)}"
+    )
     print(sweep_table(rows))
     return result
 

@@ -67,16 +67,25 @@ def search_problems(config):
     ids = [p.problem_id for p in problems]
     if len(set(ids)) != len(ids):
         duplicate = next(i for i in ids if ids.count(i) > 1)
-        raise SystemExit(f"search: benchmark {name!r}: problem_id {duplicate!r} occurs twice; each problem's search and record key on it")
+        raise SystemExit(
+            f"search: benchmark {name!r}: problem_id {duplicate!r} occurs twice; each problem's search and record key on it"
+        )
     return problems
 
 
 def search_settings(config, kind: str) -> dict:
     s = config.search
     return {
-        "kind": kind, "temperature": s.temperature, "top_p": config.generation.top_p, "max_depth": s.max_depth,
-        "beam_width": s.beam_width, "aggregation": s.aggregation, "max_step_tokens": config.generation.max_step_tokens,
-        "max_new_tokens": config.generation.max_new_tokens, "separator": config.format.separator, "seed": s.seed,
+        "kind": kind,
+        "temperature": s.temperature,
+        "top_p": config.generation.top_p,
+        "max_depth": s.max_depth,
+        "beam_width": s.beam_width,
+        "aggregation": s.aggregation,
+        "max_step_tokens": config.generation.max_step_tokens,
+        "max_new_tokens": config.generation.max_new_tokens,
+        "separator": config.format.separator,
+        "seed": s.seed,
     }
 
 
@@ -88,20 +97,30 @@ def shard_settings(config, settings: dict, problems) -> dict:
     """What the committed solutions depend on (the resume guard of the shards folder): the
     search settings, strategies and ks, the models and their files, the problems and the prompt
     format. Not: shard, problems_per_commit."""
+
     def fingerprint(path):
         return path_fingerprint(path) if path and Path(path).exists() else None
 
     policy, prm = config.resolve(config.model.policy), config.resolve(config.model.prm)
     return {
-        **settings, "strategies": strategies_of(config), "ks": list(config.search.ks),
-        "policy": policy, "policy_fingerprint": fingerprint(policy), "policy_adapter": config.resolve(config.model.policy_adapter),
-        "prm": prm, "prm_fingerprint": fingerprint(prm), "prm_format": config.model.prm_format,
+        **settings,
+        "strategies": strategies_of(config),
+        "ks": list(config.search.ks),
+        "policy": policy,
+        "policy_fingerprint": fingerprint(policy),
+        "policy_adapter": config.resolve(config.model.policy_adapter),
+        "prm": prm,
+        "prm_fingerprint": fingerprint(prm),
+        "prm_format": config.model.prm_format,
         "problem_ids": hashlib.sha256("\n".join(p.problem_id for p in problems).encode()).hexdigest()[:16],
-        "format": dataclasses.asdict(config.format), "backend": config.generation.backend,
+        "format": dataclasses.asdict(config.format),
+        "backend": config.generation.backend,
     }
 
 
-def search_share(config, problems, kind: str, settings: dict, shards: Path, shard: tuple[int, int], others_running: bool) -> int:
+def search_share(
+    config, problems, kind: str, settings: dict, shards: Path, shard: tuple[int, int], others_running: bool
+) -> int:
     """Search the problems of shard (i, n) (index % n == i) that ``shards`` holds no solutions of
     yet, search.problems_per_commit at a time with every strategy and k, each chunk committed as
     one shard; returns how many."""
@@ -109,12 +128,19 @@ def search_share(config, problems, kind: str, settings: dict, shards: Path, shar
     check_settings(shards, shard_settings(config, settings, problems), "the search run", others_running=others_running)
     done = completed_problem_ids(shards)
     todo = [p for i, p in enumerate(problems) if i % count == index and p.problem_id not in done]
-    log.info("search: %d problems in shard %d/%d, %d to search", sum(1 for i in range(len(problems)) if i % count == index),
-             index, count, len(todo))
+    log.info(
+        "search: %d problems in shard %d/%d, %d to search",
+        sum(1 for i in range(len(problems)) if i % count == index),
+        index,
+        count,
+        len(todo),
+    )
     if not todo:
         return 0
     policy = build_generator(config)
-    prm = load_scorer(require_prm(config.resolve(config.model.prm)), config)  # ours or another format (model.prm_format)
+    prm = load_scorer(
+        require_prm(config.resolve(config.model.prm)), config
+    )  # ours or another format (model.prm_format)
     per_commit = config.search.problems_per_commit
     chunks = [todo[start : start + per_commit] for start in range(0, len(todo), per_commit)]
     runs = [(strategy, k) for strategy in strategies_of(config) for k in config.search.ks]
@@ -122,15 +148,36 @@ def search_share(config, problems, kind: str, settings: dict, shards: Path, shar
     with ShardWriter(shards, tag=f"{index}of{count}", commit_every=per_commit) as writer:
         for chunk in chunks:
             questions = [question_text(p.question, p.meta.get("options")) for p in chunk]
-            prompts = [prompt_from_config(p.question, kind, policy.tokenizer, config.format, p.meta.get("options")) for p in chunk]
+            prompts = [
+                prompt_from_config(p.question, kind, policy.tokenizer, config.format, p.meta.get("options"))
+                for p in chunk
+            ]
             solutions: dict[str, list[SearchRecord]] = {p.problem_id: [] for p in chunk}
             for strategy, k in runs:
                 bar.set_postfix_str(f"{strategy} k={k}")
-                results = search_many(questions, policy, prm, strategy, k, prompts=prompts,
-                                      problem_ids=[p.problem_id for p in chunk], **settings)
+                results = search_many(
+                    questions,
+                    policy,
+                    prm,
+                    strategy,
+                    k,
+                    prompts=prompts,
+                    problem_ids=[p.problem_id for p in chunk],
+                    **settings,
+                )
                 for problem, r in zip(chunk, results):
-                    solutions[problem.problem_id].append(SearchRecord(problem.problem_id, strategy, k, r.steps, r.step_scores,
-                                                                      r.finished, r.answer, r.tokens_generated))
+                    solutions[problem.problem_id].append(
+                        SearchRecord(
+                            problem.problem_id,
+                            strategy,
+                            k,
+                            r.steps,
+                            r.step_scores,
+                            r.finished,
+                            r.answer,
+                            r.tokens_generated,
+                        )
+                    )
                 bar.update(1)
             for problem in chunk:
                 writer.add(problem.problem_id, solutions=solutions[problem.problem_id])
@@ -148,7 +195,9 @@ def merged_solutions(shards: Path, problems, config) -> list[SearchRecord]:
     for problem in problems:
         found = [(r.strategy, r.k) for r in by_problem.get(problem.problem_id, [])]
         if found != runs:
-            raise ValueError(f"{shards}: problem {problem.problem_id!r} has solutions for {found or 'nothing'}; expected {runs}")
+            raise ValueError(
+                f"{shards}: problem {problem.problem_id!r} has solutions for {found or 'nothing'}; expected {runs}"
+            )
     return [record for problem in problems for record in by_problem[problem.problem_id]]
 
 
@@ -161,8 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = stage_dir(config, "search", lock=f".lock-shard-{index}of{count}" if worker else ".lock", save=not worker)
     others = [h for h in held_locks(out, ".lock*") if not (worker and h["path"].endswith(f"of{count}"))]
     if others:
-        raise SystemExit(f"search: {others[0]['path']} is held by process {others[0].get('pid', '?')}: another search of this run "
-                         "(the workers of `python -m stages.launch search`, one process, or a split another way) is searching the same problems")
+        raise SystemExit(
+            f"search: {others[0]['path']} is held by process {others[0].get('pid', '?')}: another search of this run "
+            "(the workers of `python -m stages.launch search`, one process, or a split another way) is searching the same problems"
+        )
     shards = out / "shards"
     with timed("search" if not worker else f"search shard {index}/{count}"):
         problems = search_problems(config)
@@ -171,7 +222,15 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"search: problems mix answer kinds {sorted(kinds)}; run one benchmark at a time")
         kind = kinds.pop()
         settings = search_settings(config, kind)
-        searched = search_share(config, problems, kind, settings, shards, (index, count), others_running=worker and bool(held_locks(out, ".lock-shard-*")))
+        searched = search_share(
+            config,
+            problems,
+            kind,
+            settings,
+            shards,
+            (index, count),
+            others_running=worker and bool(held_locks(out, ".lock-shard-*")),
+        )
         if worker:
             return {"shard": config.search.shard, "searched": searched}
         solutions = merged_solutions(shards, problems, config)
@@ -179,13 +238,28 @@ def main(argv: list[str] | None = None) -> dict:
         rows = []
         for strategy in strategies_of(config):
             for k in config.search.ks:
-                results = [SearchResult(r.steps, r.step_scores, r.finished, r.answer, r.tokens_generated)
-                           for r in solutions if r.strategy == strategy and r.k == k]
+                results = [
+                    SearchResult(r.steps, r.step_scores, r.finished, r.answer, r.tokens_generated)
+                    for r in solutions
+                    if r.strategy == strategy and r.k == k
+                ]
                 row = {"strategy": strategy, "k": k, **summarize_search(results, golds, kind, seed=config.seed)}
-                log.info("search: %s k=%d accuracy %.3f [%.3f, %.3f], %.0f tokens/problem", strategy, k,
-                         row["accuracy"]["mean"], row["accuracy"]["lo"], row["accuracy"]["hi"], row["tokens_per_problem"])
+                log.info(
+                    "search: %s k=%d accuracy %.3f [%.3f, %.3f], %.0f tokens/problem",
+                    strategy,
+                    k,
+                    row["accuracy"]["mean"],
+                    row["accuracy"]["lo"],
+                    row["accuracy"]["hi"],
+                    row["tokens_per_problem"],
+                )
                 rows.append(row)
-        summary = {"benchmark": config.search.benchmark, "n_problems": len(problems), "settings": settings, "rows": rows}
+        summary = {
+            "benchmark": config.search.benchmark,
+            "n_problems": len(problems),
+            "settings": settings,
+            "rows": rows,
+        }
         write_records_atomic(out / "solutions.jsonl", solutions)
         write_json_atomic(out / "results.json", summary)
         write_text_atomic(out / "table.md", results_table(rows))
@@ -198,8 +272,10 @@ def results_table(rows: list[dict]) -> str:
     lines = ["| strategy | k | accuracy | 95% CI | finished | tokens / problem |", "|---|---:|---:|---|---:|---:|"]
     for r in rows:
         a = r["accuracy"]
-        lines.append(f"| {r['strategy']} | {r['k']} | {a['mean']:.3f} | [{a['lo']:.3f}, {a['hi']:.3f}] "
-                     f"| {r['finished_fraction']:.2f} | {r['tokens_per_problem']:.0f} |")
+        lines.append(
+            f"| {r['strategy']} | {r['k']} | {a['mean']:.3f} | [{a['lo']:.3f}, {a['hi']:.3f}] "
+            f"| {r['finished_fraction']:.2f} | {r['tokens_per_problem']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -62,8 +62,15 @@ def exact_check_samples(config, kind: str) -> list[PolicySample] | None:
         log.info("prm: no held-out problem has an exact step labeller: the exact check and the slip pairs are skipped")
         return None
     generator = build_generator(config, progress=True)  # one generate call: its bar is the sampling's
-    return policy_solutions(generator, problems, config.format, cfg.exact_check_samples, cfg.exact_check_temperature,
-                            config.generation.max_new_tokens, seed=cfg.seed)
+    return policy_solutions(
+        generator,
+        problems,
+        config.format,
+        cfg.exact_check_samples,
+        cfg.exact_check_temperature,
+        config.generation.max_new_tokens,
+        seed=cfg.seed,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -96,17 +103,28 @@ def main(argv: list[str] | None = None) -> dict:
         # eval_only: ours or another format (model.prm_format); after training: the PRM just trained
         scorer = load_scorer(model_dir, config) if cfg.eval_only else PRMScorer.from_pretrained(model_dir, config)
         report = validate_prm(
-            scorer, val_records, bins=config.prm.calibration_bins, corrupt_examples=config.prm.corrupt_examples,
-            prm800k_path=config.resolve(config.prm.prm800k_path), seed=config.prm.seed, merge_prefixes=config.prm.merge_prefixes,
+            scorer,
+            val_records,
+            bins=config.prm.calibration_bins,
+            corrupt_examples=config.prm.corrupt_examples,
+            prm800k_path=config.resolve(config.prm.prm800k_path),
+            seed=config.prm.seed,
+            merge_prefixes=config.prm.merge_prefixes,
             policy_samples=exact_check_samples(config, scorer.kind or prm_kind(config)),
         )
         write_validation(report, out)
         result["validation"] = {k: v for k, v in report.items() if k not in ("reliability",)}
         write_json_atomic(out / "summary.json", result)
         figure = lambda value: "n/a" if value is None else f"{value:.4f}"  # noqa: E731
-        log.info("prm: val bce %s MC-label auc %s ece %s brier %s exact auc %s slip-pair auc %s", figure(report.get("bce")),
-                 figure(report.get("auc")), figure(report.get("ece")), figure(report.get("brier")),
-                 figure((report.get("exact") or {}).get("auc")), figure((report.get("slip_pair") or {}).get("auc")))
+        log.info(
+            "prm: val bce %s MC-label auc %s ece %s brier %s exact auc %s slip-pair auc %s",
+            figure(report.get("bce")),
+            figure(report.get("auc")),
+            figure(report.get("ece")),
+            figure(report.get("brier")),
+            figure((report.get("exact") or {}).get("auc")),
+            figure((report.get("slip_pair") or {}).get("auc")),
+        )
     return result
 
 

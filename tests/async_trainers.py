@@ -23,5 +23,7 @@ class DeadlineTrainer(AsyncFinetuneTrainer):
             if groups is not None:
                 return groups, recent, waited
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no batch within {self.deadline_seconds} s at step {self.step}: "
-                                   f"{ray.get(self.store.stats.remote())}")
+                raise TimeoutError(
+                    f"no batch within {self.deadline_seconds} s at step {self.step}: "
+                    f"{ray.get(self.store.stats.remote())}"
+                )

@@ -38,8 +38,15 @@ from test_async_ray import tabular_config, tabular_trainer  # noqa: E402
 
 
 def main(address: str, out: Path) -> None:
-    cfg = tabular_config(num_train_steps=3, questions_per_step=4, searchers=2, ray_address=address, sync_every=1,
-                         max_staleness=None, weight_transport="collective")
+    cfg = tabular_config(
+        num_train_steps=3,
+        questions_per_step=4,
+        searchers=2,
+        ray_address=address,
+        sync_every=1,
+        max_staleness=None,
+        weight_transport="collective",
+    )
     trainer, _ = tabular_trainer(cfg, out / "run", wait_seconds=90)
     rank = trainer.sampler.collective.rank
     shares: list[list[str]] = []
@@ -52,10 +59,19 @@ def main(address: str, out: Path) -> None:
 
     trainer.draw = recorded_draw
     history = trainer.train()
-    (out / f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "world": trainer.sampler.collective.world, "pid": os.getpid(), "ray_init_calls": calls,
-        "connected_at_end": ray.is_initialized(), "shares": shares,
-        "records": [{k: v for k, v in h.items() if isinstance(v, (int, float, str))} for h in history]}))
+    (out / f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "world": trainer.sampler.collective.world,
+                "pid": os.getpid(),
+                "ray_init_calls": calls,
+                "connected_at_end": ray.is_initialized(),
+                "shares": shares,
+                "records": [{k: v for k, v in h.items() if isinstance(v, (int, float, str))} for h in history],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

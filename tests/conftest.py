@@ -48,7 +48,9 @@ def random_tiny_world(tmp_path_factory) -> Path:
     splits = generate_splits(TinyWorldConfig(n_train=40, n_val=4, n_test=4))
     write_problems_jsonl(splits["train"], root / "problems_train.jsonl")
     tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
-    model = build_model(BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=3), tokenizer)
+    model = build_model(
+        BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=3), tokenizer
+    )
     save_policy(model, tokenizer, root / "policy")
     ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
     return root
@@ -88,6 +90,8 @@ def pytest_runtest_setup(item):
     if item.get_closest_marker("vllm") is None or importlib.util.find_spec("vllm") is not None:
         return
     if os.environ.get("STEPFLOW_REQUIRE_VLLM") == "1":
-        pytest.fail("vllm is not installed but STEPFLOW_REQUIRE_VLLM=1: run the vLLM tests with `make test-vllm` (.venv-vllm)",
-                    pytrace=False)
+        pytest.fail(
+            "vllm is not installed but STEPFLOW_REQUIRE_VLLM=1: run the vLLM tests with `make test-vllm` (.venv-vllm)",
+            pytrace=False,
+        )
     pytest.skip("vllm is not installed (make test-vllm runs these tests in .venv-vllm)")

@@ -68,8 +68,14 @@ def corpus(questions: Iterable[str] = ()) -> list[str]:
     for shots in FEW_SHOT.values():
         for question, steps in shots:
             texts += [question, *steps]
-    texts += ["system", "user", "assistant", "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024",
-              "Please reason step by step, and put your final answer within \\boxed{}.", "The answer is \\boxed{42}"]
+    texts += [
+        "system",
+        "user",
+        "assistant",
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024",
+        "Please reason step by step, and put your final answer within \\boxed{}.",
+        "The answer is \\boxed{42}",
+    ]
     return texts
 
 
@@ -77,8 +83,12 @@ def _byte_level_bpe(texts: Iterable[str], specials: list[str], vocab_size: int) 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # any byte stays encodable
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # any byte stays encodable
     backend.train_from_iterator(list(texts), trainer=trainer)
     return backend
 
@@ -89,21 +99,41 @@ def llama3_tokenizer(texts: Iterable[str], vocab_size: int = 640) -> PreTrainedT
     backend = _byte_level_bpe(texts, LLAMA3_SPECIALS, vocab_size)
     bos_id = backend.token_to_id(LLAMA3_BOS)
     backend.post_processor = processors.TemplateProcessing(
-        single=f"{LLAMA3_BOS} $A", pair=f"{LLAMA3_BOS} $A {LLAMA3_BOS} $B", special_tokens=[(LLAMA3_BOS, bos_id)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=LLAMA3_BOS, eos_token=LLAMA3_EOT,
-                                   chat_template=LLAMA3_CHAT_TEMPLATE, clean_up_tokenization_spaces=True, model_max_length=1024)
+        single=f"{LLAMA3_BOS} $A", pair=f"{LLAMA3_BOS} $A {LLAMA3_BOS} $B", special_tokens=[(LLAMA3_BOS, bos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=LLAMA3_BOS,
+        eos_token=LLAMA3_EOT,
+        chat_template=LLAMA3_CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=True,
+        model_max_length=1024,
+    )
 
 
 def qwen2_tokenizer(texts: Iterable[str], vocab_size: int = 640) -> PreTrainedTokenizerFast:
     """Byte-level BPE with Qwen2.5's special tokens: no BOS, eos <|im_end|>, pad <|endoftext|>,
     the ChatML template."""
     backend = _byte_level_bpe(texts, QWEN2_SPECIALS, vocab_size)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=QWEN2_END, pad_token=QWEN2_PAD,
-                                   chat_template=QWEN2_CHAT_TEMPLATE, clean_up_tokenization_spaces=False, model_max_length=1024)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=QWEN2_END,
+        pad_token=QWEN2_PAD,
+        chat_template=QWEN2_CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        model_max_length=1024,
+    )
 
 
-_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=1024, tie_word_embeddings=True)
+_SIZES = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+)
 
 
 def llama3_model(tokenizer, seed: int = 0) -> transformers.LlamaForCausalLM:
@@ -111,8 +141,9 @@ def llama3_model(tokenizer, seed: int = 0) -> transformers.LlamaForCausalLM:
     end tokens of its generation config, tied embeddings, rope theta 500000."""
     torch.manual_seed(seed)
     ends = [tokenizer.convert_tokens_to_ids(t) for t in (LLAMA3_END, LLAMA3_EOM, LLAMA3_EOT)]
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=ends,
-                                      rope_theta=500000.0, **_SIZES)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=ends, rope_theta=500000.0, **_SIZES
+    )
     model = transformers.LlamaForCausalLM(config)
     model.generation_config.bos_token_id, model.generation_config.eos_token_id = tokenizer.bos_token_id, ends
     return model.eval()
@@ -125,8 +156,9 @@ def qwen2_model(tokenizer, seed: int = 0) -> transformers.Qwen2ForCausalLM:
     config stopping on <|im_end|> and <|endoftext|>, pad <|endoftext|>."""
     torch.manual_seed(seed)
     end, pad = tokenizer.convert_tokens_to_ids(QWEN2_END), tokenizer.convert_tokens_to_ids(QWEN2_PAD)
-    config = transformers.Qwen2Config(vocab_size=len(tokenizer), bos_token_id=pad, eos_token_id=end, pad_token_id=pad,
-                                      rope_theta=1000000.0, **_SIZES)
+    config = transformers.Qwen2Config(
+        vocab_size=len(tokenizer), bos_token_id=pad, eos_token_id=end, pad_token_id=pad, rope_theta=1000000.0, **_SIZES
+    )
     model = transformers.Qwen2ForCausalLM(config)
     model.generation_config.bos_token_id, model.generation_config.eos_token_id = pad, [end, pad]
     model.generation_config.pad_token_id = pad

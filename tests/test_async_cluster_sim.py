@@ -15,8 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 from benchmarks import async_cluster_sim as sim
 
 
-def brute_force_rate(searchers: int, round_seconds: float, per_round: int, update_seconds: float, rows: int,
-                     horizon: float) -> float:
+def brute_force_rate(
+    searchers: int, round_seconds: float, per_round: int, update_seconds: float, rows: int, horizon: float
+) -> float:
     """Trajectories trained per second over ``horizon`` seconds, counted round by round and update
     by update: every searcher sends per_round trajectories at the end of each of its rounds, the
     trainer can take rows trajectories at the end of each update; trained = what was both sent and
@@ -37,11 +38,24 @@ def brute_force_rate(searchers: int, round_seconds: float, per_round: int, updat
 def test_ideal_rate_is_the_generation_rate_capped_by_the_trainer():
     rng = random.Random(0)
     cases = [(1, 0.911, 16, 1.024, 16), (32, 0.911, 16, 1.024, 512), (4, 2.0, 16, 0.5, 64), (2, 1.0, 8, 1.0, 16)]
-    cases += [(rng.randint(1, 32), rng.uniform(0.2, 3.0), rng.choice([4, 16, 32]), rng.uniform(0.2, 3.0),
-               rng.choice([16, 64, 256])) for _ in range(20)]
+    cases += [
+        (
+            rng.randint(1, 32),
+            rng.uniform(0.2, 3.0),
+            rng.choice([4, 16, 32]),
+            rng.uniform(0.2, 3.0),
+            rng.choice([16, 64, 256]),
+        )
+        for _ in range(20)
+    ]
     for searchers, round_seconds, per_round, update_seconds, rows in cases:
-        ideal = sim.ideal_rate(searchers, round_seconds=round_seconds, trajectories_per_round=per_round,
-                               update_seconds=update_seconds, rows_per_update=rows)
+        ideal = sim.ideal_rate(
+            searchers,
+            round_seconds=round_seconds,
+            trajectories_per_round=per_round,
+            update_seconds=update_seconds,
+            rows_per_update=rows,
+        )
         horizon = 2_000.0
         counted = brute_force_rate(searchers, round_seconds, per_round, update_seconds, rows, horizon)
         # counting whole rounds and updates misses at most one of each per searcher over the horizon
@@ -62,12 +76,26 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
     from pipeline.config_loader import load_config
 
     cfg = load_config(REPO / "configs" / "tiny.yaml")
-    calibration = sim.Calibration(round_seconds=0.04, trajectories_per_round=16, update_seconds=0.05, token_seconds=0.0,
-                                  tokens_per_trajectory=2, source="test")
-    settings = sim.SimSettings(searcher_counts=(1, 2), policies=(sim.config_policy(cfg.gfn), sim.NO_REPLAY),
-                               warmup_updates=1, measured_updates=3, problems=64, sweep_payload_parameters=1000,
-                               draw_timeout=60.0)
-    row = sim.measure(cfg, tmp_path, settings=settings, calibration=calibration, full_payload=False)  # Ray shut down inside
+    calibration = sim.Calibration(
+        round_seconds=0.04,
+        trajectories_per_round=16,
+        update_seconds=0.05,
+        token_seconds=0.0,
+        tokens_per_trajectory=2,
+        source="test",
+    )
+    settings = sim.SimSettings(
+        searcher_counts=(1, 2),
+        policies=(sim.config_policy(cfg.gfn), sim.NO_REPLAY),
+        warmup_updates=1,
+        measured_updates=3,
+        problems=64,
+        sweep_payload_parameters=1000,
+        draw_timeout=60.0,
+    )
+    row = sim.measure(
+        cfg, tmp_path, settings=settings, calibration=calibration, full_payload=False
+    )  # Ray shut down inside
     assert (tmp_path / "async_cluster_sim.json").exists() and (tmp_path / "async_cluster_sim.png").exists()
     expected = [("config", 1), ("config", 2), ("no_replay", 1), ("no_replay", 2)]
     assert [(p["policy"], p["searchers"]) for p in row["points"]] == expected
@@ -83,8 +111,9 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
         # the trainer trained whole batches, of trajectories the searchers sent
         assert point["trained_rows"] == (settings.warmup_updates + settings.measured_updates) * point["rows_per_update"]
         assert 0 < point["trained_distinct"] <= min(point["added"], point["trained_rows"])
-        assert point["ideal_per_s"] == sim.ideal_rate(n, round_seconds=0.04, trajectories_per_round=16,
-                                                      update_seconds=0.05, rows_per_update=n * per_round)
+        assert point["ideal_per_s"] == sim.ideal_rate(
+            n, round_seconds=0.04, trajectories_per_round=16, update_seconds=0.05, rows_per_update=n * per_round
+        )
         assert point["fraction_of_ideal"] == point["trained_per_s"] / point["ideal_per_s"]
     for point in row["points"]:
         if point["policy"] == "no_replay":

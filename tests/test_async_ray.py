@@ -51,8 +51,13 @@ from test_gflownet import KnownScorer, TabularPolicy, jsd, target_distribution  
 
 def start_local_ray(**resources) -> None:
     """A local Ray instance whose workers can import this test's modules (``resources``: num_cpus, num_gpus)."""
-    ray.init(include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}}, **resources)
+    ray.init(
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}},
+        **resources,
+    )
 
 
 @pytest.fixture
@@ -140,7 +145,7 @@ class WidePolicy(torch.nn.Module):
         """log pi(tau), steps and stop, as the sampler records it for a reference (float)."""
         with torch.no_grad():
             lp = self.logprobs(None, [steps], with_grad=False)
-        return float(lp.step_logprobs[0, :len(steps)].sum() + lp.termination_logprobs[0, len(steps)])
+        return float(lp.step_logprobs[0, : len(steps)].sum() + lp.termination_logprobs[0, len(steps)])
 
     def after_update(self, version, weights=None):
         pass  # it samples from its live parameters
@@ -169,16 +174,31 @@ def searcher_problems(given: list[dict], questions: int) -> list[TrainProblem]:
 
 def tabular_sampler(cfg, index, given: list[dict] = (), questions: int = 12):
     """A searcher's sampler (built inside its actor): its own tabular policy, the known scores."""
-    return TrajectorySampler(TabularPolicy(), KnownScorer(), searcher_problems(given, questions), "tiny", searcher_config(cfg, index),
-                             extract=every_step_answers, grade=all_correct)
+    return TrajectorySampler(
+        TabularPolicy(),
+        KnownScorer(),
+        searcher_problems(given, questions),
+        "tiny",
+        searcher_config(cfg, index),
+        extract=every_step_answers,
+        grade=all_correct,
+    )
 
 
 def wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12, record_own_logprobs: bool = False):
     """A searcher's sampler on the wide environment. record_own_logprobs: the sampler's reference is
     its own policy, so each trajectory records log pi(tau) under the weights that sampled it."""
     policy = WidePolicy()
-    return TrajectorySampler(policy, WideScorer(), searcher_problems(given, questions), "tiny", searcher_config(cfg, index),
-                             reference=policy if record_own_logprobs else None, extract=every_step_answers, grade=all_correct)
+    return TrajectorySampler(
+        policy,
+        WideScorer(),
+        searcher_problems(given, questions),
+        "tiny",
+        searcher_config(cfg, index),
+        reference=policy if record_own_logprobs else None,
+        extract=every_step_answers,
+        grade=all_correct,
+    )
 
 
 def pooled_wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12):
@@ -186,8 +206,15 @@ def pooled_wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12)
     scorer actors (PooledScorer), as pipeline.finetune.run.searcher_sampler builds it with gfn.scorer_actors > 0."""
     from pipeline.finetune.async_ray import PooledScorer
 
-    return TrajectorySampler(WidePolicy(), PooledScorer(cfg.scorer_actors, index), searcher_problems(given, questions), "tiny",
-                             searcher_config(cfg, index), extract=every_step_answers, grade=all_correct)
+    return TrajectorySampler(
+        WidePolicy(),
+        PooledScorer(cfg.scorer_actors, index),
+        searcher_problems(given, questions),
+        "tiny",
+        searcher_config(cfg, index),
+        extract=every_step_answers,
+        grade=all_correct,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -209,9 +236,21 @@ def rejoined(trainer, index: int, after: int) -> bool:
     return status["restarted"] and status["sampled_version"] > after
 
 
-def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_searcher_at: int | None = None, policy=None,
-                    make_sampler=None, questions: int = 12, wait_seconds: float = 120.0, given: list[dict] = (),
-                    rejoin: bool = True, export=None, publish_dtype: torch.dtype | None = None, make_scorer=None):
+def tabular_trainer(
+    cfg,
+    out: Path,
+    interrupt_at: int | None = None,
+    kill_searcher_at: int | None = None,
+    policy=None,
+    make_sampler=None,
+    questions: int = 12,
+    wait_seconds: float = 120.0,
+    given: list[dict] = (),
+    rejoin: bool = True,
+    export=None,
+    publish_dtype: torch.dtype | None = None,
+    make_scorer=None,
+):
     """The asynchronous trainer around a tabular policy (TabularPolicy unless ``policy``), keeping
     every published state (``published``: version -> weights) and the store's last contents.
     given: the problems the searchers start from (through Ray's object store); kill_searcher_at: the
@@ -224,8 +263,16 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
     torch.manual_seed(0)
     policy = policy if policy is not None else TabularPolicy()
     objective = build_objective(cfg, policy, hidden_size=8)
-    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), policy, optimizer_settings(cfg, 1), out,
-                        objective=objective, objective_lr=objective.lr, save_every=cfg.save_every, progress=False)
+    base = TrainingBase(
+        make_accelerator(ModelConfig(device="cpu", dtype="float32")),
+        policy,
+        optimizer_settings(cfg, 1),
+        out,
+        objective=objective,
+        objective_lr=objective.lr,
+        save_every=cfg.save_every,
+        progress=False,
+    )
     sampler = TrajectorySampler(policy, None, problems(questions), "tiny", cfg, collective=Collective(base.accelerator))
 
     class Trainer(DeadlineTrainer):
@@ -264,14 +311,40 @@ def tabular_trainer(cfg, out: Path, interrupt_at: int | None = None, kill_search
 
     export = export or (lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()})
     make_sampler = make_sampler or functools.partial(tabular_sampler, cfg, questions=questions)
-    return Trainer(base, sampler, objective, cfg, make_sampler, export, problems=list(given), progress=False,
-                   publish_dtype=publish_dtype, make_scorer=make_scorer), policy
+    return Trainer(
+        base,
+        sampler,
+        objective,
+        cfg,
+        make_sampler,
+        export,
+        problems=list(given),
+        progress=False,
+        publish_dtype=publish_dtype,
+        make_scorer=make_scorer,
+    ), policy
 
 
 def tabular_config(**overrides) -> GFNConfig:
-    settings = dict(loss="tb_vargrad", lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=250, questions_per_step=4,
-                    samples_per_question=8, async_samples_used=4, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0,
-                    mode="async", searchers=2, sync_every=1, max_staleness=4, buffer_size=200)
+    settings = dict(
+        loss="tb_vargrad",
+        lr=0.1,
+        scheduler="constant",
+        warmup_steps=0,
+        num_train_steps=250,
+        questions_per_step=4,
+        samples_per_question=8,
+        async_samples_used=4,
+        micro_batch_size=64,
+        temperature=1.0,
+        save_every=0,
+        grad_clip=10.0,
+        mode="async",
+        searchers=2,
+        sync_every=1,
+        max_staleness=4,
+        buffer_size=200,
+    )
     return GFNConfig(**{**settings, **overrides})
 
 
@@ -304,11 +377,16 @@ def assert_recorded_logprobs_are_the_published_weights(trainer, trajectories, be
         recorded = sum(trajectory.reference_step_logprobs) + trajectory.reference_stop_logprob
         policy = WidePolicy()
         policy.load_state_dict(trainer.published_states[version])
-        assert recorded == pytest.approx(policy.trajectory_logprob(trajectory.steps), abs=1e-5), (version, trajectory.steps)
+        assert recorded == pytest.approx(policy.trajectory_logprob(trajectory.steps), abs=1e-5), (
+            version,
+            trajectory.steps,
+        )
         policy.load_state_dict(trainer.published_states[max(older)])
         distinguishable += abs(recorded - policy.trajectory_logprob(trajectory.steps)) > 1e-4
         checked += 1
-    assert 2 * distinguishable >= checked, f"only {distinguishable} of {checked} trajectories tell their version from the one before"
+    assert 2 * distinguishable >= checked, (
+        f"only {distinguishable} of {checked} trajectories tell their version from the one before"
+    )
     return checked
 
 
@@ -320,10 +398,18 @@ def stored(trainer) -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
-def test_a_killed_searcher_is_restarted_and_samples_with_the_newest_weights(local_ray, tmp_path, transport, tiny_world_problems):
+def test_a_killed_searcher_is_restarted_and_samples_with_the_newest_weights(
+    local_ray, tmp_path, transport, tiny_world_problems
+):
     cfg = tabular_config(num_train_steps=40, weight_transport=transport, lr=0.05)
-    trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=6, policy=WidePolicy(), given=tiny_world_problems,
-                                 make_sampler=functools.partial(wide_sampler, cfg, record_own_logprobs=True))
+    trainer, _ = tabular_trainer(
+        cfg,
+        tmp_path,
+        kill_searcher_at=6,
+        policy=WidePolicy(),
+        given=tiny_world_problems,
+        make_sampler=functools.partial(wide_sampler, cfg, record_own_logprobs=True),
+    )
     history = trainer.train()
     assert [h["step"] for h in history] == list(range(1, 41))
     assert history[-1]["searcher_restarts"] >= 1 and trainer.rejoined
@@ -356,15 +442,25 @@ class RecordingPolicy(TabularPolicy):
 
 
 def recording_sampler(cfg, folder: Path, index, given: list[dict] = (), questions: int = 12):
-    return TrajectorySampler(RecordingPolicy(folder, index), KnownScorer(), searcher_problems(given, questions), "tiny",
-                             searcher_config(cfg, index), extract=every_step_answers, grade=all_correct)
+    return TrajectorySampler(
+        RecordingPolicy(folder, index),
+        KnownScorer(),
+        searcher_problems(given, questions),
+        "tiny",
+        searcher_config(cfg, index),
+        extract=every_step_answers,
+        grade=all_correct,
+    )
 
 
 def received(folder: Path, index: int, version: int) -> dict[int, dict]:
     """What searcher ``index`` loaded as ``version``: process id -> state."""
     from safetensors.torch import load_file
 
-    return {int(path.stem.rsplit("-", 1)[1]): load_file(str(path)) for path in folder.glob(f"searcher{index}-v{version}-*.safetensors")}
+    return {
+        int(path.stem.rsplit("-", 1)[1]): load_file(str(path))
+        for path in folder.glob(f"searcher{index}-v{version}-*.safetensors")
+    }
 
 
 def wait_for(condition, what: str, seconds: float = 120.0):
@@ -392,13 +488,24 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
     store's when it starts; the collective's at the next publication, in a new group of all three)."""
     folder = tmp_path / "received"
     folder.mkdir()
-    cfg = tabular_config(searchers=3, weight_transport=transport, publish_bucket_mb=96 / 2**20, searcher_rounds_per_version=1)
+    cfg = tabular_config(
+        searchers=3, weight_transport=transport, publish_bucket_mb=96 / 2**20, searcher_rounds_per_version=1
+    )
     generator = torch.Generator().manual_seed(1)
-    state = {"embed.weight": torch.randn(8, 6, generator=generator), "bias": torch.randn(6, generator=generator, dtype=torch.float64),
-             "norm.weight": torch.randn(5, generator=generator).to(torch.bfloat16), "position": torch.arange(9),
-             "transposed": torch.randn(3, 7, generator=generator).t()}
-    trainer, _ = tabular_trainer(cfg, tmp_path / "trainer", export=lambda: state, publish_dtype=torch.bfloat16,
-                                 make_sampler=functools.partial(recording_sampler, cfg, folder))
+    state = {
+        "embed.weight": torch.randn(8, 6, generator=generator),
+        "bias": torch.randn(6, generator=generator, dtype=torch.float64),
+        "norm.weight": torch.randn(5, generator=generator).to(torch.bfloat16),
+        "position": torch.arange(9),
+        "transposed": torch.randn(3, 7, generator=generator).t(),
+    }
+    trainer, _ = tabular_trainer(
+        cfg,
+        tmp_path / "trainer",
+        export=lambda: state,
+        publish_dtype=torch.bfloat16,
+        make_sampler=functools.partial(recording_sampler, cfg, folder),
+    )
 
     def published_as(version: int, pids_before: dict[int, int], searchers=range(3)) -> dict[int, int]:
         """Each of ``searchers`` loaded ``state`` in bfloat16, bit for bit, as ``version`` (from a new
@@ -406,8 +513,12 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
         expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
         pids = {}
         for index in searchers:
-            copies = wait_for(lambda: {pid: got for pid, got in received(folder, index, version).items() if pid != pids_before.get(index)},
-                              f"searcher {index} to load version {version}")
+            copies = wait_for(
+                lambda: {
+                    pid: got for pid, got in received(folder, index, version).items() if pid != pids_before.get(index)
+                },
+                f"searcher {index} to load version {version}",
+            )
             [(pids[index], got)] = copies.items()
             assert sorted(got) == sorted(expected), index  # (safetensors keeps names sorted)
             for name, value in expected.items():
@@ -416,18 +527,24 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
 
     trainer.start()
     try:
-        trainer.base.step = 1  # the version published: training step 1 (TB-VarGrad: one optimizer step per training step)
+        trainer.base.step = (
+            1  # the version published: training step 1 (TB-VarGrad: one optimizer step per training step)
+        )
         trainer.publish()
         trainer.keep_searching()
         trainer.publisher.wait()
         [publication] = trainer.publisher.take_finished()
         raw = 2 * (48 + 6 + 5 + 21) + 8 * 9  # bfloat16 floats, int64 positions
-        assert publication.version == 1 and publication.buckets >= 3 and raw <= publication.bytes < raw + 16 * len(state)
+        assert (
+            publication.version == 1 and publication.buckets >= 3 and raw <= publication.bytes < raw + 16 * len(state)
+        )
         assert publication.searchers == (3 if transport == "collective" else None)
         pids = published_as(1, {})
         trainer.keep_searching()  # raises an error a searcher's loop ended with
         os.kill(pids[0], signal.SIGKILL)
-        wait_for(lambda: (status := answering(trainer.searchers[0])) and status["restarted"], "searcher 0 to be restarted")
+        wait_for(
+            lambda: (status := answering(trainer.searchers[0])) and status["restarted"], "searcher 0 to be restarted"
+        )
         if transport == "object_store":  # the restarted searcher reads the newest references as it starts
             published_as(1, {0: pids[0]}, searchers=[0])
         state["embed.weight"].add_(1.0)
@@ -453,11 +570,28 @@ def test_a_two_process_trainer_joins_one_ray_cluster_once_from_its_main_process(
     start_local_ray(num_cpus=4)
     try:
         address, own_job = ray.get_runtime_context().gcs_address, ray.get_runtime_context().get_job_id()
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(unused_port()),
-                   str(TESTS / "async_two_ranks.py"), address, str(tmp_path)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(unused_port()),
+            str(TESTS / "async_two_ranks.py"),
+            address,
+            str(tmp_path),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, _ = process.communicate(timeout=240)
         finally:
@@ -478,13 +612,28 @@ def test_a_two_process_trainer_joins_one_ray_cluster_once_from_its_main_process(
         assert len(mine) == len(theirs) == 2 and not set(mine) & set(theirs)
     for rank in ranks:
         assert [r["step"] for r in rank["records"]] == [1, 2, 3] and all(r["trained"] == 16 for r in rank["records"])
-    assert sum(r["publications"] for r in ranks[0]["records"]) >= 2  # the main process published (the last may still run)
+    assert (
+        sum(r["publications"] for r in ranks[0]["records"]) >= 2
+    )  # the main process published (the last may still run)
 
 
 def wide_config(**overrides) -> GFNConfig:
-    settings = dict(loss="tb_vargrad", lr=0.05, scheduler="constant", warmup_steps=0, num_train_steps=6, questions_per_step=4,
-                    samples_per_question=4, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0, replay_fraction=0.0,
-                    buffer_size=400, seed=3)
+    settings = dict(
+        loss="tb_vargrad",
+        lr=0.05,
+        scheduler="constant",
+        warmup_steps=0,
+        num_train_steps=6,
+        questions_per_step=4,
+        samples_per_question=4,
+        micro_batch_size=64,
+        temperature=1.0,
+        save_every=0,
+        grad_clip=10.0,
+        replay_fraction=0.0,
+        buffer_size=400,
+        seed=3,
+    )
     return GFNConfig(**{**settings, **overrides})
 
 
@@ -497,14 +646,26 @@ def test_async_lockstep_equals_sync(local_ray, tmp_path):
     torch.manual_seed(0)
     sync_policy = WidePolicy()
     objective = build_objective(sync_cfg, sync_policy, hidden_size=8)
-    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), sync_policy, optimizer_settings(sync_cfg, 1),
-                        tmp_path / "sync", objective=objective, objective_lr=objective.lr, progress=False)
-    sampler = TrajectorySampler(sync_policy, WideScorer(), problems(12), "tiny", sync_cfg, extract=every_step_answers, grade=all_correct)
+    base = TrainingBase(
+        make_accelerator(ModelConfig(device="cpu", dtype="float32")),
+        sync_policy,
+        optimizer_settings(sync_cfg, 1),
+        tmp_path / "sync",
+        objective=objective,
+        objective_lr=objective.lr,
+        progress=False,
+    )
+    sampler = TrajectorySampler(
+        sync_policy, WideScorer(), problems(12), "tiny", sync_cfg, extract=every_step_answers, grade=all_correct
+    )
     sync = FinetuneTrainer(base, sampler, objective, sync_cfg, progress=False).train()
 
-    async_cfg = wide_config(mode="async", searchers=1, sync_every=1, max_staleness=0, recency_fraction=1.0, searcher_rounds_per_version=1)
-    trainer, async_policy = tabular_trainer(async_cfg, tmp_path / "async", policy=WidePolicy(),
-                                            make_sampler=functools.partial(wide_sampler, async_cfg))
+    async_cfg = wide_config(
+        mode="async", searchers=1, sync_every=1, max_staleness=0, recency_fraction=1.0, searcher_rounds_per_version=1
+    )
+    trainer, async_policy = tabular_trainer(
+        async_cfg, tmp_path / "async", policy=WidePolicy(), make_sampler=functools.partial(wide_sampler, async_cfg)
+    )
     lockstep = trainer.train()
     assert [h["questions"] for h in lockstep] == [4] * 6 and all(h["recent_questions"] == 4 for h in lockstep)
     assert all(h["trajectories_per_question_min"] == 4 for h in lockstep)  # the S = K samples did not repeat
@@ -512,23 +673,44 @@ def test_async_lockstep_equals_sync(local_ray, tmp_path):
     assert [h["avg_log_reward"] for h in lockstep] == pytest.approx([h["avg_log_reward"] for h in sync], rel=1e-12)
     assert [h["loss"] for h in lockstep] == pytest.approx([h["loss"] for h in sync], rel=1e-6)
     torch.testing.assert_close(async_policy.logits.detach(), sync_policy.logits.detach(), rtol=0, atol=1e-6)
-    assert not torch.allclose(sync_policy.logits.detach(), torch.zeros_like(sync_policy.logits), atol=1e-3)  # it did train
+    assert not torch.allclose(
+        sync_policy.logits.detach(), torch.zeros_like(sync_policy.logits), atol=1e-3
+    )  # it did train
 
 
 @pytest.mark.slow
 def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ray, tmp_path):
     cores = sorted(os.sched_getaffinity(0))[:2]  # searcher i pins itself to cores[i % len]
-    cfg = wide_config(mode="async", searchers=2, sync_every=2, max_staleness=3, recency_fraction=0.5, num_train_steps=8,
-                      questions_per_step=4, samples_per_question=4, async_samples_used=3, async_initial_completions=48, buffer_size=120,
-                      searcher_cores=cores)
-    trainer, _ = tabular_trainer(cfg, tmp_path, policy=WidePolicy(), questions=40,
-                                 make_sampler=functools.partial(wide_sampler, cfg, questions=40, record_own_logprobs=True))
+    cfg = wide_config(
+        mode="async",
+        searchers=2,
+        sync_every=2,
+        max_staleness=3,
+        recency_fraction=0.5,
+        num_train_steps=8,
+        questions_per_step=4,
+        samples_per_question=4,
+        async_samples_used=3,
+        async_initial_completions=48,
+        buffer_size=120,
+        searcher_cores=cores,
+    )
+    trainer, _ = tabular_trainer(
+        cfg,
+        tmp_path,
+        policy=WidePolicy(),
+        questions=40,
+        make_sampler=functools.partial(wide_sampler, cfg, questions=40, record_own_logprobs=True),
+    )
     trainer.train()
     assert [status["cores"] for status in trainer.last_status] == [[cores[0]], [cores[1 % len(cores)]]]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 9))
     for record in records:
-        assert record["questions"] == 4 and record["trajectories_per_question_min"] == record["trajectories_per_question_max"] == 3
+        assert (
+            record["questions"] == 4
+            and record["trajectories_per_question_min"] == record["trajectories_per_question_max"] == 3
+        )
         assert record["trained"] == 12
         assert record["zero_gradient_fraction"] == 0.0
         assert sum(record["staleness_versions"].values()) == 12 and record["staleness_max"] <= 3
@@ -536,8 +718,13 @@ def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ra
         assert record["trainer_idle_seconds"] >= 0 and record["searcher_idle_seconds"] >= 0
         assert record["searcher_weight_load_seconds"] >= 0
         # the WidePolicy's logits and offsets (2 x 3 x 21 float32) in one bucket per finished publication
-        assert record["publication_buckets"] == record["publications"] and record["publication_bytes"] >= 504 * record["publications"]
-    assert sum(r["publications"] for r in records) >= 3  # 5 published (before step 1, after steps 2, 4, 6, 8), the last may still run
+        assert (
+            record["publication_buckets"] == record["publications"]
+            and record["publication_bytes"] >= 504 * record["publications"]
+        )
+    assert (
+        sum(r["publications"] for r in records) >= 3
+    )  # 5 published (before step 1, after steps 2, 4, 6, 8), the last may still run
     # the searchers sampled with the weights they were published: recorded log-probs are those weights'
     assert assert_recorded_logprobs_are_the_published_weights(trainer, stored(trainer)) > 0
 
@@ -546,7 +733,9 @@ def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ra
 def test_a_searcher_that_keeps_dying_stops_the_run_naming_the_restart_bound(local_ray, tmp_path):
     cfg = tabular_config(num_train_steps=60, searcher_max_restarts=0)
     trainer, _ = tabular_trainer(cfg, tmp_path, kill_searcher_at=3, rejoin=False)
-    with pytest.raises(RuntimeError, match=r"searcher 0 stopped and is not restarted again .*gfn\.searcher_max_restarts=0"):
+    with pytest.raises(
+        RuntimeError, match=r"searcher 0 stopped and is not restarted again .*gfn\.searcher_max_restarts=0"
+    ):
         trainer.train()
 
 
@@ -577,18 +766,42 @@ def test_ppo_is_refused_in_async_mode():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pool", [[], ["gfn.searchers=1", "gfn.scorer_actors=1"]], ids=["prm_in_searchers", "scorer_actor"])
+@pytest.mark.parametrize(
+    "pool", [[], ["gfn.searchers=1", "gfn.scorer_actors=1"]], ids=["prm_in_searchers", "scorer_actor"]
+)
 def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_tiny_world, tmp_path, pool):
     """Also with the world's PRM in a scorer actor (the stage's own loader pickled to it) and none in the searcher."""
     world = random_tiny_world
     # the tiny world's asynchronous config, at a smaller scale still
-    args = ["--config", str(REPO / "configs" / "tiny-async.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=24",
-            "gfn.num_train_steps=4", "gfn.questions_per_step=2", "gfn.samples_per_question=4", "gfn.async_samples_used=3",
-            "gfn.async_initial_completions=16", "gfn.save_every=2", "gfn.max_staleness=3", *pool]
+    args = [
+        "--config",
+        str(REPO / "configs" / "tiny-async.yaml"),
+        f"runs_root={tmp_path}",
+        "run=a",
+        f"model.policy={world / 'policy'}",
+        f"model.prm={world / 'prm'}",
+        f"data.train_path={world / 'problems_train.jsonl'}",
+        "data.disjoint_from=[]",
+        "generation.max_new_tokens=24",
+        "gfn.num_train_steps=4",
+        "gfn.questions_per_step=2",
+        "gfn.samples_per_question=4",
+        "gfn.async_samples_used=3",
+        "gfn.async_initial_completions=16",
+        "gfn.save_every=2",
+        "gfn.max_staleness=3",
+        *pool,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.train_gfn", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = process.communicate(timeout=300)
     finally:
@@ -597,31 +810,48 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
             process.wait(timeout=30)
     assert process.returncode == 0, out[-4000:]
     gfn = tmp_path / "a" / "gfn"
-    for name in ("model/config.json", "model/model.safetensors", "metrics.jsonl", "training_curves.png", "ceiling.json"):
+    for name in (
+        "model/config.json",
+        "model/model.safetensors",
+        "metrics.jsonl",
+        "training_curves.png",
+        "ceiling.json",
+    ):
         assert (gfn / name).exists(), name
     assert not (gfn / "checkpoints").exists()
     records = [json.loads(line) for line in (gfn / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for record in records:
-        assert {"loss", "avg_reward", "proportionality_gap", "staleness_mean", "staleness_max", "buffer_size"} <= set(record)
+        assert {"loss", "avg_reward", "proportionality_gap", "staleness_mean", "staleness_max", "buffer_size"} <= set(
+            record
+        )
         assert 0 <= record["staleness_max"] <= 3 and math.isfinite(record["loss"])
-        assert record["questions"] == 2 and record["trajectories_per_question_min"] == 3 and record["zero_gradient_fraction"] == 0
+        assert (
+            record["questions"] == 2
+            and record["trajectories_per_question_min"] == 3
+            and record["zero_gradient_fraction"] == 0
+        )
 
 
-@pytest.mark.parametrize("override,key", [
-    ("gfn.async_samples_used=9", "gfn.async_samples_used"),  # K > S = 8
-    ("gfn.async_samples_used=1", "gfn.async_samples_used"),  # K < 2 with TB-VarGrad
-    ("gfn.async_initial_completions=2000", "gfn.async_initial_completions"),  # > buffer_size
-    ("gfn.max_staleness=1", "gfn.max_staleness"),  # below sync_every - 1 = 2
-    ("gfn.searcher_cores=[4096]", "gfn.searcher_cores"),  # a core the machine lacks
-    ("gfn.trainer_cores=[4096]", "gfn.trainer_cores"),
-    ("gfn.scorer_gpus=1", "gfn.scorer_gpus"),  # GPUs for scorer actors, but gfn.scorer_actors = 0
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("gfn.async_samples_used=9", "gfn.async_samples_used"),  # K > S = 8
+        ("gfn.async_samples_used=1", "gfn.async_samples_used"),  # K < 2 with TB-VarGrad
+        ("gfn.async_initial_completions=2000", "gfn.async_initial_completions"),  # > buffer_size
+        ("gfn.max_staleness=1", "gfn.max_staleness"),  # below sync_every - 1 = 2
+        ("gfn.searcher_cores=[4096]", "gfn.searcher_cores"),  # a core the machine lacks
+        ("gfn.trainer_cores=[4096]", "gfn.trainer_cores"),
+        ("gfn.scorer_gpus=1", "gfn.scorer_gpus"),  # GPUs for scorer actors, but gfn.scorer_actors = 0
+    ],
+)
 def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
     from pipeline.config_loader import ConfigError, load_config
     from pipeline.finetune.run import preflight
 
-    config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.samples_per_question=8", "gfn.sync_every=3", override])
+    config = load_config(
+        REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.samples_per_question=8", "gfn.sync_every=3", override]
+    )
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         preflight(config, "gfn")
     assert not ray.is_initialized()
@@ -670,7 +900,9 @@ def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_que
     size = store.stats()["size"]
     assert json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size + 1))["groups"] == []
     assert len(json.loads(store.sample(2, latest=0, now=0, max_staleness=None, minimum=size))["groups"]) == 2
-    assert json.loads(store.sample(5, latest=0, now=0, max_staleness=None))["groups"] == []  # 4 questions hold completions
+    assert (
+        json.loads(store.sample(5, latest=0, now=0, max_staleness=None))["groups"] == []
+    )  # 4 questions hold completions
 
 
 def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
@@ -679,7 +911,12 @@ def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
 
     paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn
     assert (paper.mode, paper.loss, paper.recency_fraction, paper.sync_every) == ("async", "tb_vargrad", 0.95, 2)
-    assert (paper.samples_per_question, paper.async_samples_used, paper.async_initial_completions, paper.kl_coef) == (24, 20, 500, 0.012)
+    assert (paper.samples_per_question, paper.async_samples_used, paper.async_initial_completions, paper.kl_coef) == (
+        24,
+        20,
+        500,
+        0.012,
+    )
     tiny = load_config(REPO / "configs" / "tiny-async.yaml").gfn
     assert (tiny.mode, tiny.loss, tiny.recency_fraction, tiny.sync_every) == ("async", "tb_vargrad", 0.95, 2)
     assert async_shape(tiny)[1] < tiny.samples_per_question
@@ -700,12 +937,30 @@ def unused_port() -> int:
 @pytest.mark.slow
 def test_an_unreachable_cluster_fails_within_the_connect_timeout_naming_the_key(random_tiny_world, tmp_path):
     world, port = random_tiny_world, unused_port()
-    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=a", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "gfn.mode=async",
-            "gfn.loss=tb_vargrad", f"gfn.ray_address=127.0.0.1:{port}", "gfn.ray_connect_timeout=3"]
+    args = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path}",
+        "run=a",
+        f"model.policy={world / 'policy'}",
+        f"model.prm={world / 'prm'}",
+        f"data.train_path={world / 'problems_train.jsonl'}",
+        "data.disjoint_from=[]",
+        "gfn.mode=async",
+        "gfn.loss=tb_vargrad",
+        f"gfn.ray_address=127.0.0.1:{port}",
+        "gfn.ray_connect_timeout=3",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.train_gfn", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = process.communicate(timeout=120)  # Ray's own retries went on for minutes
     finally:
@@ -722,7 +977,9 @@ def test_an_unreachable_cluster_fails_within_the_connect_timeout_naming_the_key(
 def test_auto_without_a_cluster_says_how_to_start_one(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # where `ray start` records its cluster: nothing there
-    with pytest.raises(ray_cluster.ClusterError, match=r"gfn\.ray_address=auto: no running Ray cluster found .*`ray start --head`"):
+    with pytest.raises(
+        ray_cluster.ClusterError, match=r"gfn\.ray_address=auto: no running Ray cluster found .*`ray start --head`"
+    ):
         ray_cluster.resolve_address("auto")
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.7:6379\n")
@@ -736,35 +993,60 @@ def test_async_under_several_trainer_processes_needs_a_cluster_address(monkeypat
     from pipeline.finetune import run
 
     monkeypatch.setattr(run, "process_count", lambda model_config: 2)  # as under `accelerate launch --num_processes 2`
-    with pytest.raises(ValueError, match=r"gfn.mode=async under 2 trainer processes needs gfn\.ray_address.*`ray start --head`"):
-        run.preflight(load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.questions_per_step=2"]), "gfn")
-    run.preflight(load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.questions_per_step=2",
-                                                               "gfn.ray_address=auto"]), "gfn")
+    with pytest.raises(
+        ValueError, match=r"gfn.mode=async under 2 trainer processes needs gfn\.ray_address.*`ray start --head`"
+    ):
+        run.preflight(
+            load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.questions_per_step=2"]), "gfn"
+        )
+    run.preflight(
+        load_config(
+            REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.questions_per_step=2", "gfn.ray_address=auto"]
+        ),
+        "gfn",
+    )
     with pytest.raises(ValueError, match=r"gfn\.questions_per_step=3 must be a positive multiple"):
         run.preflight(load_config(REPO / "configs" / "tiny.yaml", ["gfn.questions_per_step=3"]), "gfn")
 
 
 def test_searchers_are_checked_against_what_the_cluster_offers(caplog):
     cfg = GFNConfig(mode="async", searchers=1000)
-    with pytest.raises(ValueError, match=r"gfn\.searchers=1000 needs 1000 CPUs \(1 per searcher\) but the local Ray instance has 2"):
+    with pytest.raises(
+        ValueError, match=r"gfn\.searchers=1000 needs 1000 CPUs \(1 per searcher\) but the local Ray instance has 2"
+    ):
         ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0, "memory": 8 * 2**30}, 2**20, "the local Ray instance")
     cfg = GFNConfig(mode="async", searchers=3, searcher_gpus=0.5)
     with pytest.raises(ValueError, match=r"gfn\.searchers=3 x gfn\.searcher_gpus=0.5 = 1.5 GPUs but .* has 1"):
         ray_cluster.check_searchers_fit(cfg, {"CPU": 8.0, "GPU": 1.0}, 2**20, "the cluster")
     cfg = GFNConfig(mode="async", searchers=2)
     warnings = ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0, "memory": 2**30}, 2**30, "the local Ray instance")
-    assert len(warnings) == 1 and "gfn.searchers=2 x about 1.00 GiB each" in warnings[0] and "2.0 GiB, more than the 1.0 GiB" in warnings[0]
-    assert ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0, "memory": 8 * 2**30}, 2**30, "the local Ray instance") == []
+    assert (
+        len(warnings) == 1
+        and "gfn.searchers=2 x about 1.00 GiB each" in warnings[0]
+        and "2.0 GiB, more than the 1.0 GiB" in warnings[0]
+    )
+    assert (
+        ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0, "memory": 8 * 2**30}, 2**30, "the local Ray instance") == []
+    )
     cfg = GFNConfig(mode="async", searchers=2, scorer_actors=1)  # a scorer actor takes a CPU of its own
-    with pytest.raises(ValueError, match=r"gfn\.searchers=2 \+ gfn\.scorer_actors=1 needs 3 CPUs \(1 per searcher and scorer actor\)"):
+    with pytest.raises(
+        ValueError, match=r"gfn\.searchers=2 \+ gfn\.scorer_actors=1 needs 3 CPUs \(1 per searcher and scorer actor\)"
+    ):
         ray_cluster.check_searchers_fit(cfg, {"CPU": 2.0}, 2**20, "the local Ray instance")
     cfg = GFNConfig(mode="async", searchers=2, searcher_gpus=1.0, scorer_actors=2, scorer_gpus=0.5)
-    with pytest.raises(ValueError, match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ gfn\.scorer_actors=2 x gfn\.scorer_gpus=0\.5 "
-                                         r"\+ 1 for the trainer's processes = 4 GPUs but the cluster has 3"):
+    with pytest.raises(
+        ValueError,
+        match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ gfn\.scorer_actors=2 x gfn\.scorer_gpus=0\.5 "
+        r"\+ 1 for the trainer's processes = 4 GPUs but the cluster has 3",
+    ):
         ray_cluster.check_searchers_fit(cfg, {"CPU": 8.0, "GPU": 3.0}, 2**20, "the cluster", trainer_gpus=1)
-    warnings = ray_cluster.check_searchers_fit(cfg, {"CPU": 8.0, "GPU": 4.0, "memory": 2**30}, 2**28, "the cluster", trainer_gpus=1,
-                                               scorer_bytes=2**29)
-    assert len(warnings) == 1 and "+ gfn.scorer_actors=2 x about 0.50 GiB each (a worker process and the PRM) = 1.5 GiB" in warnings[0]
+    warnings = ray_cluster.check_searchers_fit(
+        cfg, {"CPU": 8.0, "GPU": 4.0, "memory": 2**30}, 2**28, "the cluster", trainer_gpus=1, scorer_bytes=2**29
+    )
+    assert (
+        len(warnings) == 1
+        and "+ gfn.scorer_actors=2 x about 0.50 GiB each (a worker process and the PRM) = 1.5 GiB" in warnings[0]
+    )
 
 
 @pytest.mark.slow
@@ -774,8 +1056,15 @@ def test_too_many_searchers_are_refused_before_any_model_loads_and_ray_is_shut_d
 
     assert not ray.is_initialized()
     searchers = (os.cpu_count() or 1) * 100  # more than a local instance (one CPU per core) can run
-    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "gfn.mode=async", f"gfn.searchers={searchers}",
-                                                          f"model.policy={tmp_path / 'no-such-policy'}"])
+    config = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [
+            f"runs_root={tmp_path}",
+            "gfn.mode=async",
+            f"gfn.searchers={searchers}",
+            f"model.policy={tmp_path / 'no-such-policy'}",
+        ],
+    )
     problems = [Problem("p0", "1 + 1?", "2", "tiny")]
     try:
         with pytest.raises(ValueError, match=rf"gfn\.searchers={searchers} needs {searchers} CPUs"):
@@ -789,8 +1078,14 @@ def test_too_many_searchers_are_refused_before_any_model_loads_and_ray_is_shut_d
 def ray_with_three_gpus():
     """A local Ray instance that advertises 3 GPUs (logical: Ray hands out their ids, nothing
     touches a device), so the placement of GPU searchers is tested on a CPU machine; always shut down."""
-    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        num_gpus=3,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}},
+    )
     try:
         yield
     finally:
@@ -804,7 +1099,9 @@ def test_the_trainer_and_each_searcher_get_their_own_bundle_and_gpus(ray_with_th
     trainer.start()
     try:
         trainer.keep_searching()
-        placements = [status["placement"] for status in ray.get([s.status.remote() for s in trainer.searchers], timeout=30)]
+        placements = [
+            status["placement"] for status in ray.get([s.status.remote() for s in trainer.searchers], timeout=30)
+        ]
         assert [p["group"] for p in placements] == [trainer.placement_group.id.hex()] * 2
         assert [p["bundles"] for p in placements] == [[1], [2]]  # bundle 0 is the trainer's
         assert len(trainer.trainer_gpu_ids) == 1 and all(len(p["gpus"]) == 1 for p in placements)
@@ -818,18 +1115,28 @@ def test_the_trainer_and_each_searcher_get_their_own_bundle_and_gpus(ray_with_th
 def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_reports(ray_with_three_gpus, monkeypatch):
     cfg = GFNConfig(mode="async", searchers=2, searcher_gpus=1.0)
     resources = ray.cluster_resources()
-    with pytest.raises(ValueError, match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ 2 for the trainer's processes = 4 GPUs but "
-                                         r"the local Ray instance has 3 \(Ray reports \{CPU: 2, GPU: 3\}\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"gfn\.searchers=2 x gfn\.searcher_gpus=1 \+ 2 for the trainer's processes = 4 GPUs but "
+        r"the local Ray instance has 3 \(Ray reports \{CPU: 2, GPU: 3\}\)",
+    ):
         ray_cluster.check_searchers_fit(cfg, resources, 0, "the local Ray instance", trainer_gpus=2)
     assert ray_cluster.check_searchers_fit(cfg, resources, 0, "the local Ray instance", trainer_gpus=1) == []
     # a group Ray cannot place (here: 4 GPUs asked of 3) is refused within the bounded wait and removed
-    with pytest.raises(ValueError, match=r"gfn\.searchers=2 searchers of \{'CPU': 1\.0, 'GPU': 1\.0\} each and a trainer bundle of "
-                                         r"\{.*'GPU': 2\.0\} could not be placed within 2 s on the local Ray instance "
-                                         r"\(Ray reports \{CPU: 2, GPU: 3\}"):
+    with pytest.raises(
+        ValueError,
+        match=r"gfn\.searchers=2 searchers of \{'CPU': 1\.0, 'GPU': 1\.0\} each and a trainer bundle of "
+        r"\{.*'GPU': 2\.0\} could not be placed within 2 s on the local Ray instance "
+        r"\(Ray reports \{CPU: 2, GPU: 3\}",
+    ):
         ray_cluster.reserve(cfg, 2, timeout=2.0, where="the local Ray instance")
     assert all(row["state"] == "REMOVED" for row in ray.util.placement_group_table().values())
-    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "192.0.2.1")  # a trainer on a machine outside the cluster
-    with pytest.raises(ValueError, match=r"the trainer's machine \(192\.0\.2\.1\) is not a node of the local Ray instance"):
+    monkeypatch.setattr(
+        ray.util, "get_node_ip_address", lambda: "192.0.2.1"
+    )  # a trainer on a machine outside the cluster
+    with pytest.raises(
+        ValueError, match=r"the trainer's machine \(192\.0\.2\.1\) is not a node of the local Ray instance"
+    ):
         ray_cluster.reserve(cfg, 0, timeout=2.0, where="the local Ray instance")
 
 
@@ -837,8 +1144,14 @@ def test_asking_for_more_gpus_than_the_cluster_has_names_the_ask_and_what_ray_re
 def ray_with_room_for_scorers():
     """A local Ray instance with 3 logical CPUs and 4 logical GPUs (Ray hands out their ids; nothing
     touches a device): a GPU trainer, one searcher and two scorer actors; always shut down."""
-    ray.init(num_cpus=3, num_gpus=4, include_dashboard=False, log_to_driver=False, namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=3,
+        num_gpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace=f"test-{os.getpid()}-{time.monotonic_ns()}",
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)]), "OMP_NUM_THREADS": "1"}},
+    )
     try:
         yield
     finally:
@@ -852,10 +1165,24 @@ def test_scorer_actors_in_their_own_bundles_give_the_searchers_the_prms_scores(r
     steps, and the run trains. The trainer, the searcher and each scorer actor hold their own bundle and GPU."""
     from pipeline.finetune.async_ray import scorer_name
 
-    cfg = wide_config(mode="async", searchers=1, searcher_gpus=1.0, scorer_actors=2, scorer_gpus=1.0, sync_every=1, max_staleness=3,
-                      num_train_steps=6, async_initial_completions=32)
-    trainer, policy = tabular_trainer(cfg, tmp_path, policy=WidePolicy(), make_sampler=functools.partial(pooled_wide_sampler, cfg),
-                                      make_scorer=WideScorer)
+    cfg = wide_config(
+        mode="async",
+        searchers=1,
+        searcher_gpus=1.0,
+        scorer_actors=2,
+        scorer_gpus=1.0,
+        sync_every=1,
+        max_staleness=3,
+        num_train_steps=6,
+        async_initial_completions=32,
+    )
+    trainer, policy = tabular_trainer(
+        cfg,
+        tmp_path,
+        policy=WidePolicy(),
+        make_sampler=functools.partial(pooled_wide_sampler, cfg),
+        make_scorer=WideScorer,
+    )
     trainer.trainer_gpus = lambda: 1  # as a trainer on one GPU: its bundle reserves it
     history = trainer.train()
     assert [h["step"] for h in history] == list(range(1, 7)) and all(math.isfinite(h["loss"]) for h in history)
@@ -863,15 +1190,23 @@ def test_scorer_actors_in_their_own_bundles_give_the_searchers_the_prms_scores(r
     trajectories = stored(trainer)
     assert len(trajectories) >= 32
     expected = WideScorer().log_scores_many([(t.question, t.steps) for t in trajectories])
-    assert [t.step_log_scores for t in trajectories] == expected  # exactly the PRM's scores of each trajectory's own steps
+    assert [
+        t.step_log_scores for t in trajectories
+    ] == expected  # exactly the PRM's scores of each trajectory's own steps
     assert [t.log_reward for t in trajectories] == [sum(scores) for scores in expected]
     scorers = trainer.scorer_status
-    assert [s["index"] for s in scorers] == [0, 1] and all(s["calls"] >= 1 for s in scorers), scorers  # round robin: both used
+    assert [s["index"] for s in scorers] == [0, 1] and all(s["calls"] >= 1 for s in scorers), (
+        scorers
+    )  # round robin: both used
     assert sum(s["solutions"] for s in scorers) >= len(trajectories)
     searcher = trainer.last_status[0]["placement"]
     groups = {searcher["group"]} | {s["placement"]["group"] for s in scorers}
     assert groups == {trainer.placement_group.id.hex()}
-    assert [searcher["bundles"]] + [s["placement"]["bundles"] for s in scorers] == [[1], [2], [3]]  # bundle 0 is the trainer's
+    assert [searcher["bundles"]] + [s["placement"]["bundles"] for s in scorers] == [
+        [1],
+        [2],
+        [3],
+    ]  # bundle 0 is the trainer's
     gpus = trainer.trainer_gpu_ids + searcher["gpus"] + [g for s in scorers for g in s["placement"]["gpus"]]
     assert len(gpus) == 4 and len(set(gpus)) == 4, gpus
     assert scorer_name(1) == "scorer-1"
@@ -905,12 +1240,25 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
     monkeypatch.setattr(run, "load_causal_lm", no_model)
     monkeypatch.setattr(run, "load_tokenizer", lambda path, trust_remote_code: None)
     problems = [Problem(f"p{i}", f"{i} + 1?", str(i + 1), "tiny").to_json() for i in range(3)]
-    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "generation.backend=vllm", "gfn.mode=async",
-                                                          "gfn.searchers=3", "gfn.scorer_actors=2", "gfn.searcher_vllm_memory_share=0.4"])
+    config = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [
+            f"runs_root={tmp_path}",
+            "generation.backend=vllm",
+            "gfn.mode=async",
+            "gfn.searchers=3",
+            "gfn.scorer_actors=2",
+            "gfn.searcher_vllm_memory_share=0.4",
+        ],
+    )
     sampler = run.searcher_sampler(config, "gfn", make_scorer, 1, problems)
     assert sampler.policy.model is None and engines == [(config.resolve(config.model.policy), 0.4, True)]
     assert config.generation.vllm_gpu_memory_utilization is None  # the other stages' key is left as it was
-    assert isinstance(sampler.scorer, PooledScorer) and (sampler.scorer.actors, sampler.scorer.next) == (2, 1) and built == []
+    assert (
+        isinstance(sampler.scorer, PooledScorer)
+        and (sampler.scorer.actors, sampler.scorer.next) == (2, 1)
+        and built == []
+    )
     config.gfn.scorer_actors = 0
     sampler = run.searcher_sampler(config, "gfn", make_scorer, 1, problems)
     assert isinstance(sampler.scorer, WideScorer) and built == [1]
@@ -920,7 +1268,11 @@ def test_gpu_vllm_searchers_without_a_memory_share_outside_a_stage_are_refused()
     from pipeline.config_loader import ConfigError
     from pipeline.finetune.run import preflight
 
-    config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "generation.backend=vllm", "gfn.searcher_gpus=1"])
-    with pytest.raises(ConfigError, match=r"gfn\.searcher_vllm_memory_share is unset with GPU searchers \(gfn\.searcher_gpus=1\)"):
+    config = load_config(
+        REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "generation.backend=vllm", "gfn.searcher_gpus=1"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"gfn\.searcher_vllm_memory_share is unset with GPU searchers \(gfn\.searcher_gpus=1\)"
+    ):
         preflight(config, "gfn")
     assert not ray.is_initialized()

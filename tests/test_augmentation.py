@@ -38,7 +38,10 @@ def written(step):
     outside them); a number is its exact value (str(Fraction): "1/4" is one number, "1 / 4" the
     fraction literal 1/4, written as the division it is)."""
     signature = calculation_signature(step)
-    return (" ; ".join(" ".join(map(str, chain)) for chain in signature.equations), " ".join(map(str, signature.numbers)))
+    return (
+        " ; ".join(" ".join(map(str, chain)) for chain in signature.equations),
+        " ".join(map(str, signature.numbers)),
+    )
 
 
 @pytest.mark.parametrize(
@@ -112,7 +115,11 @@ TEXT = "Levenshtein.ratio of the two steps"
         ("We need 3 + 4 = 7 apples.", "We need 4 + 3 = 7 apples.", 0.0),  # operands as written
         # a number and no number -> 0
         ("Multiply the price by the quantity.", "3 * 4 = 12", 0.0),
-        ("Add the apples picked on both days to get the total", "Add the apples picked on both days to get the total: 3 + 4 = 8", 0.0),
+        (
+            "Add the apples picked on both days to get the total",
+            "Add the apples picked on both days to get the total: 3 + 4 = 8",
+            0.0,
+        ),
         # the same values in another spelling, or the same calculations in another order -> text
         ("x = 0.5", "x = .50", TEXT),
         ("x = 50%", "x = 0.5", TEXT),
@@ -241,12 +248,14 @@ def test_groups_and_labels_of_the_hand_built_rollouts():
 def test_a_first_error_record_is_one_example_and_its_rollouts_are_not_reused():
     # A record with mc 0 (the first error MCTS found) keeps rollouts that all failed; their steps
     # come after the error, so reusing them would label steps Algorithm 1 never keeps.
-    first_error = MCTSRecord.from_json({**pens_json(mc=0.0), "n_correct": 0,
-                                        "rollouts": [{**r, "correct": False} for r in pens_json()["rollouts"]]})
+    first_error = MCTSRecord.from_json(
+        {**pens_json(mc=0.0), "n_correct": 0, "rollouts": [{**r, "correct": False} for r in pens_json()["rollouts"]]}
+    )
     assert label_rollout_steps(first_error) == []
     examples = list(augment_records([first_error, pens_record(mc=0.5)]))
     assert [(e.origin, e.step, e.label) for e in examples[:2]] == [
-        ("mcts", "Each box holds 4 pens.", 0.0), ("mcts", "Each box holds 4 pens.", 0.5),
+        ("mcts", "Each box holds 4 pens.", 0.0),
+        ("mcts", "Each box holds 4 pens.", 0.5),
     ]
     assert len(examples) == 1 + 9  # the mc 0.5 record's rollouts are reused as before
     assert list(augment_records([first_error], include_mcts=False)) == []
@@ -311,16 +320,29 @@ def test_a_slip_next_to_a_numberless_step_keeps_its_own_label():
     record = with_rollouts([rollout([steps[0]], True), rollout([steps[1]], True), rollout([steps[2]], False)])
     groups = label_rollout_steps(record)
     assert [([m.step for m in g.members], g.label) for g in groups] == [
-        ([steps[0]], 1.0), ([steps[1]], 1.0), ([steps[2]], 0.0),  # three groups, not one labelled mc
+        ([steps[0]], 1.0),
+        ([steps[1]], 1.0),
+        ([steps[2]], 0.0),  # three groups, not one labelled mc
     ]
 
 
 GROUPING_STEPS = st.one_of(
-    st.builds("{}{} {} {} = {}{}".format, st.sampled_from(["", "So ", "Then we get "]), st.integers(0, 9),
-              st.sampled_from(["+", "-", "*", "x"]), st.integers(0, 9), st.integers(0, 18),
-              st.sampled_from(["", ".", " apples.", " apples in total."])),
-    st.builds("Adding {} and {} gives {} apples{}".format, st.integers(0, 9), st.integers(0, 9), st.integers(0, 18),
-              st.sampled_from(["", ".", " on day 2."])),
+    st.builds(
+        "{}{} {} {} = {}{}".format,
+        st.sampled_from(["", "So ", "Then we get "]),
+        st.integers(0, 9),
+        st.sampled_from(["+", "-", "*", "x"]),
+        st.integers(0, 9),
+        st.integers(0, 18),
+        st.sampled_from(["", ".", " apples.", " apples in total."]),
+    ),
+    st.builds(
+        "Adding {} and {} gives {} apples{}".format,
+        st.integers(0, 9),
+        st.integers(0, 9),
+        st.integers(0, 18),
+        st.sampled_from(["", ".", " on day 2."]),
+    ),
     st.builds("{}{}".format, st.just(NUMBERLESS), st.sampled_from(["", ".", ": 3 + 4 = 7", ": 3 + 4 = 8", " now"])),
     st.sampled_from(["aaaaaaaaaa", "aaaaaaaaab", "aaaaaaaabb", "Add them.", "Add them up."]),
 )
@@ -340,7 +362,9 @@ def test_every_pair_inside_every_group_is_consistent(steps, threshold):
         for member in group:
             for earlier in groups[:g]:
                 before = [c for c in earlier if c.rollout_index < member.rollout_index]
-                assert not all(steps_consistent(step_signature(c.step), step_signature(member.step), threshold) for c in before)
+                assert not all(
+                    steps_consistent(step_signature(c.step), step_signature(member.step), threshold) for c in before
+                )
 
 
 def test_consistency_is_only_tested_within_a_record_and_position(monkeypatch):
@@ -356,9 +380,14 @@ def test_consistency_is_only_tested_within_a_record_and_position(monkeypatch):
     for r in range(2):
         # Within a bucket the steps share one calculation signature (the record and position
         # numbers); "rollout a" .. "rollout f" keep the texts close, so every test is needed.
-        records.append(with_rollouts([
-            rollout([f"record {r} step {j} rollout {'abcdef'[i]} adds them" for j in range(1, 4)], True) for i in range(6)
-        ]))
+        records.append(
+            with_rollouts(
+                [
+                    rollout([f"record {r} step {j} rollout {'abcdef'[i]} adds them" for j in range(1, 4)], True)
+                    for i in range(6)
+                ]
+            )
+        )
     list(augment_records(records))
     assert 0 < len(pairs) <= 2 * 3 * (6 * 5 // 2)  # records x positions x k(k-1)/2
     for a, b in pairs:
@@ -383,8 +412,14 @@ def test_augment_records_emits_mcts_and_augmented_examples():
     assert all(e.problem_id == "p1" and e.question.startswith("Tom buys") for e in examples)
     key = augmentation.record_key(pens_record())
     assert [e.group_id for e in examples[1:]] == [
-        f"p1:{key}:1:0", f"p1:{key}:1:0", f"p1:{key}:1:1", f"p1:{key}:2:0", f"p1:{key}:2:0",
-        f"p1:{key}:2:1", f"p1:{key}:3:0", f"p1:{key}:3:0",
+        f"p1:{key}:1:0",
+        f"p1:{key}:1:0",
+        f"p1:{key}:1:1",
+        f"p1:{key}:2:0",
+        f"p1:{key}:2:0",
+        f"p1:{key}:2:1",
+        f"p1:{key}:3:0",
+        f"p1:{key}:3:0",
     ]
     assert [PRMExample.from_json(json.loads(json.dumps(e.to_json()))) for e in examples] == examples  # JSON-ready
     assert list(augment_records([pens_record(mc=0.5)])) == examples  # deterministic
@@ -432,7 +467,13 @@ def test_split_by_problem_keeps_problems_whole_and_is_stable():
     assert split_by_problem(list(reversed(records)), 0.2, 0)[1] == list(reversed(val))
     # Pinned: the split of a problem must not change between runs or versions.
     assert [f"p{i:03d}" for i in range(40) if is_validation_problem(f"p{i:03d}", 0.2, 0)] == [
-        "p001", "p004", "p007", "p009", "p019", "p033", "p037",
+        "p001",
+        "p004",
+        "p007",
+        "p009",
+        "p019",
+        "p033",
+        "p037",
     ]
     assert {r.problem_id for r in split_by_problem(records, 0.2, seed=1)[1]} != val_ids
     assert split_by_problem(records, 0.0, 0)[1] == [] and split_by_problem(records, 1.0, 0)[0] == []

@@ -32,8 +32,14 @@ def run_cli(monkeypatch, main, *args: str) -> int:
 
 def test_a_bad_override_prints_one_line_and_a_hint_and_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.run([sys.executable, "-m", "stages.train_gfn", f"runs_root={tmp_path / 'runs'}", "gfn.mode=asyncc"],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    process = subprocess.run(
+        [sys.executable, "-m", "stages.train_gfn", f"runs_root={tmp_path / 'runs'}", "gfn.mode=asyncc"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert process.returncode == 2
     assert "Traceback" not in process.stderr
     assert process.stderr.splitlines() == [
@@ -47,12 +53,18 @@ def test_preflight_input_file_and_stage_refusals_read_as_one_line(monkeypatch, t
     runs = f"runs_root={tmp_path / 'runs'}"
     assert run_cli(monkeypatch, train_ppo.main, runs, f"model.prm={tmp_path}", "ppo.mode=async") == 2
     error = capsys.readouterr().err.splitlines()
-    assert error[0].startswith("error: ppo.mode=async: PPO is on-policy") and len(error) == 2 and "Traceback" not in "\n".join(error)
+    assert (
+        error[0].startswith("error: ppo.mode=async: PPO is on-policy")
+        and len(error) == 2
+        and "Traceback" not in "\n".join(error)
+    )
 
     monkeypatch.setenv("STEPFLOW_BENCHMARKS", str(tmp_path / "empty"))
     assert run_cli(monkeypatch, mcts.main, runs, "data.train=sat_math_32", "data.train_path=null") == 2
     error = capsys.readouterr().err.splitlines()
-    assert len(error) == 1 and error[0].startswith(f"error: benchmark file sat_math_32.jsonl, looked for in {tmp_path / 'empty'}")
+    assert len(error) == 1 and error[0].startswith(
+        f"error: benchmark file sat_math_32.jsonl, looked for in {tmp_path / 'empty'}"
+    )
 
     assert run_cli(monkeypatch, mcts.main, runs, f"data.train_path={tmp_path / 'nope.jsonl'}") == 2
     assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
@@ -75,15 +87,25 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_in_one_line_before_any_mode
     results = tmp_path / "reports" / "t" / "results.json"
     results.parent.mkdir(parents=True)
     results.write_text('{"earlier": "results"}')
-    runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=t", "generation.backend=vllm",
-            f"model.prm={tmp_path}"]
-    refusal = "holds 2 *.safetensors files and no model.safetensors.index.json, and vLLM loads every one as weights of the model, " \
-              "so value_head.safetensors would make the engine fail: move it out of the folder"
-    for main, key, args in ((evaluate.main, "eval.models.ppo", [f'eval.models={{"base": "{served}", "ppo": "{stray}"}}']),
-                            (mcts.main, "model.policy", [f"model.policy={stray}"]),
-                            (search.main, "model.policy", [f"model.policy={stray}"]),
-                            (train_gfn.main, "model.policy", [f"model.policy={stray}"]),
-                            (train_ppo.main, "model.policy", [f"model.policy={stray}"])):
+    runs = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path / 'runs'}",
+        "run=t",
+        "generation.backend=vllm",
+        f"model.prm={tmp_path}",
+    ]
+    refusal = (
+        "holds 2 *.safetensors files and no model.safetensors.index.json, and vLLM loads every one as weights of the model, "
+        "so value_head.safetensors would make the engine fail: move it out of the folder"
+    )
+    for main, key, args in (
+        (evaluate.main, "eval.models.ppo", [f'eval.models={{"base": "{served}", "ppo": "{stray}"}}']),
+        (mcts.main, "model.policy", [f"model.policy={stray}"]),
+        (search.main, "model.policy", [f"model.policy={stray}"]),
+        (train_gfn.main, "model.policy", [f"model.policy={stray}"]),
+        (train_ppo.main, "model.policy", [f"model.policy={stray}"]),
+    ):
         assert run_cli(monkeypatch, main, *runs, *args) == 2, main.__module__
         error = capsys.readouterr().err.splitlines()
         assert error[0].startswith(f"error: {stray} ({key}): {refusal}"), (main.__module__, error)
@@ -91,7 +113,12 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_in_one_line_before_any_mode
     assert results.read_text() == '{"earlier": "results"}'  # nothing written is lost
     assert not (tmp_path / "runs").exists()  # no stage wrote anything
     # the HF backend reads model.safetensors only: no refusal (the stage goes on to its next check)
-    assert run_cli(monkeypatch, mcts.main, *runs[:4], f"model.policy={stray}", f"data.train_path={tmp_path / 'nope.jsonl'}") == 2
+    assert (
+        run_cli(
+            monkeypatch, mcts.main, *runs[:4], f"model.policy={stray}", f"data.train_path={tmp_path / 'nope.jsonl'}"
+        )
+        == 2
+    )
     assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
 
 
@@ -114,7 +141,9 @@ def forbid_model_loads(monkeypatch) -> None:
         monkeypatch.setattr(auto, "from_pretrained", loaded)
 
 
-def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_key_before_any_model_loads(monkeypatch, tmp_path, capsys):
+def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_key_before_any_model_loads(
+    monkeypatch, tmp_path, capsys
+):
     from eval.plan import make_plan
     from pipeline.config_loader import ConfigError
     from stages import launch, prm_bench
@@ -123,49 +152,89 @@ def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_
     monkeypatch.chdir(tmp_path)  # reports/ goes here
     runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=t"]
     missing, malformed = str(tmp_path / "no-such-model"), "org/not a name"
-    cases = [(mcts.main, "model.policy", missing, []),
-             (search.main, "model.prm", malformed, []),
-             (train_prm.main, "model.prm_backbone", missing, []),
-             (train_prm.main, "model.prm", malformed, ["prm.eval_only=true"]),
-             (train_prm.main, "model.policy", missing, [f"model.prm_backbone={tmp_path}"]),  # its exact-check samples
-             (train_gfn.main, "model.prm", missing, []),
-             (train_ppo.main, "model.policy", malformed, []),
-             (evaluate.main, "eval.models.sft", malformed, [f'eval.models={{"base": "{missing}", "sft": "{malformed}::{missing}"}}']),
-             (evaluate.main, "eval.prm", "a--b/prm", [])]
+    cases = [
+        (mcts.main, "model.policy", missing, []),
+        (search.main, "model.prm", malformed, []),
+        (train_prm.main, "model.prm_backbone", missing, []),
+        (train_prm.main, "model.prm", malformed, ["prm.eval_only=true"]),
+        (train_prm.main, "model.policy", missing, [f"model.prm_backbone={tmp_path}"]),  # its exact-check samples
+        (train_gfn.main, "model.prm", missing, []),
+        (train_ppo.main, "model.policy", malformed, []),
+        (
+            evaluate.main,
+            "eval.models.sft",
+            malformed,
+            [f'eval.models={{"base": "{missing}", "sft": "{malformed}::{missing}"}}'],
+        ),
+        (evaluate.main, "eval.prm", "a--b/prm", []),
+    ]
     for main, key, value, extra in cases:
         overrides = extra if key.startswith("eval.models") else [f"{key}={value}", *extra]
         assert run_cli(monkeypatch, main, *runs, *overrides) == 2, (main.__module__, key)
         error = capsys.readouterr().err.splitlines()
         stage = main.__module__.split(".")[1]
-        assert error == [f"error: {key}: {value} is neither a local folder nor a hub id (owner/name)",
-                         f"hint: python -m stages.{stage} --help lists every config field with its default"], (main.__module__, error)
+        assert error == [
+            f"error: {key}: {value} is neither a local folder nor a hub id (owner/name)",
+            f"hint: python -m stages.{stage} --help lists every config field with its default",
+        ], (main.__module__, error)
     with pytest.raises(ConfigError, match=rf"^model\.prm: {missing} is neither a local folder nor a hub id"):
         prm_bench.main([*runs, f"model.prm={missing}"])
-    with pytest.raises(ConfigError, match=r"^eval\.models\.base: org/not a name is neither"):  # before any worker starts
+    with pytest.raises(
+        ConfigError, match=r"^eval\.models\.base: org/not a name is neither"
+    ):  # before any worker starts
         launch.main(["eval", "--workers", "2", *runs, f'eval.models={{"base": "{malformed}"}}'])
     assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()  # no stage wrote anything
     # make plan says the same of the same model
-    plan = make_plan(load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", f"model.policy={malformed}"]))
-    assert [str(f) for f in plan.errors] == [f"ERROR: model.policy: {malformed} is neither a local folder nor a hub id (owner/name)"]
+    plan = make_plan(
+        load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", f"model.policy={malformed}"])
+    )
+    assert [str(f) for f in plan.errors] == [
+        f"ERROR: model.policy: {malformed} is neither a local folder nor a hub id (owner/name)"
+    ]
 
 
-def test_a_hub_id_a_local_folder_and_a_model_an_earlier_stage_makes_pass_the_stages_model_check(monkeypatch, tmp_path, capsys):
+def test_a_hub_id_a_local_folder_and_a_model_an_earlier_stage_makes_pass_the_stages_model_check(
+    monkeypatch, tmp_path, capsys
+):
     from stages.common import STAGE_MODELS, check_models
 
-    hub = {"model.policy=meta-llama/Llama-3.2-3B-Instruct", "model.prm_backbone=Qwen/Qwen2.5-Math-7B", "model.prm=Qwen/Qwen2.5-Math-PRM-7B",
-           "eval.prm=Qwen/Qwen2.5-Math-PRM-7B"}
-    local = f'eval.models={{"base": "meta-llama/Llama-3.2-3B-Instruct", "here": "{tmp_path}", "gone": "{tmp_path / "gone"}", ' \
-            '"gfn": "{run_dir}/gfn/model"}'  # make eval skips "gone" with a note, and "gfn" until make gfn made it
+    hub = {
+        "model.policy=meta-llama/Llama-3.2-3B-Instruct",
+        "model.prm_backbone=Qwen/Qwen2.5-Math-7B",
+        "model.prm=Qwen/Qwen2.5-Math-PRM-7B",
+        "eval.prm=Qwen/Qwen2.5-Math-PRM-7B",
+    }
+    local = (
+        f'eval.models={{"base": "meta-llama/Llama-3.2-3B-Instruct", "here": "{tmp_path}", "gone": "{tmp_path / "gone"}", '
+        '"gfn": "{run_dir}/gfn/model"}'
+    )  # make eval skips "gone" with a note, and "gfn" until make gfn made it
     for eval_only in ("false", "true"):
-        config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", *hub, local, f"prm.eval_only={eval_only}"])
-        tiny = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", f"prm.eval_only={eval_only}"])
+        config = load_config(
+            REPO / "configs" / "tiny.yaml",
+            [f"runs_root={tmp_path / 'runs'}", *hub, local, f"prm.eval_only={eval_only}"],
+        )
+        tiny = load_config(
+            REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", f"prm.eval_only={eval_only}"]
+        )
         for stage in STAGE_MODELS:
             check_models(config, stage)  # nothing is looked up on the hub (no network here)
-            check_models(tiny, stage)  # every model is {run_dir}/<stage>/model, not made yet: the stage reading it requires it
+            check_models(
+                tiny, stage
+            )  # every model is {run_dir}/<stage>/model, not made yet: the stage reading it requires it
     # through a stage: the hub id passes and the stage goes on to its next check
     forbid_model_loads(monkeypatch)
-    assert run_cli(monkeypatch, mcts.main, "--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}",
-                   "model.policy=meta-llama/Llama-3.2-3B-Instruct", f"data.train_path={tmp_path / 'nope.jsonl'}") == 2
+    assert (
+        run_cli(
+            monkeypatch,
+            mcts.main,
+            "--config",
+            str(REPO / "configs" / "tiny.yaml"),
+            f"runs_root={tmp_path / 'runs'}",
+            "model.policy=meta-llama/Llama-3.2-3B-Instruct",
+            f"data.train_path={tmp_path / 'nope.jsonl'}",
+        )
+        == 2
+    )
     assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
 
 
@@ -192,10 +261,18 @@ def test_help_lists_every_config_field_with_its_default(capsys):
 
 
 def test_print_config_prints_the_resolved_config_and_writes_nothing(monkeypatch, tmp_path, capsys):
-    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "mcts.k=3", "print_config=true"]
+    args = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path / 'runs'}",
+        "mcts.k=3",
+        "print_config=true",
+    ]
     assert run_cli(monkeypatch, mcts.main, *args) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed == load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", "mcts.k=3"]).to_dict()
+    assert (
+        printed == load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path / 'runs'}", "mcts.k=3"]).to_dict()
+    )
     assert printed["mcts"]["k"] == 3 and set(printed) == {f.name for f in dataclasses.fields(Config)}
     assert not (tmp_path / "runs").exists()
     assert run_cli(monkeypatch, mcts.main, *args[:-1], "print_config=maybe") == 2

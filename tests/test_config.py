@@ -65,10 +65,14 @@ def test_lists_and_optionals_are_checked():
 def test_an_override_of_one_mapping_entry_changes_that_entry_only(tmp_path):
     paper = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
     default = load_config(paper).eval
-    config = load_config(paper, ["eval.models.base=/models/llama", "eval.models.sft=/models/sft", "eval.benchmark_paths.gsm8k=g.jsonl"])
+    config = load_config(
+        paper, ["eval.models.base=/models/llama", "eval.models.sft=/models/sft", "eval.benchmark_paths.gsm8k=g.jsonl"]
+    )
     assert config.eval.models == {**default.models, "base": "/models/llama", "sft": "/models/sft"}
     assert config.eval.benchmark_paths == {**default.benchmark_paths, "gsm8k": "g.jsonl"}
-    assert load_config(paper, ["eval.models={base: /models/llama}"]).eval.models == {"base": "/models/llama"}  # the field: whole
+    assert load_config(paper, ["eval.models={base: /models/llama}"]).eval.models == {
+        "base": "/models/llama"
+    }  # the field: whole
     path = tmp_path / "c.yaml"
     path.write_text("eval:\n  models:\n    gfn: /models/gfn\n")
     assert load_config(path).eval.models == {"gfn": "/models/gfn"}  # a YAML mapping replaces the default whole
@@ -85,8 +89,11 @@ def test_an_override_of_one_mapping_entry_changes_that_entry_only(tmp_path):
 def test_a_problem_filter_that_data_train_cannot_apply_is_refused_at_load():
     paper = REPO / "configs" / "paper" / "llama3.2-3b.yaml"
     assert load_config(paper).data.problem_sources == ["augmented_math"]
-    with pytest.raises(ConfigError, match=r"data.problem_sources = \['augmented_math'\] filters openmathinstruct2 problems only, "
-                                          r"but data.train is 'math'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.problem_sources = \['augmented_math'\] filters openmathinstruct2 problems only, "
+        r"but data.train is 'math'",
+    ):
         load_config(paper, ["data.train=math", "data.train_path=math_test.jsonl"])
     assert load_config(paper, ["data.train=math", "data.problem_sources=[]"]).data.train == "math"
 
@@ -97,7 +104,9 @@ def test_the_loaders_that_take_a_problem_filter_are_the_ones_the_config_allows_i
     from pipeline.config import SOURCE_FILTERED_DATA
     from pipeline.problems import BENCHMARK_LOADERS
 
-    takes = {name for name, loader in BENCHMARK_LOADERS.items() if "problem_sources" in inspect.signature(loader).parameters}
+    takes = {
+        name for name, loader in BENCHMARK_LOADERS.items() if "problem_sources" in inspect.signature(loader).parameters
+    }
     assert takes == set(SOURCE_FILTERED_DATA)
 
 
@@ -107,7 +116,9 @@ def test_override_without_equals_is_an_error():
 
 
 # configs/accelerate/*.yaml are accelerate's launch configs, not ours.
-@pytest.mark.parametrize("path", sorted(p for p in (REPO / "configs").rglob("*.yaml") if "accelerate" not in p.parts), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(p for p in (REPO / "configs").rglob("*.yaml") if "accelerate" not in p.parts), ids=lambda p: p.name
+)
 def test_shipped_configs_load(path):
     assert isinstance(load_config(path), Config)
 
@@ -118,18 +129,27 @@ def test_paper_settings():
     assert config.augment.similarity_threshold == 0.85
     assert (config.prm.lr, config.prm.batch_size, config.prm.weight_decay, config.prm.epochs) == (8e-6, 144, 0.01, 1.0)
     gfn = config.gfn
-    assert (gfn.lr, gfn.scheduler, gfn.grad_clip, gfn.lam, gfn.buffer_size, gfn.temperature) == (5e-6, "cosine", 1.0, 1.0, 1000, 0.6)
+    assert (gfn.lr, gfn.scheduler, gfn.grad_clip, gfn.lam, gfn.buffer_size, gfn.temperature) == (
+        5e-6,
+        "cosine",
+        1.0,
+        1.0,
+        1000,
+        0.6,
+    )
     assert gfn.questions_per_step * gfn.samples_per_question == 144
     ppo = config.ppo
     assert (ppo.lr, ppo.clip, ppo.value_coef, ppo.entropy_coef) == (5e-6, 0.2, 0.5, 0.01)
     assert ppo.questions_per_step * ppo.samples_per_question == 144
     assert config.model.prm_backbone == "Qwen/Qwen2.5-Math-7B"
     assert config.model.policy == "meta-llama/Llama-3.2-3B-Instruct"
-    assert load_config(REPO / "configs" / "paper" / "llama3.1-8b.yaml").model.policy == "meta-llama/Llama-3.1-8B-Instruct"
+    assert (
+        load_config(REPO / "configs" / "paper" / "llama3.1-8b.yaml").model.policy == "meta-llama/Llama-3.1-8B-Instruct"
+    )
 
 
 def test_saved_config_round_trips(tmp_path):
-    config = load_config(None, ["mcts.k=5", "format.separator=\"\\n\""])
+    config = load_config(None, ["mcts.k=5", 'format.separator="\\n"'])
     save_config(config, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert again.to_dict() == config.to_dict()
@@ -137,8 +157,20 @@ def test_saved_config_round_trips(tmp_path):
 
 def test_the_top_level_seed_seeds_every_section_unless_one_sets_its_own(tmp_path):
     config = load_config(None, ["seed=3", "gfn.seed=11"])
-    seeded = {name: getattr(config, name).seed for name in ("tinyworld", "bootstrap", "augment", "prm", "gfn", "ppo", "eval", "search")}
-    assert seeded == {"tinyworld": 3, "bootstrap": 3, "augment": 3, "prm": 3, "gfn": 11, "ppo": 3, "eval": 3, "search": 3}
+    seeded = {
+        name: getattr(config, name).seed
+        for name in ("tinyworld", "bootstrap", "augment", "prm", "gfn", "ppo", "eval", "search")
+    }
+    assert seeded == {
+        "tinyworld": 3,
+        "bootstrap": 3,
+        "augment": 3,
+        "prm": 3,
+        "gfn": 11,
+        "ppo": 3,
+        "eval": 3,
+        "search": 3,
+    }
     path = tmp_path / "c.yaml"
     path.write_text("seed: 2\nprm:\n  seed: 0\n")
     config = load_config(path)
@@ -162,7 +194,12 @@ def alias_bomb(levels: int = 8, width: int = 9) -> str:
 @pytest.mark.parametrize("where", ["file", "section", "value", "override"])
 def test_a_yaml_alias_bomb_is_refused_at_its_first_alias_with_a_short_message(tmp_path, where):
     bomb = alias_bomb()
-    text = {"file": f"{bomb}\n", "section": f"search: {bomb}\n", "value": f"search:\n  ks: {bomb}\n", "override": "run: x\n"}[where]
+    text = {
+        "file": f"{bomb}\n",
+        "section": f"search: {bomb}\n",
+        "value": f"search:\n  ks: {bomb}\n",
+        "override": "run: x\n",
+    }[where]
     assert len(text.encode()) < 400
     path = tmp_path / "bomb.yaml"
     path.write_text(text)
@@ -175,7 +212,9 @@ def test_a_yaml_alias_bomb_is_refused_at_its_first_alias_with_a_short_message(tm
 
 def test_error_messages_cut_huge_values(tmp_path):
     path = tmp_path / "big.yaml"
-    path.write_text("mcts:\n  k: [" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"] * 100_000) + "]\n")  # 3.4 MB of nested lists
+    path.write_text(
+        "mcts:\n  k: [" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"] * 100_000) + "]\n"
+    )  # 3.4 MB of nested lists
     with pytest.raises(ConfigError, match=r"big\.yaml: 3\d{6} bytes; a config file may hold at most 65536"):
         load_config(path)  # over the size limit: refused before parsing
     with pytest.raises(ConfigError, match="characters; at most 16384"):
@@ -195,20 +234,23 @@ def test_deep_nesting_is_an_error_naming_the_file(tmp_path):
         load_config(path)
 
 
-@pytest.mark.parametrize("override,key,expected", [
-    ("mcts.max_problems=-5", "mcts.max_problems", ">= 1"),
-    ("prm.epochs=0", "prm.epochs", "> 0"),
-    ("prm.epochs=-1", "prm.epochs", "> 0"),
-    ("prm.batch_size=0", "prm.batch_size", ">= 1"),
-    ("augment.val_fraction=1.5", "augment.val_fraction", "> 0 and < 1"),
-    ("mcts.k=0", "mcts.k", ">= 1"),
-    ("prm.micro_batch_size=0", "prm.micro_batch_size", ">= 1"),
-    ("gfn.num_train_steps=-3", "gfn.num_train_steps", ">= 1"),
-    ("generation.top_p=.nan", "generation.top_p", "> 0 and <= 1"),
-    ("gfn.lr=.inf", "gfn.lr", "> 0"),
-    ("search.ks=[1, 0]", "search.ks", ">= 1"),
-    ("seed=-1", "seed", ">= 0 and <= 4294967295"),
-])
+@pytest.mark.parametrize(
+    "override,key,expected",
+    [
+        ("mcts.max_problems=-5", "mcts.max_problems", ">= 1"),
+        ("prm.epochs=0", "prm.epochs", "> 0"),
+        ("prm.epochs=-1", "prm.epochs", "> 0"),
+        ("prm.batch_size=0", "prm.batch_size", ">= 1"),
+        ("augment.val_fraction=1.5", "augment.val_fraction", "> 0 and < 1"),
+        ("mcts.k=0", "mcts.k", ">= 1"),
+        ("prm.micro_batch_size=0", "prm.micro_batch_size", ">= 1"),
+        ("gfn.num_train_steps=-3", "gfn.num_train_steps", ">= 1"),
+        ("generation.top_p=.nan", "generation.top_p", "> 0 and <= 1"),
+        ("gfn.lr=.inf", "gfn.lr", "> 0"),
+        ("search.ks=[1, 0]", "search.ks", ">= 1"),
+        ("seed=-1", "seed", ">= 0 and <= 4294967295"),
+    ],
+)
 def test_values_out_of_range_name_key_value_range_and_source(tmp_path, override, key, expected):
     with pytest.raises(ConfigError) as info:
         load_config(None, [override])
@@ -255,8 +297,20 @@ def test_min_ops_above_max_ops_and_bad_shards_are_errors():
             load_config(None, [f"mcts.shard={shard}"])
 
 
-@pytest.mark.parametrize("override", ["run=/abs/path", "run=../../x", "run=a/b", "run=..", "run=.hidden", "run=",
-                                      "runs_root=../elsewhere", "runs_root=runs/../../x", "runs_root="])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "run=/abs/path",
+        "run=../../x",
+        "run=a/b",
+        "run=..",
+        "run=.hidden",
+        "run=",
+        "runs_root=../elsewhere",
+        "runs_root=runs/../../x",
+        "runs_root=",
+    ],
+)
 def test_run_and_runs_root_cannot_escape_the_runs_folder(override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         load_config(None, [override])
@@ -316,8 +370,17 @@ def choice_fields(obj=None, prefix=""):
 def test_every_choice_field_refuses_a_value_outside_its_literal_naming_key_value_choices_and_source(tmp_path):
     fields = list(choice_fields())
     keys = {key for key, _, _ in fields}
-    assert {"report_to", "model.prm_format", "gfn.mode", "ppo.mode", "gfn.loss", "gfn.weight_transport", "gfn.async_priority",
-            "search.strategies", "search.aggregation"} <= keys
+    assert {
+        "report_to",
+        "model.prm_format",
+        "gfn.mode",
+        "ppo.mode",
+        "gfn.loss",
+        "gfn.weight_transport",
+        "gfn.async_priority",
+        "search.strategies",
+        "search.aggregation",
+    } <= keys
     for key, choices, is_list in fields:
         good = [choices[-1]] if is_list else choices[-1]
         assert functools.reduce(getattr, key.split("."), load_config(None, [f"{key}={good}"])) == good
@@ -340,5 +403,8 @@ def test_help_lists_the_choices_of_a_choice_field():
 
     lines = [line.strip() for line in describe_fields()]  # a section's fields are indented under it
     assert 'gfn.loss: str = "subtb"  (one of subtb, tb, tb_vargrad)' in lines
-    assert any(line.startswith("search.strategies: list = ") and line.endswith("(one of step_best_of_k, beam, best_of_n, "
-                                                                              "weighted_vote, majority)") for line in lines)
+    assert any(
+        line.startswith("search.strategies: list = ")
+        and line.endswith("(one of step_best_of_k, beam, best_of_n, weighted_vote, majority)")
+        for line in lines
+    )

@@ -36,12 +36,24 @@ def world(random_tiny_world) -> Path:
 
 def settings(world: Path, stage: str, out: Path, **extra) -> list[str]:
     args = {
-        "runs_root": out.parent, "run": out.name, "model.policy": world / "policy", "model.prm": world / "prm",
-        "model.prm_backbone": world / "policy", "data.train_path": world / "problems_train.jsonl", "data.disjoint_from": "[]",
-        "generation.max_new_tokens": 24, "generation.batch_size": 8,
-        f"{stage}.num_train_steps": 3, f"{stage}.questions_per_step": 4, f"{stage}.samples_per_question": 4,
-        f"{stage}.micro_batch_size": 8, f"{stage}.temperature": 1.0, f"{stage}.save_every": 0, f"{stage}.warmup_steps": 0,
-        f"{stage}.lr": 1e-3, **extra,
+        "runs_root": out.parent,
+        "run": out.name,
+        "model.policy": world / "policy",
+        "model.prm": world / "prm",
+        "model.prm_backbone": world / "policy",
+        "data.train_path": world / "problems_train.jsonl",
+        "data.disjoint_from": "[]",
+        "generation.max_new_tokens": 24,
+        "generation.batch_size": 8,
+        f"{stage}.num_train_steps": 3,
+        f"{stage}.questions_per_step": 4,
+        f"{stage}.samples_per_question": 4,
+        f"{stage}.micro_batch_size": 8,
+        f"{stage}.temperature": 1.0,
+        f"{stage}.save_every": 0,
+        f"{stage}.warmup_steps": 0,
+        f"{stage}.lr": 1e-3,
+        **extra,
     }
     return ["--config", str(REPO / "configs" / "tiny.yaml"), *(f"{k}={v}" for k, v in args.items())]
 
@@ -51,8 +63,9 @@ def settings(world: Path, stage: str, out: Path, **extra) -> list[str]:
 FSDP = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
 
 
-def launch(stage: str, args: list[str], processes: int, kill_when: Path | None = None,
-           env: dict | None = None) -> subprocess.CompletedProcess | None:
+def launch(
+    stage: str, args: list[str], processes: int, kill_when: Path | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess | None:
     """Run the stage in ``processes`` processes (accelerate launch, gloo); with ``kill_when``,
     SIGKILL the whole process group as soon as that path exists; ``env``: added to each
     process's environment (FSDP). Always bounded in time."""
@@ -63,11 +76,28 @@ def launch(stage: str, args: list[str], processes: int, kill_when: Path | None =
         # torchrun: what `accelerate launch --multi_gpu` runs under the hood; accelerate's own
         # multi-process CPU launch needs MPI. The stage's Accelerator picks up the process group (gloo).
         port = 29500 + os.getpid() % 1000
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(port),
-                   "-m", module, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_port",
+            str(port),
+            "-m",
+            module,
+            *args,
+        ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         if kill_when is None:
             out, _ = process.communicate(timeout=TIMEOUT_S)
@@ -95,7 +125,11 @@ def assert_same_run(a: Path, b: Path, loss_tolerance: float, weight_tolerance: f
     ma, mb = metrics(a), metrics(b)
     assert [m["step"] for m in ma] == [m["step"] for m in mb] == list(range(1, steps + 1))
     for x, y in zip(ma, mb):  # the same questions and solutions: identical sampling statistics
-        assert (x["sampled"], x["empty_solutions"], x["solution_length"]) == (y["sampled"], y["empty_solutions"], y["solution_length"])
+        assert (x["sampled"], x["empty_solutions"], x["solution_length"]) == (
+            y["sampled"],
+            y["empty_solutions"],
+            y["solution_length"],
+        )
         assert x["avg_log_reward"] == pytest.approx(y["avg_log_reward"], abs=1e-6)
         assert x["loss"] == pytest.approx(y["loss"], rel=loss_tolerance, abs=loss_tolerance)
     wa, wb = load_file(str(a / "model" / "model.safetensors")), load_file(str(b / "model" / "model.safetensors"))
@@ -105,11 +139,14 @@ def assert_same_run(a: Path, b: Path, loss_tolerance: float, weight_tolerance: f
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,extra", [
-    ("gfn", {"gfn.loss": "subtb", "gfn.replay_fraction": 0.5}),
-    ("gfn", {"gfn.loss": "tb_vargrad", "gfn.replay_fraction": 0.5}),
-    ("ppo", {"ppo.ppo_epochs": 2}),
-])
+@pytest.mark.parametrize(
+    "stage,extra",
+    [
+        ("gfn", {"gfn.loss": "subtb", "gfn.replay_fraction": 0.5}),
+        ("gfn", {"gfn.loss": "tb_vargrad", "gfn.replay_fraction": 0.5}),
+        ("ppo", {"ppo.ppo_epochs": 2}),
+    ],
+)
 def test_two_processes_reproduce_one_process_with_the_same_questions(world, tmp_path, stage, extra):
     one, two = tmp_path / "one", tmp_path / "two"
     launch(stage, settings(world, stage, one, **extra), processes=1)
@@ -119,11 +156,15 @@ def test_two_processes_reproduce_one_process_with_the_same_questions(world, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,extra", [
-    ("gfn", {"gfn.loss": "subtb", "gfn.replay_fraction": 0.5}),
-    ("gfn", {"gfn.loss": "tb_vargrad"}),
-    ("ppo", {"ppo.ppo_epochs": 2}),
-], ids=["subtb", "tb_vargrad", "ppo"])
+@pytest.mark.parametrize(
+    "stage,extra",
+    [
+        ("gfn", {"gfn.loss": "subtb", "gfn.replay_fraction": 0.5}),
+        ("gfn", {"gfn.loss": "tb_vargrad"}),
+        ("ppo", {"ppo.ppo_epochs": 2}),
+    ],
+    ids=["subtb", "tb_vargrad", "ppo"],
+)
 def test_two_fsdp2_processes_reproduce_one_process(world, tmp_path, stage, extra):
     """FSDP2 (the policy sharded over 2 processes, sampling from a gathered HF copy) against one
     unsharded process: the same sampled solutions, losses within 1e-4, weights within 1e-5.
@@ -144,7 +185,12 @@ def test_a_killed_two_process_run_resumes_with_two_or_one_process(world, tmp_pat
     launch("gfn", settings(world, "gfn", straight, **extra), processes=2)
     for name, processes in (("again_two", 2), ("again_one", 1)):
         out = tmp_path / name
-        launch("gfn", settings(world, "gfn", out, **extra), processes=2, kill_when=out / "gfn" / "checkpoints" / "step-00000002")
+        launch(
+            "gfn",
+            settings(world, "gfn", out, **extra),
+            processes=2,
+            kill_when=out / "gfn" / "checkpoints" / "step-00000002",
+        )
         assert not (out / "gfn" / "model").exists()
         launch("gfn", settings(world, "gfn", out, **extra), processes=processes)
         assert_same_run(straight / "gfn", out / "gfn", loss_tolerance=1e-4, weight_tolerance=1e-5, steps=6)
@@ -163,7 +209,9 @@ def test_a_killed_fsdp2_run_resumes_from_its_shards_with_two_or_one_process(worl
     launch("gfn", settings(world, "gfn", killed, **extra), processes=2, kill_when=step_2, env=FSDP)
     assert not (killed / "gfn" / "model").exists()
     assert sorted(p.name for p in (step_2 / "sharded").iterdir()) == [  # each process wrote its own shards
-        "shard-00001-model-00001-of-00001.safetensors", "shard-00002-model-00001-of-00001.safetensors"]
+        "shard-00001-model-00001-of-00001.safetensors",
+        "shard-00002-model-00001-of-00001.safetensors",
+    ]
     for name, processes in (("again_two", 2), ("again_one", 1)):
         out = tmp_path / name
         shutil.copytree(killed, out)
@@ -181,8 +229,10 @@ def deepspeed_skip_reason() -> str | None:
     if importlib.util.find_spec("deepspeed") is None:
         return "deepspeed is not installed (pip install deepspeed; docs/scale.md, 'DeepSpeed on CPU')"
     if torch.cuda.device_count() < 2:
-        return ("accelerate 1.15 turns DeepSpeed on only for an Accelerator that is not cpu=True, and the trainers build a CPU "
-                "one without GPUs: needs 2 GPUs (docs/scale.md, 'DeepSpeed on CPU')")
+        return (
+            "accelerate 1.15 turns DeepSpeed on only for an Accelerator that is not cpu=True, and the trainers build a CPU "
+            "one without GPUs: needs 2 GPUs (docs/scale.md, 'DeepSpeed on CPU')"
+        )
     return None
 
 
@@ -194,10 +244,20 @@ def test_two_deepspeed_processes_reproduce_one_process(world, tmp_path, zero_sta
     if reason:
         pytest.skip(reason)
     one, two = tmp_path / "one", tmp_path / "two"
-    extra = {"gfn.loss": "tb", "gfn.learn_log_z": "true", "gfn.num_train_steps": 2, "model.device": "cuda", "model.dtype": "float32"}
+    extra = {
+        "gfn.loss": "tb",
+        "gfn.learn_log_z": "true",
+        "gfn.num_train_steps": 2,
+        "model.device": "cuda",
+        "model.dtype": "float32",
+    }
     launch("gfn", settings(world, "gfn", one, **extra), processes=1)
-    launch("gfn", settings(world, "gfn", two, **extra), processes=2,
-           env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": zero_stage})
+    launch(
+        "gfn",
+        settings(world, "gfn", two, **extra),
+        processes=2,
+        env={"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": zero_stage},
+    )
     assert_same_run(one / "gfn", two / "gfn", loss_tolerance=1e-4, weight_tolerance=1e-5, steps=2)
 
 
@@ -212,7 +272,9 @@ def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
             preflight(load_config(REPO / "configs" / "tiny.yaml", ["generation.backend=vllm"]), "ppo")
     from pipeline.batches import check_divisible
 
-    with pytest.raises(ValueError, match=r"questions_per_step=3 must be a positive multiple of the number of processes \(2\)"):
+    with pytest.raises(
+        ValueError, match=r"questions_per_step=3 must be a positive multiple of the number of processes \(2\)"
+    ):
         check_divisible(3, 2)
     from stages import train_gfn
 
@@ -227,7 +289,14 @@ def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_doe
     gfn, saving = (load_config(REPO / "configs" / "tiny.yaml", [f"gfn.save_every={n}"]).gfn for n in (0, 5))
     fsdp2, deepspeed = {**FSDP}, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}
     zero3 = {**deepspeed, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}
-    for environ, backend in ((fsdp2, "hf"), (fsdp2, "vllm"), (deepspeed, "hf"), (deepspeed, "vllm"), (zero3, "vllm"), ({}, "hf")):
+    for environ, backend in (
+        (fsdp2, "hf"),
+        (fsdp2, "vllm"),
+        (deepspeed, "hf"),
+        (deepspeed, "vllm"),
+        (zero3, "vllm"),
+        ({}, "hf"),
+    ):
         check_accelerate_launch("gfn", gfn, backend, processes=1, environ=environ)
     check_accelerate_launch("gfn", saving, "hf", processes=2, environ=fsdp2)  # FSDP2 runs resume from their shards
     cases = [

@@ -96,7 +96,9 @@ def test_semantic_similarity_matches_a_float64_reference_on_an_order_sensitive_e
 
     rng = np.random.default_rng(0)
     steps = ["3 * 4 = 12", "5 + 12 = 17", "17 - 2 = 15", "5 - 2 = 3", "3 + 12 = 15", "The answer is 15"]
-    problems = [["\n".join(rng.permutation(steps)[: rng.integers(2, 6)]) for _ in range(rng.integers(2, 6))] for _ in range(8)]
+    problems = [
+        ["\n".join(rng.permutation(steps)[: rng.integers(2, 6)]) for _ in range(rng.integers(2, 6))] for _ in range(8)
+    ]
     result = semantic_similarity(problems, embed, n_resamples=50)
     for texts, value in zip(problems, result["per_problem"]):
         vectors = [np.asarray(embed([t])[0], dtype=np.float64) for t in texts]
@@ -179,8 +181,18 @@ def test_strategy_entropy_matches_a_float64_brute_force():
 
 
 # The example tiny-world problem: two valid strategies (event orders), listed gold first.
-NARRATIVE = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
-REVERSED = ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"]
+NARRATIVE = [
+    "Ann buys 3 * 4 = 12 apples.",
+    "Ann has 5 + 12 = 17 apples.",
+    "Ann has 17 - 2 = 15 apples.",
+    "The answer is 15",
+]
+REVERSED = [
+    "Ann has 5 - 2 = 3 apples.",
+    "Ann buys 3 * 4 = 12 apples.",
+    "Ann has 3 + 12 = 15 apples.",
+    "The answer is 15",
+]
 LUCKY = ["Ann has 5 + 10 = 15 apples.", "The answer is 15"]  # the right answer, no valid strategy's calculations
 
 
@@ -192,7 +204,11 @@ def tiny_problem(problem_id: str, solutions: list, names: list | None = None) ->
 def test_strategy_entropy_and_distinct_strategies_per_problem():
     two = tiny_problem("two", [NARRATIVE, REVERSED])
     one = tiny_problem("one", [NARRATIVE])
-    named = tiny_problem("named", [NARRATIVE, REVERSED, NARRATIVE[1:2] + NARRATIVE[:1] + NARRATIVE[2:]], ["total", "losses first", "total"])
+    named = tiny_problem(
+        "named",
+        [NARRATIVE, REVERSED, NARRATIVE[1:2] + NARRATIVE[:1] + NARRATIVE[2:]],
+        ["total", "losses first", "total"],
+    )
     gsm = Problem("gsm", "How many?", "15", "gsm8k", {"solution": "5 + 10 = 15"})
     problems = [two, two, one, named, gsm, two]
     solutions = [
@@ -203,16 +219,35 @@ def test_strategy_entropy_and_distinct_strategies_per_problem():
         [["5 + 10 = 15", "The answer is 15"]] * 5,  # no known strategies: None, not 0
         [NARRATIVE, REVERSED, REVERSED, NARRATIVE, NARRATIVE],  # no correct sample: not counted
     ]
-    correct = [[True] * 5, [True, True, True, True, False], [True] * 5, [True, True, True, True, False], [True] * 5, [False] * 5]
+    correct = [
+        [True] * 5,
+        [True, True, True, True, False],
+        [True] * 5,
+        [True, True, True, True, False],
+        [True] * 5,
+        [False] * 5,
+    ]
     assert admitted_strategies(two) == 2 and admitted_strategies(one) == 1 and admitted_strategies(gsm) is None
     assert admitted_strategies(named) == 2  # two event orders of one named strategy count once
     assert correct_strategy_names(two, solutions[0], correct[0]) == ["0", "1", "1", "0"]  # old records: the index
-    assert correct_strategy_names(named, solutions[3], correct[3]) == ["total", "losses first", "losses first", "losses first"]
+    assert correct_strategy_names(named, solutions[3], correct[3]) == [
+        "total",
+        "losses first",
+        "losses first",
+        "losses first",
+    ]
     assert correct_strategy_names(gsm, solutions[4], correct[4]) is None
 
     result = strategy_diversity(problems, solutions, correct, n_resamples=200)
     h = -(0.75 * np.log2(0.75) + 0.25 * np.log2(0.25))
-    assert result["entropy"]["per_problem"] == [pytest.approx(1.0), pytest.approx(h), None, pytest.approx(h), None, None]
+    assert result["entropy"]["per_problem"] == [
+        pytest.approx(1.0),
+        pytest.approx(h),
+        None,
+        pytest.approx(h),
+        None,
+        None,
+    ]
     assert result["entropy"]["n_scored"] == 3
     assert result["entropy"]["mean"] == pytest.approx((1.0 + 2 * h) / 3)
     assert result["entropy"]["lo"] <= result["entropy"]["mean"] <= result["entropy"]["hi"]
@@ -223,7 +258,11 @@ def test_strategy_entropy_and_distinct_strategies_per_problem():
 
     unknown = strategy_diversity([gsm], [solutions[4]], [correct[4]])
     assert unknown["entropy"]["mean"] is None and unknown["entropy"]["per_problem"] == [None]
-    assert unknown["distinct"] is None and unknown["multi_strategy_problems"] is None and unknown["correct_without_strategy"] is None
+    assert (
+        unknown["distinct"] is None
+        and unknown["multi_strategy_problems"] is None
+        and unknown["correct_without_strategy"] is None
+    )
     with pytest.raises(ValueError, match="2 problems, 1 solution lists"):
         strategy_diversity([two, two], [solutions[0]], correct[:2])
 

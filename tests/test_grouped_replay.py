@@ -18,14 +18,25 @@ CHI2_DF3_P001 = 16.266  # chi-square critical value, 3 degrees of freedom, p = 0
 def make_trajectory(problem_id, steps, log_reward=None, version=0):
     steps = list(steps)
     scores = [-0.1] * len(steps) if log_reward is None else [log_reward / len(steps)] * len(steps)
-    return Trajectory(problem_id=problem_id, question=f"question {problem_id}", prompt=f"Q: {problem_id}", steps=steps,
-                      step_log_scores=scores, answer_flags=[1] * len(steps), finished=True, log_reward=sum(scores),
-                      policy_version=version)
+    return Trajectory(
+        problem_id=problem_id,
+        question=f"question {problem_id}",
+        prompt=f"Q: {problem_id}",
+        steps=steps,
+        step_log_scores=scores,
+        answer_flags=[1] * len(steps),
+        finished=True,
+        log_reward=sum(scores),
+        policy_version=version,
+    )
 
 
 def fill(buffer, questions=6, per_question=4, version=0, log_reward=None):
-    buffer.add(make_trajectory(f"q{q}", (f"s{j}",), log_reward=log_reward, version=version)
-               for q in range(questions) for j in range(per_question))
+    buffer.add(
+        make_trajectory(f"q{q}", (f"s{j}",), log_reward=log_reward, version=version)
+        for q in range(questions)
+        for j in range(per_question)
+    )
 
 
 def test_every_group_is_one_question_with_k_distinct_completions():
@@ -42,7 +53,9 @@ def test_every_group_is_one_question_with_k_distinct_completions():
 
 def test_a_question_is_eligible_only_with_k_distinct_completions():
     buffer = GroupedReplay(capacity=100, per_question=3, seed=0)
-    buffer.add([make_trajectory("q0", ("a",)), make_trajectory("q0", ("a",)), make_trajectory("q0", ("b",))])  # a repeat: 2 distinct
+    buffer.add(
+        [make_trajectory("q0", ("a",)), make_trajectory("q0", ("a",)), make_trajectory("q0", ("b",))]
+    )  # a repeat: 2 distinct
     buffer.add(make_trajectory("q1", (s,)) for s in "abc")
     assert buffer.eligible() == 1
     groups, _ = buffer.sample(5, latest=0)
@@ -92,7 +105,9 @@ def test_completions_within_a_question_follow_the_priority(priority, temperature
     buffer = GroupedReplay(capacity=100, per_question=1, priority=priority, temperature=temperature, seed=5)
     buffer.add(make_trajectory("q0", (name,), log_reward=value) for name, value in log_rewards.items())
     counts = Counter(buffer.sample(1, latest=-1)[0][0][0].steps[0] for _ in range(4000))
-    weights = {name: math.exp(value / temperature) if priority == "softmax" else 1.0 for name, value in log_rewards.items()}
+    weights = {
+        name: math.exp(value / temperature) if priority == "softmax" else 1.0 for name, value in log_rewards.items()
+    }
     total = sum(weights.values())
     chi2 = sum((counts[name] - 4000 * w / total) ** 2 / (4000 * w / total) for name, w in weights.items())
     assert chi2 < CHI2_DF3_P001, (counts, weights)
@@ -120,10 +135,15 @@ def test_a_completion_seen_again_takes_the_newer_version():
 
 
 def test_draws_are_deterministic_and_the_state_round_trips_through_json():
-    first, second = GroupedReplay(capacity=50, per_question=2, recency=0.5, seed=9), GroupedReplay(capacity=50, per_question=2, recency=0.5, seed=9)
+    first, second = (
+        GroupedReplay(capacity=50, per_question=2, recency=0.5, seed=9),
+        GroupedReplay(capacity=50, per_question=2, recency=0.5, seed=9),
+    )
     for buffer in (first, second):
         fill(buffer, questions=5, per_question=3)
-    assert [[t.steps for t in g] for g in first.sample(3, 0)[0]] == [[t.steps for t in g] for g in second.sample(3, 0)[0]]
+    assert [[t.steps for t in g] for g in first.sample(3, 0)[0]] == [
+        [t.steps for t in g] for g in second.sample(3, 0)[0]
+    ]
     resumed = GroupedReplay(capacity=50, per_question=2, recency=0.5, seed=0)
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     expected = [[(t.problem_id, t.steps) for t in g] for g in first.sample(3, 0)[0]]

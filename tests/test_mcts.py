@@ -41,7 +41,7 @@ class FakeWorld:
         out = []
         for j in range(self.k):
             if j < n_correct:
-                steps = GOLD[len(prefix):]
+                steps = GOLD[len(prefix) :]
                 out.append(Rollout(steps, "42", True, num_tokens=10 * len(steps)))
             else:
                 error_at = self.errors[(j - n_correct) % len(self.errors)]
@@ -106,11 +106,27 @@ def path_of(record):
 # rollouts err at steps 3, 7, 11 and 14, before the records followed Algorithm 1 (commit
 # 2d298cf): which records are emitted must not change what is probed.
 REQUESTED_BEFORE = [
-    "", "g1 g2 bad x4 x5 x6 x7 x8", "g1 g2 bad x4", "g1 g2", "g1 g2 bad", "g1 g2 bad x4 x5 x6 x7 x8 x9",
-    "g1 g2 bad x4 x5 x6", "g1 g2 g3 g4 g5 g6 bad x8 x9", "g1 g2 g3 g4 g5 g6", "g1 g2 g3 g4 g5 g6 bad x8",
-    "g1 g2 g3 g4 g5 g6 bad", "g1 g2 g3 g4 g5 g6 x7 x8 x9 x10 x11", "g1 g2 g3 g4 g5 g6 x7 x8 x9",
-    "g1 g2 g3 g4 g5 g6 x7 x8", "g1 g2 g3 g4 g5 g6 x7", "g1 g2 g3 g4 g5 g6 bad x8 x9 x10 x11", "g1 g2 g3 g4",
-    "g1 g2 g3 g4 x5 x6 x7 x8 x9 x10", "g1 g2 g3 g4 x5 x6 x7", "g1 g2 g3 g4 x5 x6", "g1 g2 g3 g4 x5",
+    "",
+    "g1 g2 bad x4 x5 x6 x7 x8",
+    "g1 g2 bad x4",
+    "g1 g2",
+    "g1 g2 bad",
+    "g1 g2 bad x4 x5 x6 x7 x8 x9",
+    "g1 g2 bad x4 x5 x6",
+    "g1 g2 g3 g4 g5 g6 bad x8 x9",
+    "g1 g2 g3 g4 g5 g6",
+    "g1 g2 g3 g4 g5 g6 bad x8",
+    "g1 g2 g3 g4 g5 g6 bad",
+    "g1 g2 g3 g4 g5 g6 x7 x8 x9 x10 x11",
+    "g1 g2 g3 g4 g5 g6 x7 x8 x9",
+    "g1 g2 g3 g4 g5 g6 x7 x8",
+    "g1 g2 g3 g4 g5 g6 x7",
+    "g1 g2 g3 g4 g5 g6 bad x8 x9 x10 x11",
+    "g1 g2 g3 g4",
+    "g1 g2 g3 g4 x5 x6 x7 x8 x9 x10",
+    "g1 g2 g3 g4 x5 x6 x7",
+    "g1 g2 g3 g4 x5 x6",
+    "g1 g2 g3 g4 x5",
     "g1 g2 g3 g4 g5 g6 bad x8 x9 x10",
 ]
 
@@ -128,8 +144,10 @@ def test_no_record_after_the_first_error_on_a_path():
     # 21 prefixes probed; kept: the probes with MC > 0 and each search's first error. The
     # searches that end on a first error recorded before (through the cache) add nothing.
     assert [(path_of(r), r.mc) for r in result.records] == [
-        ("g1 g2", 0.5), ("g1 g2 bad", 0.0),
-        ("g1 g2 g3 g4 g5 g6", 0.5), ("g1 g2 g3 g4 g5 g6 bad", 0.0),
+        ("g1 g2", 0.5),
+        ("g1 g2 bad", 0.0),
+        ("g1 g2 g3 g4 g5 g6", 0.5),
+        ("g1 g2 g3 g4 g5 g6 bad", 0.0),
         ("g1 g2 g3 g4 g5 g6 x7", 0.0),
         ("g1 g2 g3 g4", 0.5),
         ("g1 g2 g3 g4 x5", 0.0),
@@ -168,8 +186,14 @@ def test_a_dropped_prefix_reached_again_through_the_cache_stays_unrecorded():
     # recovery), 4 from the cache (MC 0) -> it resolves at 4, a prefix dropped in search 1, which
     # stays unrecorded: it lies after "g1 bad".
     assert [" ".join(call[0][1]) for call in world.calls] == [
-        "", "g1 bad x3 x4 x5 x6 x7 x8", "g1 bad x3 x4", "g1 bad", "g1",
-        "g1 bad x3 x4 x5 x6 x7 x8 x9", "g1 bad x3 x4 x5", "g1 bad x3",
+        "",
+        "g1 bad x3 x4 x5 x6 x7 x8",
+        "g1 bad x3 x4",
+        "g1 bad",
+        "g1",
+        "g1 bad x3 x4 x5 x6 x7 x8 x9",
+        "g1 bad x3 x4 x5",
+        "g1 bad x3",
     ]
     # The MC > 0 probe after the first error is recorded like any other (docs/mcts.md,
     # "Non-monotone estimates").
@@ -212,12 +236,16 @@ def test_rollout_budget_is_respected():
 def test_selection_follows_the_formula():
     params = MCTSConfig(alpha=0.5, beta=0.9, length_scale=100, c_puct=0.5)
     a, b = TreeState(("s",), mc=0.9, visits=3), TreeState(("t",), mc=0.3, visits=0)
-    pool = [(a, Rollout(["x"], None, False, 50)), (b, Rollout(["y"], None, False, 50)), (a, Rollout(["z"], None, False, 10))]
+    pool = [
+        (a, Rollout(["x"], None, False, 50)),
+        (b, Rollout(["y"], None, False, 50)),
+        (a, Rollout(["z"], None, False, 10)),
+    ]
     total = 3
     expected = [
-        0.5 ** (1 - 0.9) * 0.9 ** 0.5 + 0.5 * math.sqrt(total) / 4,
-        0.5 ** (1 - 0.3) * 0.9 ** 0.5 + 0.5 * math.sqrt(total) / 1,
-        0.5 ** (1 - 0.9) * 0.9 ** 0.1 + 0.5 * math.sqrt(total) / 4,
+        0.5 ** (1 - 0.9) * 0.9**0.5 + 0.5 * math.sqrt(total) / 4,
+        0.5 ** (1 - 0.3) * 0.9**0.5 + 0.5 * math.sqrt(total) / 1,
+        0.5 ** (1 - 0.9) * 0.9**0.1 + 0.5 * math.sqrt(total) / 4,
     ]
     got = [selection_score(s.mc, r.num_tokens, s.visits, total, params) for s, r in pool]
     assert got == pytest.approx(expected)
@@ -241,7 +269,13 @@ def test_problems_advance_together_in_one_call_per_round():
 def test_max_active_bounds_problems_in_flight():
     world = FakeWorld(p_good=0.5)
     results = []
-    run_mcts([(f"p{i}", "q") for i in range(5)], MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000), world, results.append, max_active=2)
+    run_mcts(
+        [(f"p{i}", "q") for i in range(5)],
+        MCTSConfig(k=8, max_iterations=1, max_rollouts=10_000),
+        world,
+        results.append,
+        max_active=2,
+    )
     assert len(results) == 5 and max(len(c) for c in world.calls) <= 2
 
 
@@ -256,15 +290,32 @@ class FakeGenerator:
 
     def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, stop=None, seed=None):
         self.calls.append((list(prompts), n))
-        return [[FakeCompletion("1 + 1 = 2\nThe answer is 2\n" if j % 2 == 0 else "1 + 1 = 3\nThe answer is 3\n") for j in range(n)] for _ in prompts]
+        return [
+            [
+                FakeCompletion("1 + 1 = 2\nThe answer is 2\n" if j % 2 == 0 else "1 + 1 = 3\nThe answer is 3\n")
+                for j in range(n)
+            ]
+            for _ in prompts
+        ]
 
 
 def test_make_rollout_fn_grades_and_splits_in_one_generator_call():
     gen = FakeGenerator()
     grade_many = lambda texts, golds, kind: [t.strip().endswith(f"is {g}") for t, g in zip(texts, golds)]
     extract = lambda text, kind: text.strip().rsplit(" ", 1)[-1]
-    fn = make_rollout_fn(gen, ["Q1\n", "Q2\n"], ["2", "3"], "tiny", k=4, temperature=0.6, top_p=1.0,
-                         max_new_tokens=16, separator="\n", grade_many=grade_many, extract_answer=extract)
+    fn = make_rollout_fn(
+        gen,
+        ["Q1\n", "Q2\n"],
+        ["2", "3"],
+        "tiny",
+        k=4,
+        temperature=0.6,
+        top_p=1.0,
+        max_new_tokens=16,
+        separator="\n",
+        grade_many=grade_many,
+        extract_answer=extract,
+    )
     out = fn([(0, ()), (1, ("a step",))])
     assert len(gen.calls) == 1 and gen.calls[0] == (["Q1\n", "Q2\na step\n"], 4)
     assert [r.correct for r in out[0]] == [True, False, True, False]
@@ -301,9 +352,21 @@ def seeded_mcts(problem_ids, max_active, seed=0):
     """Every record (as JSON) of run_mcts over ``problem_ids`` with the seeded generator, by problem."""
     grade_many = lambda texts, golds, kind: [t.strip().endswith(f"is {g}") for t, g in zip(texts, golds)]
     extract = lambda text, kind: text.strip().rsplit(" ", 1)[-1]
-    fn = make_rollout_fn(SeededGenerator(), [f"Q {pid}\n" for pid in problem_ids], ["2"] * len(problem_ids), "tiny", k=4,
-                         temperature=0.6, top_p=1.0, max_new_tokens=16, separator="\n", grade_many=grade_many,
-                         extract_answer=extract, seed=seed, problem_ids=problem_ids)
+    fn = make_rollout_fn(
+        SeededGenerator(),
+        [f"Q {pid}\n" for pid in problem_ids],
+        ["2"] * len(problem_ids),
+        "tiny",
+        k=4,
+        temperature=0.6,
+        top_p=1.0,
+        max_new_tokens=16,
+        separator="\n",
+        grade_many=grade_many,
+        extract_answer=extract,
+        seed=seed,
+        problem_ids=problem_ids,
+    )
     results = []
     params = MCTSConfig(k=4, max_iterations=3, max_rollouts=40, search_trivial=True)
     run_mcts([(pid, "q") for pid in problem_ids], params, fn, results.append, max_active=max_active)
@@ -360,14 +423,36 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     model = build_model(BootstrapConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tokenizer)
     save_policy(model, tokenizer, tmp_path / "policy")
     write_problems_jsonl(splits["train"], tmp_path / "train.jsonl")
-    argv = [sys.executable, "-m", "stages.mcts", "--config", str(repo / "configs" / "tiny.yaml"),
-            f"runs_root={tmp_path / 'runs'}", f"model.policy={tmp_path / 'policy'}",
-            f"data.train_path={tmp_path / 'train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=40",
-            "mcts.k=4", "mcts.max_problems=24", "mcts.max_iterations=2", "mcts.max_rollouts=24",
-            "mcts.search_trivial=true", "mcts.problems_per_commit=1", "mcts.max_active=2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "stages.mcts",
+        "--config",
+        str(repo / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path / 'runs'}",
+        f"model.policy={tmp_path / 'policy'}",
+        f"data.train_path={tmp_path / 'train.jsonl'}",
+        "data.disjoint_from=[]",
+        "generation.max_new_tokens=40",
+        "mcts.k=4",
+        "mcts.max_problems=24",
+        "mcts.max_iterations=2",
+        "mcts.max_rollouts=24",
+        "mcts.search_trivial=true",
+        "mcts.problems_per_commit=1",
+        "mcts.max_active=2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(repo), "TQDM_DISABLE": "1"}
     shards = tmp_path / "runs" / "k" / "mcts" / "shards"
-    subprocess.run(argv + ["run=u"], env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    subprocess.run(
+        argv + ["run=u"],
+        env=env,
+        cwd=tmp_path,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=300,
+    )
     argv.append("run=k")
     proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -379,7 +464,9 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     assert 0 < len(first) < 24, f"the stage must be killed mid-run; stderr: {proc.stderr.read().decode()[-2000:]}"
     proc.stderr.close()
 
-    subprocess.run(argv, env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    subprocess.run(
+        argv, env=env, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300
+    )
     summaries = list(read_stream(shards, "summaries", MCTSSummary))
     assert sorted(s.problem_id for s in summaries) == sorted(p.problem_id for p in splits["train"])
     records = list(read_stream(shards, "records", MCTSRecord))

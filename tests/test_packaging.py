@@ -33,7 +33,9 @@ def test_constraints_pin_every_dependency_within_its_declared_range():
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is not pinned in constraints.txt"
-        assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {requirement.specifier}"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"{name}=={pins[name]} is outside {requirement.specifier}"
+        )
 
 
 def test_python_and_licence_match_what_is_declared():
@@ -46,7 +48,9 @@ def test_python_and_licence_match_what_is_declared():
 
 def test_the_installed_packages_are_the_library_without_benchmarks_or_tests():
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    finder = find_namespace_packages if find.get("namespaces", True) else find_packages  # setuptools' default for packages.find
+    finder = (
+        find_namespace_packages if find.get("namespaces", True) else find_packages
+    )  # setuptools' default for packages.find
     installed = finder(where=str(REPO), include=find["include"], exclude=find.get("exclude", ()))
     assert {name.split(".")[0] for name in installed} == {"pipeline", "prm", "eval", "stages"}
     assert (REPO / "benchmarks" / "__init__.py").exists() and "benchmarks" not in installed

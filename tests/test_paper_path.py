@@ -32,34 +32,75 @@ from pipeline.steps import encode_prompt
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "configs" / "paper"
 # what from_pretrained and vLLM read in a model folder; our manifest.json beside them
-MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-               "chat_template.jinja", "manifest.json"}
+MODEL_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "manifest.json",
+}
 
 
 def overrides(tmp_path: Path, benchmarks: Path) -> list[str]:
     policy, backbone = tmp_path / "models" / "policy", tmp_path / "models" / "prm_backbone"
-    eval_paths = {"math_level5": benchmarks / "math_test.jsonl", "gsm8k": benchmarks / "gsm8k_test.jsonl",
-                  "sat_math_32": benchmarks / "sat_math_32.jsonl", "agieval_sat_math": benchmarks / "agieval_sat_math.jsonl"}
+    eval_paths = {
+        "math_level5": benchmarks / "math_test.jsonl",
+        "gsm8k": benchmarks / "gsm8k_test.jsonl",
+        "sat_math_32": benchmarks / "sat_math_32.jsonl",
+        "agieval_sat_math": benchmarks / "agieval_sat_math.jsonl",
+    }
     return [
-        f"runs_root={tmp_path / 'runs'}", "run=paper",
+        f"runs_root={tmp_path / 'runs'}",
+        "run=paper",
         # model paths (no hub)
-        f"model.policy={policy}", f"model.prm_backbone={backbone}", f"eval.models.base={policy}",
+        f"model.policy={policy}",
+        f"model.prm_backbone={backbone}",
+        f"eval.models.base={policy}",
         # no GPU: the HF backend, float32 on the CPU, one thread per process (2 busy cores)
-        "generation.backend=hf", "model.dtype=float32", "model.device=cpu", "model.torch_threads=1",
+        "generation.backend=hf",
+        "model.dtype=float32",
+        "model.device=cpu",
+        "model.torch_threads=1",
         "prm.gradient_checkpointing=false",
         # no hub: local problem files; the OpenMathInstruct-2 filter has nothing to filter in MATH
-        "data.train=math", f"data.train_path={benchmarks / 'math_test.jsonl'}", "data.problem_sources=[]",
-        f"data.validation_path={benchmarks / 'math500_test.jsonl'}", "eval.embedder=null",
+        "data.train=math",
+        f"data.train_path={benchmarks / 'math_test.jsonl'}",
+        "data.problem_sources=[]",
+        f"data.validation_path={benchmarks / 'math500_test.jsonl'}",
+        "eval.embedder=null",
         f"eval.benchmark_paths={json.dumps({k: str(v) for k, v in eval_paths.items()})}",
         f"search.benchmark_path={benchmarks / 'math500_test.jsonl'}",
         # sizes
-        "generation.max_new_tokens=24", "generation.max_step_tokens=12", "data.train_limit=3", "data.validation_limit=2",
-        "mcts.k=2", "mcts.max_iterations=1", "mcts.max_rollouts=4", "mcts.search_trivial=true", "augment.val_fraction=0.34",
-        "prm.batch_size=4", "prm.micro_batch_size=4", "prm.max_length=512", "prm.exact_check_problems=1", "prm.corrupt_examples=4",
-        "gfn.num_train_steps=1", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.micro_batch_size=4",
-        "ppo.num_train_steps=1", "ppo.questions_per_step=2", "ppo.samples_per_question=2", "ppo.micro_batch_size=4",
-        "eval.max_problems=2", "eval.k=2", "eval.bootstrap_resamples=50",
-        "search.ks=[1, 2]", "search.max_problems=2", "search.max_depth=2",
+        "generation.max_new_tokens=24",
+        "generation.max_step_tokens=12",
+        "data.train_limit=3",
+        "data.validation_limit=2",
+        "mcts.k=2",
+        "mcts.max_iterations=1",
+        "mcts.max_rollouts=4",
+        "mcts.search_trivial=true",
+        "augment.val_fraction=0.34",
+        "prm.batch_size=4",
+        "prm.micro_batch_size=4",
+        "prm.max_length=512",
+        "prm.exact_check_problems=1",
+        "prm.corrupt_examples=4",
+        "gfn.num_train_steps=1",
+        "gfn.questions_per_step=2",
+        "gfn.samples_per_question=2",
+        "gfn.micro_batch_size=4",
+        "ppo.num_train_steps=1",
+        "ppo.questions_per_step=2",
+        "ppo.samples_per_question=2",
+        "ppo.micro_batch_size=4",
+        "eval.max_problems=2",
+        "eval.k=2",
+        "eval.bootstrap_resamples=50",
+        "search.ks=[1, 2]",
+        "search.max_problems=2",
+        "search.max_depth=2",
     ]
 
 
@@ -92,7 +133,7 @@ def record_prompt_starts(monkeypatch, model_class) -> list[list[int]]:
             mask = torch.ones_like(input_ids) if mask is None else mask
             for row, kept in zip(input_ids.tolist(), mask.tolist()):
                 start = kept.index(1)
-                seen.append(row[start:start + 2])
+                seen.append(row[start : start + 2])
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(model_class, "forward", recording)
@@ -101,7 +142,9 @@ def record_prompt_starts(monkeypatch, model_class) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("paper,policy_arch", [("llama3.2-3b", "llama3"), ("qwen2.5-math-1.5b", "qwen2")])
-def test_the_paper_config_runs_every_stage_on_real_architectures(tmp_path, benchmarks_dir, monkeypatch, paper, policy_arch):
+def test_the_paper_config_runs_every_stage_on_real_architectures(
+    tmp_path, benchmarks_dir, monkeypatch, paper, policy_arch
+):
     from stages import augment, evaluate, mcts, search, train_gfn, train_ppo, train_prm
 
     monkeypatch.chdir(tmp_path)  # reports/ goes here

@@ -26,8 +26,15 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny(family: str, tied: bool):
-    common = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, tie_word_embeddings=tied)
+    common = dict(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     config = transformers.Qwen2Config(**common) if family == "qwen2" else transformers.LlamaConfig(**common)
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config)
@@ -53,9 +60,13 @@ def test_kv_cache_bytes_equal_the_cache_a_forward_fills():
     model = tiny("qwen2", True)
     out = model(torch.randint(0, 96, (3, 7)), use_cache=True)
     cache = out.past_key_values
-    stored = sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-                 for layer in cache.layers)
-    assert stored == 3 * 7 * shape_from_config(model.config.to_dict(), "test").kv_cache_bytes_per_token(bytes_per_value=4)
+    stored = sum(
+        layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        for layer in cache.layers
+    )
+    assert stored == 3 * 7 * shape_from_config(model.config.to_dict(), "test").kv_cache_bytes_per_token(
+        bytes_per_value=4
+    )
 
 
 def test_activation_checkpointing_keeps_one_input_per_layer_plus_one_layer():
@@ -74,14 +85,18 @@ def test_published_shapes_give_the_parameter_counts_of_docs_scale():
 def test_gradient_accumulation_is_exact_or_refused_with_the_arithmetic():
     assert gradient_accumulation(144, 6, 8) == 3
     assert gradient_accumulation(144, 6, 1) == 24
-    with pytest.raises(ValueError, match=r"prm.batch_size=144 .* 4 x 8 = 32 \(144 / 32 = 4.5\): the effective batch would be 128"):
+    with pytest.raises(
+        ValueError, match=r"prm.batch_size=144 .* 4 x 8 = 32 \(144 / 32 = 4.5\): the effective batch would be 128"
+    ):
         gradient_accumulation(144, 4, 8)
 
 
 def test_prm_training_refuses_a_batch_that_does_not_divide_before_loading_a_model(tmp_path):
     from prm.train import train_prm
 
-    config = load_config(REPO / "configs" / "tiny.yaml", ["prm.batch_size=10", "prm.micro_batch_size=4", f"runs_root={tmp_path}"])
+    config = load_config(
+        REPO / "configs" / "tiny.yaml", ["prm.batch_size=10", "prm.micro_batch_size=4", f"runs_root={tmp_path}"]
+    )
     with pytest.raises(ValueError, match=r"prm.batch_size=10 .* 4 x 1 = 4 \(10 / 4 = 2.5\)"):
         train_prm(config, [], None, tmp_path / "prm")  # the backbone does not exist: reached only if the check passed
     assert not (tmp_path / "prm").exists()
@@ -93,20 +108,30 @@ def test_tiny_config_plans_every_stage_without_findings(tmp_path):
     assert plan.findings == []
     assert [stage.name for stage in plan.stages] == ["mcts", "augment", "prm", "gfn", "ppo", "eval", "search"]
     policy = plan.models[0]
-    assert (policy.status, policy.source, policy.shape.hidden_size) == ("made by make bootstrap", "the bootstrap section", 128)
+    assert (policy.status, policy.source, policy.shape.hidden_size) == (
+        "made by make bootstrap",
+        "the bootstrap section",
+        128,
+    )
     mcts = plan.stages[0]
     n, k, most = config.mcts.max_problems, config.mcts.k, config.mcts.max_rollouts  # the rl split holds more problems
-    assert mcts.work[0].startswith(f"{n:,} problems; rollouts (mcts.k={k} to mcts.max_rollouts={most} a problem): {n * k:,} to {n * most:,}")
+    assert mcts.work[0].startswith(
+        f"{n:,} problems; rollouts (mcts.k={k} to mcts.max_rollouts={most} a problem): {n * k:,} to {n * most:,}"
+    )
     assert "No errors or warnings." in render(plan)
 
 
 def test_a_local_model_folder_is_sized_from_its_config_json(tmp_path):
     tiny("qwen2", True).config.save_pretrained(tmp_path / "policy")
-    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'policy'}"])
+    config = load_config(
+        REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'policy'}"]
+    )
     policy = make_plan(config).models[0]
     assert (policy.status, policy.source) == ("local", f"local {tmp_path / 'policy' / 'config.json'}")
     assert policy.shape == shape_from_config(tiny("qwen2", True).config.to_dict(), "test")
-    missing = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'nope'}"])
+    missing = load_config(
+        REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", f"model.policy={tmp_path / 'nope'}"]
+    )
     assert [f.key for f in make_plan(missing).errors] == ["model.policy"]
 
 
@@ -142,11 +167,20 @@ def test_paper_configs_pass_make_plan_with_their_hub_models_sized_from_the_table
 
 
 def test_the_paper_defects_are_errors_naming_the_key_and_the_arithmetic(paper_world):
-    plan = make_plan(paper("llama3.2-3b", "prm.micro_batch_size=4", "generation.vllm_gpu_memory_utilization=0.85",
-                           "gfn.questions_per_step=20"))
+    plan = make_plan(
+        paper(
+            "llama3.2-3b",
+            "prm.micro_batch_size=4",
+            "generation.vllm_gpu_memory_utilization=0.85",
+            "gfn.questions_per_step=20",
+        )
+    )
     errors = {f.key: f.message for f in plan.errors}
     assert "4 x 8 = 32 (144 / 32 = 4.5)" in errors["prm.batch_size"]
-    assert "gfn.questions_per_step=20 must be a positive multiple of the number of processes (8)" in errors["gfn.questions_per_step"]
+    assert (
+        "gfn.questions_per_step=20 must be a positive multiple of the number of processes (8)"
+        in errors["gfn.questions_per_step"]
+    )
     shares = [f.message for f in plan.errors if f.key == "generation.vllm_gpu_memory_utilization"]
     gfn = [m for m in shares if m.startswith("make gfn: ")]  # 0.85 x 80 GiB for vLLM beside the trainer
     assert len(gfn) == 1 and "= 0.85: 1 x 0.85 x 80.00 GiB for vLLM + 26.24 GiB beside it (" in gfn[0]
@@ -160,16 +194,26 @@ def test_an_engine_share_is_derived_from_what_shares_the_device_or_refused_with_
 
     device, needs = 80 * GIB, {"weights": 6 * GIB, "KV cache of one 1344-token sequence": 0.1 * GIB}
     assert engine_memory_share(device, {"trainer": 30 * GIB}, needs) == 0.62  # (80 - 30) / 80, rounded down
-    assert engine_memory_share(device, {"two PRMs": 30 * GIB}, needs, engines=2) == 0.31  # two searchers' engines on one GPU
+    assert (
+        engine_memory_share(device, {"two PRMs": 30 * GIB}, needs, engines=2) == 0.31
+    )  # two searchers' engines on one GPU
     assert engine_memory_share(device, {}, needs) == 0.9  # alone on the device: vLLM's own default
     assert engine_memory_share(device, {"trainer": 30 * GIB}, needs, requested=0.5) == 0.5
-    with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization = 0.85: 1 x 0.85 x 80.00 GiB for vLLM \+ 30.00 GiB "
-                                         r"beside it \(trainer 30.00\) = 98.00 GiB exceeds the device's 80.00 GiB .*at most 0.62"):
+    with pytest.raises(
+        ValueError,
+        match=r"generation.vllm_gpu_memory_utilization = 0.85: 1 x 0.85 x 80.00 GiB for vLLM \+ 30.00 GiB "
+        r"beside it \(trainer 30.00\) = 98.00 GiB exceeds the device's 80.00 GiB .*at most 0.62",
+    ):
         engine_memory_share(device, {"trainer": 30 * GIB}, needs, requested=0.85)
-    with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization \(unset: derived\) = \(80.00 GiB device - 76.00 GiB "
-                                         r"beside the engine \(trainer 76.00\)\) = 0.05 of the device = 4.00 GiB, below the 6.10 GiB"):
+    with pytest.raises(
+        ValueError,
+        match=r"generation.vllm_gpu_memory_utilization \(unset: derived\) = \(80.00 GiB device - 76.00 GiB "
+        r"beside the engine \(trainer 76.00\)\) = 0.05 of the device = 4.00 GiB, below the 6.10 GiB",
+    ):
         engine_memory_share(device, {"trainer": 76 * GIB}, needs)
-    with pytest.raises(ValueError, match=r"= 0.05: 0.05 x 80.00 GiB = 4.00 GiB is below the 6.10 GiB a vLLM engine needs"):
+    with pytest.raises(
+        ValueError, match=r"= 0.05: 0.05 x 80.00 GiB = 4.00 GiB is below the 6.10 GiB a vLLM engine needs"
+    ):
         engine_memory_share(device, {}, needs, requested=0.05)
 
 
@@ -200,13 +244,22 @@ def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_load
     from stages.common import device_memory
 
     config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=0.85")
-    with pytest.raises(ConfigError, match=r"make gfn: generation.vllm_gpu_memory_utilization = 0.85: 1 x 0.85 x 80.00 GiB .* exceeds"):
+    with pytest.raises(
+        ConfigError, match=r"make gfn: generation.vllm_gpu_memory_utilization = 0.85: 1 x 0.85 x 80.00 GiB .* exceeds"
+    ):
         device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
-    config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0.25")
-    with pytest.raises(ConfigError, match=r"make gfn searchers: .*\(unset: derived\) = .* / 4 = 0.0\d of the device .* per engine "
-                                          r"\(4 on the device\), below the"):
+    config = paper(
+        "llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0.25"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"make gfn searchers: .*\(unset: derived\) = .* / 4 = 0.0\d of the device .* per engine "
+        r"\(4 on the device\), below the",
+    ):
         device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
-    config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0")
+    config = paper(
+        "llama3.2-3b", "generation.vllm_gpu_memory_utilization=null", "gfn.mode=async", "gfn.searcher_gpus=0"
+    )
     with pytest.raises(ConfigError, match=r"gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU"):
         device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
     hf = paper("llama3.2-3b", "generation.backend=hf", "generation.vllm_gpu_memory_utilization=0.99")
@@ -220,7 +273,9 @@ def test_a_stage_whose_estimated_memory_exceeds_its_gpu_is_refused_before_any_mo
 
     qwen = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")
     full = load_config(qwen, ["prm.lora=false"])  # a 7B backbone's full fine-tuning on one GPU: what make plan refuses
-    with pytest.raises(ConfigError, match=r"prm.micro_batch_size: make prm: estimated .* GiB per GPU exceeds the GPU's 80 GiB"):
+    with pytest.raises(
+        ConfigError, match=r"prm.micro_batch_size: make prm: estimated .* GiB per GPU exceeds the GPU's 80 GiB"
+    ):
         device_memory(full, "train_prm", {}, device_bytes=80 * GIB)
     device_memory(load_config(qwen, []), "train_prm", {}, device_bytes=80 * GIB)  # with LoRA it fits
     hf = paper("llama3.2-3b", "generation.backend=hf")  # no engine: the trainer's own memory is still checked
@@ -234,9 +289,13 @@ def test_a_hard_coded_wrap_class_of_another_family_is_refused(paper_world, tmp_p
     wrapped = yaml.safe_load((REPO / "configs" / "accelerate" / "policy_fsdp.yaml").read_text())
     wrapped["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] = "LlamaDecoderLayer"
     (tmp_path / "llama_fsdp.yaml").write_text(yaml.safe_dump(wrapped))
-    plan = make_plan(paper("qwen2.5-math-1.5b", "plan.processes=8", f"plan.accelerate={{gfn: {tmp_path / 'llama_fsdp.yaml'}}}"))
-    assert "wraps LlamaDecoderLayer but model.policy is a qwen2 model (Qwen2DecoderLayer)" in {f.key: f.message for f in plan.errors}[
-        "plan.accelerate.gfn"]
+    plan = make_plan(
+        paper("qwen2.5-math-1.5b", "plan.processes=8", f"plan.accelerate={{gfn: {tmp_path / 'llama_fsdp.yaml'}}}")
+    )
+    assert (
+        "wraps LlamaDecoderLayer but model.policy is a qwen2 model (Qwen2DecoderLayer)"
+        in {f.key: f.message for f in plan.errors}["plan.accelerate.gfn"]
+    )
 
 
 def test_memory_beyond_the_device_is_refused_and_the_stage_exits_non_zero(paper_world, capsys):
@@ -264,12 +323,18 @@ def test_fsdp_configs_wrap_each_decoder_layer_of_any_family(accelerate_config, m
     monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", fsdp["fsdp_auto_wrap_policy"])
     monkeypatch.delenv("FSDP_TRANSFORMER_CLS_TO_WRAP", raising=False)
     plugin = FullyShardedDataParallelPlugin(fsdp_version=fsdp["fsdp_version"])
-    lora = get_peft_model(tiny("qwen2", True), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
-    for model, layer in [(tiny("llama", True), "LlamaDecoderLayer"), (lora, "Qwen2DecoderLayer"),
-                         (ProcessRewardModel.from_backbone(tiny("qwen2", False)), "Qwen2DecoderLayer")]:
+    lora = get_peft_model(
+        tiny("qwen2", True), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
+    for model, layer in [
+        (tiny("llama", True), "LlamaDecoderLayer"),
+        (lora, "Qwen2DecoderLayer"),
+        (ProcessRewardModel.from_backbone(tiny("qwen2", False)), "Qwen2DecoderLayer"),
+    ]:
         policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
         wrapped = [type(module).__name__ for module in model.modules() if policy(module)]
         assert wrapped == [layer, layer], type(model).__name__
+
 
 def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_arithmetic(paper_world):
     """An asynchronous searcher's GPU (stages.common.device_memory, before any model loads; the
@@ -280,11 +345,16 @@ def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_a
 
     async_run = ("gfn.mode=async", "gfn.searcher_gpus=1")
     config = paper("llama3.2-3b", *async_run, "gfn.searcher_vllm_memory_share=0.9")
-    with pytest.raises(ConfigError, match=r"make gfn searchers: gfn.searcher_vllm_memory_share = 0.9: 1 x 0.9 x 80.00 GiB for vLLM "
-                                          r"\+ 15.17 GiB beside it \(frozen PRM x 1 13.17 \+ CUDA context and buffers \(assumed\) 2.00\) "
-                                          r"= 87.17 GiB exceeds the device's 80.00 GiB .*at most 0.81"):
+    with pytest.raises(
+        ConfigError,
+        match=r"make gfn searchers: gfn.searcher_vllm_memory_share = 0.9: 1 x 0.9 x 80.00 GiB for vLLM "
+        r"\+ 15.17 GiB beside it \(frozen PRM x 1 13.17 \+ CUDA context and buffers \(assumed\) 2.00\) "
+        r"= 87.17 GiB exceeds the device's 80.00 GiB .*at most 0.81",
+    ):
         device_memory(config, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
-    pooled = paper("llama3.2-3b", *async_run, "gfn.searcher_vllm_memory_share=0.9", "gfn.scorer_actors=1", "gfn.scorer_gpus=1")
+    pooled = paper(
+        "llama3.2-3b", *async_run, "gfn.searcher_vllm_memory_share=0.9", "gfn.scorer_actors=1", "gfn.scorer_gpus=1"
+    )
     device_memory(pooled, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)  # 72 + 2 GiB: the PRM is in the scorer actor
     assert pooled.gfn.searcher_vllm_memory_share == 0.9
     derived = {}
@@ -294,19 +364,40 @@ def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_a
         derived[scorers] = config.gfn.searcher_vllm_memory_share
     assert derived == {"0": 0.81, "1": 0.9}  # (80 - 13.17 - 2) / 80; (80 - 2) / 80 capped at vLLM's own 0.9
     # a scorer actor's own GPU: the 7B PRM and a CUDA context do not fit in 12 GiB
-    with pytest.raises(ConfigError, match=r"gfn.scorer_gpus: make gfn scorers: estimated 13.2 \+ 2.0 = 15.2 GiB per GPU exceeds the "
-                                          r"GPU's 12 GiB"):
-        device_memory(paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1", "gfn.searcher_vllm_memory_share=0.1"),
-                      "train_gfn", FSDP_LAUNCH, device_bytes=12 * GIB)
+    with pytest.raises(
+        ConfigError,
+        match=r"gfn.scorer_gpus: make gfn scorers: estimated 13.2 \+ 2.0 = 15.2 GiB per GPU exceeds the "
+        r"GPU's 12 GiB",
+    ):
+        device_memory(
+            paper(
+                "llama3.2-3b",
+                *async_run,
+                "gfn.scorer_actors=1",
+                "gfn.scorer_gpus=1",
+                "gfn.searcher_vllm_memory_share=0.1",
+            ),
+            "train_gfn",
+            FSDP_LAUNCH,
+            device_bytes=12 * GIB,
+        )
     # half-GPU searchers beside tenth-GPU scorer actors: Ray may pack one searcher with five scorers' PRMs, the tightest mix
-    packed = paper("llama3.2-3b", "gfn.mode=async", "gfn.searcher_gpus=0.5", "gfn.scorer_actors=5", "gfn.scorer_gpus=0.1")
-    with pytest.raises(ConfigError, match=r"gfn.searcher_vllm_memory_share \(unset: derived\) = \(80.00 GiB device - 77.85 GiB beside "
-                                          r"the engine \(frozen PRM of 5 scorer actors packed beside them 65.85 \+ CUDA contexts of 5 "
-                                          r"more processes \(assumed\) 10.00 \+ CUDA context and buffers \(assumed\) 2.00\)\) = 0.02 "
-                                          r"of the device"):
+    packed = paper(
+        "llama3.2-3b", "gfn.mode=async", "gfn.searcher_gpus=0.5", "gfn.scorer_actors=5", "gfn.scorer_gpus=0.1"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"gfn.searcher_vllm_memory_share \(unset: derived\) = \(80.00 GiB device - 77.85 GiB beside "
+        r"the engine \(frozen PRM of 5 scorer actors packed beside them 65.85 \+ CUDA contexts of 5 "
+        r"more processes \(assumed\) 10.00 \+ CUDA context and buffers \(assumed\) 2.00\)\) = 0.02 "
+        r"of the device",
+    ):
         device_memory(packed, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
     plan = make_plan(paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1"))
-    assert plan.errors == [] and [s.name for s in plan.stages if s.name.startswith("gfn")] == ["gfn", "gfn searchers", "gfn scorers"]
+    assert plan.errors == [] and [s.name for s in plan.stages if s.name.startswith("gfn")] == [
+        "gfn",
+        "gfn searchers",
+        "gfn scorers",
+    ]
     searchers = next(s for s in plan.stages if s.name == "gfn searchers")
     assert not any("PRM" in item for item in searchers.memory) and searchers.engine_share == 0.9
-

@@ -18,24 +18,37 @@ REPO = Path(__file__).resolve().parents[1]
 
 SETTINGS = [
     "run=ppo_tiny",
-    "tinyworld.n_train=3000", "tinyworld.n_val=100", "tinyworld.n_test=100",
+    "tinyworld.n_train=3000",
+    "tinyworld.n_val=100",
+    "tinyworld.n_test=100",
     # 1500 steps (about 55 s here); the generous time cap keeps the step count, not the machine's
     # speed, in charge of the policy this test starts from.
-    "bootstrap.max_train_steps=1500", "bootstrap.train_seconds=600", "bootstrap.eval_problems=20",
+    "bootstrap.max_train_steps=1500",
+    "bootstrap.train_seconds=600",
+    "bootstrap.eval_problems=20",
     # Two threads, as when the figures in docs/gflownet.md were measured (tiny.yaml pins one; the
     # count changes the weights, and two run this test about 1.6x faster).
     "model.torch_threads=2",
-    "prm.epochs=3", "prm.corrupt_examples=20",
+    "prm.epochs=3",
+    "prm.corrupt_examples=20",
     # Step rewards log U, so that the return is log R, the reward this test measures (the paper's
     # r_k = U raised it too, by less: docs/gflownet.md); no KL penalty, and a larger batch than
     # tiny.yaml's so that 40 steps move the policy.
-    "ppo.step_reward=log_score", "ppo.num_train_steps=40", "ppo.lr=2e-4", "ppo.kl_coef=0",
+    "ppo.step_reward=log_score",
+    "ppo.num_train_steps=40",
+    "ppo.lr=2e-4",
+    "ppo.kl_coef=0",
     # PPO's own defaults for the rest (docs/gflownet.md measured this test with them), not tiny.yaml's
     # equal-terms settings
-    "ppo.ppo_epochs=2", "ppo.entropy_coef=0.01", "ppo.unfinished_reward=-1.0",
-    "ppo.questions_per_step=16", "ppo.samples_per_question=8",
+    "ppo.ppo_epochs=2",
+    "ppo.entropy_coef=0.01",
+    "ppo.unfinished_reward=-1.0",
+    "ppo.questions_per_step=16",
+    "ppo.samples_per_question=8",
     "ppo.save_every=0",
-    "eval.max_problems=100", "eval.k=8", "eval.bootstrap_resamples=2000",
+    "eval.max_problems=100",
+    "eval.k=8",
+    "eval.bootstrap_resamples=2000",
 ]
 
 

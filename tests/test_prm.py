@@ -49,7 +49,10 @@ def make_tokenizer():
     vocab = {tok: i for i, tok in enumerate(["[PAD]", "[UNK]", "[EOS]", "\n", *WORDS, *map(str, range(40))])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"), pre_tokenizers.Split(Regex("\n"), behavior="isolated")]
+        [
+            pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"),
+            pre_tokenizers.Split(Regex("\n"), behavior="isolated"),
+        ]
     )
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token="[EOS]", unk_token="[UNK]")
 
@@ -59,8 +62,14 @@ def make_prm(tokenizer, seed: int = 0, hidden: int = 32) -> ProcessRewardModel:
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, attn_implementation="eager",
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        attn_implementation="eager",
     )
     return ProcessRewardModel(LlamaModel(config), PRMInfo.from_format(FORMAT, "tiny"))
 
@@ -93,12 +102,24 @@ def arithmetic_records(n: int, seed: int, top: int = 4) -> list[PRMExample]:
         a, b = rng.randint(0, top), rng.randint(0, top)
         correct = rng.random() < 0.5
         c = a + b if correct else a + b + rng.randint(1, 3)
-        records.append(PRMExample(f"p{seed}-{i}", f"What is {a} + {b} ?", [], f"x = {a} + {b} = {c}", 1.0 if correct else 0.0, "mcts"))
+        records.append(
+            PRMExample(
+                f"p{seed}-{i}", f"What is {a} + {b} ?", [], f"x = {a} + {b} = {c}", 1.0 if correct else 0.0, "mcts"
+            )
+        )
     return records
 
 
 def tiny_config(**prm):
-    config = load_config(None, ["model.device=cpu", "model.dtype=float32", "model.attn_implementation=eager", "format.use_chat_template=false"])
+    config = load_config(
+        None,
+        [
+            "model.device=cpu",
+            "model.dtype=float32",
+            "model.attn_implementation=eager",
+            "format.use_chat_template=false",
+        ],
+    )
     for key, value in prm.items():
         setattr(config.prm, key, value)
     return config
@@ -216,10 +237,12 @@ def test_training_batches_mix_lengths_unless_grouped_by_length():
     # default micro-batch must mix both (length-sorted batches trained the tiny PRM to AUC 0.67
     # where shuffled ones reached 0.84, docs/prm.md "Batching").
     lengths = [10] * 320 + [100] * 320
+
     def mixed_share(group_by_length):
         batches = list(iter_training_batches(lengths, 16, 40, seed=0, group_by_length=group_by_length))
         assert sorted(i for b in batches for i in b) == list(range(640))  # one epoch: every item once
         return np.mean([len({lengths[i] for i in b}) == 2 for b in batches])
+
     assert mixed_share(False) > 0.9
     assert mixed_share(True) < 0.2
     # the stream is reproducible from the seed (a resumed run sees the same batches)
@@ -258,7 +281,9 @@ def test_bce_loss_on_a_hand_example():
     # A weight of 2 counts a position twice.
     weights = mask.float()
     weights[0, 1] = 2.0
-    doubled = torch.nn.BCEWithLogitsLoss()(torch.cat([logits[mask], logits[0, 1:2]]), torch.cat([labels[mask], labels[0, 1:2]]))
+    doubled = torch.nn.BCEWithLogitsLoss()(
+        torch.cat([logits[mask], logits[0, 1:2]]), torch.cat([labels[mask], labels[0, 1:2]])
+    )
     assert prm_bce_loss(logits, labels, weights).item() == pytest.approx(doubled.item(), abs=1e-6)
 
 
@@ -270,11 +295,27 @@ def test_tiny_prm_learns_a_separable_step_dataset(tokenizer, tmp_path):
     train, val = arithmetic_records(400, seed=1, top=3), arithmetic_records(200, seed=2, top=3)
     aucs = []
     for seed in range(3):
-        config = tiny_config(lr=3e-3, batch_size=32, micro_batch_size=32, epochs=20.0, warmup_ratio=0.05, log_every=20,
-                             weight_decay=0.0, seed=seed)
+        config = tiny_config(
+            lr=3e-3,
+            batch_size=32,
+            micro_batch_size=32,
+            epochs=20.0,
+            warmup_ratio=0.05,
+            log_every=20,
+            weight_decay=0.0,
+            seed=seed,
+        )
         out = tmp_path / str(seed)
-        metrics = train_prm(config, train, val, out, model=make_prm(tokenizer, seed=seed, hidden=64), tokenizer=tokenizer, kind="tiny",
-                            progress=False)
+        metrics = train_prm(
+            config,
+            train,
+            val,
+            out,
+            model=make_prm(tokenizer, seed=seed, hidden=64),
+            tokenizer=tokenizer,
+            kind="tiny",
+            progress=False,
+        )
         report = validate_prm(PRMScorer.from_pretrained(out / "model", config), val, corrupt_examples=50)
         aucs.append(report["auc"])
         assert report["corruption"]["n"] > 0 and report["corruption"]["mean_drop"] > 0
@@ -282,7 +323,6 @@ def test_tiny_prm_learns_a_separable_step_dataset(tokenizer, tmp_path):
         assert lines[-1]["step"] == metrics["steps"] and {"loss", "lr", "examples_per_s"} <= set(lines[-1])
     assert sorted(aucs)[1] > 0.95 and min(aucs) > 0.85, aucs
     assert metrics["val_bce"] < 0.5
-
 
 
 def test_interrupted_training_resumes_to_the_same_model(tokenizer, tmp_path, monkeypatch):
@@ -293,7 +333,9 @@ def test_interrupted_training_resumes_to_the_same_model(tokenizer, tmp_path, mon
     def final_scores(directory):
         return PRMScorer.from_pretrained(directory / "model", config).score_many(solutions)
 
-    straight = train_prm(config, train, None, tmp_path / "straight", model=make_prm(tokenizer), tokenizer=tokenizer, progress=False)
+    straight = train_prm(
+        config, train, None, tmp_path / "straight", model=make_prm(tokenizer), tokenizer=tokenizer, progress=False
+    )
     assert (straight["steps"], straight["micro_batches"], straight["accumulation"]) == (5, 10, 2)
 
     def crash(*args, **kwargs):
@@ -302,15 +344,38 @@ def test_interrupted_training_resumes_to_the_same_model(tokenizer, tmp_path, mon
     with monkeypatch.context() as patch:  # killed after the last checkpoint (step 4), before model/ is written
         patch.setattr(ProcessRewardModel, "save_pretrained", crash)
         with pytest.raises(KeyboardInterrupt):
-            train_prm(config, train, None, tmp_path / "resumed", model=make_prm(tokenizer), tokenizer=tokenizer, progress=False)
+            train_prm(
+                config,
+                train,
+                None,
+                tmp_path / "resumed",
+                model=make_prm(tokenizer),
+                tokenizer=tokenizer,
+                progress=False,
+            )
     last = checkpoint.latest(tmp_path / "resumed" / "checkpoints")
     assert last.name == "step-00000004" and checkpoint.read_state(last, "trainer")["step"] == 4
-    resumed = train_prm(config, train, None, tmp_path / "resumed", model=make_prm(tokenizer, seed=9), tokenizer=tokenizer, progress=False)
+    resumed = train_prm(
+        config,
+        train,
+        None,
+        tmp_path / "resumed",
+        model=make_prm(tokenizer, seed=9),
+        tokenizer=tokenizer,
+        progress=False,
+    )
     assert (resumed["resumed_from"], resumed["steps"], resumed["micro_batches"]) == (4, 5, 2)
     assert not (tmp_path / "resumed" / "checkpoints").exists()
-    assert np.allclose(np.concatenate(final_scores(tmp_path / "straight")), np.concatenate(final_scores(tmp_path / "resumed")), atol=1e-6)
-    steps_logged = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert np.allclose(
+        np.concatenate(final_scores(tmp_path / "straight")),
+        np.concatenate(final_scores(tmp_path / "resumed")),
+        atol=1e-6,
+    )
+    steps_logged = [
+        json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps_logged == [1, 2, 3, 4, 5]
+
 
 # ----------------------------------------------------------------------------- validation metrics
 
@@ -371,22 +436,31 @@ def exact_samples() -> list[PolicySample]:
     p1, p2 = tiny_problem("p1"), tiny_problem("p2")
     return [
         PolicySample(p1, "q1", list(GOLD)),  # every step right
-        PolicySample(p1, "q1", [GOLD[0], "Ann has 5 + 12 = 18 apples.", "Ann has 18 - 2 = 16 apples.", "The answer is 16"]),  # a slip
+        PolicySample(
+            p1, "q1", [GOLD[0], "Ann has 5 + 12 = 18 apples.", "Ann has 18 - 2 = 16 apples.", "The answer is 16"]
+        ),  # a slip
         PolicySample(p2, "q2", ["Ann has 5 + 2 = 8 apples.", "Ann has 8 - 2 = 6 apples."]),  # wrong operand and result
         PolicySample(p2, "q2", [OTHER[0], "I like apples.", OTHER[1]]),  # wrong without a calculation
         PolicySample(p2, "q2", []),  # an empty sample: checked, no step
-        PolicySample(Problem("m1", "What is 2 + 2?", "4", "math"), "m", ["2 + 2 = 5", "The answer is 5"]),  # no exact labeller
+        PolicySample(
+            Problem("m1", "What is 2 + 2?", "4", "math"), "m", ["2 + 2 = 5", "The answer is 5"]
+        ),  # no exact labeller
     ]
 
 
 def test_exact_paths_end_on_the_first_wrong_step_and_pair_only_a_slip_the_correction_makes_right():
     paths, labels, groups, pairs, left_out = exact_paths(exact_samples())
-    assert paths == [("q1", GOLD), ("q1", [GOLD[0], "Ann has 5 + 12 = 18 apples."]), ("q2", ["Ann has 5 + 2 = 8 apples."]),
-                     ("q2", [OTHER[0], "I like apples."])]  # what follows a first wrong step is left out; the math sample skipped
+    assert paths == [
+        ("q1", GOLD),
+        ("q1", [GOLD[0], "Ann has 5 + 12 = 18 apples."]),
+        ("q2", ["Ann has 5 + 2 = 8 apples."]),
+        ("q2", [OTHER[0], "I like apples."]),
+    ]  # what follows a first wrong step is left out; the math sample skipped
     assert labels == [True] * 4 + [True, False] + [False] + [True, False]
     assert groups == ["p1"] * 6 + ["p2"] * 3
     assert [(p.group, p.question, p.prefix, p.slip, p.counterpart, p.path) for p in pairs] == [
-        ("p1", "q1", [GOLD[0]], "Ann has 5 + 12 = 18 apples.", GOLD[1], 1)]
+        ("p1", "q1", [GOLD[0]], "Ann has 5 + 12 = 18 apples.", GOLD[1], 1)
+    ]
     assert left_out == 1  # "5 + 2 = 7" is still wrong (a wrong operand): no pair
 
 
@@ -401,8 +475,16 @@ class TextScores:
 
 
 def test_exact_check_scores_the_labelled_steps_and_the_slip_pairs():
-    table = {GOLD[0]: 0.9, GOLD[1]: 0.8, GOLD[2]: 0.7, GOLD[3]: 0.6, OTHER[0]: 0.3, "Ann has 5 + 12 = 18 apples.": 0.4,
-             "Ann has 5 + 2 = 8 apples.": 0.2, "I like apples.": 0.1}
+    table = {
+        GOLD[0]: 0.9,
+        GOLD[1]: 0.8,
+        GOLD[2]: 0.7,
+        GOLD[3]: 0.6,
+        OTHER[0]: 0.3,
+        "Ann has 5 + 12 = 18 apples.": 0.4,
+        "Ann has 5 + 2 = 8 apples.": 0.2,
+        "I like apples.": 0.1,
+    }
     result = exact_check(TextScores(table), exact_samples())
     exact, pair = result["exact"], result["slip_pair"]
     correct = [0.9, 0.8, 0.7, 0.6, 0.9, 0.3]  # six correct steps after a correct prefix, three first wrong steps
@@ -410,7 +492,9 @@ def test_exact_check_scores_the_labelled_steps_and_the_slip_pairs():
     assert exact["auc"] == pytest.approx(mann_whitney_auc(correct + wrong, [True] * 6 + [False] * 3))
     assert exact["auc"] == pytest.approx(17 / 18)  # 0.3 loses to 0.4: one pair of 18
     assert (exact["n_correct"], exact["n_wrong"], exact["n_solutions"]) == (6, 3, 5)
-    assert exact["mean_correct"] == pytest.approx(np.mean(correct)) and exact["mean_wrong"] == pytest.approx(np.mean(wrong))
+    assert exact["mean_correct"] == pytest.approx(np.mean(correct)) and exact["mean_wrong"] == pytest.approx(
+        np.mean(wrong)
+    )
     assert exact["interval"][0] <= exact["auc"] <= exact["interval"][1]
     assert (pair["n_pairs"], pair["auc"], pair["mean_slip"], pair["mean_counterpart"]) == (1, 1.0, 0.4, 0.8)
     assert pair["interval"] == [None, None]  # one problem: nothing to resample
@@ -425,13 +509,20 @@ def test_pair_auc_is_the_share_of_counterparts_above_their_slips_with_problems_r
     slip = rng.integers(0, 6, 300) / 5  # coarse scores: many ties
     counterpart = rng.integers(0, 6, 300) / 5
     groups = rng.integers(0, 40, 300)
-    brute = sum(1.0 if float(c) > float(s) else 0.5 if float(c) == float(s) else 0.0 for s, c in zip(slip, counterpart)) / 300
+    brute = (
+        sum(1.0 if float(c) > float(s) else 0.5 if float(c) == float(s) else 0.0 for s, c in zip(slip, counterpart))
+        / 300
+    )
     auc, lo, hi = pair_auc(slip, counterpart, groups, n_resamples=300, seed=1)
     assert auc == pytest.approx(brute, abs=1e-12) and lo < auc < hi
     assert pair_auc(slip, counterpart, groups, n_resamples=300, seed=1) == (auc, lo, hi)  # seeded
     # two problems, one whose counterparts all win and one whose all lose: resampling problems
     # (not pairs) spans 0 to 1
-    assert pair_auc([0.1] * 10 + [0.9] * 10, [0.9] * 10 + [0.1] * 10, ["a"] * 10 + ["b"] * 10, n_resamples=200) == (0.5, 0.0, 1.0)
+    assert pair_auc([0.1] * 10 + [0.9] * 10, [0.9] * 10 + [0.1] * 10, ["a"] * 10 + ["b"] * 10, n_resamples=200) == (
+        0.5,
+        0.0,
+        1.0,
+    )
     assert pair_auc([], [], []) == (None, None, None)
 
 
@@ -441,7 +532,9 @@ def test_the_corrected_step_replaces_only_a_wrong_result():
     assert corrected_step("Cara has 3 - 5 = 1 cards.") == "Cara has 3 - 5 = -2 cards."
     assert corrected_step("Ann has 5 + 12 = 17 apples.") is None  # nothing wrong
     assert corrected_step("The answer is 16") is None  # no calculation
-    assert corrected_step("x: 2 + 2 = 4, then 4 * 3 = 13") == "x: 2 + 2 = 4, then 4 * 3 = 12"  # only the wrong one changes
+    assert (
+        corrected_step("x: 2 + 2 = 4, then 4 * 3 = 13") == "x: 2 + 2 = 4, then 4 * 3 = 12"
+    )  # only the wrong one changes
 
 
 def test_hard_labels_are_one_above_the_threshold_and_soft_labels_stay():
@@ -477,9 +570,21 @@ def test_training_reads_the_hard_targets(tokenizer, monkeypatch, tmp_path):
     monkeypatch.setattr(train, "PRMDataset", dataset)
     config = load_config(None, ["prm.labels=hard", "prm.hard_label_threshold=0.25", "model.device=cpu"])
     records = arithmetic_records(6, seed=1)
-    records = [PRMExample(r.problem_id, r.question, r.prefix_steps, r.step, mc, "mcts") for r, mc in zip(records, [0, 0.2, 0.3, 1, 0.5, 0.25])]
+    records = [
+        PRMExample(r.problem_id, r.question, r.prefix_steps, r.step, mc, "mcts")
+        for r, mc in zip(records, [0, 0.2, 0.3, 1, 0.5, 0.25])
+    ]
     with pytest.raises(Stop):
-        train_prm(config, records, None, tmp_path / "prm", model=make_prm(tokenizer), tokenizer=tokenizer, kind="tiny", progress=False)
+        train_prm(
+            config,
+            records,
+            None,
+            tmp_path / "prm",
+            model=make_prm(tokenizer),
+            tokenizer=tokenizer,
+            kind="tiny",
+            progress=False,
+        )
     assert seen == [[0.0, 0.0, 1.0, 1.0, 1.0, 0.0]]
 
 
@@ -507,7 +612,11 @@ class FixedScorer:
 def test_prm800k_sample_parses_and_first_error_accuracy(benchmarks_dir):
     solutions = load_prm800k(benchmarks_dir / "prm800k_phase2_sample.jsonl")
     assert len(solutions) == 9
-    raw = [json.loads(line) for line in (benchmarks_dir / "prm800k_phase2_sample.jsonl").read_text().splitlines() if line.strip()]
+    raw = [
+        json.loads(line)
+        for line in (benchmarks_dir / "prm800k_phase2_sample.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     for solution, record in zip(solutions, raw):
         assert solution.question == record["question"]["problem"]
         assert len(solution.steps) == len(record["label"]["steps"])  # each sample ends on the error found
@@ -526,8 +635,17 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
 
     run_dir = tmp_path / "runs" / "t"
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256))
+    lm = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+        )
+    )
     lm.save_pretrained(run_dir / "bootstrap" / "model")
     tokenizer.save_pretrained(run_dir / "bootstrap" / "model")
     for name, records in (("prm_train", arithmetic_records(40, 1)), ("prm_val", arithmetic_records(20, 2))):
@@ -536,15 +654,33 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
         path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
     held_out = generate_splits(TinyWorldConfig(n_train=1, n_val=3, n_test=1))["val"]
     write_problems_jsonl(held_out, run_dir / "bootstrap" / "problems_val.jsonl")
-    args = ["--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t", "prm.kind=tiny", "prm.epochs=1",
-            "prm.batch_size=8", "prm.micro_batch_size=4", "prm.corrupt_examples=5",
-            f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}", "prm.exact_check_samples=2",
-            "generation.max_new_tokens=24"]
+    args = [
+        "--config",
+        "configs/tiny.yaml",
+        f"runs_root={tmp_path / 'runs'}",
+        "run=t",
+        "prm.kind=tiny",
+        "prm.epochs=1",
+        "prm.batch_size=8",
+        "prm.micro_batch_size=4",
+        "prm.corrupt_examples=5",
+        f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}",
+        "prm.exact_check_samples=2",
+        "generation.max_new_tokens=24",
+    ]
     result = stage.main(args)
     assert "generate: 100%" in capsys.readouterr().err  # the exact check's sampling shows its progress
     out = run_dir / "prm"
-    for name in ("model/prm_config.json", "model/config.json", "model/model.safetensors", "model/README.md", "metrics.jsonl",
-                 "validation.json", "calibration.png", "config.yaml"):
+    for name in (
+        "model/prm_config.json",
+        "model/config.json",
+        "model/model.safetensors",
+        "model/README.md",
+        "metrics.jsonl",
+        "validation.json",
+        "calibration.png",
+        "config.yaml",
+    ):
         assert (out / name).exists(), name
     assert result["train"]["steps"] == 5
     report = json.loads((out / "validation.json").read_text())
@@ -557,7 +693,9 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     # started again, the finished stage says so and trains nothing (it used to retrain from step 0)
     metrics_before = (out / "metrics.jsonl").read_bytes()
     assert stage.main(args) == json.loads((out / "summary.json").read_text())
-    assert (out / "metrics.jsonl").read_bytes() == metrics_before and json.loads((out / "model" / "manifest.json").read_text())["steps"] == 5
+    assert (out / "metrics.jsonl").read_bytes() == metrics_before and json.loads(
+        (out / "model" / "manifest.json").read_text()
+    )["steps"] == 5
     # an empty validation file is refused by name, before anything loads (it gave NaN validation, exit 0)
     (run_dir / "augment" / "prm_val.jsonl").write_text("")
     with pytest.raises(SystemExit, match=r"prm_val\.jsonl: no records"):
@@ -565,13 +703,14 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     assert (out / "model" / "manifest.json").exists()  # nothing removed: the error came first
 
 
-
 def test_one_pass_bench_runs_and_checks_agreement(tokenizer):
     from benchmarks.prm_one_pass import bench_prm_one_pass, synthetic_solutions
 
     solutions = synthetic_solutions(3, 8, seed=1)
     assert all(len(steps) == 8 for _, steps in solutions)
-    result = bench_prm_one_pass(PRMScorer(make_prm(tokenizer), tokenizer, FORMAT, "tiny"), n_solutions=2, n_steps=3, repeats=1)
+    result = bench_prm_one_pass(
+        PRMScorer(make_prm(tokenizer), tokenizer, FORMAT, "tiny"), n_solutions=2, n_steps=3, repeats=1
+    )
     assert set(result) == {"name", "ours_s", "reference_s", "ratio", "goal", "reference"} and result["ours_s"] > 0
 
 
@@ -587,8 +726,12 @@ def test_control_records_label_gold_steps_one_and_corrupted_siblings_zero(tmp_pa
         write_problems_jsonl(splits[split], tmp_path / "bootstrap" / f"problems_{split}.jsonl")
     control_main([str(tmp_path), "--problems", "20"])
     records = list(read_records(tmp_path / "augment" / "prm_train.jsonl", PRMExample))  # every line validated
-    gold = {(p.question, tuple(steps[:i]), steps[i]) for p in splits["train"][:20]
-            for steps in [p.meta["solutions"][0]] for i in range(len(steps))}
+    gold = {
+        (p.question, tuple(steps[:i]), steps[i])
+        for p in splits["train"][:20]
+        for steps in [p.meta["solutions"][0]]
+        for i in range(len(steps))
+    }
     ones = [r for r in records if r.label == 1.0]
     zeros = [r for r in records if r.label == 0.0]
     assert {(r.question, tuple(r.prefix_steps), r.step) for r in ones} == gold

@@ -52,7 +52,10 @@ def test_prm800k_ratings_become_labels_along_the_labelled_path(sample):
 
 def test_a_bad_prm800k_line_names_the_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"question": {"problem": "Q"}, "label": {"steps": [{"completions": [{"text": "s", "rating": 2}]}]}}) + "\n")
+    bad.write_text(
+        json.dumps({"question": {"problem": "Q"}, "label": {"steps": [{"completions": [{"text": "s", "rating": 2}]}]}})
+        + "\n"
+    )
     with pytest.raises(RecordError, match=r"bad.jsonl:1: field 'label.steps\[0\].completions\[0\].rating'"):
         prm800k_examples(bad)
 
@@ -62,7 +65,9 @@ def english_tokenizer(texts) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["[PAD]", "[EOS]"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["[PAD]", "[EOS]"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token="[EOS]")
 
@@ -74,13 +79,35 @@ def test_the_prm_stage_trains_on_human_labels(sample, tmp_path):
     run_dir = tmp_path / "runs" / "h"
     tokenizer = english_tokenizer([r.question for r in records] + [r.step for r in records])
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096))
+    lm = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=4096,
+        )
+    )
     lm.save_pretrained(run_dir / "bootstrap" / "model")
     tokenizer.save_pretrained(run_dir / "bootstrap" / "model")
-    result = stage.main(["--config", REPO_CONFIG, f"runs_root={tmp_path / 'runs'}", "run=h", f"prm.train_path={sample}",
-                         f"prm.val_path={sample}", "prm.kind=math", "prm.epochs=1", "prm.batch_size=8", "prm.micro_batch_size=4",
-                         "prm.max_length=4096", "prm.corrupt_examples=5"])
+    result = stage.main(
+        [
+            "--config",
+            REPO_CONFIG,
+            f"runs_root={tmp_path / 'runs'}",
+            "run=h",
+            f"prm.train_path={sample}",
+            f"prm.val_path={sample}",
+            "prm.kind=math",
+            "prm.epochs=1",
+            "prm.batch_size=8",
+            "prm.micro_batch_size=4",
+            "prm.max_length=4096",
+            "prm.corrupt_examples=5",
+        ]
+    )
     train = result["train"]
     assert train["n_train_records"] == len(records) and train["dropped_labels"] == 0 and train["steps"] >= 1
     validation = json.loads((run_dir / "prm" / "validation.json").read_text())
@@ -99,18 +126,39 @@ def test_trl_rows_put_every_label_after_the_same_text_as_ours():
     q = "What is 1 + 2 ?"
     records = [
         PRMExample("p", q, [], "x = 1 + 2 = 3", 1.0, "mcts"),
-        PRMExample("p", q, ["x = 1 + 2 = 3", "x = 3 + 1 = 4"], "x = 4 + 1 = 6", 0.2, "mcts"),  # its prefix step 2 has no label
-        PRMExample("p", q, ["x = 1 + 2 = 3", "x = 3 + 1 = 4", "x = 4 + 1 = 6"], "The answer is 6", 0.0, "augmented", "g1"),
-        PRMExample("p", q, ["x = 1 + 2 = 3", "x = 3 + 1 = 4", "x = 4 + 1 = 6"], "The answer is 6", 1.0, "augmented", "g2"),
+        PRMExample(
+            "p", q, ["x = 1 + 2 = 3", "x = 3 + 1 = 4"], "x = 4 + 1 = 6", 0.2, "mcts"
+        ),  # its prefix step 2 has no label
+        PRMExample(
+            "p", q, ["x = 1 + 2 = 3", "x = 3 + 1 = 4", "x = 4 + 1 = 6"], "The answer is 6", 0.0, "augmented", "g1"
+        ),
+        PRMExample(
+            "p", q, ["x = 1 + 2 = 3", "x = 3 + 1 = 4", "x = 4 + 1 = 6"], "The answer is 6", 1.0, "augmented", "g2"
+        ),
         PRMExample("r", "What is 2 + 2 ?", [], "x = 2 + 2 = 4", 0.75, "mcts"),
     ]
     rows = list(stepwise_rows(records))
-    assert rows[0] == {"prompt": q, "completions": ["x = 1 + 2 = 3"], "labels": [True], "soft_labels": [1.0], "problem_id": "p"}
-    assert rows[1] == {"prompt": q + "x = 1 + 2 = 3\nx = 3 + 1 = 4\n", "completions": ["x = 4 + 1 = 6", "The answer is 6"],
-                       "labels": [False, False], "soft_labels": [0.2, 0.5], "problem_id": "p"}  # two records at one step: their mean
+    assert rows[0] == {
+        "prompt": q,
+        "completions": ["x = 1 + 2 = 3"],
+        "labels": [True],
+        "soft_labels": [1.0],
+        "problem_id": "p",
+    }
+    assert rows[1] == {
+        "prompt": q + "x = 1 + 2 = 3\nx = 3 + 1 = 4\n",
+        "completions": ["x = 4 + 1 = 6", "The answer is 6"],
+        "labels": [False, False],
+        "soft_labels": [0.2, 0.5],
+        "problem_id": "p",
+    }  # two records at one step: their mean
     assert rows[2]["labels"] == [True] and len(rows) == 3
     # every record's label sits after exactly its own question, prefix and step
-    placed = {(row["problem_id"], rendered(row, k)): row["soft_labels"][k] for row in rows for k in range(len(row["completions"]))}
+    placed = {
+        (row["problem_id"], rendered(row, k)): row["soft_labels"][k]
+        for row in rows
+        for k in range(len(row["completions"]))
+    }
     for record in records:
         assert (record.problem_id, record.question + join_steps(record.path)) in placed
 
@@ -128,6 +176,8 @@ def test_export_trl_writes_both_splits(sample, tmp_path):
     row = json.loads((out / "prm_val.jsonl").read_text())
     assert (row["prompt"], row["completions"], row["labels"]) == ("Q", ["s"], [True])
     # human labels go out the same way
-    stats = export_trl.main(["--config", REPO_CONFIG, f"runs_root={tmp_path / 'runs'}", "run=x", f"prm.train_path={sample}"])
+    stats = export_trl.main(
+        ["--config", REPO_CONFIG, f"runs_root={tmp_path / 'runs'}", "run=x", f"prm.train_path={sample}"]
+    )
     distinct = {(r.problem_id, r.path) for r in prm800k_examples(sample)}  # records on one path share its step
     assert stats["prm_train"]["records"] == 107 and stats["prm_train"]["steps"] == len(distinct)

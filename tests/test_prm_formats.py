@@ -33,8 +33,10 @@ from prm.scorer import PRMScorer
 
 WORDS = ["Question:", "Answer:", "What", "is", "x", "=", "+", "-", "?", "Step", "ки", "system", "user", "assistant"]
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<extra_0>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -45,17 +47,35 @@ def word_tokenizer(bos: bool = False) -> PreTrainedTokenizerFast:
     vocab = ["[PAD]", "[UNK]", "[EOS]", "[BOS]", "\n", *WORDS, *map(str, range(40)), *(f"{k}:" for k in range(1, 10))]
     backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"), pre_tokenizers.Split(Regex("\n"), behavior="isolated")])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token="[EOS]", unk_token="[UNK]",
-                                        bos_token="[BOS]" if bos else None)
+        [
+            pre_tokenizers.Split(Regex(r"[^\S\n]+"), behavior="removed"),
+            pre_tokenizers.Split(Regex("\n"), behavior="isolated"),
+        ]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        eos_token="[EOS]",
+        unk_token="[UNK]",
+        bos_token="[BOS]" if bos else None,
+    )
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL})
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
 def llama_config(tokenizer, **extra) -> LlamaConfig:
-    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=4, max_position_embeddings=512, attn_implementation="eager", **extra)
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        attn_implementation="eager",
+        **extra,
+    )
 
 
 def solutions(n: int = 5) -> list[tuple[str, list[str]]]:
@@ -90,14 +110,19 @@ def test_a_saved_prm_loads_with_auto_model_for_token_classification_and_scores_t
     model.save_pretrained(tmp_path / "prm", tokenizer=tokenizer)
 
     standard = AutoModelForTokenClassification.from_pretrained(tmp_path / "prm")
-    assert type(standard).__name__ == "LlamaForTokenClassification" and standard.config.id2label == {0: "wrong", 1: "correct"}
+    assert type(standard).__name__ == "LlamaForTokenClassification" and standard.config.id2label == {
+        0: "wrong",
+        1: "correct",
+    }
     step_scores = card_recipe(tmp_path / "prm")
     for (question, steps), expected in zip(solutions(), ours):
         assert np.allclose(step_scores(str(tmp_path / "prm"), question, steps), expected, atol=1e-5)
 
     reloaded = load_scorer(tmp_path / "prm", config_for())  # auto: prm_config.json -> ours
     assert isinstance(reloaded, PRMScorer)
-    assert np.allclose(np.concatenate(reloaded.score_many(solutions())), np.concatenate(ours), atol=1e-6)  # other batches, other padding
+    assert np.allclose(
+        np.concatenate(reloaded.score_many(solutions())), np.concatenate(ours), atol=1e-6
+    )  # other batches, other padding
 
 
 def test_an_architecture_without_a_token_classification_class_keeps_the_backbone_and_head_layout(tmp_path, monkeypatch):
@@ -110,11 +135,20 @@ def test_an_architecture_without_a_token_classification_class_keeps_the_backbone
         patch.setattr(prm_model, "token_classification_layout", lambda base, keys: None)
         model.save_pretrained(tmp_path / "prm", tokenizer=tokenizer)
     saved = sorted(p.name for p in (tmp_path / "prm").iterdir())
-    assert "backbone" in saved and "head.safetensors" in saved and "model.safetensors" not in saved and "config.json" not in saved
+    assert (
+        "backbone" in saved
+        and "head.safetensors" in saved
+        and "model.safetensors" not in saved
+        and "config.json" not in saved
+    )
     assert json.loads((tmp_path / "prm" / "prm_config.json").read_text())["layout"] == "backbone_and_head"
     assert "no transformers token-classification class" in (tmp_path / "prm" / "README.md").read_text()
     assert ProcessRewardModel.from_pretrained(tmp_path / "prm").info.kind == "tiny"
-    assert np.allclose(np.concatenate(load_scorer(tmp_path / "prm", config_for()).score_many(solutions())), np.concatenate(ours), atol=1e-6)
+    assert np.allclose(
+        np.concatenate(load_scorer(tmp_path / "prm", config_for()).score_many(solutions())),
+        np.concatenate(ours),
+        atol=1e-6,
+    )
 
 
 # ----------------------------------------------------------------------------- (a) TRL's PRMTrainer output
@@ -124,8 +158,10 @@ def trl_tokenize_row(tokenizer, prompt, completions, separator="\n"):
     """TRL's PRMTrainer.tokenize_row (train_on_last_step_only off, no truncation), as written there:
     the positions it puts labels at are where its PRM learned to score."""
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    completions_ids = [tokenizer(c, add_special_tokens=False)["input_ids"] + tokenizer.encode(separator, add_special_tokens=False)
-                       for c in completions]
+    completions_ids = [
+        tokenizer(c, add_special_tokens=False)["input_ids"] + tokenizer.encode(separator, add_special_tokens=False)
+        for c in completions
+    ]
     labels = [[-100] * (len(c) - 1) + [1] for c in completions_ids]
     if tokenizer.bos_token_id is not None:
         prompt_ids = [tokenizer.bos_token_id] + prompt_ids
@@ -214,8 +250,15 @@ def test_qwen_prm_reads_the_two_class_head_at_each_extra_0(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     torch.manual_seed(2)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=512)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = module.Qwen2ForProcessRewardModel(config).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -230,8 +273,11 @@ def test_qwen_prm_reads_the_two_class_head_at_each_extra_0(tmp_path):
     separator = tokenizer.convert_tokens_to_ids("<extra_0>")
     for (question, steps), got in zip(solutions(), scorer.score_many(solutions())):
         # the model card's recipe: steps joined by <extra_0> in the assistant turn, softmax at every <extra_0>, class 1
-        messages = [{"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
-                    {"role": "user", "content": question}, {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"}]
+        messages = [
+            {"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"},
+        ]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
         input_ids = tokenizer.encode(text, return_tensors="pt")
         with torch.no_grad():

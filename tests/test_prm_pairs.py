@@ -57,7 +57,9 @@ def test_pair_loss_pushes_the_better_step_up_and_the_worse_down():
     assert logits.grad[1, 2].item() == pytest.approx(0.5)
     assert logits.grad.abs().sum().item() == pytest.approx(1.0)
     # a micro-batch without pairs adds nothing, and still backpropagates
-    empty = prm_pair_loss(logits, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0))
+    empty = prm_pair_loss(
+        logits, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0)
+    )
     assert empty.item() == 0.0 and empty.requires_grad
 
 
@@ -65,6 +67,7 @@ def mcts_records():
     """A small MCTS-style record set: two rollouts' first steps from the root, three children of
     'A' (two of equal MC value), a deeper step, a repeated record, and a second problem with the
     same step texts (never paired across problems)."""
+
     def record(problem, prefix, step, label):
         return PRMExample(problem, f"question {problem}", prefix, step, label, "mcts")
 
@@ -109,7 +112,9 @@ def test_a_micro_batch_carries_the_pairs_it_holds_and_sibling_batches_keep_group
     assert batch["pair_better"].shape == (3, 2) and batch["pair_gap"].tolist() == pytest.approx([0.5, 0.75, 0.75])
     # each pair points at labelled slots, the better one labelled higher by its gap
     labels = batch["labels"]
-    for (rb, sb), (rw, sw), gap in zip(batch["pair_better"].tolist(), batch["pair_worse"].tolist(), batch["pair_gap"].tolist()):
+    for (rb, sb), (rw, sw), gap in zip(
+        batch["pair_better"].tolist(), batch["pair_worse"].tolist(), batch["pair_gap"].tolist()
+    ):
         assert batch["label_mask"][rb, sb] > 0 and batch["label_mask"][rw, sw] > 0
         assert labels[rb, sb] - labels[rw, sw] == pytest.approx(gap)
     # a micro-batch that holds only one side of a pair carries none of it
@@ -117,7 +122,9 @@ def test_a_micro_batch_carries_the_pairs_it_holds_and_sibling_batches_keep_group
     assert dataset.pairs_within(lone) == []
     # batches as large as the largest group keep every group in one batch (shuffled groups laid end to end)
     size = max(len(g) for g in groups)
-    for batch_indices in iter_training_batches(dataset.lengths, size, 6, seed=1, groups=[[i] for i in range(len(dataset))]):
+    for batch_indices in iter_training_batches(
+        dataset.lengths, size, 6, seed=1, groups=[[i] for i in range(len(dataset))]
+    ):
         assert len(batch_indices) <= size
     lengths = [5] * 40
     many = [list(range(k, k + 4)) for k in range(0, 40, 4)]
@@ -157,11 +164,27 @@ def test_training_with_the_pair_loss_trains_on_sibling_pairs(tmp_path):
         records.append(PRMExample(f"p{i}", question, [], f"x = {a} + {b} = {a + b}", 0.875, "mcts"))
         records.append(PRMExample(f"p{i}", question, [], f"x = {a} + {b} = {a + b + 1}", 0.125, "mcts"))
     config = tiny_config(lr=1e-2, batch_size=8, micro_batch_size=8, epochs=1.0, log_every=1, pair_loss_weight=1.0)
-    metrics = train_prm(config, records, None, tmp_path / "pairs", model=make_prm(tokenizer), tokenizer=tokenizer, kind="tiny",
-                        progress=False)
+    metrics = train_prm(
+        config,
+        records,
+        None,
+        tmp_path / "pairs",
+        model=make_prm(tokenizer),
+        tokenizer=tokenizer,
+        kind="tiny",
+        progress=False,
+    )
     assert metrics["n_train_sibling_pairs"] == 12
     assert metrics["sibling_pairs_trained"] == 12  # every pair's two sequences rode in one micro-batch
     config = tiny_config(lr=1e-2, batch_size=8, micro_batch_size=8, epochs=1.0, log_every=1)
-    plain = train_prm(config, records, None, tmp_path / "plain", model=make_prm(tokenizer), tokenizer=tokenizer, kind="tiny",
-                      progress=False)
+    plain = train_prm(
+        config,
+        records,
+        None,
+        tmp_path / "plain",
+        model=make_prm(tokenizer),
+        tokenizer=tokenizer,
+        kind="tiny",
+        progress=False,
+    )
     assert plain["sibling_pairs_trained"] == 0 and plain["train_loss"] != metrics["train_loss"]

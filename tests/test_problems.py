@@ -119,7 +119,7 @@ def test_a_missing_or_altered_benchmark_file_is_an_error_naming_it_and_the_folde
     with pytest.raises(FolderError, match=f"{where}.*: {len(original) - 1} bytes, SOURCES.md records {len(original)}"):
         load_benchmark("sat_math_32")
     position = original.index(b"the")
-    (tmp_path / "sat_math_32.jsonl").write_bytes(original[:position] + b"thE" + original[position + 3:])
+    (tmp_path / "sat_math_32.jsonl").write_bytes(original[:position] + b"thE" + original[position + 3 :])
     with pytest.raises(FolderError, match=f"{where}.*: its sha256 differs"):
         load_benchmark("sat_math_32")
     (tmp_path / "sat_math_32.jsonl").write_bytes(original)
@@ -187,7 +187,12 @@ def test_math_final_answer(text, expected):
 def test_math_loader_on_nested_and_repeated_boxes(tmp_path):
     records = [
         {"problem": "p0", "level": "Level 2", "type": "Algebra", "solution": "So $\\boxed{\\frac{1}{2}}$."},
-        {"problem": "p1", "level": "Level 5", "type": "Geometry", "solution": "$\\boxed{3}$, so $\\boxed{\\sqrt{x^{2}}}$"},
+        {
+            "problem": "p1",
+            "level": "Level 5",
+            "type": "Geometry",
+            "solution": "$\\boxed{3}$, so $\\boxed{\\sqrt{x^{2}}}$",
+        },
     ]
     path = _write_lines(tmp_path / "math.jsonl", [json.dumps(r) for r in records])
     problems = load_math(path)
@@ -260,10 +265,15 @@ def test_malformed_lines_name_file_line_and_field(tmp_path):
         path = _write_lines(tmp_path / f"bad{n}.jsonl", [good, "", bad, good])
         with pytest.raises(ValueError, match=rf"bad{n}\.jsonl:3: .*{message}"):
             load_gsm8k(path)
-    math_path = _write_lines(tmp_path / "math.jsonl", [json.dumps({"problem": "p", "solution": "none", "level": "Level 2", "type": "Algebra"})])
+    math_path = _write_lines(
+        tmp_path / "math.jsonl",
+        [json.dumps({"problem": "p", "solution": "none", "level": "Level 2", "type": "Algebra"})],
+    )
     with pytest.raises(ValueError, match=r"math\.jsonl:1: field 'solution'"):
         load_math(math_path)
-    sat_path = _write_lines(tmp_path / "sat.jsonl", [json.dumps({"question": "q", "options": "A) 1 B) 2", "Answer": "C"})])
+    sat_path = _write_lines(
+        tmp_path / "sat.jsonl", [json.dumps({"question": "q", "options": "A) 1 B) 2", "Answer": "C"})]
+    )
     with pytest.raises(ValueError, match=r"sat\.jsonl:1: field 'Answer': expected one of \['A', 'B'\]"):
         load_sat_math(sat_path)
 
@@ -298,7 +308,10 @@ def test_problem_round_trip_and_answer_kind(tmp_path):
     assert write_problems_jsonl([problem, Problem("t-1", "2+2?", "4", "tiny", {})], path) == 2
     assert set(json.loads(path.read_text().splitlines()[0])) == {"problem_id", "question", "answer", "source", "meta"}
     assert load_problems_jsonl(path) == [problem, Problem("t-1", "2+2?", "4", "tiny", {})]
-    kinds = {s: answer_kind(s) for s in ["gsm8k", "math", "math500", "sat_math", "agieval_sat_math", "openmathinstruct2", "tiny"]}
+    kinds = {
+        s: answer_kind(s)
+        for s in ["gsm8k", "math", "math500", "sat_math", "agieval_sat_math", "openmathinstruct2", "tiny"]
+    }
     assert kinds == {
         "gsm8k": "gsm8k",
         "math": "math",
@@ -346,7 +359,12 @@ def _omi2_rows() -> list[dict]:
         source = ["augmented_math", "math", "augmented_gsm8k", "gsm8k"][i % 4]
         for copy in range(2 if i % 3 == 0 else 1):  # the dataset repeats a question per solution
             rows.append(
-                {"problem": f"Compute {i} + {i}.", "generated_solution": f"sol {copy}", "expected_answer": str(2 * i), "problem_source": source}
+                {
+                    "problem": f"Compute {i} + {i}.",
+                    "generated_solution": f"sol {copy}",
+                    "expected_answer": str(2 * i),
+                    "problem_source": source,
+                }
             )
     return rows
 
@@ -363,13 +381,17 @@ def test_openmathinstruct2_dedupe_filter_and_subset(tmp_path):
     subset = load_openmathinstruct2(path, subset_size=10, seed=1)
     assert len(subset) == 10
     assert subset == load_openmathinstruct2(path, subset_size=10, seed=1)
-    assert {p.problem_id for p in subset} != {p.problem_id for p in load_openmathinstruct2(path, subset_size=10, seed=2)}
+    assert {p.problem_id for p in subset} != {
+        p.problem_id for p in load_openmathinstruct2(path, subset_size=10, seed=2)
+    }
     assert {p.problem_id for p in load_openmathinstruct2(path, subset_size=5, seed=1)} <= {p.problem_id for p in subset}
     # The subset depends on the seed and the questions, not on the row order.
     shuffled = rows[:]
     random.Random(0).shuffle(shuffled)
     other = _write_lines(tmp_path / "shuffled.jsonl", [json.dumps(r) for r in shuffled])
-    assert {p.problem_id for p in load_openmathinstruct2(other, subset_size=10, seed=1)} == {p.problem_id for p in subset}
+    assert {p.problem_id for p in load_openmathinstruct2(other, subset_size=10, seed=1)} == {
+        p.problem_id for p in subset
+    }
     assert [p.problem_id for p in subset] == [p.problem_id for p in problems if p in subset]  # file order
 
 
@@ -464,9 +486,17 @@ def test_hub_openmathinstruct2_streams(fake_hub):
 MATH_RECORD = {"problem": "p", "solution": "so \\boxed{3}", "level": "Level 2", "type": "Algebra"}
 
 
-@pytest.mark.parametrize("name,loader", [("gsm8k", load_gsm8k), ("math", load_math), ("math500", load_math500),
-                                         ("sat32", load_sat_math), ("problems", load_problems_jsonl),
-                                         ("omi2", load_openmathinstruct2)])
+@pytest.mark.parametrize(
+    "name,loader",
+    [
+        ("gsm8k", load_gsm8k),
+        ("math", load_math),
+        ("math500", load_math500),
+        ("sat32", load_sat_math),
+        ("problems", load_problems_jsonl),
+        ("omi2", load_openmathinstruct2),
+    ],
+)
 @pytest.mark.parametrize("content", ["", "\n\n  \n", "[]"])
 def test_an_empty_input_is_an_error(tmp_path, name, loader, content):
     path = tmp_path / f"{name}.jsonl"
@@ -478,13 +508,33 @@ def test_an_empty_input_is_an_error(tmp_path, name, loader, content):
 def test_invalid_utf8_and_deep_nesting_name_the_line_and_lenient_skips_them(tmp_path, caplog):
     good = json.dumps({"question": "q?", "answer": "so #### 5"}).encode()
     path = tmp_path / "g.jsonl"
-    path.write_bytes(good + b"\n" + b'{"question": "caf\xe9", "answer": "#### 1"}\n' + b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n" + good + b"\n")
+    path.write_bytes(
+        good
+        + b"\n"
+        + b'{"question": "caf\xe9", "answer": "#### 1"}\n'
+        + b'{"a": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}\n"
+        + good
+        + b"\n"
+    )
     with pytest.raises(RecordError, match=r"g\.jsonl:2: not valid UTF-8"):
         load_gsm8k(path)
     path.write_bytes(good + b"\n" + b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
     with pytest.raises(RecordError, match=r"g\.jsonl:2: JSON nested too deeply"):
         load_gsm8k(path)
-    path.write_bytes(good + b"\n" + b'{"question": "caf\xe9", "answer": "#### 1"}\n' + b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n" + good + b"\n")
+    path.write_bytes(
+        good
+        + b"\n"
+        + b'{"question": "caf\xe9", "answer": "#### 1"}\n'
+        + b'{"a": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}\n"
+        + good
+        + b"\n"
+    )
     with caplog.at_level(logging.WARNING, logger="pipeline.problems"):
         problems = load_gsm8k(path, lenient=True)
     assert [p.problem_id for p in problems] == ["gsm8k-test-0", "gsm8k-test-3"]
@@ -495,8 +545,13 @@ def test_invalid_utf8_and_deep_nesting_name_the_line_and_lenient_skips_them(tmp_
 
 
 def test_duplicate_ids_are_errors(tmp_path):
-    math = _write_lines(tmp_path / "math.jsonl", [json.dumps({**MATH_RECORD, "idx": 7}), json.dumps({**MATH_RECORD, "idx": 7})])
-    with pytest.raises(RecordError, match=r"math\.jsonl:2: field 'problem_id': 'math-test-7' appears twice \(first at .*math\.jsonl:1\)"):
+    math = _write_lines(
+        tmp_path / "math.jsonl", [json.dumps({**MATH_RECORD, "idx": 7}), json.dumps({**MATH_RECORD, "idx": 7})]
+    )
+    with pytest.raises(
+        RecordError,
+        match=r"math\.jsonl:2: field 'problem_id': 'math-test-7' appears twice \(first at .*math\.jsonl:1\)",
+    ):
         load_math(math)
     sat = {"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": "x1"}
     path = _write_lines(tmp_path / "sat.jsonl", [json.dumps(sat), json.dumps(sat)])
@@ -505,11 +560,17 @@ def test_duplicate_ids_are_errors(tmp_path):
     assert len(load_sat_math(path, lenient=True)) == 1  # lenient: the repeat is a counted skip
 
 
-@pytest.mark.parametrize("record,message", [
-    ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": {"x": [1, 2]}}, r"field 'id': expected a non-empty string or an integer, got dict"),
-    ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": True}, r"field 'id'"),
-    ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": " "}, r"field 'id'"),
-])
+@pytest.mark.parametrize(
+    "record,message",
+    [
+        (
+            {"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": {"x": [1, 2]}},
+            r"field 'id': expected a non-empty string or an integer, got dict",
+        ),
+        ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": True}, r"field 'id'"),
+        ({"question": "q", "options": "A) 1 B) 2", "Answer": "A", "id": " "}, r"field 'id'"),
+    ],
+)
 def test_sat_ids_must_be_strings_or_integers(tmp_path, record, message):
     with pytest.raises(RecordError, match=rf"sat\.jsonl:1: {message}"):
         load_sat_math(_write_lines(tmp_path / "sat.jsonl", [json.dumps(record)]))
@@ -534,7 +595,10 @@ def test_math_levels_outside_1_to_5_are_errors(tmp_path, level):
     with pytest.raises(RecordError, match=r"m\.jsonl:1: field 'level'"):
         load_math(path)
     if isinstance(level, int):
-        m500 = _write_lines(tmp_path / "m500.jsonl", [json.dumps({"problem": "p", "answer": "3", "level": level, "subject": "s", "unique_id": "u"})])
+        m500 = _write_lines(
+            tmp_path / "m500.jsonl",
+            [json.dumps({"problem": "p", "answer": "3", "level": level, "subject": "s", "unique_id": "u"})],
+        )
         with pytest.raises(RecordError, match=r"m500\.jsonl:1: field 'level': expected a level from 1 to 5"):
             load_math500(m500)
 
@@ -553,7 +617,9 @@ def test_data_lenient_reaches_the_stages_loader(tmp_path):
     path = _write_lines(tmp_path / "train.jsonl", [json.dumps(good), "{oops", json.dumps({**good, "problem_id": "p2"})])
     with pytest.raises(RecordError, match=r"train\.jsonl:2: not valid JSON"):
         training_problems(load_config(None, [f"data.train_path={path}"]))
-    assert [p.problem_id for p in training_problems(load_config(None, [f"data.train_path={path}", "data.lenient=true"]))] == ["p1", "p2"]
+    assert [
+        p.problem_id for p in training_problems(load_config(None, [f"data.train_path={path}", "data.lenient=true"]))
+    ] == ["p1", "p2"]
 
 
 def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_refused(tmp_path):
@@ -564,17 +630,29 @@ def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_r
     def record(problem_id, question):
         return json.dumps({"problem_id": problem_id, "question": question, "answer": "1", "source": "tiny"})
 
-    base = _write_lines(tmp_path / "base_train.jsonl", [record("b0", "q zero"), record("b1", "q one"), record("b2", "q two")])
+    base = _write_lines(
+        tmp_path / "base_train.jsonl", [record("b0", "q zero"), record("b1", "q one"), record("b2", "q two")]
+    )
     rl = _write_lines(tmp_path / "rl.jsonl", [record("r0", "q new"), "", record("r1", "q two"), record("r2", "q one")])
     clean = _write_lines(tmp_path / "clean.jsonl", [record("r0", "q new"), record("r1", "q newer")])
     # the first shared problem in the training file's order, with its id and line in both files (line 3: a blank line counts)
-    with pytest.raises(RecordError, match=r"rl\.jsonl \(data\.train_path\) and .*base_train\.jsonl share 2 of 3 questions; "
-                                          r"first: 'r1' at .*rl\.jsonl:3 is 'b2' at .*base_train\.jsonl:3"):
+    with pytest.raises(
+        RecordError,
+        match=r"rl\.jsonl \(data\.train_path\) and .*base_train\.jsonl share 2 of 3 questions; "
+        r"first: 'r1' at .*rl\.jsonl:3 is 'b2' at .*base_train\.jsonl:3",
+    ):
         training_problems(load_config(None, [f"data.train_path={rl}", f"data.disjoint_from=[{base}]"]))
-    assert [p.problem_id for p in training_problems(load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{base}]"]))] == ["r0", "r1"]
-    assert len(training_problems(load_config(None, [f"data.train_path={rl}"]))) == 3  # nothing to be disjoint from: no check
+    assert [
+        p.problem_id
+        for p in training_problems(load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{base}]"]))
+    ] == ["r0", "r1"]
+    assert (
+        len(training_problems(load_config(None, [f"data.train_path={rl}"]))) == 3
+    )  # nothing to be disjoint from: no check
     with pytest.raises(InputNotFound, match=r"data\.disjoint_from: .*nope\.jsonl not found"):
-        training_problems(load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{tmp_path / 'nope.jsonl'}]"]))
+        training_problems(
+            load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{tmp_path / 'nope.jsonl'}]"])
+        )
     broken = _write_lines(tmp_path / "broken.jsonl", [record("b0", "q zero"), "{oops"])
     with pytest.raises(RecordError, match=r"broken\.jsonl:2: not valid JSON"):
         training_problems(load_config(None, [f"data.train_path={clean}", f"data.disjoint_from=[{broken}]"]))
@@ -587,7 +665,9 @@ def test_the_tiny_config_trains_the_later_stages_on_the_rl_split_disjoint_from_t
     from pipeline.tinyworld import generate_splits
     from stages.common import training_problems
 
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "run=d"])
+    config = load_config(
+        Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "run=d"]
+    )
     assert config.data.train_path.endswith("/bootstrap/problems_rl.jsonl")
     splits = generate_splits(TinyWorldConfig(n_train=30, n_val=2, n_test=2, n_rl=20))
     out = tmp_path / "d" / "bootstrap"
@@ -595,8 +675,13 @@ def test_the_tiny_config_trains_the_later_stages_on_the_rl_split_disjoint_from_t
     for name, problems in splits.items():
         write_problems_jsonl(problems, out / f"problems_{name}.jsonl")
     assert [p.problem_id for p in training_problems(config)] == [f"tiny-rl-{i:05d}" for i in range(20)]
-    write_problems_jsonl(splits["rl"] + splits["train"][5:6], out / "problems_rl.jsonl")  # one of the bootstrap's problems slipped in
-    with pytest.raises(RecordError, match=r"problems_rl\.jsonl \(data\.train_path\) and .*problems_train\.jsonl share 1 of 21 "
-                                          r"questions; first: 'tiny-train-00005' at .*problems_rl\.jsonl:21 is 'tiny-train-00005' at "
-                                          r".*problems_train\.jsonl:6"):
+    write_problems_jsonl(
+        splits["rl"] + splits["train"][5:6], out / "problems_rl.jsonl"
+    )  # one of the bootstrap's problems slipped in
+    with pytest.raises(
+        RecordError,
+        match=r"problems_rl\.jsonl \(data\.train_path\) and .*problems_train\.jsonl share 1 of 21 "
+        r"questions; first: 'tiny-train-00005' at .*problems_rl\.jsonl:21 is 'tiny-train-00005' at "
+        r".*problems_train\.jsonl:6",
+    ):
         training_problems(config)

@@ -76,7 +76,9 @@ def test_the_threshold_is_chosen_on_the_held_out_part_and_f1_reported_on_the_res
         scores[f"q{i}"] = row
     wrong = [scores[c.problem][c.label] for c in cases if c.label >= 0]
     right = [u for c in cases for u in (scores[c.problem] if c.label == -1 else scores[c.problem][: c.label])]
-    assert max(wrong) < choose_threshold(list(scores.values()), [c.label for c in cases]) <= min(right)  # the first that separates
+    assert (
+        max(wrong) < choose_threshold(list(scores.values()), [c.label for c in cases]) <= min(right)
+    )  # the first that separates
     result = processbench(FixedScorer(scores), cases, held_out_fraction=0.5, n_resamples=200)
     held = [c["held_out"] for c in result["cases"]]
     assert 0 < sum(held) == result["n_held_out"] < len(cases)
@@ -104,7 +106,7 @@ def test_tiny_world_labels_are_the_first_step_off_every_valid_strategy():
         gold = problem.meta["solutions"][0]
         for k in range(len(gold) - 1):  # a slipped calculation is the first error
             slipped = corrupt_step(gold[k], seed=k)
-            assert first_wrong_step(problem, [*gold[:k], slipped, *gold[k + 1:]]) == k
+            assert first_wrong_step(problem, [*gold[:k], slipped, *gold[k + 1 :]]) == k
         assert first_wrong_step(problem, [*gold[:-1], f"The answer is {int(problem.answer) + 1}"]) == len(gold) - 1
         assert first_wrong_step(problem, ["I like apples.", *gold]) == 0
     # a right calculation with an operand the problem does not have is an error too
@@ -124,23 +126,38 @@ def test_prm800k_ratings_become_first_error_labels(benchmarks_dir):
     solutions = [s for s in load_prm800k(sample) if s.steps]
     assert len(cases) == len(solutions) == 9
     assert [c.label for c in cases] == [-1 if s.first_error is None else s.first_error for s in solutions]
-    assert all(c.label >= 0 for c in cases)  # every solution of the sample has a step rated -1: F1 needs correct ones too
+    assert all(
+        c.label >= 0 for c in cases
+    )  # every solution of the sample has a step rated -1: F1 needs correct ones too
     result = processbench(FixedScorer({c.problem: [0.9] * len(c.steps) for c in cases}), cases, threshold=0.5)
     assert result["f1"] is None and result["accuracy_erroneous"] == 0.0 and result["accuracy_correct"] is None
 
 
 def test_processbench_files_read_as_json_arrays_and_jsonl(tmp_path):
-    records = [{"id": "a", "problem": "Q", "steps": ["s1", "s2"], "label": 1, "final_answer_correct": False},
-               {"id": "b", "problem": "R", "steps": ["t"], "label": -1, "final_answer_correct": True}]
+    records = [
+        {"id": "a", "problem": "Q", "steps": ["s1", "s2"], "label": 1, "final_answer_correct": False},
+        {"id": "b", "problem": "R", "steps": ["t"], "label": -1, "final_answer_correct": True},
+    ]
     (tmp_path / "set.json").write_text(json.dumps(records, indent=2))
     (tmp_path / "set.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     for name in ("set.json", "set.jsonl"):
         cases = read_processbench(tmp_path / name)
-        assert [(c.id, c.steps, c.label, c.final_answer_correct) for c in cases] == [("a", ["s1", "s2"], 1, False), ("b", ["t"], -1, True)]
+        assert [(c.id, c.steps, c.label, c.final_answer_correct) for c in cases] == [
+            ("a", ["s1", "s2"], 1, False),
+            ("b", ["t"], -1, True),
+        ]
 
 
-@pytest.mark.parametrize("change, field", [({"label": 2}, "label"), ({"label": -2}, "label"), ({"label": True}, "label"),
-                                           ({"steps": "s1\ns2"}, "steps"), ({"steps": ["s1", 3]}, "steps")])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"label": 2}, "label"),
+        ({"label": -2}, "label"),
+        ({"label": True}, "label"),
+        ({"steps": "s1\ns2"}, "steps"),
+        ({"steps": ["s1", 3]}, "steps"),
+    ],
+)
 def test_a_bad_processbench_record_names_the_file_line_and_field(tmp_path, change, field):
     good = {"id": "a", "problem": "Q", "steps": ["s1", "s2"], "label": 1, "final_answer_correct": False}
     bad = {**good, **change}
@@ -161,10 +178,29 @@ def fake_datasets(monkeypatch, load_dataset):
 
 
 def test_processbench_hub_splits_read_like_files_and_a_bad_row_is_named(tmp_path, monkeypatch):
-    rows = [{"id": "gsm8k-0", "generator": "g", "problem": "Q", "steps": ["s1", "s2"], "label": 1, "final_answer_correct": False},
-            {"id": "gsm8k-1", "generator": "g", "problem": "Q2", "steps": ["s1"], "label": -1, "final_answer_correct": True}]
+    rows = [
+        {
+            "id": "gsm8k-0",
+            "generator": "g",
+            "problem": "Q",
+            "steps": ["s1", "s2"],
+            "label": 1,
+            "final_answer_correct": False,
+        },
+        {
+            "id": "gsm8k-1",
+            "generator": "g",
+            "problem": "Q2",
+            "steps": ["s1"],
+            "label": -1,
+            "final_answer_correct": True,
+        },
+    ]
     calls = []
-    fake_datasets(monkeypatch, lambda hub_id, config=None, *, split, streaming=False: calls.append((hub_id, config, split)) or rows)
+    fake_datasets(
+        monkeypatch,
+        lambda hub_id, config=None, *, split, streaming=False: calls.append((hub_id, config, split)) or rows,
+    )
     assert processbench_source("hf://Qwen/ProcessBench/gsm8k") == ("Qwen/ProcessBench", None, "gsm8k")
     assert processbench_source("hf://owner/name[main]/test") == ("owner/name", "main", "test")
     assert processbench_source(str(tmp_path / "gsm8k.json")) is None
@@ -174,8 +210,9 @@ def test_processbench_hub_splits_read_like_files_and_a_bad_row_is_named(tmp_path
     assert calls == [("Qwen/ProcessBench", None, "gsm8k")]
     (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     from_file = read_processbench(tmp_path / "gsm8k.jsonl")
-    assert [(c.id, c.problem, c.steps, c.label, c.final_answer_correct) for c in cases] == \
-        [(c.id, c.problem, c.steps, c.label, c.final_answer_correct) for c in from_file]
+    assert [(c.id, c.problem, c.steps, c.label, c.final_answer_correct) for c in cases] == [
+        (c.id, c.problem, c.steps, c.label, c.final_answer_correct) for c in from_file
+    ]
     rows[1]["label"] = 1
     with pytest.raises(RecordError, match=r"hf://Qwen/ProcessBench/gsm8k: row 1: field 'label'"):
         read_processbench_hub("Qwen/ProcessBench", None, "gsm8k")
@@ -188,42 +225,87 @@ def test_prm_bench_says_what_to_do_when_the_hub_is_unreachable_and_refuses_two_s
         raise ConnectionError(f"Couldn't reach '{hub_id}' on the Hub (LocalEntryNotFoundError)")
 
     fake_datasets(monkeypatch, unreachable)
-    (tmp_path / "no-prm").mkdir()  # a folder (it passes the stage's model check); the sets are read before any PRM loads
+    (
+        tmp_path / "no-prm"
+    ).mkdir()  # a folder (it passes the stage's model check); the sets are read before any PRM loads
     args = ["--config", REPO_CONFIG, f"runs_root={tmp_path / 'runs'}", f"model.prm={tmp_path / 'no-prm'}"]
-    with pytest.raises(SystemExit, match=r"could not read hf://Qwen/ProcessBench/math from the hub .*download the split"):
+    with pytest.raises(
+        SystemExit, match=r"could not read hf://Qwen/ProcessBench/math from the hub .*download the split"
+    ):
         prm_bench.main([*args, "run=hub", "prm_bench.processbench_paths=[hf://Qwen/ProcessBench/math]"])
     record = {"id": "a", "problem": "Q", "steps": ["s"], "label": -1, "final_answer_correct": True}
     for folder in ("one", "two"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "math.jsonl").write_text(json.dumps(record) + "\n")
     with pytest.raises(SystemExit, match=r"two sets named 'math'"):
-        prm_bench.main([*args, "run=names", f"prm_bench.processbench_paths=[{tmp_path / 'one' / 'math.jsonl'}, {tmp_path / 'two' / 'math.jsonl'}]"])
+        prm_bench.main(
+            [
+                *args,
+                "run=names",
+                f"prm_bench.processbench_paths=[{tmp_path / 'one' / 'math.jsonl'}, {tmp_path / 'two' / 'math.jsonl'}]",
+            ]
+        )
 
 
 def test_a_prm_folder_of_no_known_format_lists_the_formats_tried(tmp_path):
     (tmp_path / "lm").mkdir()
-    (tmp_path / "lm" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (tmp_path / "lm" / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    )
     with pytest.raises(ValueError, match=r"tried stepflow .* token_classification .* qwen_prm .*math_shepherd"):
         detect_format(str(tmp_path / "lm"))
 
 
-def test_the_stage_benchmarks_a_prm_on_prm800k_and_on_the_tiny_worlds_policy_samples(benchmarks_dir, random_tiny_world, tmp_path):
+def test_the_stage_benchmarks_a_prm_on_prm800k_and_on_the_tiny_worlds_policy_samples(
+    benchmarks_dir, random_tiny_world, tmp_path
+):
     from stages import prm_bench
 
     sample = benchmarks_dir / "prm800k_phase2_sample.jsonl"
     solutions = load_prm800k(sample)
     tokenizer = english_tokenizer([s.question for s in solutions] + [step for s in solutions for step in s.steps])
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096))
+    lm = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=4096,
+        )
+    )
     ProcessRewardModel.from_backbone(lm).save_pretrained(tmp_path / "prm", tokenizer=tokenizer)
-    (tmp_path / "mine.jsonl").write_text(json.dumps({"id": "m", "problem": "What is 1 + 1 ?", "steps": ["1 + 1 = 2", "The answer is 2"],
-                                                     "label": -1, "final_answer_correct": True}) + "\n")
-    results = prm_bench.main(["--config", REPO_CONFIG, f"runs_root={tmp_path / 'runs'}", "run=b", f"model.prm={tmp_path / 'prm'}",
-                              f"model.policy={random_tiny_world / 'policy'}", f"data.validation_path={random_tiny_world / 'problems_train.jsonl'}",
-                              f"prm_bench.prm800k_path={sample}", f"prm_bench.processbench_paths=[{tmp_path / 'mine.jsonl'}]",
-                              "prm_bench.policy_problems=3", "prm_bench.policy_samples=2", "generation.max_new_tokens=24",
-                              "prm_bench.bootstrap_resamples=100"])
+    (tmp_path / "mine.jsonl").write_text(
+        json.dumps(
+            {
+                "id": "m",
+                "problem": "What is 1 + 1 ?",
+                "steps": ["1 + 1 = 2", "The answer is 2"],
+                "label": -1,
+                "final_answer_correct": True,
+            }
+        )
+        + "\n"
+    )
+    results = prm_bench.main(
+        [
+            "--config",
+            REPO_CONFIG,
+            f"runs_root={tmp_path / 'runs'}",
+            "run=b",
+            f"model.prm={tmp_path / 'prm'}",
+            f"model.policy={random_tiny_world / 'policy'}",
+            f"data.validation_path={random_tiny_world / 'problems_train.jsonl'}",
+            f"prm_bench.prm800k_path={sample}",
+            f"prm_bench.processbench_paths=[{tmp_path / 'mine.jsonl'}]",
+            "prm_bench.policy_problems=3",
+            "prm_bench.policy_samples=2",
+            "generation.max_new_tokens=24",
+            "prm_bench.bootstrap_resamples=100",
+        ]
+    )
     assert set(results) == {"prm800k", "tiny_policy", "mine"}
     assert json.loads((tmp_path / "runs" / "b" / "prm_bench" / "results.json").read_text()) == results
     prm800k = results["prm800k"]

@@ -37,7 +37,9 @@ def assert_bos_once(ids, tokenizer):
     ids = list(ids)
     bos = tokenizer.bos_token_id
     if bos is None:
-        assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # the template's first token, nothing before it
+        assert ids[0] == tokenizer.convert_tokens_to_ids(
+            "<|im_start|>"
+        )  # the template's first token, nothing before it
         return
     assert ids[0] == bos and ids.count(bos) == 1, ids[:4]
     assert ids[1] == tokenizer.convert_tokens_to_ids("<|start_header_id|>")
@@ -54,7 +56,9 @@ def test_chat_prompt_ids_carry_bos_once(tokenizers, name):
     assert prompt.startswith(tokenizer.bos_token or "<|im_start|>")  # Llama-3's template writes BOS itself
     assert_bos_once(encode_prompt(tokenizer, prompt), tokenizer)
     plain = build_prompt(QUESTION, kind="math", tokenizer=tokenizer, use_chat_template=False)
-    assert encode_prompt(tokenizer, plain)[: len(expected_start(tokenizer))] == expected_start(tokenizer)  # the tokenizer adds it
+    assert encode_prompt(tokenizer, plain)[: len(expected_start(tokenizer))] == expected_start(
+        tokenizer
+    )  # the tokenizer adds it
 
 
 @pytest.mark.parametrize("name", ["llama3", "qwen2"])
@@ -74,7 +78,9 @@ def test_hf_generation_feeds_the_model_bos_once(tokenizers, name):
         tokenizer.pad_token = tokenizer.eos_token  # as pipeline.modeling.load_tokenizer does for Llama-3
     model = {"llama3": real_models.llama3_model, "qwen2": real_models.qwen2_model}[name](tokenizer)
     seen = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"][0].tolist()), with_kwargs=True)
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"][0].tolist()), with_kwargs=True
+    )
     HFGenerator(model, tokenizer).generate([chat_prompt(tokenizer)], n=1, temperature=0, max_new_tokens=1)
     assert_bos_once(seen[0], tokenizer)
 
@@ -90,7 +96,9 @@ class PromptRecordingEngine:
 
     def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
         self.prompts = prompts
-        out = SimpleNamespace(index=0, text="", token_ids=(self.tokenizer.eos_token_id,), finish_reason="stop", stop_reason=None)
+        out = SimpleNamespace(
+            index=0, text="", token_ids=(self.tokenizer.eos_token_id,), finish_reason="stop", stop_reason=None
+        )
         return [SimpleNamespace(outputs=[out]) for _ in prompts]
 
 
@@ -98,7 +106,9 @@ class PromptRecordingEngine:
 def test_vllm_generation_is_handed_prompt_ids_with_bos_once(tokenizers, name):
     tokenizer = tokenizers[name]
     engine = PromptRecordingEngine(tokenizer)
-    VLLMGenerator("tiny", Config(), engine=engine, sampling_params_cls=SimpleNamespace).generate([chat_prompt(tokenizer)], max_new_tokens=4)
+    VLLMGenerator("tiny", Config(), engine=engine, sampling_params_cls=SimpleNamespace).generate(
+        [chat_prompt(tokenizer)], max_new_tokens=4
+    )
     (request,) = engine.prompts
     assert set(request) == {"prompt_token_ids"}  # ids: vLLM adds no special tokens of its own to them
     assert_bos_once(request["prompt_token_ids"], tokenizer)

@@ -65,10 +65,21 @@ def test_every_record_type_round_trips(record):
 
 def test_to_json_writes_the_fields_in_order_with_nested_records_as_dicts():
     record = RECORDS[3]
-    assert list(record.to_json()) == ["problem_id", "question", "prefix_steps", "step", "mc", "n_correct", "n_rollouts",
-                                      "rollouts", "depth"]
-    assert record.to_json()["rollouts"] == [{"steps": ["3 * 4 = 12", "The answer is 12"], "answer": "12", "correct": True},
-                                            {"steps": ["3 + 4 = 7"], "answer": None, "correct": False}]
+    assert list(record.to_json()) == [
+        "problem_id",
+        "question",
+        "prefix_steps",
+        "step",
+        "mc",
+        "n_correct",
+        "n_rollouts",
+        "rollouts",
+        "depth",
+    ]
+    assert record.to_json()["rollouts"] == [
+        {"steps": ["3 * 4 = 12", "The answer is 12"], "answer": "12", "correct": True},
+        {"steps": ["3 + 4 = 7"], "answer": None, "correct": False},
+    ]
     obj = record.to_json()
     obj["prefix_steps"].append("changed")  # to_json returns copies: the record stays as it was
     assert record.prefix_steps == ["s1"]
@@ -100,9 +111,14 @@ def test_unknown_keys_are_ignored_and_defaults_fill_absent_optional_keys():
 
 
 def test_ints_are_widened_to_floats_and_numeric_answers_read_as_text():
-    record = MCTSRecord.from_json({**RECORDS[3].to_json(), "mc": 1, "n_correct": 2,
-                                   "rollouts": [{"steps": [], "answer": 7, "correct": True},
-                                                {"steps": [], "answer": 2.5, "correct": True}]})
+    record = MCTSRecord.from_json(
+        {
+            **RECORDS[3].to_json(),
+            "mc": 1,
+            "n_correct": 2,
+            "rollouts": [{"steps": [], "answer": 7, "correct": True}, {"steps": [], "answer": 2.5, "correct": True}],
+        }
+    )
     assert record.mc == 1.0 and isinstance(record.mc, float)
     assert [r.answer for r in record.rollouts] == ["7", "2.5"]
     assert record.to_json()["mc"] == 1.0 and json.dumps(record.to_json()["mc"]) == "1.0"
@@ -143,51 +159,155 @@ SUMMARY_JSON = RECORDS[5].to_json()
     "record_type, obj, message",
     [
         # wrong type
-        (PRMExample, set_field(PRM_JSON, ("label",), "0.5"), "field 'label': expected a number in [0, 1], got str \"0.5\""),
-        (MCTSRecord, set_field(MCTS_JSON, ("prefix_steps",), "s1"), "field 'prefix_steps': expected a list of strings, got str \"s1\""),
+        (
+            PRMExample,
+            set_field(PRM_JSON, ("label",), "0.5"),
+            "field 'label': expected a number in [0, 1], got str \"0.5\"",
+        ),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("prefix_steps",), "s1"),
+            "field 'prefix_steps': expected a list of strings, got str \"s1\"",
+        ),
         (Problem, {**RECORDS[0].to_json(), "meta": []}, "field 'meta': expected an object, got list []"),
-        (Sample, set_field(SAMPLE_JSON, ("final_answer",), 2), "field 'final_answer': expected a string or null, got int 2"),
-        (Sample, set_field(SAMPLE_JSON, ("finished",), "yes"), "field 'finished': expected true, false or null, got str \"yes\""),
+        (
+            Sample,
+            set_field(SAMPLE_JSON, ("final_answer",), 2),
+            "field 'final_answer': expected a string or null, got int 2",
+        ),
+        (
+            Sample,
+            set_field(SAMPLE_JSON, ("finished",), "yes"),
+            "field 'finished': expected true, false or null, got str \"yes\"",
+        ),
         (PRMExample, set_field(PRM_JSON, ("step",), None), "field 'step': expected a non-empty string, got null"),
         # a bool is not an int (nor a number)
         (MCTSRecord, set_field(MCTS_JSON, ("depth",), True), "field 'depth': expected an integer >= 0, got bool true"),
-        (Sample, set_field(SAMPLE_JSON, ("sample_idx",), False), "field 'sample_idx': expected an integer >= -1, got bool false"),
-        (PRMExample, set_field(PRM_JSON, ("label",), True), "field 'label': expected a number in [0, 1], got bool true"),
+        (
+            Sample,
+            set_field(SAMPLE_JSON, ("sample_idx",), False),
+            "field 'sample_idx': expected an integer >= -1, got bool false",
+        ),
+        (
+            PRMExample,
+            set_field(PRM_JSON, ("label",), True),
+            "field 'label': expected a number in [0, 1], got bool true",
+        ),
         # an int field refuses a float
-        (MCTSRecord, set_field(MCTS_JSON, ("n_rollouts",), 2.0), "field 'n_rollouts': expected an integer >= 0, got float 2.0"),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("n_rollouts",), 2.0),
+            "field 'n_rollouts': expected an integer >= 0, got float 2.0",
+        ),
         # out of range / not allowed
         (PRMExample, set_field(PRM_JSON, ("label",), 1.5), "field 'label': expected a number in [0, 1], got float 1.5"),
         (MCTSRecord, set_field(MCTS_JSON, ("mc",), -0.5), "field 'mc': expected a number in [0, 1], got float -0.5"),
-        (MCTSRecord, set_field(MCTS_JSON, ("n_correct",), -1), "field 'n_correct': expected an integer >= 0, got int -1"),
-        (PRMExample, set_field(PRM_JSON, ("origin",), "judge"), "field 'origin': expected one of 'mcts', 'augmented', 'human', got str \"judge\""),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("n_correct",), -1),
+            "field 'n_correct': expected an integer >= 0, got int -1",
+        ),
+        (
+            PRMExample,
+            set_field(PRM_JSON, ("origin",), "judge"),
+            "field 'origin': expected one of 'mcts', 'augmented', 'human', got str \"judge\"",
+        ),
         (PRMExample, set_field(PRM_JSON, ("step",), "  "), "field 'step': expected a non-empty string, got str \"  \""),
-        (Problem, {**RECORDS[0].to_json(), "source": "aime"}, "field 'source': expected one of 'agieval_sat_math', 'gsm8k'"),
-        (Sample, set_field(SAMPLE_JSON, ("step_scores", 1), 2), "field 'step_scores[1]': expected a number in [0, 1], got int 2"),
-        (Trajectory, set_field(TRAJECTORY_JSON, ("answer_flags", 0), 2), "field 'answer_flags[0]': expected one of -1, 0, 1, got int 2"),
-        (Trajectory, set_field(TRAJECTORY_JSON, ("steps",), []), "field 'steps': expected a non-empty list of strings, got list []"),
-        (Trajectory, set_field(TRAJECTORY_JSON, ("policy_version",), -1), "field 'policy_version': expected an integer >= 0"),
+        (
+            Problem,
+            {**RECORDS[0].to_json(), "source": "aime"},
+            "field 'source': expected one of 'agieval_sat_math', 'gsm8k'",
+        ),
+        (
+            Sample,
+            set_field(SAMPLE_JSON, ("step_scores", 1), 2),
+            "field 'step_scores[1]': expected a number in [0, 1], got int 2",
+        ),
+        (
+            Trajectory,
+            set_field(TRAJECTORY_JSON, ("answer_flags", 0), 2),
+            "field 'answer_flags[0]': expected one of -1, 0, 1, got int 2",
+        ),
+        (
+            Trajectory,
+            set_field(TRAJECTORY_JSON, ("steps",), []),
+            "field 'steps': expected a non-empty list of strings, got list []",
+        ),
+        (
+            Trajectory,
+            set_field(TRAJECTORY_JSON, ("policy_version",), -1),
+            "field 'policy_version': expected an integer >= 0",
+        ),
         # missing
         (PRMExample, set_field(PRM_JSON, ("step",), KeyError), "missing field 'step' (expected a non-empty string)"),
         (Sample, set_field(SAMPLE_JSON, ("correct",), KeyError), "missing field 'correct' (expected true or false)"),
-        (Trajectory, set_field(TRAJECTORY_JSON, ("finished",), KeyError), "missing field 'finished' (expected true or false)"),
+        (
+            Trajectory,
+            set_field(TRAJECTORY_JSON, ("finished",), KeyError),
+            "missing field 'finished' (expected true or false)",
+        ),
         # a bad nested rollout
-        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 1, "correct"), "no"), "field 'rollouts[1].correct': expected true or false, got str \"no\""),
-        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 0, "steps", 1), 5), "field 'rollouts[0].steps[1]': expected a string, got int 5"),
-        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 1, "answer"), ["7"]),
-         "field 'rollouts[1].answer': expected a string, a number or null, got list [\"7\"]"),
-        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 0, "answer"), KeyError),
-         "missing field 'rollouts[0].answer' (expected a string, a number or null)"),
-        (MCTSRecord, set_field(MCTS_JSON, ("rollouts", 1), "3 + 4 = 7"),
-         "field 'rollouts[1]': expected an object {steps, answer, correct}, got str \"3 + 4 = 7\""),
-        (MCTSSummary, set_field(SUMMARY_JSON, ("root_rollouts", 0, "correct"), 1), "field 'root_rollouts[0].correct': expected true or false, got int 1"),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("rollouts", 1, "correct"), "no"),
+            "field 'rollouts[1].correct': expected true or false, got str \"no\"",
+        ),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("rollouts", 0, "steps", 1), 5),
+            "field 'rollouts[0].steps[1]': expected a string, got int 5",
+        ),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("rollouts", 1, "answer"), ["7"]),
+            "field 'rollouts[1].answer': expected a string, a number or null, got list [\"7\"]",
+        ),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("rollouts", 0, "answer"), KeyError),
+            "missing field 'rollouts[0].answer' (expected a string, a number or null)",
+        ),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("rollouts", 1), "3 + 4 = 7"),
+            "field 'rollouts[1]': expected an object {steps, answer, correct}, got str \"3 + 4 = 7\"",
+        ),
+        (
+            MCTSSummary,
+            set_field(SUMMARY_JSON, ("root_rollouts", 0, "correct"), 1),
+            "field 'root_rollouts[0].correct': expected true or false, got int 1",
+        ),
         # rules across fields
-        (MCTSRecord, set_field(MCTS_JSON, ("n_correct",), 3), "field 'n_correct': expected at most n_rollouts (2), got int 3"),
-        (MCTSSummary, set_field(SUMMARY_JSON, ("root_n_correct",), 5), "field 'root_n_correct': expected at most the number of root_rollouts (2)"),
-        (Sample, set_field(SAMPLE_JSON, ("step_scores",), [0.5]), "field 'step_scores': expected one score per step (2), got list [0.5]"),
-        (Trajectory, set_field(TRAJECTORY_JSON, ("step_log_scores",), [-1.0, -2.0]), "field 'step_log_scores': expected one value per step (1)"),
-        (Trajectory, set_field(TRAJECTORY_JSON, ("answer_flags",), []), "field 'answer_flags': expected one value per step (1), got list []"),
-        (Trajectory, set_field(TRAJECTORY_JSON, ("reference_step_logprobs",), [-1.0, -1.0]),
-         "field 'reference_step_logprobs': expected one value per step (1)"),
+        (
+            MCTSRecord,
+            set_field(MCTS_JSON, ("n_correct",), 3),
+            "field 'n_correct': expected at most n_rollouts (2), got int 3",
+        ),
+        (
+            MCTSSummary,
+            set_field(SUMMARY_JSON, ("root_n_correct",), 5),
+            "field 'root_n_correct': expected at most the number of root_rollouts (2)",
+        ),
+        (
+            Sample,
+            set_field(SAMPLE_JSON, ("step_scores",), [0.5]),
+            "field 'step_scores': expected one score per step (2), got list [0.5]",
+        ),
+        (
+            Trajectory,
+            set_field(TRAJECTORY_JSON, ("step_log_scores",), [-1.0, -2.0]),
+            "field 'step_log_scores': expected one value per step (1)",
+        ),
+        (
+            Trajectory,
+            set_field(TRAJECTORY_JSON, ("answer_flags",), []),
+            "field 'answer_flags': expected one value per step (1), got list []",
+        ),
+        (
+            Trajectory,
+            set_field(TRAJECTORY_JSON, ("reference_step_logprobs",), [-1.0, -1.0]),
+            "field 'reference_step_logprobs': expected one value per step (1)",
+        ),
     ],
 )
 def test_a_bad_field_is_reported_with_file_line_and_field(record_type, obj, message):
@@ -196,9 +316,13 @@ def test_a_bad_field_is_reported_with_file_line_and_field(record_type, obj, mess
 
 def test_non_finite_log_reward_and_non_object_records_are_refused():
     assert _error(Trajectory, {**TRAJECTORY_JSON, "log_reward": math.inf}).endswith(
-        "field 'log_reward': expected a finite number, got float Infinity")
+        "field 'log_reward': expected a finite number, got float Infinity"
+    )
     assert "got float NaN" in _error(Trajectory, {**TRAJECTORY_JSON, "log_reward": math.nan})
-    assert _error(MCTSRecord, [1, 2]) == "runs/x/part-0/records.jsonl:12: expected a JSON object (MCTSRecord), got list [1, 2]"
+    assert (
+        _error(MCTSRecord, [1, 2])
+        == "runs/x/part-0/records.jsonl:12: expected a JSON object (MCTSRecord), got list [1, 2]"
+    )
 
 
 def test_long_values_are_cut_in_messages():
@@ -245,10 +369,20 @@ GOLD_PATH = ["Ann has 3 boxes × 4 pens.", "3 × 4 = 12 pens", "12 − 5 = 7 pen
 
 def golden_problems():
     return [
-        Problem("tiny-g-0", "Ann has 3 boxes of 4 pens and gives away 5. How many are left?", "7", "tiny",
-                {"solutions": [GOLD_PATH], "level": 2}),
-        Problem("sat_math-g-1", "Which is $\\frac{1}{2}$ of 10? «café»", "B", "sat_math",
-                {"options": {"A": "2", "B": "5"}, "id": 1}),
+        Problem(
+            "tiny-g-0",
+            "Ann has 3 boxes of 4 pens and gives away 5. How many are left?",
+            "7",
+            "tiny",
+            {"solutions": [GOLD_PATH], "level": 2},
+        ),
+        Problem(
+            "sat_math-g-1",
+            "Which is $\\frac{1}{2}$ of 10? «café»",
+            "B",
+            "sat_math",
+            {"options": {"A": "2", "B": "5"}, "id": 1},
+        ),
         Problem("gsm8k-g-2", "What is 2 + 2?", "", "gsm8k"),
     ]
 
@@ -257,14 +391,18 @@ def golden_rollouts(prefix):
     """Eight rollouts from a prefix, deterministic: on the gold path 3 of 8 succeed and the
     others follow it for 0-2 more steps, then slip; every fourth one gives no answer."""
     on_gold = list(prefix) == GOLD_PATH[: len(prefix)]
-    rest = GOLD_PATH[len(prefix):] or ["The answer is 7"]
+    rest = GOLD_PATH[len(prefix) :] or ["The answer is 7"]
     out = []
     for j in range(8):
         if on_gold and j < 3:
             out.append(Rollout(list(rest), "7", True, num_tokens=5 * len(rest)))
             continue
         kept = rest[: j % 3] if on_gold else []
-        steps = kept + [f"{len(prefix) + 3} × {j} = {j + 1} slip"] + [f"filler {k} ½" for k in range(len(rest) - len(kept) - 1)]
+        steps = (
+            kept
+            + [f"{len(prefix) + 3} × {j} = {j + 1} slip"]
+            + [f"filler {k} ½" for k in range(len(rest) - len(kept) - 1)]
+        )
         out.append(Rollout(steps, None if j % 4 == 3 else str(j), False, num_tokens=5 * len(steps) + j))
     return out
 
@@ -272,8 +410,12 @@ def golden_rollouts(prefix):
 def golden_mcts_results():
     results = []
     params = MCTSConfig(k=8, max_iterations=3, max_rollouts=10_000)
-    run_mcts([(p.problem_id, p.question) for p in golden_problems()[:2]], params,
-             lambda requests: [golden_rollouts(prefix) for _, prefix in requests], results.append)
+    run_mcts(
+        [(p.problem_id, p.question) for p in golden_problems()[:2]],
+        params,
+        lambda requests: [golden_rollouts(prefix) for _, prefix in requests],
+        results.append,
+    )
     return results
 
 
@@ -281,8 +423,12 @@ class CannedSampler:
     """Completions by prompt and sample position: finished answers, a cut-off one, an empty one."""
 
     tokenizer = None
-    canned = [("x = 3 × 4 = 12\n12 − 5 = 7\nThe answer is 7", "eos"), ("x = 12\nThe answer is", "length"),
-              ("", "stop"), ("The answer is B", "eos")]
+    canned = [
+        ("x = 3 × 4 = 12\n12 − 5 = 7\nThe answer is 7", "eos"),
+        ("x = 12\nThe answer is", "length"),
+        ("", "stop"),
+        ("The answer is B", "eos"),
+    ]
 
     def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
         shift = 1 if temperature == 0 else 0
@@ -313,15 +459,23 @@ def test_problems_mcts_and_prm_files_are_written_byte_for_byte_as_before(tmp_pat
     assert _bytes(shard / "summaries.jsonl") == _bytes(GOLDEN / "mcts_summaries.jsonl")
 
     # the hand-written input holds int and float answers, an int mc and an unknown key
-    records = [*read_records(GOLDEN / "mcts_records.jsonl", MCTSRecord), *read_records(GOLDEN / "mcts_handwritten.jsonl", MCTSRecord)]
+    records = [
+        *read_records(GOLDEN / "mcts_records.jsonl", MCTSRecord),
+        *read_records(GOLDEN / "mcts_handwritten.jsonl", MCTSRecord),
+    ]
     write_records_atomic(tmp_path / "prm_examples.jsonl", augment_records(records))
     assert _bytes(tmp_path / "prm_examples.jsonl") == _bytes(GOLDEN / "prm_examples.jsonl")
 
 
 @pytest.mark.parametrize(
     "name, record_type",
-    [("problems", Problem), ("mcts_records", MCTSRecord), ("mcts_summaries", MCTSSummary),
-     ("prm_examples", PRMExample), ("samples", Sample)],
+    [
+        ("problems", Problem),
+        ("mcts_records", MCTSRecord),
+        ("mcts_summaries", MCTSSummary),
+        ("prm_examples", PRMExample),
+        ("samples", Sample),
+    ],
 )
 def test_reading_and_rewriting_a_golden_file_changes_no_byte(tmp_path, name, record_type):
     write_records_atomic(tmp_path / "copy.jsonl", read_records(GOLDEN / f"{name}.jsonl", record_type))

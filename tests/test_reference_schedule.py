@@ -31,16 +31,46 @@ def test_kl_coef_is_constant_or_a_linear_anneal():
 
 
 def trainer_with_reference(tmp_path, **overrides):
-    cfg = GFNConfig(**{**dict(loss="tb_vargrad", lr=0.1, scheduler="constant", warmup_steps=0, num_train_steps=5, questions_per_step=2,
-                              samples_per_question=4, micro_batch_size=64, temperature=1.0, save_every=0, replay_fraction=0.0,
-                              kl_coef=0.5), **overrides})
+    cfg = GFNConfig(
+        **{
+            **dict(
+                loss="tb_vargrad",
+                lr=0.1,
+                scheduler="constant",
+                warmup_steps=0,
+                num_train_steps=5,
+                questions_per_step=2,
+                samples_per_question=4,
+                micro_batch_size=64,
+                temperature=1.0,
+                save_every=0,
+                replay_fraction=0.0,
+                kl_coef=0.5,
+            ),
+            **overrides,
+        }
+    )
     torch.manual_seed(0)
     policy, reference = TabularPolicy(), TabularPolicy()
     objective = build_objective(cfg, policy, hidden_size=8, reference=reference)
-    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), policy, optimizer_settings(cfg, 1), tmp_path,
-                        objective=objective, objective_lr=objective.lr, progress=False)
-    sampler = TrajectorySampler(policy, KnownScorer(), [TrainProblem(f"p{i}", "q", "q", "1") for i in range(4)], "tiny", cfg,
-                                extract=lambda step, kind: step, grade=lambda texts, golds, kind: [True] * len(texts))
+    base = TrainingBase(
+        make_accelerator(ModelConfig(device="cpu", dtype="float32")),
+        policy,
+        optimizer_settings(cfg, 1),
+        tmp_path,
+        objective=objective,
+        objective_lr=objective.lr,
+        progress=False,
+    )
+    sampler = TrajectorySampler(
+        policy,
+        KnownScorer(),
+        [TrainProblem(f"p{i}", "q", "q", "1") for i in range(4)],
+        "tiny",
+        cfg,
+        extract=lambda step, kind: step,
+        grade=lambda texts, golds, kind: [True] * len(texts),
+    )
     return FinetuneTrainer(base, sampler, objective, cfg, progress=False), policy, reference
 
 
@@ -62,7 +92,10 @@ def test_the_trainer_scores_the_reference_itself_not_what_the_trajectories_carry
     batch, _ = trainer.sampler.sample(0)
     with torch.no_grad():
         reference.logits.add_(torch.randn_like(reference.logits))  # a reference the trajectories knew nothing of
-    carried = [dataclasses.replace(t, reference_step_logprobs=[-1.0] * len(t.steps), reference_stop_logprob=-1.0) for t in batch]
+    carried = [
+        dataclasses.replace(t, reference_step_logprobs=[-1.0] * len(t.steps), reference_stop_logprob=-1.0)
+        for t in batch
+    ]
     objective = trainer.objective
     objective.begin_update(0)
     with torch.no_grad():

@@ -35,13 +35,26 @@ def args(tmp_path: Path, *extra: str) -> list[str]:
     """A stage's command line whose policy is an empty folder: it passes the stage's model check
     (a local folder) and fails only if a model were loaded from it."""
     (tmp_path / "no-policy").mkdir(exist_ok=True)
-    return ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=r",
-            f"data.train_path={tmp_path / 'train.jsonl'}", "data.disjoint_from=[]", f"model.policy={tmp_path / 'no-policy'}", *extra]
+    return [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path / 'runs'}",
+        "run=r",
+        f"data.train_path={tmp_path / 'train.jsonl'}",
+        "data.disjoint_from=[]",
+        f"model.policy={tmp_path / 'no-policy'}",
+        *extra,
+    ]
 
 
 def mcts_record(pid: str, depth: int) -> MCTSRecord:
-    rollouts = [MCTSRollout(["3 + 4 = 7", "The answer is 7"], "7", True), MCTSRollout(["3 + 4 = 8", "The answer is 8"], "8", False)]
-    return MCTSRecord(pid, f"question {pid}", [f"step {i}" for i in range(depth)], f"step {depth}", 0.5, 1, 2, rollouts, depth + 1)
+    rollouts = [
+        MCTSRollout(["3 + 4 = 7", "The answer is 7"], "7", True),
+        MCTSRollout(["3 + 4 = 8", "The answer is 8"], "8", False),
+    ]
+    return MCTSRecord(
+        pid, f"question {pid}", [f"step {i}" for i in range(depth)], f"step {depth}", 0.5, 1, 2, rollouts, depth + 1
+    )
 
 
 @pytest.fixture
@@ -65,13 +78,16 @@ def outputs(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.glob("prm_*.jsonl"))}
 
 
-@pytest.mark.parametrize("damage,match", [
-    ("delete problems.json", r"part-0of1-00001: problems\.json: missing"),
-    ("delete records.jsonl", r"part-0of1-00001: records\.jsonl is missing"),
-    ("empty records.jsonl", r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 8"),
-    ("copy a shard folder", r"part-0of1-00009 and .*part-0of1-00001 both hold problem 'tiny-train-00004'"),
-    ("truncate records.jsonl", r"part-0of1-00001: records\.jsonl holds 4 records"),
-])
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        ("delete problems.json", r"part-0of1-00001: problems\.json: missing"),
+        ("delete records.jsonl", r"part-0of1-00001: records\.jsonl is missing"),
+        ("empty records.jsonl", r"part-0of1-00001: records\.jsonl holds 0 records in 0 bytes; the manifest says 8"),
+        ("copy a shard folder", r"part-0of1-00009 and .*part-0of1-00001 both hold problem 'tiny-train-00004'"),
+        ("truncate records.jsonl", r"part-0of1-00001: records\.jsonl holds 4 records"),
+    ],
+)
 def test_augment_refuses_damaged_shards_and_keeps_its_outputs(run, damage, match):
     tmp_path, config, shards = run
     first = augment.main(args(tmp_path))
@@ -109,8 +125,10 @@ def test_a_resume_with_other_settings_stops_with_one_line_and_exit_status_2(run,
         cli(lambda argv: mcts.main(args(tmp_path, "mcts.k=5")))  # the shards were made with the config's k
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.splitlines()
-    assert error == [f"error: {shards / 'settings.json'}: the MCTS run already holds records made with other settings "
-                     f"(mcts differ). Resuming would mix the two. Move or delete {shards}, or use another run name."]
+    assert error == [
+        f"error: {shards / 'settings.json'}: the MCTS run already holds records made with other settings "
+        f"(mcts differ). Resuming would mix the two. Move or delete {shards}, or use another run name."
+    ]
 
 
 def test_augment_refuses_empty_inputs_and_empty_splits(run):
@@ -122,7 +140,9 @@ def test_augment_refuses_empty_inputs_and_empty_splits(run):
     for shard in sorted(shards.glob("part-*")):  # shards that hold no records at all
         shutil.rmtree(shard)
     with ShardWriter(shards, tag="0of1") as writer:
-        writer.add("tiny-train-00000", records=[], summaries=[MCTSSummary("tiny-train-00000", 0.0, 0, [], False, 0, 0, 4, 1)])
+        writer.add(
+            "tiny-train-00000", records=[], summaries=[MCTSSummary("tiny-train-00000", 0.0, 0, [], False, 0, 0, 4, 1)]
+        )
     with pytest.raises(SystemExit, match="the MCTS shards hold no records"):
         augment.main(args(tmp_path))
     assert outputs(config.stage_dir("augment")) == before
@@ -139,21 +159,31 @@ time.sleep(120)
 
 def hold(lock: Path) -> subprocess.Popen:
     """Another process holding ``lock`` (a user's first `make`), until killed."""
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env={**os.environ, "PYTHONPATH": str(REPO)},
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout.readline().strip() == "locked"
     return process
 
 
 def test_a_second_process_on_a_stage_stops_at_once_and_writes_nothing(run):
     tmp_path, config, _ = run
-    for stage, module, lock in (("prm", train_prm, ".lock"), ("augment", augment, ".lock"), ("mcts", mcts, ".lock-shard-0of1")):
+    for stage, module, lock in (
+        ("prm", train_prm, ".lock"),
+        ("augment", augment, ".lock"),
+        ("mcts", mcts, ".lock-shard-0of1"),
+    ):
         folder = config.stage_dir(stage)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.yaml").unlink(missing_ok=True)
         holder = hold(folder / lock)
         try:
-            with pytest.raises(LockError, match=rf"another process is writing this stage of this run: .*held by process {holder.pid}"):
+            with pytest.raises(
+                LockError, match=rf"another process is writing this stage of this run: .*held by process {holder.pid}"
+            ):
                 module.main(args(tmp_path))
             assert not (folder / "config.yaml").exists()
             if stage == "mcts":  # shard=i/n processes share the folder by design, but not with another split
@@ -190,7 +220,11 @@ def test_a_finished_stage_is_recognised_and_retrains_only_when_asked(tmp_path, c
     (out / "checkpoints" / "step-00000002").mkdir(parents=True)  # killed after the commit, before the cleanup
     with caplog.at_level(logging.INFO):
         assert finished_model(out, "gfn", False, {"lr": 2.0})["steps"] == 3
-    assert "gfn: finished" in caplog.text and "settings changed since: lr" in caplog.text and "gfn.retrain=true" in caplog.text
+    assert (
+        "gfn: finished" in caplog.text
+        and "settings changed since: lr" in caplog.text
+        and "gfn.retrain=true" in caplog.text
+    )
     assert not (out / "checkpoints").exists()
     (out / "model" / "config.json").write_text('{"x": 1}')  # damaged: set aside, never deleted, and trained again
     assert finished_model(out, "gfn", False, {"lr": 1.0}) is None
@@ -200,26 +234,50 @@ def test_a_finished_stage_is_recognised_and_retrains_only_when_asked(tmp_path, c
     checkpoint.commit(checkpoint.staging_dir(out / "checkpoints", 2), 2)
     assert finished_model(out, "gfn", True, {"lr": 1.0}) is None  # retrain: afresh, without the old checkpoints
     assert not (out / "checkpoints").exists()
-    assert finished_model(out, "gfn", False, {"lr": 1.0})["steps"] == 3  # the old model stays until a new one replaces it
+    assert (
+        finished_model(out, "gfn", False, {"lr": 1.0})["steps"] == 3
+    )  # the old model stays until a new one replaces it
 
 
 @pytest.mark.slow
 def test_a_killed_retrain_leaves_the_model_it_was_replacing(random_tiny_world, tmp_path):
     world = random_tiny_world
-    base = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=r", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "model.torch_threads=1",
-            "generation.max_new_tokens=16", "gfn.questions_per_step=2", "gfn.samples_per_question=2", "gfn.save_every=1"]
+    base = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path}",
+        "run=r",
+        f"model.policy={world / 'policy'}",
+        f"model.prm={world / 'prm'}",
+        f"data.train_path={world / 'problems_train.jsonl'}",
+        "data.disjoint_from=[]",
+        "model.torch_threads=1",
+        "generation.max_new_tokens=16",
+        "gfn.questions_per_step=2",
+        "gfn.samples_per_question=2",
+        "gfn.save_every=1",
+    ]
     train_gfn.main([*base, "gfn.num_train_steps=2"])
     release_stage_locks()  # as the process ending would: the retrain below runs in another one
     model = tmp_path / "r" / "gfn" / "model"
     before = verify_manifest(model)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = tmp_path / "retrain.log"
-    process = subprocess.Popen([sys.executable, "-m", "stages.train_gfn", *base, "gfn.num_train_steps=500", "gfn.retrain=true"],
-                               cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stages.train_gfn", *base, "gfn.num_train_steps=500", "gfn.retrain=true"],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
-        while not checkpoint.committed(model.parent / "checkpoints") and process.poll() is None and time.monotonic() < deadline:
+        while (
+            not checkpoint.committed(model.parent / "checkpoints")
+            and process.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert process.poll() is None, f"the retrain ended before it was killed: {log.read_text()[-3000:]}"
         assert checkpoint.committed(model.parent / "checkpoints"), "the retrain made no checkpoint in time"
@@ -236,7 +294,10 @@ def test_a_start_that_committed_no_record_never_blocks_a_rerun_with_other_settin
         for pid in PROBLEMS[:2]:
             handle.write(json.dumps(Problem(pid, f"question {pid}", "7", "tiny").to_json()) + "\n")
     shards = tmp_path / "runs" / "r" / "mcts" / "shards"
-    for policy in ("typo-policy", "no-policy"):  # a folder named wrongly, corrected: both hold no model, so both fail to load here
+    for policy in (
+        "typo-policy",
+        "no-policy",
+    ):  # a folder named wrongly, corrected: both hold no model, so both fail to load here
         (tmp_path / policy).mkdir(exist_ok=True)
         with pytest.raises(Exception) as failure:
             mcts.main(args(tmp_path, f"model.policy={tmp_path / policy}"))

@@ -18,9 +18,17 @@ CHI2_DF4_P001 = 18.467  # chi-square critical value, 4 degrees of freedom, p = 0
 def make_trajectory(problem_id="p0", steps=("a",), log_reward=None, version=0):
     steps = list(steps)
     step_log_scores = [-0.1] * len(steps) if log_reward is None else [log_reward / len(steps)] * len(steps)
-    return Trajectory(problem_id=problem_id, question=f"question {problem_id}", prompt=f"Q: question {problem_id}", steps=steps,
-                      step_log_scores=step_log_scores, answer_flags=[-1] * (len(steps) - 1) + [1], finished=True,
-                      log_reward=sum(step_log_scores), policy_version=version)
+    return Trajectory(
+        problem_id=problem_id,
+        question=f"question {problem_id}",
+        prompt=f"Q: question {problem_id}",
+        steps=steps,
+        step_log_scores=step_log_scores,
+        answer_flags=[-1] * (len(steps) - 1) + [1],
+        finished=True,
+        log_reward=sum(step_log_scores),
+        policy_version=version,
+    )
 
 
 def draw_counts(buffer, calls, n):
@@ -77,9 +85,13 @@ def test_duplicates_are_stored_once_and_refresh_recency():
 
 def test_eviction_drops_lowest_priority_then_oldest():
     buffer = ReplayBuffer(capacity=3)
-    buffer.add([make_trajectory(steps=["low-old"], log_reward=-5.0),
-                make_trajectory(steps=["high"], log_reward=-1.0),
-                make_trajectory(steps=["low-new"], log_reward=-5.0)])
+    buffer.add(
+        [
+            make_trajectory(steps=["low-old"], log_reward=-5.0),
+            make_trajectory(steps=["high"], log_reward=-1.0),
+            make_trajectory(steps=["low-new"], log_reward=-5.0),
+        ]
+    )
     buffer.add([make_trajectory(steps=["mid"], log_reward=-2.0)])
     assert len(buffer) == 3
     kept = {traj.steps[0] for traj in buffer.sample(200)}
@@ -112,7 +124,10 @@ def test_default_recency_window_is_a_tenth_of_capacity():
 
 def test_state_round_trips_through_json():
     buffer = ReplayBuffer(capacity=6, temperature=0.7, recency_fraction=0.5, recency_window=2, seed=5)
-    buffer.add(make_trajectory(problem_id=f"p{i % 3}", steps=[f"s{i}", "end"], log_reward=-0.3 * i, version=i) for i in range(9))
+    buffer.add(
+        make_trajectory(problem_id=f"p{i % 3}", steps=[f"s{i}", "end"], log_reward=-0.3 * i, version=i)
+        for i in range(9)
+    )
     buffer.sample(7)  # advance the generator: the resumed buffer must continue from here
     state = json.loads(json.dumps(buffer.state_dict()))
     resumed = ReplayBuffer(capacity=6, temperature=0.7, recency_fraction=0.5, recency_window=2, seed=999)

@@ -55,8 +55,12 @@ def test_the_ceiling_matches_a_float64_brute_force_with_ragged_groups(temperatur
         gains = brute_force_gains(log_weights, values, mask)
         got = result[name]
         np.testing.assert_allclose(got["per_question"], gains, rtol=1e-9, atol=1e-15)
-        assert got["per_question"][4] == pytest.approx(0.0, abs=1e-15)  # the one-sample question (index 5, after 3 is left out)
-        assert (got["gain"], got["lo"], got["hi"]) == pytest.approx(bootstrap_ci(gains, n_resamples=500, seed=3), rel=1e-9, abs=1e-15)
+        assert got["per_question"][4] == pytest.approx(
+            0.0, abs=1e-15
+        )  # the one-sample question (index 5, after 3 is left out)
+        assert (got["gain"], got["lo"], got["hi"]) == pytest.approx(
+            bootstrap_ci(gains, n_resamples=500, seed=3), rel=1e-9, abs=1e-15
+        )
         plain = [v[m].mean() for v, m in zip(values, mask) if m.any()]
         assert got["base"] == pytest.approx(float(np.mean(plain)), rel=1e-12)
         assert got["reweighted"] == pytest.approx(got["base"] + float(np.mean(gains)), rel=1e-9)
@@ -66,9 +70,13 @@ def test_the_ceiling_matches_a_float64_brute_force_with_ragged_groups(temperatur
 
 def test_equal_rewards_within_every_question_leave_nothing_to_gain():
     rewards = np.repeat(np.array([[0.2], [0.5], [0.9]]), 4, axis=1)
-    result = reweighting_ceiling(np.log(rewards) / 0.25, rewards, np.ones_like(rewards, dtype=bool), None, n_resamples=200)
+    result = reweighting_ceiling(
+        np.log(rewards) / 0.25, rewards, np.ones_like(rewards, dtype=bool), None, n_resamples=200
+    )
     assert result["accuracy"] is None
-    assert result["reward"]["gain"] == pytest.approx(0.0, abs=1e-15) and result["reward"]["hi"] == pytest.approx(0.0, abs=1e-15)
+    assert result["reward"]["gain"] == pytest.approx(0.0, abs=1e-15) and result["reward"]["hi"] == pytest.approx(
+        0.0, abs=1e-15
+    )
     line = ceiling_verdict(result, 0.25)
     assert "no measurable gain" in line and "nothing to learn" in line
 
@@ -84,14 +92,25 @@ def test_bad_shapes_and_empty_input_are_refused():
 
 def trajectory(problem_id, log_scores, last_flag):
     flags = [NO_ANSWER] * (len(log_scores) - 1) + [last_flag]
-    return Trajectory(problem_id=problem_id, question="q", prompt="q", steps=[f"s{i}" for i in range(len(log_scores))],
-                      step_log_scores=log_scores, answer_flags=flags, finished=True, log_reward=sum(log_scores))
+    return Trajectory(
+        problem_id=problem_id,
+        question="q",
+        prompt="q",
+        steps=[f"s{i}" for i in range(len(log_scores))],
+        step_log_scores=log_scores,
+        answer_flags=flags,
+        finished=True,
+        log_reward=sum(log_scores),
+    )
 
 
 def test_the_weights_are_the_gflownets_shaped_reward_tempered_without_its_prior():
     shaping = StateLogRewards(reward_temperature=0.25, unfinished_log_reward=-10.0, reference_prior_coef=1.0)
-    samples = [trajectory("a", [-1.0, -0.5], CORRECT_ANSWER), trajectory("a", [-2.0], NO_ANSWER),
-               trajectory("b", [-0.1, -0.1, -0.3], WRONG_ANSWER)]
+    samples = [
+        trajectory("a", [-1.0, -0.5], CORRECT_ANSWER),
+        trajectory("a", [-2.0], NO_ANSWER),
+        trajectory("b", [-0.1, -0.1, -0.3], WRONG_ANSWER),
+    ]
     log_weights, rewards, mask, correct = ceiling_arrays(samples, shaping, answers_known=True)
     assert mask.tolist() == [[True, True], [True, False]]
     np.testing.assert_allclose(log_weights[mask], [-1.5 / 0.25, (-2.0 - 10.0) / 0.25, -0.5 / 0.25])
@@ -104,10 +123,24 @@ def test_the_gflownet_stage_logs_and_writes_the_ceiling_before_training(random_t
     from stages import train_gfn
 
     world = random_tiny_world
-    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=c", f"model.policy={world / 'policy'}",
-            f"model.prm={world / 'prm'}", f"data.train_path={world / 'problems_train.jsonl'}", "data.disjoint_from=[]", "generation.max_new_tokens=16",
-            "generation.batch_size=32", "gfn.num_train_steps=1", "gfn.questions_per_step=2", "gfn.samples_per_question=2",
-            "gfn.ceiling_questions=6", "gfn.save_every=0", "gfn.warmup_steps=0"]
+    args = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path}",
+        "run=c",
+        f"model.policy={world / 'policy'}",
+        f"model.prm={world / 'prm'}",
+        f"data.train_path={world / 'problems_train.jsonl'}",
+        "data.disjoint_from=[]",
+        "generation.max_new_tokens=16",
+        "generation.batch_size=32",
+        "gfn.num_train_steps=1",
+        "gfn.questions_per_step=2",
+        "gfn.samples_per_question=2",
+        "gfn.ceiling_questions=6",
+        "gfn.save_every=0",
+        "gfn.warmup_steps=0",
+    ]
     with caplog.at_level(logging.INFO, logger="stepflow"):
         train_gfn.main(args)
     written = json.loads((tmp_path / "c" / "gfn" / "ceiling.json").read_text())

@@ -54,7 +54,9 @@ class TemperatureGenerator:
             problem = next(p for p in self.problems if p.question in prompt)
             gold = list(problem.meta["solutions"][0])
             wrong = slipped(gold, 0)[:-1] + [f"The answer is {int(problem.answer) + 1}"]
-            out.append([Completion("\n".join(wrong if j < round(n * temperature / 2) else gold) + "\n") for j in range(n)])
+            out.append(
+                [Completion("\n".join(wrong if j < round(n * temperature / 2) else gold) + "\n") for j in range(n)]
+            )
         return out
 
 
@@ -74,7 +76,11 @@ def test_the_sweep_reports_slips_accuracy_and_the_searched_share_at_each_tempera
     assert cold["root_mc_between"] == 0 and cold["arithmetic_share_of_first_wrong"] is None
     # T = 1: 2 of 4 samples per problem slip at their first step: 2 first wrong steps over 2 + 2 * steps reached
     assert warm["first_wrong_per_step"] == round(2 * len(PROBLEMS) / (2 * len(PROBLEMS) + 2 * steps), 4)
-    assert warm["wrong_solutions"] == 0.5 and warm["sampled_accuracy"] == 0.5 and warm["arithmetic_share_of_first_wrong"] == 1
+    assert (
+        warm["wrong_solutions"] == 0.5
+        and warm["sampled_accuracy"] == 0.5
+        and warm["arithmetic_share_of_first_wrong"] == 1
+    )
     assert warm["root_mc_between"] == 1 and warm["root_mc_one"] == 0
     assert hot["wrong_solutions"] == 1 and hot["first_wrong_per_step"] == 1 and hot["root_mc_between"] == 0
     assert hot["sampled_accuracy"] == 0 and hot["root_mc_zero"] == 1
@@ -87,10 +93,20 @@ def test_the_stage_writes_and_prints_the_table_for_a_policy(random_tiny_world, t
 
     val = tmp_path / "val.jsonl"
     write_problems_jsonl(PROBLEMS[:2], val)
-    result = rollout_temperature.main([
-        "--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t", f"model.policy={random_tiny_world / 'policy'}",
-        f"data.validation_path={val}", "rollout_temperature.temperatures=[0.6, 1.2]", "rollout_temperature.k=2",
-        "generation.max_new_tokens=12", "model.torch_threads=1"])
+    result = rollout_temperature.main(
+        [
+            "--config",
+            "configs/tiny.yaml",
+            f"runs_root={tmp_path / 'runs'}",
+            "run=t",
+            f"model.policy={random_tiny_world / 'policy'}",
+            f"data.validation_path={val}",
+            "rollout_temperature.temperatures=[0.6, 1.2]",
+            "rollout_temperature.k=2",
+            "generation.max_new_tokens=12",
+            "model.torch_threads=1",
+        ]
+    )
     written = json.loads((tmp_path / "runs" / "t" / "rollout_temperature" / "results.json").read_text())
     assert written == json.loads(json.dumps(result))
     assert [row["temperature"] for row in written["rows"]] == [0.6, 1.2]
@@ -105,7 +121,10 @@ def test_the_stage_refuses_problems_without_an_exact_labeller(tmp_path):
 
     val = tmp_path / "val.jsonl"
     val.write_text(json.dumps({"problem_id": "g1", "question": "1 + 1?", "answer": "2", "source": "gsm8k"}) + "\n")
-    with pytest.raises(SystemExit, match=r"kind\(s\) \['gsm8k'\]; the slip rate needs one kind with an exact first-wrong-step labeller"):
-        rollout_temperature.main(["--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t",
-                                  f"data.validation_path={val}"])
+    with pytest.raises(
+        SystemExit, match=r"kind\(s\) \['gsm8k'\]; the slip rate needs one kind with an exact first-wrong-step labeller"
+    ):
+        rollout_temperature.main(
+            ["--config", "configs/tiny.yaml", f"runs_root={tmp_path / 'runs'}", "run=t", f"data.validation_path={val}"]
+        )
     assert not (tmp_path / "runs").exists()

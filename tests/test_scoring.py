@@ -18,8 +18,16 @@ VOCAB, PAD, EOS = 30, 0, 2
 
 def make_model(arch: str, seed: int):
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                  eos_token_id=EOS, pad_token_id=PAD, initializer_range=0.2)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        initializer_range=0.2,
+    )
     if arch == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=1, **common)).eval()
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
@@ -74,9 +82,18 @@ def test_matches_brute_force_float64(arch, seed):
         n = seg.num_steps
         assert result.num_steps[b].item() == n
         assert result.mask[b].tolist() == [k < n for k in range(T)]
-        torch.testing.assert_close(result.step_logprobs[b, :n].double(), torch.tensor(steps, dtype=torch.float64), atol=2e-5, rtol=0)
-        torch.testing.assert_close(result.termination_logprobs[b, : n + 1].double(), torch.tensor(terminations, dtype=torch.float64), atol=2e-5, rtol=0)
-        torch.testing.assert_close(result.step_entropy[b, :n].double(), torch.tensor(entropies, dtype=torch.float64), atol=2e-5, rtol=0)
+        torch.testing.assert_close(
+            result.step_logprobs[b, :n].double(), torch.tensor(steps, dtype=torch.float64), atol=2e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            result.termination_logprobs[b, : n + 1].double(),
+            torch.tensor(terminations, dtype=torch.float64),
+            atol=2e-5,
+            rtol=0,
+        )
+        torch.testing.assert_close(
+            result.step_entropy[b, :n].double(), torch.tensor(entropies, dtype=torch.float64), atol=2e-5, rtol=0
+        )
         torch.testing.assert_close(result.boundary_hidden[b, : n + 1].double(), torch.stack(hidden), atol=1e-4, rtol=0)
         # padding holds zeros
         assert not result.step_logprobs[b, n:].any() and not result.termination_logprobs[b, n + 1 :].any()
@@ -100,7 +117,9 @@ def test_chunked_equals_one_pass():
     model = make_model("llama", 4)
     batch = random_trajectories(random.Random(4), 9)
     whole = trajectory_logprobs(model, batch, PAD, return_entropy=True, return_boundary_hidden=True)
-    chunked = trajectory_logprobs_chunked(model, batch, PAD, micro_batch_size=4, return_entropy=True, return_boundary_hidden=True)
+    chunked = trajectory_logprobs_chunked(
+        model, batch, PAD, micro_batch_size=4, return_entropy=True, return_boundary_hidden=True
+    )
     for name in ("step_logprobs", "termination_logprobs", "step_entropy", "boundary_hidden"):
         torch.testing.assert_close(getattr(chunked, name), getattr(whole, name), atol=1e-5, rtol=0)
     assert torch.equal(chunked.mask, whole.mask) and torch.equal(chunked.num_steps, whole.num_steps)
@@ -125,15 +144,28 @@ def test_segments_from_encode_trajectory():
     result = trajectory_logprobs(model, batch, tokenizer.pad_token_id)
     for b, seg in enumerate(batch):
         steps, terminations, _, _ = brute_force(model64, seg)
-        torch.testing.assert_close(result.step_logprobs[b, : seg.num_steps].double(), torch.tensor(steps, dtype=torch.float64), atol=2e-5, rtol=0)
-        torch.testing.assert_close(result.termination_logprobs[b, : seg.num_steps + 1].double(), torch.tensor(terminations, dtype=torch.float64), atol=2e-5, rtol=0)
+        torch.testing.assert_close(
+            result.step_logprobs[b, : seg.num_steps].double(),
+            torch.tensor(steps, dtype=torch.float64),
+            atol=2e-5,
+            rtol=0,
+        )
+        torch.testing.assert_close(
+            result.termination_logprobs[b, : seg.num_steps + 1].double(),
+            torch.tensor(terminations, dtype=torch.float64),
+            atol=2e-5,
+            rtol=0,
+        )
 
 
 def test_peft_wrapped_policy_scores_like_its_merged_weights_and_trains_its_adapter():
     from peft import LoraConfig, get_peft_model
 
     batch = random_trajectories(random.Random(6), 4)
-    peft_model = get_peft_model(make_model("llama", 6), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model = get_peft_model(
+        make_model("llama", 6),
+        LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     result = trajectory_logprobs(peft_model, batch, PAD, with_grad=True)
     result.step_logprobs.sum().backward()
     lora_grads = [p.grad for name, p in peft_model.named_parameters() if "lora_" in name]

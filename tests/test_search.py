@@ -55,15 +55,43 @@ TREE_NO_ANSWER_AFTER_A1 = {(): [("a1\n", STOP)], ("a1",): [("", EOS), ("z1", EOS
 TREE_NO_ANSWER_AT_ALL = {(): [("z1", EOS), ("z2", EOS)]}
 TREE_WHOLE = {(): [("y1\ny2", EOS), ("x2\nThe answer is 4", EOS)]}  # answerless (0.99) vs answered
 SCORES = {
-    "a1": 0.9, "a2": 0.5, "a3": 0.7, "a4": 0.1,
-    "b1": 0.6, "The answer is 5": 0.4, "d1": 0.95, "d2": 0.3,
-    "The answer is 9": 0.8, "e2": 0.25, "The answer is 6": 0.85, "f2": 0.2,
-    "x1": 0.9, "x2": 0.8, "x3": 0.6, "x4": 0.5, "The answer is 3": 0.2, "The answer is 4": 0.95,
-    "y1": 0.99, "y2": 0.99,
-    "The answer is 2": 0.8, "c1": 0.9, "c2": 0.6, "The answer is 7": 0.7, "The answer is 8": 0.9, "z1": 0.3,
+    "a1": 0.9,
+    "a2": 0.5,
+    "a3": 0.7,
+    "a4": 0.1,
+    "b1": 0.6,
+    "The answer is 5": 0.4,
+    "d1": 0.95,
+    "d2": 0.3,
+    "The answer is 9": 0.8,
+    "e2": 0.25,
+    "The answer is 6": 0.85,
+    "f2": 0.2,
+    "x1": 0.9,
+    "x2": 0.8,
+    "x3": 0.6,
+    "x4": 0.5,
+    "The answer is 3": 0.2,
+    "The answer is 4": 0.95,
+    "y1": 0.99,
+    "y2": 0.99,
+    "The answer is 2": 0.8,
+    "c1": 0.9,
+    "c2": 0.6,
+    "The answer is 7": 0.7,
+    "The answer is 8": 0.9,
+    "z1": 0.3,
 }
-TREES = {"Q1": TREE_Q1, "Q2": TREE_Q2, "QSTOP": TREE_STOP, "QANSWERED": TREE_ANSWERED, "QLONG": TREE_LONG,
-         "QNOANSWER1": TREE_NO_ANSWER_AFTER_A1, "QNOANSWER0": TREE_NO_ANSWER_AT_ALL, "QWHOLE": TREE_WHOLE}
+TREES = {
+    "Q1": TREE_Q1,
+    "Q2": TREE_Q2,
+    "QSTOP": TREE_STOP,
+    "QANSWERED": TREE_ANSWERED,
+    "QLONG": TREE_LONG,
+    "QNOANSWER1": TREE_NO_ANSWER_AFTER_A1,
+    "QNOANSWER0": TREE_NO_ANSWER_AT_ALL,
+    "QWHOLE": TREE_WHOLE,
+}
 PROMPTS = {q: f"Question: {q}\nAnswer:\n" for q in TREES}
 
 
@@ -80,7 +108,7 @@ class FakePolicy:
         out = []
         for prompt in prompts:
             question = next(q for q, base in PROMPTS.items() if prompt.startswith(base))
-            prefix = tuple(split_steps(prompt[len(PROMPTS[question]):]))
+            prefix = tuple(split_steps(prompt[len(PROMPTS[question]) :]))
             table = TREES[question].get(prefix, [("\n", STOP)])  # unknown prefix: an empty line
             completions = []
             for i in range(n):
@@ -102,7 +130,9 @@ class FakePRM:
 
 def run(questions, strategy, k, **settings):
     settings = {"kind": "tiny", "max_depth": 6, "beam_width": 2, "aggregation": "min", **settings}
-    return search_many(questions, FakePolicy(), FakePRM(), strategy, k, prompts=[PROMPTS[q] for q in questions], **settings)
+    return search_many(
+        questions, FakePolicy(), FakePRM(), strategy, k, prompts=[PROMPTS[q] for q in questions], **settings
+    )
 
 
 def test_aggregate():
@@ -206,8 +236,9 @@ def test_beam_aggregations_that_do_not_reward_brevity():
         assert result.finished and result.answer == answer, aggregation
     # the default (SearchSettings and SearchConfig) is last
     assert SearchSettings().aggregation == SearchConfig().aggregation == "last"
-    (result,) = search_many(["QLONG"], FakePolicy(), FakePRM(), "beam", 2, prompts=[PROMPTS["QLONG"]],
-                            kind="tiny", beam_width=2)
+    (result,) = search_many(
+        ["QLONG"], FakePolicy(), FakePRM(), "beam", 2, prompts=[PROMPTS["QLONG"]], kind="tiny", beam_width=2
+    )
     assert result.steps == ["c1", "c2", "The answer is 8"]
 
 
@@ -242,8 +273,18 @@ def test_batched_equals_one_problem_at_a_time(strategy):
 
 def test_one_generate_and_one_score_call_per_depth():
     policy, prm = FakePolicy(), FakePRM()
-    results = search_many(["Q1", "Q2"], policy, prm, "beam", 4, prompts=[PROMPTS["Q1"], PROMPTS["Q2"]],
-                          kind="tiny", beam_width=2, max_depth=6, aggregation="min")
+    results = search_many(
+        ["Q1", "Q2"],
+        policy,
+        prm,
+        "beam",
+        4,
+        prompts=[PROMPTS["Q1"], PROMPTS["Q2"]],
+        kind="tiny",
+        beam_width=2,
+        max_depth=6,
+        aggregation="min",
+    )
     # depth 1: both roots; depth 2: two partials each (Q2's lead nowhere); depth 3: Q1's two
     assert policy.calls == [(2, 4), (4, 2), (2, 2)]
     assert len(prm.calls) == 3
@@ -266,9 +307,20 @@ def test_single_search_and_default_prompts():
 def test_bench_batched_search_reports_both_timings():
     from benchmarks.search_batched import bench_batched_search
 
-    result = bench_batched_search(["Q1", "Q2"], FakePolicy(), FakePRM(), "beam", 4,
-                                  prompts=[PROMPTS["Q1"], PROMPTS["Q2"]], kind="tiny", beam_width=2)
-    assert set(result) >= {"ours_s", "reference_s", "ratio"} and result["ratio"] == result["reference_s"] / result["ours_s"]
+    result = bench_batched_search(
+        ["Q1", "Q2"],
+        FakePolicy(),
+        FakePRM(),
+        "beam",
+        4,
+        prompts=[PROMPTS["Q1"], PROMPTS["Q2"]],
+        kind="tiny",
+        beam_width=2,
+    )
+    assert (
+        set(result) >= {"ours_s", "reference_s", "ratio"}
+        and result["ratio"] == result["reference_s"] / result["ours_s"]
+    )
     assert result["tokens_generated"] > 0
     assert join_steps(["a"]) == "a\n"  # the step format the fake policy assumes
 
@@ -297,11 +349,20 @@ def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch, capsys):
     (tmp_path / "prm").mkdir()
     monkeypatch.setattr(stage, "build_generator", lambda config: FakePolicy())
     monkeypatch.setattr(stage, "load_scorer", lambda path, config: FakePRM())
-    summary = stage.main([
-        "--config", "configs/tiny.yaml", f"runs_root={tmp_path}", "run=t", f"model.prm={tmp_path}/prm",
-        "search.benchmark=problems", f"search.benchmark_path={path}", "search.ks=[1,4]",
-        "search.beam_width=2", "search.strategies=[step_best_of_k,beam,best_of_n,weighted_vote]",
-    ])
+    summary = stage.main(
+        [
+            "--config",
+            "configs/tiny.yaml",
+            f"runs_root={tmp_path}",
+            "run=t",
+            f"model.prm={tmp_path}/prm",
+            "search.benchmark=problems",
+            f"search.benchmark_path={path}",
+            "search.ks=[1,4]",
+            "search.beam_width=2",
+            "search.strategies=[step_best_of_k,beam,best_of_n,weighted_vote]",
+        ]
+    )
     out = tmp_path / "t" / "search"
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["strategy"], r["k"]) for r in rows][:2] == [("majority", 1), ("majority", 4)]
@@ -324,14 +385,28 @@ def test_real_backends_batched_equals_single_at_temperature_zero():
 
     tokenizer = make_tokenizer()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        attn_implementation="eager",
+    )
     policy = HFGenerator(LlamaForCausalLM(config).eval(), tokenizer)
     prm = PRMScorer(make_prm(tokenizer), tokenizer, FORMAT, "tiny")
     questions = ["What is 1 + 2 ?", "What is 3 + 4 ?"]
-    settings = {"kind": "tiny", "format_config": FORMAT, "max_depth": 2, "max_step_tokens": 6,
-                "max_new_tokens": 12, "beam_width": 2, "temperature": 0.0}
+    settings = {
+        "kind": "tiny",
+        "format_config": FORMAT,
+        "max_depth": 2,
+        "max_step_tokens": 6,
+        "max_new_tokens": 12,
+        "beam_width": 2,
+        "temperature": 0.0,
+    }
     for strategy in ("beam", "weighted_vote"):
         batched = search_many(questions, policy, prm, strategy, 2, **settings)
         single = [search_many([q], policy, prm, strategy, 2, **settings)[0] for q in questions]

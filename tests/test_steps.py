@@ -40,7 +40,11 @@ def crossing_bpe():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.sampled_from(["1 + 2 = 3", "2 + 2 = 4", "The answer is 3", "The answer is 4", "ab"]), min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.sampled_from(["1 + 2 = 3", "2 + 2 = 4", "The answer is 3", "The answer is 4", "ab"]), min_size=1, max_size=5
+    )
+)
 def test_spans_index_each_step_exactly(crossing_bpe, steps):
     seg = encode_trajectory(crossing_bpe, "Q: 1+2\nA:\n", steps, "\n")
     assert seg.num_steps == len(steps)

@@ -70,7 +70,9 @@ STORIES = {"gains_losses": GAINS, "shared_containers": CONTAINERS, "mixed": EXAM
 
 def test_generator_is_deterministic_in_the_seed(splits):
     again = generate_splits(SMALL)
-    assert {k: [p.to_json() for p in v] for k, v in again.items()} == {k: [p.to_json() for p in v] for k, v in splits.items()}
+    assert {k: [p.to_json() for p in v] for k, v in again.items()} == {
+        k: [p.to_json() for p in v] for k, v in splits.items()
+    }
     other = generate_splits(TinyWorldConfig(seed=4, n_train=400, n_val=50, n_test=50, n_rl=60))
     assert [p.question for p in other["test"]] != [p.question for p in splits["test"]]
 
@@ -145,7 +147,11 @@ def test_the_gold_strategy_is_drawn_per_problem(splits):
 def test_the_gold_strategies_can_be_restricted_by_name():
     only = generate_splits(dataclasses.replace(SMALL, n_train=60, strategies=["running_total"]))
     assert {p.meta["strategies"][0] for p in only["train"]} == {"running_total"}
-    assert {s for p in only["train"] for s in p.meta["strategies"]} == {"running_total", "gains_losses", "containers_first"}
+    assert {s for p in only["train"] for s in p.meta["strategies"]} == {
+        "running_total",
+        "gains_losses",
+        "containers_first",
+    }
     mixed = generate_splits(dataclasses.replace(SMALL, n_train=60, families=["mixed"]))
     assert {p.meta["family"] for split in mixed.values() for p in split} == {"mixed"}
     assert all(set(p.meta["strategies"]) == {"running_total"} for p in mixed["train"])
@@ -166,23 +172,42 @@ def test_the_two_orders_of_the_example():
     )
     assert problem.answer == "15"
     assert valid_step_orders(problem) == [
-        ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"],
+        [
+            "Ann buys 3 * 4 = 12 apples.",
+            "Ann has 5 + 12 = 17 apples.",
+            "Ann has 17 - 2 = 15 apples.",
+            "The answer is 15",
+        ],
         ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"],
     ]
     assert num_strategies(problem) == 2
-    assert problem.meta["strategies"] == ["running_total", "running_total"] and strategy_names(problem) == ["running_total"]
+    assert problem.meta["strategies"] == ["running_total", "running_total"] and strategy_names(problem) == [
+        "running_total"
+    ]
     # the strategy of a solution is read from its calculations, wording aside
     assert solution_strategy(problem, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == 1
-    assert solution_strategy(problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples."]) == 0
-    assert solution_strategy(problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"]) is None
+    assert (
+        solution_strategy(
+            problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples."]
+        )
+        == 0
+    )
+    assert (
+        solution_strategy(problem, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"])
+        is None
+    )
     # its name: meta["strategies"] at that index, the index itself for a problem without names
     unnamed = dataclasses.replace(problem, meta={"solutions": problem.meta["solutions"]})
     assert strategy_of(unnamed, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == "1"
     assert strategy_names(unnamed) == ["0", "1"]
     named = dataclasses.replace(problem, meta={**problem.meta, "strategies": ["narrative", "reversed"]})
     assert strategy_of(named, ["5 - 2 = 3", "3 * 4 = 12", "So 3 + 12 = 15", "The answer is 15"]) == "reversed"
-    assert strategy_of(named, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"]) is None
-    assert arithmetic_errors(["Ann has 5 + 12 = 18 apples.", "Ann buys 3 * 4 = 12 apples."]) == ["Ann has 5 + 12 = 18 apples."]
+    assert (
+        strategy_of(named, ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 18 apples.", "The answer is 16"]) is None
+    )
+    assert arithmetic_errors(["Ann has 5 + 12 = 18 apples.", "Ann buys 3 * 4 = 12 apples."]) == [
+        "Ann has 5 + 12 = 18 apples."
+    ]
 
 
 def test_orders_that_leave_the_range_are_not_valid():
@@ -193,16 +218,37 @@ def test_orders_that_leave_the_range_are_not_valid():
 
 
 TEMPLATES = {
-    ("gains_losses", "running_total"): ["Ann has 5 + 3 = 8 apples.", "Ann has 8 + 7 = 15 apples.", "Ann has 15 - 2 = 13 apples.",
-                                        "The answer is 13"],
-    ("gains_losses", "gains_losses"): ["Ann gets 3 + 7 = 10 apples.", "Ann has 5 + 10 = 15 apples.", "Ann has 15 - 2 = 13 apples.",
-                                       "The answer is 13"],
-    ("shared_containers", "running_total"): ["Eva gets 9 * 2 = 18 books.", "Eva has 5 + 18 = 23 books.", "Eva gets 6 * 2 = 12 books.",
-                                             "Eva has 23 + 12 = 35 books.", "The answer is 35"],
-    ("shared_containers", "containers_first"): ["Eva gets 9 + 6 = 15 bags.", "Eva gets 15 * 2 = 30 books.",
-                                                "Eva has 5 + 30 = 35 books.", "The answer is 35"],
-    ("mixed", "running_total"): ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.",
-                                 "The answer is 15"],
+    ("gains_losses", "running_total"): [
+        "Ann has 5 + 3 = 8 apples.",
+        "Ann has 8 + 7 = 15 apples.",
+        "Ann has 15 - 2 = 13 apples.",
+        "The answer is 13",
+    ],
+    ("gains_losses", "gains_losses"): [
+        "Ann gets 3 + 7 = 10 apples.",
+        "Ann has 5 + 10 = 15 apples.",
+        "Ann has 15 - 2 = 13 apples.",
+        "The answer is 13",
+    ],
+    ("shared_containers", "running_total"): [
+        "Eva gets 9 * 2 = 18 books.",
+        "Eva has 5 + 18 = 23 books.",
+        "Eva gets 6 * 2 = 12 books.",
+        "Eva has 23 + 12 = 35 books.",
+        "The answer is 35",
+    ],
+    ("shared_containers", "containers_first"): [
+        "Eva gets 9 + 6 = 15 bags.",
+        "Eva gets 15 * 2 = 30 books.",
+        "Eva has 5 + 30 = 35 books.",
+        "The answer is 35",
+    ],
+    ("mixed", "running_total"): [
+        "Ann buys 3 * 4 = 12 apples.",
+        "Ann has 5 + 12 = 17 apples.",
+        "Ann has 17 - 2 = 15 apples.",
+        "The answer is 15",
+    ],
 }
 
 
@@ -229,7 +275,7 @@ def test_a_slip_in_each_template_is_located_exactly(family, strategy):
     for index, step in enumerate(template[:-1]):
         ((a, op, b, c),) = step_equations([step])
         for wrong in (step.replace(f"= {c}", f"= {c + 1}"), step.replace(f"{a} {op} {b}", f"{a} {op} {b + 1}")):
-            slipped = template[:index] + [wrong] + template[index + 1:]
+            slipped = template[:index] + [wrong] + template[index + 1 :]
             assert first_wrong_step(problem, slipped) == index, slipped
             assert strategy_of(problem, slipped) is None
     assert first_wrong_step(problem, template[:-1] + ["The answer is 99"]) == len(template) - 1
@@ -238,18 +284,60 @@ def test_a_slip_in_each_template_is_located_exactly(family, strategy):
 def test_other_correct_ways_of_writing_a_strategy_are_right():
     gains = make_problem(GAINS, "tiny-example-00004", max_result=50, family="gains_losses", gold="gains_losses")
     for steps in (
-        ["Ann gets 7 + 3 = 10 apples.", "Ann has 10 + 5 = 15 apples.", "Ann has 15 - 2 = 13 apples.", "The answer is 13"],  # operands swapped
-        ["Ann gets 3 + 7 = 10 apples.", "Ann has 5 - 2 = 3 apples.", "Ann has 3 + 10 = 13 apples.", "The answer is 13"],  # losses applied first
-        ["Ann has 5 - 2 = 3 apples.", "Ann gets 3 + 7 = 10 apples.", "Ann has 3 + 10 = 13 apples.", "The answer is 13"],  # summed after
+        [
+            "Ann gets 7 + 3 = 10 apples.",
+            "Ann has 10 + 5 = 15 apples.",
+            "Ann has 15 - 2 = 13 apples.",
+            "The answer is 13",
+        ],  # operands swapped
+        [
+            "Ann gets 3 + 7 = 10 apples.",
+            "Ann has 5 - 2 = 3 apples.",
+            "Ann has 3 + 10 = 13 apples.",
+            "The answer is 13",
+        ],  # losses applied first
+        [
+            "Ann has 5 - 2 = 3 apples.",
+            "Ann gets 3 + 7 = 10 apples.",
+            "Ann has 3 + 10 = 13 apples.",
+            "The answer is 13",
+        ],  # summed after
     ):
         assert first_wrong_step(gains, steps) == -1 and strategy_of(gains, steps) == "gains_losses", steps
-    assert strategy_of(gains, ["Ann has 5 + 7 = 12 apples.", "Ann has 12 - 2 = 10 apples.", "Ann has 10 + 3 = 13 apples.",
-                               "The answer is 13"]) == "running_total"  # another event order
-    boxes = make_problem(CONTAINERS, "tiny-example-00005", max_result=50, family="shared_containers", gold="running_total")
-    assert strategy_of(boxes, ["Eva gets 6 + 9 = 15 bags.", "Eva gets 2 * 15 = 30 books.", "Eva has 5 + 30 = 35 books.",
-                               "The answer is 35"]) == "containers_first"
+    assert (
+        strategy_of(
+            gains,
+            [
+                "Ann has 5 + 7 = 12 apples.",
+                "Ann has 12 - 2 = 10 apples.",
+                "Ann has 10 + 3 = 13 apples.",
+                "The answer is 13",
+            ],
+        )
+        == "running_total"
+    )  # another event order
+    boxes = make_problem(
+        CONTAINERS, "tiny-example-00005", max_result=50, family="shared_containers", gold="running_total"
+    )
+    assert (
+        strategy_of(
+            boxes,
+            [
+                "Eva gets 6 + 9 = 15 bags.",
+                "Eva gets 2 * 15 = 30 books.",
+                "Eva has 5 + 30 = 35 books.",
+                "The answer is 35",
+            ],
+        )
+        == "containers_first"
+    )
     # a strategy the world does not define (the products first, then their sum) is wrong where it leaves them
-    assert first_wrong_step(boxes, ["Eva gets 9 * 2 = 18 books.", "Eva gets 6 * 2 = 12 books.", "Eva has 18 + 12 = 30 books."]) == 1
+    assert (
+        first_wrong_step(
+            boxes, ["Eva gets 9 * 2 = 18 books.", "Eva gets 6 * 2 = 12 books.", "Eva has 18 + 12 = 30 books."]
+        )
+        == 1
+    )
 
 
 def test_a_strategy_that_does_not_solve_the_family_is_refused():
@@ -260,14 +348,20 @@ def test_a_strategy_that_does_not_solve_the_family_is_refused():
 def test_unknown_family_or_strategy_names_are_refused_naming_the_key(tmp_path):
     from pipeline.config_loader import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"command line: tinyworld\.families\[1\] must be one of .*shared_containers.*got 'nope'"):
+    with pytest.raises(
+        ConfigError, match=r"command line: tinyworld\.families\[1\] must be one of .*shared_containers.*got 'nope'"
+    ):
         load_config(None, ["tinyworld.families=[gains_losses, nope]"])
     path = tmp_path / "c.yaml"
     path.write_text("tinyworld:\n  strategies: [running_total, sideways]\n")
-    with pytest.raises(ConfigError, match=rf"{path}: tinyworld\.strategies\[1\] must be one of .*containers_first.*got 'sideways'"):
+    with pytest.raises(
+        ConfigError, match=rf"{path}: tinyworld\.strategies\[1\] must be one of .*containers_first.*got 'sideways'"
+    ):
         load_config(path)
     # names the loader accepts but that leave a family without a gold strategy, or no family at all
-    with pytest.raises(ValueError, match=r"tinyworld\.strategies: family 'shared_containers' has none of its strategies"):
+    with pytest.raises(
+        ValueError, match=r"tinyworld\.strategies: family 'shared_containers' has none of its strategies"
+    ):
         generate_splits(dataclasses.replace(SMALL, strategies=["gains_losses"]))
     with pytest.raises(ValueError, match=r"tinyworld\.families: empty"):
         generate_splits(dataclasses.replace(SMALL, families=[]))
@@ -285,16 +379,29 @@ def test_the_bootstrap_strategy_metrics_read_the_strategy_names_of_correct_sampl
     wrong = ["Ann has 5 + 3 = 9 apples.", "The answer is 14"]
 
     def sample(problem, index, steps, correct=True):
-        return Sample(problem_id=problem.problem_id, model="m", sample_idx=index, steps=steps, final_answer=None, correct=correct)
+        return Sample(
+            problem_id=problem.problem_id, model="m", sample_idx=index, steps=steps, final_answer=None, correct=correct
+        )
 
-    records = [sample(gains, -1, gl), sample(gains, 0, rt), sample(gains, 1, gl), sample(gains, 2, gl), sample(gains, 3, wrong, False),
-               sample(mixed, -1, wrong, False), *(sample(mixed, i, valid_step_orders(mixed)[i % 2]) for i in range(4))]
+    records = [
+        sample(gains, -1, gl),
+        sample(gains, 0, rt),
+        sample(gains, 1, gl),
+        sample(gains, 2, gl),
+        sample(gains, 3, wrong, False),
+        sample(mixed, -1, wrong, False),
+        *(sample(mixed, i, valid_step_orders(mixed)[i % 2]) for i in range(4)),
+    ]
     metrics = strategy_metrics([gains, mixed], records)
-    assert metrics["strategy_entropy_multi"] == pytest.approx(0.9183, abs=1e-4)  # running_total once, gains_losses twice
+    assert metrics["strategy_entropy_multi"] == pytest.approx(
+        0.9183, abs=1e-4
+    )  # running_total once, gains_losses twice
     assert metrics["strategy_entropy_problems"] == 1
     assert metrics["family_strategy_entropy"] == {"gains_losses": pytest.approx(0.9183, abs=1e-4)}
-    assert metrics["family_accuracy"] == {"gains_losses": {"problems": 1, "greedy": 1.0, "sampled": 0.75},
-                                          "mixed": {"problems": 1, "greedy": 0.0, "sampled": 1.0}}
+    assert metrics["family_accuracy"] == {
+        "gains_losses": {"problems": 1, "greedy": 1.0, "sampled": 0.75},
+        "mixed": {"problems": 1, "greedy": 0.0, "sampled": 1.0},
+    }
     assert metrics["greedy_strategy_counts"] == {"gains_losses": 1}
 
 
@@ -330,7 +437,9 @@ def test_numbers_are_read_digit_by_digit(tokenizer):
 
 
 def test_special_tokens_and_segment_by_segment_ids(splits, tokenizer):
-    assert tokenizer.convert_ids_to_tokens([tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]) == ["<pad>", "<s>", "</s>"]
+    assert tokenizer.convert_ids_to_tokens(
+        [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]
+    ) == ["<pad>", "<s>", "</s>"]
     problem = splits["test"][0]
     prompt = prompt_from_config(problem.question, problem.kind, tokenizer, FormatConfig())
     steps = valid_step_orders(problem)[0]
@@ -339,7 +448,7 @@ def test_special_tokens_and_segment_by_segment_ids(splits, tokenizer):
     assert segmented.input_ids[-1] == tokenizer.eos_token_id
     # the whole text tokenizes exactly as the segments do: step boundaries are the same
     assert tokenizer(prompt + join_steps(steps))["input_ids"] + [tokenizer.eos_token_id] == segmented.input_ids
-    assert tokenizer.decode(segmented.input_ids[segmented.prompt_len:], skip_special_tokens=True) == join_steps(steps)
+    assert tokenizer.decode(segmented.input_ids[segmented.prompt_len :], skip_special_tokens=True) == join_steps(steps)
 
 
 def test_tokenizer_reloads_with_the_same_ids(splits, tokenizer, tmp_path):
@@ -351,12 +460,17 @@ def test_tokenizer_reloads_with_the_same_ids(splits, tokenizer, tmp_path):
 
     tokenizer.save_pretrained(tmp_path)
     model_config(BootstrapConfig(), tokenizer).save_pretrained(tmp_path)  # as beside the model
-    texts = [prompt_from_config(p.question, p.kind, None, FormatConfig()) + join_steps(valid_step_orders(p)[0]) for p in splits["val"]]
+    texts = [
+        prompt_from_config(p.question, p.kind, None, FormatConfig()) + join_steps(valid_step_orders(p)[0])
+        for p in splits["val"]
+    ]
     expected = [tokenizer(t)["input_ids"] for t in texts]
     for reloaded in (AutoTokenizer.from_pretrained(tmp_path), load_tokenizer(str(tmp_path))):
         assert [reloaded(t)["input_ids"] for t in texts] == expected
         assert (reloaded.pad_token_id, reloaded.bos_token_id, reloaded.eos_token_id) == (
-            tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            tokenizer.bos_token_id,
+            tokenizer.eos_token_id,
         )
         assert [reloaded.decode(ids, skip_special_tokens=True) for ids in expected] == texts
 
@@ -373,7 +487,9 @@ def test_training_examples_mask_the_prompt(splits, tokenizer):
     prompt_len = len(tokenizer(prompt)["input_ids"])
     assert example.labels[:prompt_len] == [IGNORE_INDEX] * prompt_len
     assert example.labels[prompt_len:] == example.input_ids[prompt_len:]
-    assert tokenizer.decode(example.input_ids[prompt_len:], skip_special_tokens=True) == join_steps(problem.meta["solutions"][0])
+    assert tokenizer.decode(example.input_ids[prompt_len:], skip_special_tokens=True) == join_steps(
+        problem.meta["solutions"][0]
+    )
     with pytest.raises(ValueError, match="max_position_embeddings"):
         training_examples([problem], tokenizer, FormatConfig(), max_length=10)
 
@@ -384,7 +500,9 @@ def test_every_strategy_trains_each_strategy_template_of_a_problem(splits, token
 
     problem = next(p for p in splits["train"] if len(strategy_names(p)) == 2)
     examples = training_examples([problem], tokenizer, FormatConfig(), every_strategy=True)
-    prompt_len = len(tokenizer(prompt_from_config(problem.question, problem.kind, tokenizer, FormatConfig()))["input_ids"])
+    prompt_len = len(
+        tokenizer(prompt_from_config(problem.question, problem.kind, tokenizer, FormatConfig()))["input_ids"]
+    )
     texts = [tokenizer.decode(e.input_ids[prompt_len:], skip_special_tokens=True) for e in examples]
     templates = strategy_templates(problem)
     assert texts == [join_steps(steps) for steps in templates]
@@ -400,31 +518,63 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
     from stages.bootstrap import main
 
     argv = [
-        "--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path}", "run=t",
-        "tinyworld.n_train=300", "tinyworld.n_val=10", "tinyworld.n_test=20", "tinyworld.n_rl=30",
-        "bootstrap.max_train_steps=150", "bootstrap.hidden_size=32", "bootstrap.num_layers=2",
-        "bootstrap.num_heads=2", "bootstrap.intermediate_size=64", "bootstrap.batch_size=16",
-        "bootstrap.warmup_steps=5", "bootstrap.eval_problems=8", "bootstrap.eval_samples=2",
-        "bootstrap.mc_problems=2", "bootstrap.mc_rollouts=2", "generation.max_new_tokens=48",
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={tmp_path}",
+        "run=t",
+        "tinyworld.n_train=300",
+        "tinyworld.n_val=10",
+        "tinyworld.n_test=20",
+        "tinyworld.n_rl=30",
+        "bootstrap.max_train_steps=150",
+        "bootstrap.hidden_size=32",
+        "bootstrap.num_layers=2",
+        "bootstrap.num_heads=2",
+        "bootstrap.intermediate_size=64",
+        "bootstrap.batch_size=16",
+        "bootstrap.warmup_steps=5",
+        "bootstrap.eval_problems=8",
+        "bootstrap.eval_samples=2",
+        "bootstrap.mc_problems=2",
+        "bootstrap.mc_rollouts=2",
+        "generation.max_new_tokens=48",
     ]
     metrics = main(argv)
     out = tmp_path / "t" / "bootstrap"
-    for name in ("problems_train.jsonl", "problems_val.jsonl", "problems_test.jsonl", "problems_rl.jsonl", "metrics.json", "config.yaml"):
+    for name in (
+        "problems_train.jsonl",
+        "problems_val.jsonl",
+        "problems_test.jsonl",
+        "problems_rl.jsonl",
+        "metrics.json",
+        "config.yaml",
+    ):
         assert (out / name).is_file(), name
     assert len((out / "problems_test.jsonl").read_text().splitlines()) == 20
     assert len((out / "problems_rl.jsonl").read_text().splitlines()) == 30
     assert len((out / "problems_train.jsonl").read_text().splitlines()) == 300  # the bootstrap trains on these only
     assert json.loads((out / "metrics.json").read_text()) == metrics
     assert metrics["train_steps"] > 0 and metrics["parameters"] > 0
-    for key in ("greedy_accuracy", "sampled_accuracy", "pass@2", "maj@2", "mc_prefixes", "step_arithmetic_error_rate",
-                "family_accuracy", "strategy_entropy_multi", "greedy_strategy_counts"):
+    for key in (
+        "greedy_accuracy",
+        "sampled_accuracy",
+        "pass@2",
+        "maj@2",
+        "mc_prefixes",
+        "step_arithmetic_error_rate",
+        "family_accuracy",
+        "strategy_entropy_multi",
+        "greedy_strategy_counts",
+    ):
         assert key in metrics
     assert 0.0 <= metrics["greedy_accuracy"] <= 1.0
     assert (out / "model" / "model.safetensors").is_file()
 
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
     model = AutoModelForCausalLM.from_pretrained(out / "model")
-    prompt = prompt_from_config("Ann has 5 apples. She buys 3 apples. How many apples does Ann have now?", "tiny", tokenizer, FormatConfig())
+    prompt = prompt_from_config(
+        "Ann has 5 apples. She buys 3 apples. How many apples does Ann have now?", "tiny", tokenizer, FormatConfig()
+    )
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
         generated = model.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
@@ -447,4 +597,7 @@ def test_the_model_size_in_readme_and_docs_is_the_tiny_configs_model():
     readme = (REPO / "README.md").read_text()
     assert re.findall(r"([\d,]+)-parameter", readme) == [stated]
     assert f"# {stated} parameters" in (REPO / "configs" / "tiny.yaml").read_text()
-    assert set(re.findall(r"([\d,.]+M?)[ -]parameter", (REPO / "docs" / "tinyworld.md").read_text())) == {stated, "1.85M"}  # 1.85M: an earlier config
+    assert set(re.findall(r"([\d,.]+M?)[ -]parameter", (REPO / "docs" / "tinyworld.md").read_text())) == {
+        stated,
+        "1.85M",
+    }  # 1.85M: an earlier config

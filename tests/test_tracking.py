@@ -24,8 +24,10 @@ from stages import train_gfn
 
 REPO = Path(__file__).resolve().parents[1]
 
-event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
-                                        reason="tensorboard is in the dev extra: pip install -e '.[dev]'")
+event_accumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator",
+    reason="tensorboard is in the dev extra: pip install -e '.[dev]'",
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -39,7 +41,9 @@ def read_tensorboard(directory) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} of the event files in ``directory`` (tensorboard's own reader)."""
     accumulator = event_accumulator.EventAccumulator(str(directory), size_guidance={event_accumulator.SCALARS: 0})
     accumulator.Reload()
-    return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }
 
 
 def assert_tracked_equals_metrics(tracked: dict[str, list[tuple[int, float]]], records: list[dict]) -> None:
@@ -62,7 +66,15 @@ def prm_run(tmp_path, name, report_to, tokenizer, **prm):
     config.report_to = report_to
     config.run = "trackers"
     out = tmp_path / name
-    train_prm(config, arithmetic_records(40, seed=3), None, out, model=make_prm(tokenizer), tokenizer=tokenizer, progress=False)
+    train_prm(
+        config,
+        arithmetic_records(40, seed=3),
+        None,
+        out,
+        model=make_prm(tokenizer),
+        tokenizer=tokenizer,
+        progress=False,
+    )
     return out
 
 
@@ -133,8 +145,13 @@ def test_wandb_gets_the_same_records_and_the_resolved_config(tmp_path, monkeypat
     out = prm_run(tmp_path, "prm", "wandb", make_tokenizer())
     assert len(fake.inits) == 1
     init = fake.inits[0]
-    assert (init["project"], init["name"], init["group"], init["job_type"], init["dir"]) == ("interop-test", "trackers/prm", "trackers",
-                                                                                             "prm", str(out))
+    assert (init["project"], init["name"], init["group"], init["job_type"], init["dir"]) == (
+        "interop-test",
+        "trackers/prm",
+        "trackers",
+        "prm",
+        str(out),
+    )
     tracked: dict[str, list[tuple[int, float]]] = {}
     for step, values in fake.logged:
         for key, value in values.items():
@@ -144,7 +161,9 @@ def test_wandb_gets_the_same_records_and_the_resolved_config(tmp_path, monkeypat
 
 
 def test_wandb_offline_run_needs_no_account(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb is in the optional extra 'tracking', not in dev (see the stub test above)")
+    pytest.importorskip(
+        "wandb", reason="wandb is in the optional extra 'tracking', not in dev (see the stub test above)"
+    )
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -162,15 +181,27 @@ def test_report_to_is_checked_and_a_missing_tracker_names_the_extra(monkeypatch,
     assert tracker_names("none") == []
     assert load_config(None, []).report_to == "none"
     monkeypatch.setattr(tracking_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ImportError, match=r"report_to=all needs tensorboard and wandb.*pip install -e '\.\[tracking\]'"):
+    with pytest.raises(
+        ImportError, match=r"report_to=all needs tensorboard and wandb.*pip install -e '\.\[tracking\]'"
+    ):
         Tracking("all", tmp_path)
-    with pytest.raises(ConfigError, match="report_to=wandb needs wandb"):  # gfn / ppo: before the PRM or the policy loads
+    with pytest.raises(
+        ConfigError, match="report_to=wandb needs wandb"
+    ):  # gfn / ppo: before the PRM or the policy loads
         preflight(load_config(None, ["report_to=wandb", "model.device=cpu"]), "gfn")
 
 
 def test_flat_config_gives_scalars_for_hparams():
-    flat = flat_config({"prm": {"lr": 0.1, "lora_target_modules": ["q", "v"], "kind": None}, "run": "demo", "eval": {"models": {}}})
-    assert flat == {"prm.lr": 0.1, "prm.lora_target_modules": '["q", "v"]', "prm.kind": "null", "run": "demo", "eval.models": "{}"}
+    flat = flat_config(
+        {"prm": {"lr": 0.1, "lora_target_modules": ["q", "v"], "kind": None}, "run": "demo", "eval": {"models": {}}}
+    )
+    assert flat == {
+        "prm.lr": 0.1,
+        "prm.lora_target_modules": '["q", "v"]',
+        "prm.kind": "null",
+        "run": "demo",
+        "eval.models": "{}",
+    }
     assert all(isinstance(value, (bool, int, float, str)) for value in flat.values())
 
 
@@ -186,11 +217,25 @@ def test_no_tracker_by_default_writes_nothing_more(tmp_path):
 @pytest.mark.parametrize("stage", ["gfn", "ppo"])
 def test_fine_tuning_reports_to_tensorboard(random_tiny_world, tmp_path, stage):
     world = random_tiny_world
-    args = {"runs_root": tmp_path, "run": "tb", "report_to": "tensorboard", "model.policy": world / "policy", "model.prm": world / "prm",
-            "data.train_path": world / "problems_train.jsonl", "data.disjoint_from": "[]", "generation.max_new_tokens": 16, "generation.batch_size": 8,
-            f"{stage}.num_train_steps": 2, f"{stage}.questions_per_step": 2, f"{stage}.samples_per_question": 2,
-            f"{stage}.save_every": 0, f"{stage}.warmup_steps": 0}
-    train_gfn.main(["--config", str(REPO / "configs" / "tiny.yaml"), *(f"{k}={v}" for k, v in args.items())], stage=stage)
+    args = {
+        "runs_root": tmp_path,
+        "run": "tb",
+        "report_to": "tensorboard",
+        "model.policy": world / "policy",
+        "model.prm": world / "prm",
+        "data.train_path": world / "problems_train.jsonl",
+        "data.disjoint_from": "[]",
+        "generation.max_new_tokens": 16,
+        "generation.batch_size": 8,
+        f"{stage}.num_train_steps": 2,
+        f"{stage}.questions_per_step": 2,
+        f"{stage}.samples_per_question": 2,
+        f"{stage}.save_every": 0,
+        f"{stage}.warmup_steps": 0,
+    }
+    train_gfn.main(
+        ["--config", str(REPO / "configs" / "tiny.yaml"), *(f"{k}={v}" for k, v in args.items())], stage=stage
+    )
     out = tmp_path / "tb" / stage
     records = read_metrics(out)
     assert [r["step"] for r in records] == [1, 2] and "avg_reward" in records[0]
@@ -198,11 +243,24 @@ def test_fine_tuning_reports_to_tensorboard(random_tiny_world, tmp_path, stage):
 
 
 def test_bootstrap_reports_to_tensorboard(tmp_path):
-    config = load_config(REPO / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "run=tb", "report_to=tensorboard",
-                                                          "tinyworld.n_train=40", "tinyworld.n_val=4", "tinyworld.n_test=4",
-                                                          "bootstrap.hidden_size=32", "bootstrap.intermediate_size=64",
-                                                          "bootstrap.num_layers=1", "bootstrap.num_heads=2", "bootstrap.max_train_steps=40",
-                                                          "bootstrap.warmup_steps=2", "bootstrap.batch_size=8"])
+    config = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [
+            f"runs_root={tmp_path}",
+            "run=tb",
+            "report_to=tensorboard",
+            "tinyworld.n_train=40",
+            "tinyworld.n_val=4",
+            "tinyworld.n_test=4",
+            "bootstrap.hidden_size=32",
+            "bootstrap.intermediate_size=64",
+            "bootstrap.num_layers=1",
+            "bootstrap.num_heads=2",
+            "bootstrap.max_train_steps=40",
+            "bootstrap.warmup_steps=2",
+            "bootstrap.batch_size=8",
+        ],
+    )
     out = config.stage_dir("bootstrap")
     out.mkdir(parents=True)
     build_base_policy(config, out, progress=False)

@@ -46,8 +46,12 @@ def test_nested_state_round_trips_without_pickle(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, betas=(0.9, 0.95))
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()
-    state = {"optimizer": optimizer.state_dict(), "rng": checkpoint.rng_state(), "python": random.Random(3).getstate(),
-             "mixed": {1: [1.5, None, "x", True], "t": (1, 2)}}
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "rng": checkpoint.rng_state(),
+        "python": random.Random(3).getstate(),
+        "mixed": {1: [1.5, None, "x", True], "t": (1, 2)},
+    }
     checkpoint.write_state(tmp_path, "state", state)
     back = checkpoint.read_state(tmp_path, "state")
     assert back["python"] == state["python"] and back["mixed"] == state["mixed"]
@@ -72,7 +76,10 @@ def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_p
     checkpoint.staging_dir(root, 8)  # a commit that never happened
     with caplog.at_level(logging.WARNING):
         assert checkpoint.latest(root).name == "step-00000002"
-    assert "step-00000006: trainer.safetensors has 0 bytes" in caplog.text and "step-00000004: no readable manifest.json" in caplog.text
+    assert (
+        "step-00000006: trainer.safetensors has 0 bytes" in caplog.text
+        and "step-00000004: no readable manifest.json" in caplog.text
+    )
     # keep=2 prunes the oldest
     staging = checkpoint.staging_dir(root, 10)
     checkpoint.write_state(staging, "trainer", {"step": 10})
@@ -94,8 +101,17 @@ def make_base(tmp_path, total_steps=12, accumulation=1, save_every=0, max_second
     model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     accelerator = make_accelerator(CPU, accumulation=accumulation)
     settings = OptimizerSettings(lr=0.05, total_steps=total_steps, weight_decay=0.01, warmup_steps=2, max_grad_norm=1.0)
-    return TrainingBase(accelerator, model, settings, tmp_path, save_every=save_every, max_seconds=max_seconds, progress=False,
-                        objective=objective, objective_lr=0.1)
+    return TrainingBase(
+        accelerator,
+        model,
+        settings,
+        tmp_path,
+        save_every=save_every,
+        max_seconds=max_seconds,
+        progress=False,
+        objective=objective,
+        objective_lr=0.1,
+    )
 
 
 def batches(x, y, size, start=0, stop=None):
@@ -188,7 +204,9 @@ def test_a_checkpoint_of_another_model_is_refused_with_a_clear_error(tmp_path):
     x, y = regression_data()
     base = make_base(tmp_path, save_every=2, total_steps=4)
     base.fit(batches(x, y, 16, stop=3), mse)
-    other = TrainingBase(make_accelerator(CPU), torch.nn.Linear(5, 1), OptimizerSettings(lr=0.1, total_steps=4), tmp_path, progress=False)
+    other = TrainingBase(
+        make_accelerator(CPU), torch.nn.Linear(5, 1), OptimizerSettings(lr=0.1, total_steps=4), tmp_path, progress=False
+    )
     with pytest.raises(checkpoint.CheckpointError, match="written by another model or config"):
         other.resume()
 
@@ -202,7 +220,10 @@ def test_when_no_checkpoint_is_usable_training_restarts_from_step_0_and_says_so(
     straight.fit(batches(x, y, 16), mse)
     killed = make_base(tmp_path / "killed", save_every=4)
     with pytest.raises(KeyboardInterrupt):
-        killed.fit(batches(x, y, 16), lambda model, batch: (_ for _ in ()).throw(KeyboardInterrupt) if killed.step == 9 else mse(model, batch))
+        killed.fit(
+            batches(x, y, 16),
+            lambda model, batch: (_ for _ in ()).throw(KeyboardInterrupt) if killed.step == 9 else mse(model, batch),
+        )
     root = tmp_path / "killed" / "checkpoints"
     for directory in checkpoint.committed(root):  # every checkpoint damaged (a full disk, a bad copy)
         (directory / "optimizer.safetensors").write_bytes(b"\0" * 8)
@@ -259,7 +280,9 @@ def test_nothing_in_a_run_folder_is_ever_unpickled(tmp_path):
     planted.mkdir()
     (planted / "optimizer.pkl").write_bytes(bomb)
     resumed = make_base(tmp_path, save_every=4)
-    assert resumed.resume() == {} and resumed.step == 4  # the planted files are not in the manifest: ignored, or the folder skipped
+    assert (
+        resumed.resume() == {} and resumed.step == 4
+    )  # the planted files are not in the manifest: ignored, or the folder skipped
     assert not marker.exists()
 
 
@@ -273,9 +296,15 @@ def test_the_code_never_unpickles():
     offenders = []
     for path in sorted(p for folder in ("pipeline", "prm", "eval", "stages") for p in (root / folder).rglob("*.py")):
         text = path.read_text(encoding="utf-8")
-        for pattern in (r"^\s*(import|from)\s+(c?pickle|dill|joblib|cloudpickle)\b", r"allow_pickle\s*=\s*True", r"weights_only\s*=\s*False",
-                        r"torch\.load\((?![^)]*weights_only\s*=\s*True)"):
-            offenders += [f"{path.relative_to(root)}: {m.group(0).strip()}" for m in re.finditer(pattern, text, re.MULTILINE)]
+        for pattern in (
+            r"^\s*(import|from)\s+(c?pickle|dill|joblib|cloudpickle)\b",
+            r"allow_pickle\s*=\s*True",
+            r"weights_only\s*=\s*False",
+            r"torch\.load\((?![^)]*weights_only\s*=\s*True)",
+        ):
+            offenders += [
+                f"{path.relative_to(root)}: {m.group(0).strip()}" for m in re.finditer(pattern, text, re.MULTILINE)
+            ]
     assert offenders == []
 
 

@@ -59,19 +59,28 @@ def exported(tmp_path_factory):
 
 
 def exported_dataset(folder):
-    return load_dataset("json", data_files={"train": str(folder / "prm_train.jsonl"), "test": str(folder / "prm_val.jsonl")})
+    return load_dataset(
+        "json", data_files={"train": str(folder / "prm_train.jsonl"), "test": str(folder / "prm_val.jsonl")}
+    )
 
 
 def trl_tokenize(row: dict, tokenizer) -> dict:
     """TRL's own PRMTrainer.tokenize_row, as its trainer calls it on a training row (no truncation)."""
-    return PRMTrainer.tokenize_row(row, tokenizer, step_separator="\n", max_length=None, max_completion_length=None,
-                                   train_on_last_step_only=False, is_eval=False)
+    return PRMTrainer.tokenize_row(
+        row,
+        tokenizer,
+        step_separator="\n",
+        max_length=None,
+        max_completion_length=None,
+        train_on_last_step_only=False,
+        is_eval=False,
+    )
 
 
 def whole_solution(row: dict, questions: dict) -> tuple[str, list[str]]:
     """The question and every step up to the row's last completion (its prompt holds the earlier ones)."""
     question = questions[row["problem_id"]]
-    earlier = row["prompt"][len(question):]
+    earlier = row["prompt"][len(question) :]
     return question, [step for step in earlier.split("\n") if step] + list(row["completions"])
 
 
@@ -91,7 +100,10 @@ def test_trl_tokenizes_every_exported_label_where_our_scorer_reads(exported):
         tokenized = trl_tokenize(row, tokenizer)
         placed = [(i, label) for i, label in enumerate(tokenized["labels"]) if label != -100]
         question, steps = whole_solution(row, questions)
-        paths = [(row["problem_id"], tuple(steps[: len(steps) - len(row["completions"]) + j + 1])) for j in range(len(row["completions"]))]
+        paths = [
+            (row["problem_id"], tuple(steps[: len(steps) - len(row["completions"]) + j + 1]))
+            for j in range(len(row["completions"]))
+        ]
         assert [label for _, label in placed] == [int(np.mean(expected[path]) > 0.5) for path in paths]  # none flipped
         seen.update(paths)
         ids, positions = scorer.encode(question, steps)
@@ -99,7 +111,9 @@ def test_trl_tokenizes_every_exported_label_where_our_scorer_reads(exported):
         first = len(tokenizer(row["completions"][0], add_special_tokens=False)["input_ids"]) + len(scorer.separator_ids)
         tail = len(ids) - (positions[-len(row["completions"])] + 1 - first)
         assert tokenized["input_ids"][-tail:] == ids[-tail:]
-        assert [len(tokenized["input_ids"]) - i for i, _ in placed] == [len(ids) - p for p in positions[-len(row["completions"]):]]
+        assert [len(tokenized["input_ids"]) - i for i, _ in placed] == [
+            len(ids) - p for p in positions[-len(row["completions"]) :]
+        ]
         if row["prompt"] in questions.values():  # TRL tokenizes a prompt as one string: ours is the question alone
             assert tokenized["input_ids"] == ids
     assert seen == set(expected)  # none lost
@@ -113,12 +127,28 @@ def test_trl_prm_trainer_trains_on_the_export_and_load_scorer_reads_its_model(ex
     model = LlamaForTokenClassification(llama_config(tokenizer, num_labels=2))
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     dataset = exported_dataset(folder)
-    args = PRMConfig(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2,
-                     logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False, gradient_checkpointing=False,
-                     step_separator="\n", dataloader_num_workers=0, seed=0)
-    trainer = PRMTrainer(model=model, args=args, train_dataset=dataset["train"], eval_dataset=dataset["test"], processing_class=tokenizer)
+    args = PRMConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        step_separator="\n",
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    trainer = PRMTrainer(
+        model=model, args=args, train_dataset=dataset["train"], eval_dataset=dataset["test"], processing_class=tokenizer
+    )
     # TRL's own dataset processing kept every exported label
-    assert sum(label != -100 for row in trainer.train_dataset["labels"] for label in row) == sum(len(r) for r in dataset["train"]["labels"])
+    assert sum(label != -100 for row in trainer.train_dataset["labels"] for label in row) == sum(
+        len(r) for r in dataset["train"]["labels"]
+    )
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert trainer.state.global_step == 3 and len(losses) == 3 and all(np.isfinite(losses))
@@ -129,7 +159,9 @@ def test_trl_prm_trainer_trains_on_the_export_and_load_scorer_reads_its_model(ex
     scorer = load_scorer(tmp_path / "trl_prm", config_for())
     assert isinstance(scorer, TokenClassificationScorer)
     trained = trainer.model.eval()
-    rows = [row for row in dataset["test"] if row["prompt"] in questions.values()]  # the same input ids (the test above)
+    rows = [
+        row for row in dataset["test"] if row["prompt"] in questions.values()
+    ]  # the same input ids (the test above)
     assert len(rows) >= 3
     for row in rows:
         question, steps = whole_solution(row, questions)
@@ -137,5 +169,5 @@ def test_trl_prm_trainer_trains_on_the_export_and_load_scorer_reads_its_model(ex
         positions = [i for i, label in enumerate(tokenized["labels"]) if label != -100]
         with torch.no_grad():
             logits = trained(input_ids=torch.tensor([tokenized["input_ids"]])).logits[0, positions]
-        ours = scorer.score(question, steps)[-len(positions):]
+        ours = scorer.score(question, steps)[-len(positions) :]
         assert np.allclose(ours, logits.softmax(-1)[:, 1].tolist(), atol=1e-5)

@@ -36,10 +36,20 @@ def tiny_llama(tmp_path_factory):
     splits = generate_splits(TinyWorldConfig(n_train=40, n_val=4, n_test=4))
     tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                      pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, initializer_range=0.3)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        initializer_range=0.3,
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(root / "policy")
     tokenizer.save_pretrained(root / "policy")
@@ -47,8 +57,16 @@ def tiny_llama(tmp_path_factory):
 
 
 def engine_config():
-    return load_config(None, ["format.use_chat_template=false", "model.dtype=float32", "model.device=cpu", "generation.backend=vllm",
-                                "generation.vllm_enforce_eager=true"])
+    return load_config(
+        None,
+        [
+            "format.use_chat_template=false",
+            "model.dtype=float32",
+            "model.device=cpu",
+            "generation.backend=vllm",
+            "generation.vllm_enforce_eager=true",
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,21 +103,27 @@ def test_generate_returns_n_samples_whose_text_stops_and_ids_agree_with_the_toke
             reasons.add(completion.finish_reason)
             assert completion.finish_reason in FINISH_REASONS
             decoded = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            if completion.finish_reason == "stop":  # cut right after the stop string, inside the token that completed it
-                assert completion.text.endswith(stop) and stop not in completion.text[:-len(stop)]
+            if (
+                completion.finish_reason == "stop"
+            ):  # cut right after the stop string, inside the token that completed it
+                assert completion.text.endswith(stop) and stop not in completion.text[: -len(stop)]
                 assert decoded.startswith(completion.text)
                 assert stop not in tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=True)
             else:
                 # a random model may end on part of a UTF-8 character: vLLM's detokenizer holds back
                 # the token that began it
-                assert decoded == completion.text if not decoded.endswith("\ufffd") else decoded.startswith(completion.text)
+                assert (
+                    decoded == completion.text
+                    if not decoded.endswith("\ufffd")
+                    else decoded.startswith(completion.text)
+                )
                 assert stop not in completion.text
                 if completion.finish_reason == "eos":
                     assert completion.token_ids[-1] == tokenizer.eos_token_id
                 else:
                     assert len(completion.token_ids) == 24
     assert "stop" in reasons
-    assert outputs[0][0].text == first[:first.index(stop) + 1]
+    assert outputs[0][0].text == first[: first.index(stop) + 1]
     assert len({c.text for per_prompt in outputs for c in per_prompt}) > 1
 
 
@@ -124,8 +148,12 @@ def test_greedy_tokens_equal_transformers_greedy_tokens(engine, tiny_llama):
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, torch_dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llama)
     assert engine_greedy(engine, PROMPTS, 20) == hf_greedy(model, tokenizer, PROMPTS, 20)
-    copies = engine.generate(PROMPTS, n=2, temperature=0.0, max_new_tokens=20)  # vLLM itself refuses n > 1 at temperature 0
-    assert [[c.token_ids for c in per_prompt] for per_prompt in copies] == [ids * 2 for ids in hf_greedy(model, tokenizer, PROMPTS, 20)]
+    copies = engine.generate(
+        PROMPTS, n=2, temperature=0.0, max_new_tokens=20
+    )  # vLLM itself refuses n > 1 at temperature 0
+    assert [[c.token_ids for c in per_prompt] for per_prompt in copies] == [
+        ids * 2 for ids in hf_greedy(model, tokenizer, PROMPTS, 20)
+    ]
 
 
 def test_logprobs_of_sampled_tokens_equal_the_policys_own(engine, tiny_llama):
@@ -143,7 +171,11 @@ def test_logprobs_of_sampled_tokens_equal_the_policys_own(engine, tiny_llama):
             logprobs = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
         for k, (token, by_token) in enumerate(zip(sample.token_ids, sample.logprobs)):
             ours = float(logprobs[len(prompt_ids) + k - 1, token])
-            assert math.isclose(by_token[token].logprob, ours, abs_tol=LOGPROB_TOLERANCE), (k, by_token[token].logprob, ours)
+            assert math.isclose(by_token[token].logprob, ours, abs_tol=LOGPROB_TOLERANCE), (
+                k,
+                by_token[token].logprob,
+                ours,
+            )
             compared += 1
     assert compared == sum(len(o.outputs[0].token_ids) for o in outputs) > 0
 
@@ -162,7 +194,9 @@ def test_reloaded_weights_serve_the_new_greedy_tokens_and_no_stale_prefix(updata
     assert after != before
 
 
-@pytest.mark.parametrize("stage,lora", [("gfn", False), ("gfn", True), ("ppo", False)], ids=["gfn-full", "gfn-lora_merged", "ppo-full"])
+@pytest.mark.parametrize(
+    "stage,lora", [("gfn", False), ("gfn", True), ("ppo", False)], ids=["gfn-full", "gfn-lora_merged", "ppo-full"]
+)
 def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatable_engine, tmp_path, stage, lora):
     """GFlowNet or PPO steps on the policy; after every training step (PPO: its ppo_epochs optimizer
     steps) the engine's greedy tokens equal the trained policy's own (tied embeddings; LoRA merged
@@ -175,8 +209,20 @@ def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatab
     from pipeline.modeling import load_causal_lm, load_tokenizer
     from pipeline.training import TrainingBase, make_accelerator
 
-    common = dict(lr=3e-2, scheduler="constant", warmup_steps=0, num_train_steps=2, questions_per_step=2, samples_per_question=2,
-                  micro_batch_size=8, save_every=0, lora=lora, lora_r=4, lora_alpha=16, lora_target_modules=["q_proj", "v_proj", "o_proj"])
+    common = dict(
+        lr=3e-2,
+        scheduler="constant",
+        warmup_steps=0,
+        num_train_steps=2,
+        questions_per_step=2,
+        samples_per_question=2,
+        micro_batch_size=8,
+        save_every=0,
+        lora=lora,
+        lora_r=4,
+        lora_alpha=16,
+        lora_target_modules=["q_proj", "v_proj", "o_proj"],
+    )
     cfg = GFNConfig(loss="tb_vargrad", **common) if stage == "gfn" else PPOConfig(kl_coef=0.0, ppo_epochs=2, **common)
     tokenizer = load_tokenizer(str(tiny_llama))
     model = load_causal_lm(str(tiny_llama), ModelConfig(device="cpu", dtype="float32"), is_trainable=True)
@@ -184,15 +230,26 @@ def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatab
     if lora:
         model = add_lora(model, cfg)
     model.train()
-    policy = LMPolicy(model, tokenizer, max_new_tokens=16, sampler=updatable_engine, lora_scaling=trained_lora_scaling(model))
+    policy = LMPolicy(
+        model, tokenizer, max_new_tokens=16, sampler=updatable_engine, lora_scaling=trained_lora_scaling(model)
+    )
     objective = build_objective(cfg, policy, hidden_size=model.config.hidden_size)
-    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), model,
-                        optimizer_settings(cfg, objective.updates_per_rollout), tmp_path, objective=objective, objective_lr=objective.lr,
-                        updates_per_record=objective.updates_per_rollout, progress=False)
+    base = TrainingBase(
+        make_accelerator(ModelConfig(device="cpu", dtype="float32")),
+        model,
+        optimizer_settings(cfg, objective.updates_per_rollout),
+        tmp_path,
+        objective=objective,
+        objective_lr=objective.lr,
+        updates_per_record=objective.updates_per_rollout,
+        progress=False,
+    )
     policy.prepared(base.model, base.unwrapped)
     problems = [TrainProblem(f"p{i}", "How many?", prompt, "5") for i, prompt in enumerate(PROMPTS * 2)]
     scorer = SimpleNamespace(log_scores_many=lambda pairs: [[-0.5] * len(steps) for _, steps in pairs])
-    trainer = FinetuneTrainer(base, TrajectorySampler(policy, scorer, problems, "tiny", cfg), objective, cfg, progress=False)
+    trainer = FinetuneTrainer(
+        base, TrajectorySampler(policy, scorer, problems, "tiny", cfg), objective, cfg, progress=False
+    )
     start = engine_greedy(updatable_engine, PROMPTS, 12)
     for step in range(2):
         trainer.train_step()
@@ -204,7 +261,9 @@ def test_fine_tuning_keeps_the_engine_on_the_trained_weights(tiny_llama, updatab
 
 
 def test_a_closed_engine_is_shut_down_and_refuses_to_generate(tiny_llama, updatable_engine):
-    generator = VLLMGenerator(str(tiny_llama), engine_config(), weight_updates=True)  # in this process, as updatable_engine
+    generator = VLLMGenerator(
+        str(tiny_llama), engine_config(), weight_updates=True
+    )  # in this process, as updatable_engine
     llm = generator.engine
     assert generator.generate(PROMPTS[:1], temperature=0.0, max_new_tokens=2)[0][0].token_ids
     generator.close()

@@ -36,27 +36,59 @@ def world(tmp_path_factory) -> Path:
     write_problems_jsonl(splits["train"], root / "train.jsonl")
     write_problems_jsonl(splits["test"], root / "test.jsonl")
     tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], FormatConfig(use_chat_template=False)), 512)
-    model = build_model(BootstrapConfig(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
-                                         max_position_embeddings=512, seed=3), tokenizer)
+    model = build_model(
+        BootstrapConfig(
+            hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, max_position_embeddings=512, seed=3
+        ),
+        tokenizer,
+    )
     save_policy(model, tokenizer, root / "policy")
     ProcessRewardModel.from_backbone(model).save_pretrained(root / "prm", tokenizer=tokenizer)
     return root
 
 
 def run_stage(module: str, world: Path, out: Path, *overrides: str, processes: int = 1) -> str:
-    args = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={out.parent}", f"run={out.name}",
-            f"model.policy={world / 'policy'}", f"model.prm={world / 'prm'}", f"model.prm_backbone={world / 'policy'}",
-            f"data.train_path={world / 'train.jsonl'}", "data.disjoint_from=[]", "generation.backend=vllm", "generation.vllm_enforce_eager=true",
-            "generation.max_new_tokens=24", *overrides]
+    args = [
+        "--config",
+        str(REPO / "configs" / "tiny.yaml"),
+        f"runs_root={out.parent}",
+        f"run={out.name}",
+        f"model.policy={world / 'policy'}",
+        f"model.prm={world / 'prm'}",
+        f"model.prm_backbone={world / 'policy'}",
+        f"data.train_path={world / 'train.jsonl'}",
+        "data.disjoint_from=[]",
+        "generation.backend=vllm",
+        "generation.vllm_enforce_eager=true",
+        "generation.max_new_tokens=24",
+        *overrides,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # as `make gfn` runs it: no launcher
-    launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                                          "--master_port", str(29700 + os.getpid() % 200)]
+    launcher = (
+        []
+        if processes == 1
+        else [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_port",
+            str(29700 + os.getpid() % 200),
+        ]
+    )
     if processes > 1:
         env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")  # one core each, as the gloo tests run
-    process = subprocess.Popen([sys.executable, *launcher, "-m", module, *args], cwd=out.parent, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, *launcher, "-m", module, *args],
+        cwd=out.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = process.communicate(timeout=TIMEOUT_S)
     finally:
@@ -70,56 +102,123 @@ def run_stage(module: str, world: Path, out: Path, *overrides: str, processes: i
 def test_mcts_labels_problems_with_the_vllm_backend(world, tmp_path):
     from pipeline.shards import completed_problem_ids
 
-    run_stage("stages.mcts", world, tmp_path / "m", "mcts.k=4", "mcts.max_problems=4", "mcts.max_iterations=2",
-              "mcts.max_rollouts=16", "mcts.search_trivial=true")
+    run_stage(
+        "stages.mcts",
+        world,
+        tmp_path / "m",
+        "mcts.k=4",
+        "mcts.max_problems=4",
+        "mcts.max_iterations=2",
+        "mcts.max_rollouts=16",
+        "mcts.search_trivial=true",
+    )
     assert len(completed_problem_ids(tmp_path / "m" / "mcts" / "shards")) == 4
 
 
 def test_gfn_fine_tunes_with_a_colocated_engine_and_no_launcher(world, tmp_path):
-    run_stage("stages.train_gfn", world, tmp_path / "g", "gfn.num_train_steps=2", "gfn.questions_per_step=2",
-              "gfn.samples_per_question=2", "gfn.micro_batch_size=4", "gfn.save_every=0", "gfn.warmup_steps=0")
-    rows = [json.loads(line) for line in (tmp_path / "g" / "gfn" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    run_stage(
+        "stages.train_gfn",
+        world,
+        tmp_path / "g",
+        "gfn.num_train_steps=2",
+        "gfn.questions_per_step=2",
+        "gfn.samples_per_question=2",
+        "gfn.micro_batch_size=4",
+        "gfn.save_every=0",
+        "gfn.warmup_steps=0",
+    )
+    rows = [
+        json.loads(line) for line in (tmp_path / "g" / "gfn" / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     assert [r["step"] for r in rows if "loss" in r][-1] == 2
     assert (tmp_path / "g" / "gfn" / "model" / "config.json").is_file()
 
 
 def test_gfn_with_two_processes_runs_two_colocated_engines(world, tmp_path):
-    output = run_stage("stages.train_gfn", world, tmp_path / "g2", "gfn.num_train_steps=2", "gfn.questions_per_step=2",
-                       "gfn.samples_per_question=2", "gfn.micro_batch_size=4", "gfn.save_every=0", "gfn.warmup_steps=0", processes=2)
+    output = run_stage(
+        "stages.train_gfn",
+        world,
+        tmp_path / "g2",
+        "gfn.num_train_steps=2",
+        "gfn.questions_per_step=2",
+        "gfn.samples_per_question=2",
+        "gfn.micro_batch_size=4",
+        "gfn.save_every=0",
+        "gfn.warmup_steps=0",
+        processes=2,
+    )
     # both ranks trained and finished with generation.backend=vllm; the engine arguments each rank builds
     # (external_launcher, data_parallel_size = the launch's processes) are checked by
     # tests/test_generation.py::test_vllm_engine_settings_on_cpu_colocated_and_by_default: vLLM's own log
     # lines, read from the launcher's merged output, were missing in one of three runs here
     assert output.count("gfn: finished") == 2, output[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "g2" / "gfn" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "g2" / "gfn" / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     assert [r["step"] for r in rows if "loss" in r][-1] == 2
 
 
 def test_search_runs_with_the_vllm_backend(world, tmp_path):
-    run_stage("stages.search", world, tmp_path / "s", "search.benchmark=problems", f"search.benchmark_path={world / 'test.jsonl'}",
-              "search.ks=[1,2]", "search.strategies=[step_best_of_k,best_of_n]", "search.max_problems=4",
-              "search.max_depth=4", "generation.max_step_tokens=16")
+    run_stage(
+        "stages.search",
+        world,
+        tmp_path / "s",
+        "search.benchmark=problems",
+        f"search.benchmark_path={world / 'test.jsonl'}",
+        "search.ks=[1,2]",
+        "search.strategies=[step_best_of_k,best_of_n]",
+        "search.max_problems=4",
+        "search.max_depth=4",
+        "generation.max_step_tokens=16",
+    )
     rows = json.loads((tmp_path / "s" / "search" / "results.json").read_text())["rows"]
     assert {(r["strategy"], r["k"]) for r in rows} >= {("step_best_of_k", 2), ("best_of_n", 2)}
 
 
 def test_ppo_fine_tunes_with_a_colocated_engine_and_the_evaluation_serves_its_folder(world, tmp_path):
-    run_stage("stages.train_ppo", world, tmp_path / "p", "ppo.num_train_steps=2", "ppo.questions_per_step=2",
-              "ppo.samples_per_question=2", "ppo.micro_batch_size=4", "ppo.save_every=0", "ppo.warmup_steps=0")
-    rows = [json.loads(line) for line in (tmp_path / "p" / "ppo" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    run_stage(
+        "stages.train_ppo",
+        world,
+        tmp_path / "p",
+        "ppo.num_train_steps=2",
+        "ppo.questions_per_step=2",
+        "ppo.samples_per_question=2",
+        "ppo.micro_batch_size=4",
+        "ppo.save_every=0",
+        "ppo.warmup_steps=0",
+    )
+    rows = [
+        json.loads(line) for line in (tmp_path / "p" / "ppo" / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     assert [r["step"] for r in rows if "loss" in r][-1] == 2
     assert (tmp_path / "p" / "ppo" / "model" / "config.json").is_file()
     assert (tmp_path / "p" / "ppo" / "value_head" / "value_head.safetensors").is_file()
     # the fine-tuned folder as vLLM reads it (every *.safetensors of a folder without an index), beside
     # the base model: two engines, the first shut down before the second starts
-    run_stage("stages.evaluate", world, tmp_path / "e", "eval.benchmarks=[tiny_test]", f"eval.benchmark_paths={{tiny_test: {world / 'test.jsonl'}}}",
-              f"eval.models={{base: {world / 'policy'}, ppo: {tmp_path / 'p' / 'ppo' / 'model'}}}", "eval.pairs=[]", "eval.k=2",
-              "eval.max_problems=4", "eval.bootstrap_resamples=10")
-    results = json.loads((tmp_path / "reports" / "e" / "results.json").read_text())  # reports/<run>/ below the working folder
+    run_stage(
+        "stages.evaluate",
+        world,
+        tmp_path / "e",
+        "eval.benchmarks=[tiny_test]",
+        f"eval.benchmark_paths={{tiny_test: {world / 'test.jsonl'}}}",
+        f"eval.models={{base: {world / 'policy'}, ppo: {tmp_path / 'p' / 'ppo' / 'model'}}}",
+        "eval.pairs=[]",
+        "eval.k=2",
+        "eval.max_problems=4",
+        "eval.bootstrap_resamples=10",
+    )
+    results = json.loads(
+        (tmp_path / "reports" / "e" / "results.json").read_text()
+    )  # reports/<run>/ below the working folder
     assert list(results["results"]) == ["base", "ppo"] and results["skipped"] == []
 
 
-GREEDY_PROMPTS = ["Question: Tom has 4 pens and buys 3 more. How many pens?\nAnswer:\n", "Question: 9 - 5 = ?\nAnswer:\n"]
+GREEDY_PROMPTS = [
+    "Question: Tom has 4 pens and buys 3 more. How many pens?\nAnswer:\n",
+    "Question: 9 - 5 = ?\nAnswer:\n",
+]
 GREEDY_TOKENS = 12
 
 
@@ -142,7 +241,9 @@ def recording_searcher(config, record: str, index: int, problems: list):
     def recorded(step, version=None):
         outputs = sampler.policy.sampler.generate(GREEDY_PROMPTS, n=1, temperature=0.0, max_new_tokens=GREEDY_TOKENS)
         with open(record, "a", encoding="utf-8") as file:
-            file.write(json.dumps({"version": version, "greedy": [per_prompt[0].token_ids for per_prompt in outputs]}) + "\n")
+            file.write(
+                json.dumps({"version": version, "greedy": [per_prompt[0].token_ids for per_prompt in outputs]}) + "\n"
+            )
         return sample(step, version)
 
     sampler.sample = recorded
@@ -170,21 +271,48 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
     from pipeline.problems import load_benchmark
     from pipeline.training import TrainingBase, make_accelerator
 
-    config = load_config(REPO / "configs" / "tiny.yaml", [
-        f"runs_root={tmp_path}", f"model.policy={world / 'policy'}", "generation.backend=vllm", "generation.vllm_enforce_eager=true",
-        "generation.max_new_tokens=24", "gfn.mode=async", "gfn.searchers=1", "gfn.num_train_steps=3", "gfn.questions_per_step=4",
-        "gfn.async_questions=2", "gfn.samples_per_question=2", "gfn.temperature=1.0", "gfn.micro_batch_size=4", "gfn.save_every=0",
-        "gfn.warmup_steps=0", "gfn.lr=3e-2", "gfn.buffer_size=64", "gfn.loss=tb_vargrad", "gfn.kl_coef=0", "gfn.reference_prior_coef=0",
-        # one round per published version: the trainer's steps wait for rounds sampled with its newer weights
-        "gfn.searcher_rounds_per_version=1"])
+    config = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [
+            f"runs_root={tmp_path}",
+            f"model.policy={world / 'policy'}",
+            "generation.backend=vllm",
+            "generation.vllm_enforce_eager=true",
+            "generation.max_new_tokens=24",
+            "gfn.mode=async",
+            "gfn.searchers=1",
+            "gfn.num_train_steps=3",
+            "gfn.questions_per_step=4",
+            "gfn.async_questions=2",
+            "gfn.samples_per_question=2",
+            "gfn.temperature=1.0",
+            "gfn.micro_batch_size=4",
+            "gfn.save_every=0",
+            "gfn.warmup_steps=0",
+            "gfn.lr=3e-2",
+            "gfn.buffer_size=64",
+            "gfn.loss=tb_vargrad",
+            "gfn.kl_coef=0",
+            "gfn.reference_prior_coef=0",
+            # one round per published version: the trainer's steps wait for rounds sampled with its newer weights
+            "gfn.searcher_rounds_per_version=1",
+        ],
+    )
     cfg, policy_path = config.gfn, str(world / "policy")
     tokenizer = load_tokenizer(policy_path)
     model = load_causal_lm(policy_path, config.model, is_trainable=True)
     model.train()
     policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens)
     objective = build_objective(cfg, policy, hidden_size=model.config.hidden_size)
-    base = TrainingBase(make_accelerator(config.model), model, optimizer_settings(cfg, 1), tmp_path / "gfn", objective=objective,
-                        objective_lr=objective.lr, progress=False)
+    base = TrainingBase(
+        make_accelerator(config.model),
+        model,
+        optimizer_settings(cfg, 1),
+        tmp_path / "gfn",
+        objective=objective,
+        objective_lr=objective.lr,
+        progress=False,
+    )
     policy.prepared(base.model, base.unwrapped)
     problems = load_benchmark("problems", path=world / "train.jsonl")
     prompts, kind = train_problems(config, problems, tokenizer)
@@ -196,12 +324,30 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
         published[base.step] = state
         return state
 
-    trainer = DeadlineTrainer(base, TrajectorySampler(policy, None, prompts, kind, cfg), objective, cfg,
-                      functools.partial(recording_searcher, config, str(record)), export=export,
-                      problems=[p.to_json() for p in problems], run_name="vllm-async", progress=False)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace=f"vllm-async-{os.getpid()}",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]), "OMP_NUM_THREADS": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    trainer = DeadlineTrainer(
+        base,
+        TrajectorySampler(policy, None, prompts, kind, cfg),
+        objective,
+        cfg,
+        functools.partial(recording_searcher, config, str(record)),
+        export=export,
+        problems=[p.to_json() for p in problems],
+        run_name="vllm-async",
+        progress=False,
+    )
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace=f"vllm-async-{os.getpid()}",
+        runtime_env={
+            "env_vars": {
+                "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+                "OMP_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        },
+    )
     try:
         history = trainer.train()
     finally:
@@ -213,7 +359,9 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
     greedy = {}
     for version, state in published.items():
         reference.load_state_dict(state)
-        outputs = HFGenerator(reference, tokenizer).generate(GREEDY_PROMPTS, n=1, temperature=0.0, max_new_tokens=GREEDY_TOKENS)
+        outputs = HFGenerator(reference, tokenizer).generate(
+            GREEDY_PROMPTS, n=1, temperature=0.0, max_new_tokens=GREEDY_TOKENS
+        )
         greedy[version] = [per_prompt[0].token_ids for per_prompt in outputs]
     for r in rounds:
         assert r["greedy"] == greedy[r["version"]], r["version"]

@@ -55,7 +55,9 @@ class FakeEngine:
 
     def generate(self, prompts, sampling_params, use_tqdm=False, lora_request=None):
         def output(j):
-            return SimpleNamespace(index=j, text=SOLUTIONS[j % 2], token_ids=(1, 2, 3), finish_reason="stop", stop_reason=None)
+            return SimpleNamespace(
+                index=j, text=SOLUTIONS[j % 2], token_ids=(1, 2, 3), finish_reason="stop", stop_reason=None
+            )
 
         return [SimpleNamespace(outputs=[output(j) for j in range(params.n)]) for params in sampling_params]
 
@@ -67,9 +69,21 @@ class ConstantScorer:
 
 def make_trainer(world, tmp_path, lora: bool):
     config = load_config(None, ["format.use_chat_template=false"])
-    cfg = GFNConfig(loss="tb_vargrad", lr=1e-2, scheduler="constant", warmup_steps=0, num_train_steps=3, questions_per_step=2,
-                    samples_per_question=2, micro_batch_size=8, save_every=0, lora=lora, lora_r=4, lora_alpha=8,
-                    lora_target_modules=["q_proj", "v_proj"])
+    cfg = GFNConfig(
+        loss="tb_vargrad",
+        lr=1e-2,
+        scheduler="constant",
+        warmup_steps=0,
+        num_train_steps=3,
+        questions_per_step=2,
+        samples_per_question=2,
+        micro_batch_size=8,
+        save_every=0,
+        lora=lora,
+        lora_r=4,
+        lora_alpha=8,
+        lora_target_modules=["q_proj", "v_proj"],
+    )
     tokenizer = load_tokenizer(str(world / "policy"))
     model = load_causal_lm(str(world / "policy"), ModelConfig(device="cpu", dtype="float32"), is_trainable=True)
     if lora:
@@ -79,11 +93,21 @@ def make_trainer(world, tmp_path, lora: bool):
     sampler = VLLMGenerator("policy", config, engine=engine, sampling_params_cls=SimpleNamespace)
     policy = LMPolicy(model, tokenizer, sampler=sampler, lora_scaling=cfg.lora_alpha / cfg.lora_r if lora else None)
     objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size)
-    base = TrainingBase(make_accelerator(ModelConfig(device="cpu", dtype="float32")), model, optimizer_settings(cfg, 1), tmp_path,
-                        objective=objective, progress=False)
+    base = TrainingBase(
+        make_accelerator(ModelConfig(device="cpu", dtype="float32")),
+        model,
+        optimizer_settings(cfg, 1),
+        tmp_path,
+        objective=objective,
+        progress=False,
+    )
     policy.prepared(base.model, base.unwrapped)
-    problems = [TrainProblem(f"p{i}", "How many apples?", "Question: How many apples?\nAnswer:\n", "5") for i in range(4)]
-    return FinetuneTrainer(base, TrajectorySampler(policy, ConstantScorer(), problems, "tiny", cfg), objective, cfg, progress=False), engine
+    problems = [
+        TrainProblem(f"p{i}", "How many apples?", "Question: How many apples?\nAnswer:\n", "5") for i in range(4)
+    ]
+    return FinetuneTrainer(
+        base, TrajectorySampler(policy, ConstantScorer(), problems, "tiny", cfg), objective, cfg, progress=False
+    ), engine
 
 
 def test_every_update_reloads_the_engine_and_drops_its_prefix_cache(random_tiny_world, tmp_path):
@@ -96,7 +120,9 @@ def test_every_update_reloads_the_engine_and_drops_its_prefix_cache(random_tiny_
         live = trainer.base.unwrapped.state_dict()
         assert loaded.keys() == live.keys()  # the transformers names vLLM's loader expects
         assert all(torch.equal(loaded[name], live[name]) for name in live)
-    assert not all(torch.equal(start[name], engine.model.loads[-1][name]) for name in start)  # training moved the weights
+    assert not all(
+        torch.equal(start[name], engine.model.loads[-1][name]) for name in start
+    )  # training moved the weights
     versions = [t.policy_version for t in trainer.objective.buffer.sample(64)]
     assert set(versions) <= {0, 1, 2}  # each trajectory was sampled by the weights of the step before it
 
@@ -112,7 +138,9 @@ def test_lora_adapters_reach_the_engine_merged_into_plain_weight_names(random_ti
         assert torch.allclose(loaded[name], value, atol=1e-6), name
 
 
-def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_sample(random_tiny_world, tmp_path, monkeypatch):
+def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_sample(
+    random_tiny_world, tmp_path, monkeypatch
+):
     """The engine loads model.policy alone; the policy being fine-tuned is policy + adapter: the
     engine gets the merged weights (the adapter's own alpha / r) before it samples anything."""
     import importlib.util
@@ -123,7 +151,9 @@ def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_s
     from pipeline.problems import load_benchmark
 
     base_model = load_causal_lm(str(random_tiny_world / "policy"), ModelConfig(device="cpu", dtype="float32"))
-    tuned = get_peft_model(base_model, LoraConfig(r=2, lora_alpha=6, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    tuned = get_peft_model(
+        base_model, LoraConfig(r=2, lora_alpha=6, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     tuned.save_pretrained(tmp_path / "adapter")  # B != 0: the adapter changes the policy
     merged = copy.deepcopy(tuned).merge_and_unload().state_dict()
     tokenizer = load_tokenizer(str(random_tiny_world / "policy"))
@@ -145,12 +175,28 @@ def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_s
         return VLLMGenerator(path, config, engine=engines[-1], sampling_params_cls=SimpleNamespace)
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
+    )
     monkeypatch.setattr(run, "VLLMGenerator", fake_generator)
-    config = load_config(None, [f"runs_root={tmp_path}", "format.use_chat_template=false", "model.device=cpu", "model.dtype=float32",
-                                f"model.policy={random_tiny_world / 'policy'}", f"model.policy_adapter={tmp_path / 'adapter'}",
-                                "generation.backend=vllm", "gfn.num_train_steps=1", "gfn.questions_per_step=2", "gfn.samples_per_question=2",
-                                "gfn.micro_batch_size=8", "gfn.save_every=0", "gfn.warmup_steps=0"])
+    config = load_config(
+        None,
+        [
+            f"runs_root={tmp_path}",
+            "format.use_chat_template=false",
+            "model.device=cpu",
+            "model.dtype=float32",
+            f"model.policy={random_tiny_world / 'policy'}",
+            f"model.policy_adapter={tmp_path / 'adapter'}",
+            "generation.backend=vllm",
+            "gfn.num_train_steps=1",
+            "gfn.questions_per_step=2",
+            "gfn.samples_per_question=2",
+            "gfn.micro_batch_size=8",
+            "gfn.save_every=0",
+            "gfn.warmup_steps=0",
+        ],
+    )
     problems = load_benchmark("problems", path=random_tiny_world / "problems_train.jsonl")
     run.finetune_policy(config, "gfn", problems, ConstantScorer, tmp_path / "gfn", progress=False)
     assert events[:2] == ["reload_weights", "generate"]

@@ -57,7 +57,9 @@ from pipeline.records import Trajectory
 
 log = logging.getLogger("stepflow.async")
 
-MakeSampler = Callable[[int, list], TrajectorySampler]  # (searcher index, training problems as JSON) -> its sampler (built in the actor)
+MakeSampler = Callable[
+    [int, list], TrajectorySampler
+]  # (searcher index, training problems as JSON) -> its sampler (built in the actor)
 POLL_SECONDS = 0.05
 
 
@@ -93,28 +95,42 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
     if not 0.0 <= cfg.recency_fraction <= 1.0:
         raise ConfigError(f"{section}.recency_fraction = {cfg.recency_fraction}: expected m in [0, 1]")
     if used > cfg.samples_per_question:
-        raise ConfigError(f"{section}.async_samples_used = {used} exceeds {section}.samples_per_question = {cfg.samples_per_question}: "
-                          "a question's K distinct completions come from the S >= K a searcher generates")
+        raise ConfigError(
+            f"{section}.async_samples_used = {used} exceeds {section}.samples_per_question = {cfg.samples_per_question}: "
+            "a question's K distinct completions come from the S >= K a searcher generates"
+        )
     if cfg.loss == "tb_vargrad" and used < 2:
-        raise ConfigError(f"{section}.async_samples_used = {used}: TB-VarGrad needs K >= 2 completions per question "
-                          "(a question with one row has zero loss)")
+        raise ConfigError(
+            f"{section}.async_samples_used = {used}: TB-VarGrad needs K >= 2 completions per question "
+            "(a question with one row has zero loss)"
+        )
     if cfg.async_initial_completions > cfg.buffer_size:
-        raise ConfigError(f"{section}.async_initial_completions = {cfg.async_initial_completions} exceeds {section}.buffer_size = "
-                          f"{cfg.buffer_size}: training would never start")
+        raise ConfigError(
+            f"{section}.async_initial_completions = {cfg.async_initial_completions} exceeds {section}.buffer_size = "
+            f"{cfg.buffer_size}: training would never start"
+        )
     if cfg.buffer_size < questions * used:
-        raise ConfigError(f"{section}.buffer_size = {cfg.buffer_size} is below one batch ({questions} questions x {used})")
+        raise ConfigError(
+            f"{section}.buffer_size = {cfg.buffer_size} is below one batch ({questions} questions x {used})"
+        )
     if cfg.max_staleness is not None and cfg.max_staleness < cfg.sync_every - 1:
-        raise ConfigError(f"{section}.max_staleness = {cfg.max_staleness} is below {section}.sync_every - 1 = {cfg.sync_every - 1}: "
-                          "the newest weights a searcher has are up to sync_every - 1 trainer steps old, so nothing could be trained on")
+        raise ConfigError(
+            f"{section}.max_staleness = {cfg.max_staleness} is below {section}.sync_every - 1 = {cfg.sync_every - 1}: "
+            "the newest weights a searcher has are up to sync_every - 1 trainer steps old, so nothing could be trained on"
+        )
     cores = os.cpu_count() or 1
     if cfg.searcher_cores is not None and cfg.ray_address is None and any(core >= cores for core in cfg.searcher_cores):
         raise ConfigError(f"{section}.searcher_cores = {cfg.searcher_cores}: this machine has cores 0 to {cores - 1}")
     if cfg.scorer_gpus and not cfg.scorer_actors:
-        raise ConfigError(f"{section}.scorer_gpus = {cfg.scorer_gpus:g} with {section}.scorer_actors = 0: the searchers hold the PRM "
-                          f"(on their own GPUs); set {section}.scorer_actors to run the PRM in actors of its own")
+        raise ConfigError(
+            f"{section}.scorer_gpus = {cfg.scorer_gpus:g} with {section}.scorer_actors = 0: the searchers hold the PRM "
+            f"(on their own GPUs); set {section}.scorer_actors to run the PRM in actors of its own"
+        )
     if cfg.kl_coef_final is not None and not (cfg.kl_coef > 0 and cfg.kl_coef_final > 0):
-        raise ConfigError(f"{section}.kl_coef_final = {cfg.kl_coef_final}: an annealed beta runs from {section}.kl_coef > 0 to a "
-                          f"value > 0 (got kl_coef = {cfg.kl_coef})")
+        raise ConfigError(
+            f"{section}.kl_coef_final = {cfg.kl_coef_final}: an annealed beta runs from {section}.kl_coef > 0 to a "
+            f"value > 0 (got kl_coef = {cfg.kl_coef})"
+        )
 
 
 # ----------------------------------------------------------------------------- the actors (plain classes; ray.remote at start)
@@ -158,7 +174,9 @@ class TrajectoryStore:
     def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
         """A searcher's round, how long it waited for new weights before it and how long it spent
         taking weights in (fetching, loading them into its policy); returns the buffer's size."""
-        trajectories = [Trajectory.from_json(obj, f"trajectories from searcher {searcher}") for obj in json.loads(payload)]
+        trajectories = [
+            Trajectory.from_json(obj, f"trajectories from searcher {searcher}") for obj in json.loads(payload)
+        ]
         self.evicted += self.buffer.add(trajectories)
         self.added += len(trajectories)
         self.searcher_idle += idle_seconds
@@ -181,10 +199,17 @@ class TrajectoryStore:
         return json.dumps({"groups": [[t.to_json() for t in group] for group in groups], "recent": recent})
 
     def stats(self) -> dict:
-        return {"size": len(self.buffer), "added": self.added, "dropped_stale": self.dropped, "evicted": self.evicted,
-                "per_searcher": dict(self.per_searcher), "restarts": self.restarts, "searcher_idle_seconds": self.searcher_idle,
-                "searcher_weight_load_seconds": self.searcher_loading,
-                "seconds": time.monotonic() - self.started}
+        return {
+            "size": len(self.buffer),
+            "added": self.added,
+            "dropped_stale": self.dropped,
+            "evicted": self.evicted,
+            "per_searcher": dict(self.per_searcher),
+            "restarts": self.restarts,
+            "searcher_idle_seconds": self.searcher_idle,
+            "searcher_weight_load_seconds": self.searcher_loading,
+            "seconds": time.monotonic() - self.started,
+        }
 
     def state_dict(self) -> dict:
         return {"buffer": self.buffer.state_dict(), "added": self.added, "dropped": self.dropped}
@@ -233,9 +258,15 @@ class Searcher:
         """The weights version this searcher samples with, the one its last sent trajectories carry,
         how its weights reach it, its process, the cores it may run on, whether Ray restarted it and
         where Ray placed it (placement group, bundle, GPU ids: ray_cluster.placement)."""
-        return {"version": self.version, "sampled_version": self.sampled_version, "channel": self.receiver.backend,
-                "pid": os.getpid(), "cores": sorted(os.sched_getaffinity(0)), "restarted": self.restarted,
-                "placement": ray_cluster.placement()}
+        return {
+            "version": self.version,
+            "sampled_version": self.sampled_version,
+            "channel": self.receiver.backend,
+            "pid": os.getpid(),
+            "cores": sorted(os.sched_getaffinity(0)),
+            "restarted": self.restarted,
+            "placement": ray_cluster.placement(),
+        }
 
     def take_weights(self, version: int, refs: list | None, layout: dict | None) -> bool:
         """The newest weights into the sampler's policy: the object store's ``refs`` of ``version``
@@ -302,8 +333,14 @@ class ScorerActor:
 
     def status(self) -> dict:
         """Calls and solutions scored, its process, whether Ray restarted it, where Ray placed it."""
-        return {"index": self.index, "calls": self.calls, "solutions": self.solutions, "pid": os.getpid(),
-                "restarted": self.restarted, "placement": ray_cluster.placement()}
+        return {
+            "index": self.index,
+            "calls": self.calls,
+            "solutions": self.solutions,
+            "pid": os.getpid(),
+            "restarted": self.restarted,
+            "placement": ray_cluster.placement(),
+        }
 
 
 class PooledScorer:
@@ -348,15 +385,30 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
     text), and publishes; the other processes never connect (docs/async.md, "Several trainer processes").
     """
 
-    def __init__(self, base, sampler, objective, cfg, make_sampler: MakeSampler, export: Callable[[], dict],
-                 problems: list | None = None, run_name: str = "stepflow", progress: bool = True,
-                 publish_dtype: torch.dtype | None = None, make_scorer: Callable | None = None):
+    def __init__(
+        self,
+        base,
+        sampler,
+        objective,
+        cfg,
+        make_sampler: MakeSampler,
+        export: Callable[[], dict],
+        problems: list | None = None,
+        run_name: str = "stepflow",
+        progress: bool = True,
+        publish_dtype: torch.dtype | None = None,
+        make_scorer: Callable | None = None,
+    ):
         super().__init__(base, sampler, objective, cfg, progress=progress)
         if not getattr(objective, "off_policy", False):
-            raise ValueError(f"{objective.name} is on-policy: mode=async trains on trajectories of older policies "
-                             "(use gfn.loss=subtb | tb | tb_vargrad)")
+            raise ValueError(
+                f"{objective.name} is on-policy: mode=async trains on trajectories of older policies "
+                "(use gfn.loss=subtb | tb | tb_vargrad)"
+            )
         if cfg.scorer_actors and make_scorer is None:
-            raise ValueError(f"gfn.scorer_actors={cfg.scorer_actors}: the trainer needs make_scorer to build the PRM in each scorer actor")
+            raise ValueError(
+                f"gfn.scorer_actors={cfg.scorer_actors}: the trainer needs make_scorer to build the PRM in each scorer actor"
+            )
         self.make_sampler, self.export, self.run_name, self.make_scorer = make_sampler, export, run_name, make_scorer
         self.scorers: list = []
         self.problems, self.problems_ref = list(problems or []), None
@@ -386,25 +438,45 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         names = {"store": "store", "weights": "weights"}
         if self.base.is_main:
             self._started_ray = ray_cluster.connect(self.cfg, f"stepflow-{self.run_name}")
-            buffer = {"capacity": self.cfg.buffer_size, "per_question": self.per_question, "priority": self.cfg.async_priority,
-                      "temperature": self.cfg.buffer_temperature, "recency": self.cfg.recency_fraction, "seed": self.cfg.seed}
+            buffer = {
+                "capacity": self.cfg.buffer_size,
+                "per_question": self.per_question,
+                "priority": self.cfg.async_priority,
+                "temperature": self.cfg.buffer_temperature,
+                "recency": self.cfg.recency_fraction,
+                "seed": self.cfg.seed,
+            }
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
             # Searchers read the problems through the weights actor, by a reference this process holds:
             # as a constructor argument of a restartable actor, a large object is freed once the actor
             # has started, and a searcher restarted later would have nothing to start from.
             self.problems_ref = ray.put(self.problems)
-            self.weights = ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote([self.problems_ref])
+            self.weights = (
+                ray.remote(num_cpus=0)(WeightStore).options(name=names["weights"]).remote([self.problems_ref])
+            )
             self.reserve()
             self.start_scorers()
-            searcher = ray.remote(num_cpus=1, num_gpus=self.cfg.searcher_gpus, max_restarts=self.cfg.searcher_max_restarts,
-                                  max_concurrency=2)(Searcher)
-            self.searchers = [searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(self.placement_group, i))
-                              .remote(i, self.make_sampler, names, self.cfg.searcher_cores) for i in range(self.cfg.searchers)]
+            searcher = ray.remote(
+                num_cpus=1,
+                num_gpus=self.cfg.searcher_gpus,
+                max_restarts=self.cfg.searcher_max_restarts,
+                max_concurrency=2,
+            )(Searcher)
+            self.searchers = [
+                searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(self.placement_group, i)).remote(
+                    i, self.make_sampler, names, self.cfg.searcher_cores
+                )
+                for i in range(self.cfg.searchers)
+            ]
             trainer_device = self.base.accelerator.device
             self.publisher = WeightPublisher(
-                transport=self.cfg.weight_transport, weights=self.weights, dtype=self.publish_dtype,
-                bucket_bytes=bucket_bytes(self.cfg.publish_bucket_mb), host=ray.util.get_node_ip_address(),
-                backend=backend_for(trainer_device) if self.cfg.searcher_gpus else "gloo")  # NCCL: GPU to GPU
+                transport=self.cfg.weight_transport,
+                weights=self.weights,
+                dtype=self.publish_dtype,
+                bucket_bytes=bucket_bytes(self.cfg.publish_bucket_mb),
+                host=ray.util.get_node_ip_address(),
+                backend=backend_for(trainer_device) if self.cfg.searcher_gpus else "gloo",
+            )  # NCCL: GPU to GPU
         collective.barrier()
 
     def start_scorers(self) -> None:
@@ -412,11 +484,15 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         group (ray_cluster.bundles), found by searchers under scorer_name(j); restarted by Ray like searchers."""
         import ray  # the optional extra (extra `distributed`)
 
-        scorer = ray.remote(num_cpus=1, num_gpus=self.cfg.scorer_gpus, max_restarts=self.cfg.searcher_max_restarts,
-                            max_task_retries=-1)(ScorerActor)
-        self.scorers = [scorer.options(name=scorer_name(j),
-                                       scheduling_strategy=ray_cluster.scorer_strategy(self.placement_group, self.cfg, j))
-                        .remote(j, self.make_scorer) for j in range(self.cfg.scorer_actors)]
+        scorer = ray.remote(
+            num_cpus=1, num_gpus=self.cfg.scorer_gpus, max_restarts=self.cfg.searcher_max_restarts, max_task_retries=-1
+        )(ScorerActor)
+        self.scorers = [
+            scorer.options(
+                name=scorer_name(j), scheduling_strategy=ray_cluster.scorer_strategy(self.placement_group, self.cfg, j)
+            ).remote(j, self.make_scorer)
+            for j in range(self.cfg.scorer_actors)
+        ]
 
     def trainer_gpus(self) -> int:
         """GPUs the trainer's processes hold (one each on CUDA; they run on the main process's node)."""
@@ -426,18 +502,26 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         """The run's placement group (ray_cluster.bundles): the trainer's bundle, then one per searcher,
         so Ray never places a searcher on the trainer's GPUs. On CUDA, the GPUs Ray reserved for the
         trainer must be the ones its main process runs on, else the run is refused naming both."""
-        where = f"the Ray cluster at gfn.ray_address={self.cfg.ray_address}" if self.cfg.ray_address else "the local Ray instance"
+        where = (
+            f"the Ray cluster at gfn.ray_address={self.cfg.ray_address}"
+            if self.cfg.ray_address
+            else "the local Ray instance"
+        )
         gpus = self.trainer_gpus()
-        self.placement_group, self.trainer_gpu_ids = ray_cluster.reserve(self.cfg, gpus, self.cfg.placement_timeout, where)
+        self.placement_group, self.trainer_gpu_ids = ray_cluster.reserve(
+            self.cfg, gpus, self.cfg.placement_timeout, where
+        )
         device = self.base.accelerator.device
         if gpus and device.type == "cuda":
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             index = device.index if device.index is not None else torch.cuda.current_device()
             own = visible.split(",")[index] if visible else str(index)
             if own not in self.trainer_gpu_ids:
-                raise ValueError(f"Ray reserved GPUs {self.trainer_gpu_ids} of this node for the trainer, but its main process runs "
-                                 f"on GPU {own}: searchers could be placed on it. Start the trainer on the node's first GPUs "
-                                 "(CUDA_VISIBLE_DEVICES unset, or the ids Ray reserves)")
+                raise ValueError(
+                    f"Ray reserved GPUs {self.trainer_gpu_ids} of this node for the trainer, but its main process runs "
+                    f"on GPU {own}: searchers could be placed on it. Start the trainer on the node's first GPUs "
+                    "(CUDA_VISIBLE_DEVICES unset, or the ids Ray reserves)"
+                )
 
     def publish(self) -> None:
         """The trainer's weights, as of its current step, for every searcher: exported by every
@@ -471,9 +555,11 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                 index = self.runs.index(ref)
                 cause = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
                 restarts = ray.get(self.store.stats.remote())["restarts"]
-                raise RuntimeError(f"async: searcher {index} stopped and is not restarted again (Ray restarts a searcher at most "
-                                   f"gfn.searcher_max_restarts={self.cfg.searcher_max_restarts} times; this run's searchers were "
-                                   f"restarted {restarts} times in all): {cause}") from error
+                raise RuntimeError(
+                    f"async: searcher {index} stopped and is not restarted again (Ray restarts a searcher at most "
+                    f"gfn.searcher_max_restarts={self.cfg.searcher_max_restarts} times; this run's searchers were "
+                    f"restarted {restarts} times in all): {cause}"
+                ) from error
 
     def stop(self) -> None:
         """Stop the searchers and the actors; shut Ray down when this trainer started it, also when
@@ -518,7 +604,12 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         self.publish()
         self.keep_searching()
         stats = self.store_stats()
-        self._window = (stats["added"], stats["searcher_idle_seconds"], stats["searcher_weight_load_seconds"], time.monotonic())
+        self._window = (
+            stats["added"],
+            stats["searcher_idle_seconds"],
+            stats["searcher_weight_load_seconds"],
+            time.monotonic(),
+        )
 
     def store_stats(self) -> dict:
         """The store's counters (TrajectoryStore.stats), read by the main process, the same on every process."""
@@ -547,13 +638,15 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         text = None
         if self.base.is_main:
             self.keep_searching()
-            text = ray.get(self.store.sample.remote(self.questions, self.published, self.step, self.cfg.max_staleness, minimum))
+            text = ray.get(
+                self.store.sample.remote(self.questions, self.published, self.step, self.cfg.max_staleness, minimum)
+            )
         answer = json.loads(collective.broadcast_text(text))
         if len(answer["groups"]) < self.questions:
             time.sleep(POLL_SECONDS)
             return None, 0, time.monotonic() - start
         share = self.questions // collective.world
-        mine = answer["groups"][collective.rank * share:(collective.rank + 1) * share]
+        mine = answer["groups"][collective.rank * share : (collective.rank + 1) * share]
         groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in group] for group in mine]
         return groups, answer["recent"] if self.base.is_main else 0, time.monotonic() - start
 
@@ -569,9 +662,14 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                 import ray  # the optional extra (extra `distributed`)
 
                 warned = waited
-                log.warning("async: step %d has waited %.0f s for %d questions x %d distinct completions; the store: %s",
-                            self.step, waited, self.questions, self.per_question,
-                            ray.get(self.store.stats.remote()) if self.base.is_main else "(read by the main process)")
+                log.warning(
+                    "async: step %d has waited %.0f s for %d questions x %d distinct completions; the store: %s",
+                    self.step,
+                    waited,
+                    self.questions,
+                    self.per_question,
+                    ray.get(self.store.stats.remote()) if self.base.is_main else "(read by the main process)",
+                )
 
     def train_step(self) -> dict:
         start = time.monotonic()
@@ -594,38 +692,49 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             distinct.setdefault(t.problem_id, set()).add(tuple(t.steps))
         sizes = [len(completions) for completions in distinct.values()]
         zero = sum(len(distinct[t.problem_id]) < 2 for t in batch) if self.objective.name == "tb_vargrad" else 0
-        summed = collective.sum(torch.tensor([sum(staleness), len(batch), zero, len(distinct), recent, waited], dtype=torch.float64))
+        summed = collective.sum(
+            torch.tensor([sum(staleness), len(batch), zero, len(distinct), recent, waited], dtype=torch.float64)
+        )
         histogram: dict[str, int] = {}
         for versions in behind:
             histogram[str(versions)] = histogram.get(str(versions), 0) + 1
-        record.update({
-            "trained": int(summed[1]),
-            "questions": int(summed[3]),
-            "trajectories_per_question_min": int(-collective.max(-min(sizes))),
-            "trajectories_per_question_max": int(collective.max(max(sizes))),
-            "zero_gradient_fraction": float(summed[2] / summed[1]),
-            "recent_questions": int(summed[4]),
-            "staleness_mean": float(summed[0] / summed[1]),
-            "staleness_max": int(collective.max(max(staleness))),
-            "staleness_versions": histogram,  # versions behind the newest publication -> rows (this process's)
-            "generated_per_trained": (stats["added"] - added) / float(summed[1]),
-            "searcher_trajectories_per_s": (stats["added"] - added) / max(now - since, 1e-9),
-            "trainer_idle_seconds": float(summed[5]) / collective.world,
-            "searcher_idle_seconds": stats["searcher_idle_seconds"] - searcher_idle,
-            "searcher_weight_load_seconds": stats["searcher_weight_load_seconds"] - searcher_loading,
-            "buffer_size": stats["size"],
-            "dropped_stale": stats["dropped_stale"],
-            "evicted": stats["evicted"],
-            "searcher_restarts": stats["restarts"],
-        })
+        record.update(
+            {
+                "trained": int(summed[1]),
+                "questions": int(summed[3]),
+                "trajectories_per_question_min": int(-collective.max(-min(sizes))),
+                "trajectories_per_question_max": int(collective.max(max(sizes))),
+                "zero_gradient_fraction": float(summed[2] / summed[1]),
+                "recent_questions": int(summed[4]),
+                "staleness_mean": float(summed[0] / summed[1]),
+                "staleness_max": int(collective.max(max(staleness))),
+                "staleness_versions": histogram,  # versions behind the newest publication -> rows (this process's)
+                "generated_per_trained": (stats["added"] - added) / float(summed[1]),
+                "searcher_trajectories_per_s": (stats["added"] - added) / max(now - since, 1e-9),
+                "trainer_idle_seconds": float(summed[5]) / collective.world,
+                "searcher_idle_seconds": stats["searcher_idle_seconds"] - searcher_idle,
+                "searcher_weight_load_seconds": stats["searcher_weight_load_seconds"] - searcher_loading,
+                "buffer_size": stats["size"],
+                "dropped_stale": stats["dropped_stale"],
+                "evicted": stats["evicted"],
+                "searcher_restarts": stats["restarts"],
+            }
+        )
         if self.step % self.cfg.sync_every == 0:
             self.publish()
-        record["publish_seconds"] = self.publish_seconds  # the trainer's own time: export, pack, wait for the previous one
+        record["publish_seconds"] = (
+            self.publish_seconds
+        )  # the trainer's own time: export, pack, wait for the previous one
         if self.publisher is not None:  # publications that finished in the background since the last record
             done = self.publisher.take_finished()
-            record.update({"publications": len(done), "publication_bytes": sum(p.bytes for p in done),
-                           "publication_seconds": sum(p.seconds for p in done),
-                           "publication_buckets": sum(p.buckets for p in done)})
+            record.update(
+                {
+                    "publications": len(done),
+                    "publication_bytes": sum(p.bytes for p in done),
+                    "publication_seconds": sum(p.seconds for p in done),
+                    "publication_buckets": sum(p.buckets for p in done),
+                }
+            )
         record["wall_time"] = time.time()  # when the step ended, its publication started
         self._window = (stats["added"], stats["searcher_idle_seconds"], stats["searcher_weight_load_seconds"], now)
         self.publish_seconds = 0.0

@@ -58,12 +58,16 @@ def reweighting_ceiling(
     log_weights, rewards = np.asarray(log_weights, dtype=np.float64), np.asarray(rewards, dtype=np.float64)
     mask = np.asarray(mask, dtype=bool)
     if log_weights.ndim != 2 or log_weights.shape != rewards.shape or mask.shape != rewards.shape:
-        raise ValueError(f"reweighting_ceiling: log_weights {log_weights.shape}, rewards {rewards.shape} and mask {mask.shape} "
-                         "must be the same (Q, K) shape")
+        raise ValueError(
+            f"reweighting_ceiling: log_weights {log_weights.shape}, rewards {rewards.shape} and mask {mask.shape} "
+            "must be the same (Q, K) shape"
+        )
     if correct is not None:
         correct = np.asarray(correct, dtype=np.float64)
         if correct.shape != rewards.shape:
-            raise ValueError(f"reweighting_ceiling: correct {correct.shape} must have the shape of rewards {rewards.shape}")
+            raise ValueError(
+                f"reweighting_ceiling: correct {correct.shape} must have the shape of rewards {rewards.shape}"
+            )
     if not (np.all(np.isfinite(log_weights[mask])) and np.all(np.isfinite(rewards[mask]))):
         raise ValueError("reweighting_ceiling: log_weights and rewards must be finite where mask is True")
     kept = mask.any(axis=1)
@@ -80,8 +84,14 @@ def reweighting_ceiling(
         plain = values.sum(axis=1) / counts
         reweighted = (weights * values).sum(axis=1)
         gain, lo, hi = bootstrap_ci(reweighted - plain, n_resamples=n_resamples, seed=seed)
-        return {"base": float(plain.mean()), "reweighted": float(reweighted.mean()), "gain": gain, "lo": lo, "hi": hi,
-                "per_question": (reweighted - plain).tolist()}
+        return {
+            "base": float(plain.mean()),
+            "reweighted": float(reweighted.mean()),
+            "gain": gain,
+            "lo": lo,
+            "hi": hi,
+            "per_question": (reweighted - plain).tolist(),
+        }
 
     return {
         "questions": int(kept.sum()),
@@ -102,7 +112,12 @@ def ceiling_arrays(trajectories: Sequence, reward: StateLogRewards, answers_know
         groups.setdefault(t.problem_id, []).append(t)
     width = max(len(g) for g in groups.values())
     shape = (len(groups), width)
-    log_weights, rewards, mask, correct = np.zeros(shape), np.zeros(shape), np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
+    log_weights, rewards, mask, correct = (
+        np.zeros(shape),
+        np.zeros(shape),
+        np.zeros(shape, dtype=bool),
+        np.zeros(shape, dtype=bool),
+    )
     shaping = dataclasses.replace(reward, reference_prior_coef=0.0)
     for q, group in enumerate(groups.values()):
         log_r, steps = shaping(group)
@@ -117,12 +132,16 @@ def ceiling_verdict(result: dict, temperature: float) -> str:
     """One line: the ceiling's figures and whether the PRM gives the GFlowNet anything to learn."""
     reward, accuracy = result["reward"], result["accuracy"]
     relative = reward["gain"] / reward["base"] if reward["base"] > 0 else float("nan")
-    line = (f"reweighting ceiling over {result['questions']} questions x their {result['samples']} base-policy samples, weighted by "
-            f"R^(1/{temperature:g}): mean R {reward['base']:.4g} -> {reward['reweighted']:.4g}, {reward['gain']:+.4g} "
-            f"[{reward['lo']:+.4g}, {reward['hi']:+.4g}] ({100 * relative:+.1f}%)")
+    line = (
+        f"reweighting ceiling over {result['questions']} questions x their {result['samples']} base-policy samples, weighted by "
+        f"R^(1/{temperature:g}): mean R {reward['base']:.4g} -> {reward['reweighted']:.4g}, {reward['gain']:+.4g} "
+        f"[{reward['lo']:+.4g}, {reward['hi']:+.4g}] ({100 * relative:+.1f}%)"
+    )
     if accuracy is not None:
-        line += (f"; accuracy {100 * accuracy['base']:.1f}% -> {100 * accuracy['reweighted']:.1f}%, "
-                 f"{100 * accuracy['gain']:+.1f} [{100 * accuracy['lo']:+.1f}, {100 * accuracy['hi']:+.1f}] points")
+        line += (
+            f"; accuracy {100 * accuracy['base']:.1f}% -> {100 * accuracy['reweighted']:.1f}%, "
+            f"{100 * accuracy['gain']:+.1f} [{100 * accuracy['lo']:+.1f}, {100 * accuracy['hi']:+.1f}] points"
+        )
     if reward["lo"] > 0:
         line += ": the PRM ranks a question's samples apart, so the GFlowNet has something to learn"
         if accuracy is not None and accuracy["lo"] > 0:
@@ -136,7 +155,9 @@ def ceiling_verdict(result: dict, temperature: float) -> str:
     return line
 
 
-def measure_ceiling(policy, scorer, problems: Sequence, kind: str, cfg, reward: StateLogRewards, collective=None) -> dict | None:
+def measure_ceiling(
+    policy, scorer, problems: Sequence, kind: str, cfg, reward: StateLogRewards, collective=None
+) -> dict | None:
     """Draw and score the base policy's samples of the first ``cfg.ceiling_questions`` questions
     of the stage's question cycle (capped at the number of problems, rounded down to a multiple
     of the processes; each process samples its share), and return ``reweighting_ceiling`` of
@@ -152,13 +173,18 @@ def measure_ceiling(policy, scorer, problems: Sequence, kind: str, cfg, reward: 
     questions -= questions % collective.world
     if questions == 0:
         return None
-    sampler = TrajectorySampler(policy, scorer, problems, kind, dataclasses.replace(cfg, questions_per_step=questions),
-                                collective=collective)
+    sampler = TrajectorySampler(
+        policy, scorer, problems, kind, dataclasses.replace(cfg, questions_per_step=questions), collective=collective
+    )
     fresh, info = sampler.sample(0)
     everyone = [t for part in collective.gather(fresh, Trajectory) for t in part]
     counts = collective.sum(torch.tensor([info["sampled"], info["empty_solutions"]], dtype=torch.float64)).tolist()
-    result = {"reward_temperature": cfg.reward_temperature, "samples_per_question": cfg.samples_per_question,
-              "sampled": int(counts[0]), "empty_solutions": int(counts[1])}
+    result = {
+        "reward_temperature": cfg.reward_temperature,
+        "samples_per_question": cfg.samples_per_question,
+        "sampled": int(counts[0]),
+        "empty_solutions": int(counts[1]),
+    }
     if not everyone:
         raise RuntimeError("reweighting ceiling: every sampled solution was empty (the policy stops at s_0)")
     answers_known = all(p.answer not in (None, "") for p in problems)

@@ -94,7 +94,9 @@ class GFlowNetObjective(torch.nn.Module):
     off_policy = True
     updates_per_rollout = 1
 
-    def __init__(self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None, reference=None):
+    def __init__(
+        self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None, reference=None
+    ):
         super().__init__()
         self.collective = collective or Collective()
         check_choice(cfg.loss, GFlowNetLoss, "gfn.loss")  # a config built in code, not by the loader
@@ -105,8 +107,13 @@ class GFlowNetObjective(torch.nn.Module):
         object.__setattr__(self, "reference", reference)  # not trained, not checkpointed with the objective
         self.kl_coef = cfg.kl_coef
         self.reference_version = 0  # the training step whose weights the reference holds
-        self.buffer = ReplayBuffer(capacity=cfg.buffer_size, priority=cfg.buffer_priority, temperature=cfg.buffer_temperature,
-                                   recency_fraction=cfg.recency_fraction, seed=cfg.seed)
+        self.buffer = ReplayBuffer(
+            capacity=cfg.buffer_size,
+            priority=cfg.buffer_priority,
+            temperature=cfg.buffer_temperature,
+            recency_fraction=cfg.recency_fraction,
+            seed=cfg.seed,
+        )
         self.log_z = torch.nn.Parameter(torch.zeros(())) if cfg.loss == "tb" and cfg.learn_log_z else None
         self.lr = cfg.log_z_lr
         self._update: dict = {}
@@ -130,11 +137,18 @@ class GFlowNetObjective(torch.nn.Module):
             return batch
         lp = self.reference.logprobs([t.prompt for t in batch], [t.steps for t in batch], with_grad=False)
         steps, stops = lp.step_logprobs.detach().float().cpu(), lp.termination_logprobs.detach().float().cpu()
-        return [dataclasses.replace(t, reference_step_logprobs=steps[row, :len(t.steps)].tolist(),
-                                    reference_stop_logprob=float(stops[row, len(t.steps)]))
-                for row, t in enumerate(batch)]
+        return [
+            dataclasses.replace(
+                t,
+                reference_step_logprobs=steps[row, : len(t.steps)].tolist(),
+                reference_stop_logprob=float(stops[row, len(t.steps)]),
+            )
+            for row, t in enumerate(batch)
+        ]
 
-    def rollout(self, fresh: list[Trajectory], everyone: list[list[Trajectory]]) -> list[tuple[list[Trajectory], float]]:
+    def rollout(
+        self, fresh: list[Trajectory], everyone: list[list[Trajectory]]
+    ) -> list[tuple[list[Trajectory], float]]:
         """The update's micro-batches (trajectories, weight) on this process: its fresh
         trajectories and its share of replay_fraction times all processes' fresh ones replayed
         (drawn before the fresh ones join the buffer); TB-VarGrad keeps a question's trajectories
@@ -159,19 +173,36 @@ class GFlowNetObjective(torch.nn.Module):
                 owner = others.setdefault(trajectory.problem_id, len(others) % collective.world)
             if owner == collective.rank:
                 mine.append(trajectory)
-        return self.plan(fresh + mine, collective.world / (len(every) + len(replayed)), fresh=fresh, replayed=len(replayed),
-                         filler=every[:1])
+        return self.plan(
+            fresh + mine,
+            collective.world / (len(every) + len(replayed)),
+            fresh=fresh,
+            replayed=len(replayed),
+            filler=every[:1],
+        )
 
-    def plan(self, batch: list[Trajectory], weight: float, fresh: list[Trajectory] | None = None, replayed: int = 0,
-             filler: list[Trajectory] | None = None) -> list[tuple[list[Trajectory], float]]:
+    def plan(
+        self,
+        batch: list[Trajectory],
+        weight: float,
+        fresh: list[Trajectory] | None = None,
+        replayed: int = 0,
+        filler: list[Trajectory] | None = None,
+    ) -> list[tuple[list[Trajectory], float]]:
         """Micro-batches (trajectories, weight) of a given batch: what ``rollout`` builds, and
         what the asynchronous trainer trains on (a batch drawn from the searchers' buffer).
 
         fresh:  the trajectories the update's metrics are about (default: the whole batch)
         filler: what a process with an empty batch runs at weight 0 (it must take part)
         """
-        self._update = {"fresh": {id(t) for t in (batch if fresh is None else fresh)}, "replayed": replayed,
-                        "log_pi": [], "terminal_log_r": [], "terminal_log_pterm": [], "ids": []}
+        self._update = {
+            "fresh": {id(t) for t in (batch if fresh is None else fresh)},
+            "replayed": replayed,
+            "log_pi": [],
+            "terminal_log_r": [],
+            "terminal_log_pterm": [],
+            "ids": [],
+        }
         if not batch:
             return [(filler or [], 0.0)]
         # One row order for a given set of rows, whoever produced them (a sampler, the replay, the
@@ -205,9 +236,13 @@ class GFlowNetObjective(torch.nn.Module):
                 width = mask.shape[1]
                 ref_steps = pad_rows([t.reference_step_logprobs for t in batch], width).to(device)
                 ref_stop = torch.zeros(len(batch), width + 1, device=device)
-                ref_stop[torch.arange(len(batch)), mask.sum(1)] = torch.tensor([t.reference_stop_logprob for t in batch], device=device)
+                ref_stop[torch.arange(len(batch)), mask.sum(1)] = torch.tensor(
+                    [t.reference_stop_logprob for t in batch], device=device
+                )
                 log_ref = trajectory_logprob(ref_steps, ref_stop, mask)
-            loss = tb_vargrad_loss(log_pf, log_pterm, log_r, mask, [t.problem_id for t in batch], log_ref=log_ref, kl_coef=self.kl_coef)
+            loss = tb_vargrad_loss(
+                log_pf, log_pterm, log_r, mask, [t.problem_id for t in batch], log_ref=log_ref, kl_coef=self.kl_coef
+            )
         lengths = mask.sum(1)
         extras = {
             "log_pi": trajectory_logprob(log_pf.detach(), log_pterm.detach(), mask),
@@ -239,8 +274,12 @@ class GFlowNetObjective(torch.nn.Module):
             counts[problem_id] = counts.get(problem_id, 0) + 1
         questions = 0 if math.isnan(gap) else sum(n > 1 for n in counts.values())  # those the gap averages over
         pterm = update["terminal_log_pterm"]
-        totals = self.collective.sum(torch.tensor([gap * questions if questions else 0.0, float(questions), float(sum(pterm)),
-                                                   float(len(pterm))], dtype=torch.float64))
+        totals = self.collective.sum(
+            torch.tensor(
+                [gap * questions if questions else 0.0, float(questions), float(sum(pterm)), float(len(pterm))],
+                dtype=torch.float64,
+            )
+        )
         return {
             "proportionality_gap": float(totals[0] / totals[1]) if totals[1] else float("nan"),
             "termination_logprob": float(totals[2] / totals[3]) if totals[3] else float("nan"),

@@ -52,8 +52,15 @@ class GroupedReplay:
     seed:         seed of the buffer's numpy Generator (draws are deterministic)
     """
 
-    def __init__(self, capacity: int, per_question: int, priority: str = "softmax", temperature: float = 1.0,
-                 recency: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        per_question: int,
+        priority: str = "softmax",
+        temperature: float = 1.0,
+        recency: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"grouped replay: capacity: expected >= 1, got {capacity}")
         if per_question < 1:
@@ -142,7 +149,9 @@ class GroupedReplay:
             drawn.append([copy.deepcopy(pool[int(i)]) for i in chosen])
         return drawn, recent
 
-    def newest_complete_version(self, groups: dict[str, list[Trajectory]], eligible: list[str], latest: int) -> int | None:
+    def newest_complete_version(
+        self, groups: dict[str, list[Trajectory]], eligible: list[str], latest: int
+    ) -> int | None:
         """The newest weights version <= ``latest`` of which some eligible question holds K
         completions (None: no such version)."""
         complete = set()
@@ -153,13 +162,18 @@ class GroupedReplay:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able state: the completions oldest first and the generator's state."""
-        return {"version": STATE_VERSION, "items": [t.to_json() for t in self._items.values()],
-                "rng": _jsonable(self.rng.bit_generator.state)}
+        return {
+            "version": STATE_VERSION,
+            "items": [t.to_json() for t in self._items.values()],
+            "rng": _jsonable(self.rng.bit_generator.state),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the completions and the generator; the constructor's settings stay in force."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"grouped replay state: field version: expected {STATE_VERSION}, got {state.get('version')!r}")
+            raise ValueError(
+                f"grouped replay state: field version: expected {STATE_VERSION}, got {state.get('version')!r}"
+            )
         items = {}
         for position, record in enumerate(state["items"]):
             trajectory = Trajectory.from_json(record, f"grouped replay state: items[{position}]")

@@ -194,9 +194,7 @@ def _trajectory_logprob(log_pf: Tensor, log_pterm: Tensor, mask: Tensor, lengths
     return _masked_step_sum(log_pf.to(dtype), mask) + _at_length(log_pterm.to(dtype), lengths)
 
 
-def trajectory_balance_loss(
-    log_pf: Tensor, log_pterm: Tensor, log_r: Tensor, mask: Tensor, log_z: Tensor
-) -> Tensor:
+def trajectory_balance_loss(log_pf: Tensor, log_pterm: Tensor, log_r: Tensor, mask: Tensor, log_z: Tensor) -> Tensor:
     """Trajectory balance of each trajectory, terminating at its last state s_n.
 
     log_pf: (B, T); log_pterm: (B, T+1); log_r: (B, T+1); mask: (B, T) bool  (module conventions)
@@ -223,9 +221,11 @@ def _vargrad_target(log_r: Tensor, lengths: Tensor, log_ref: Tensor | None, kl_c
     if not kl_coef >= 0.0 or kl_coef == float("inf"):
         raise ValueError(f"kl_coef: expected a finite beta >= 0, got {kl_coef}")
     if (kl_coef > 0.0) != (log_ref is not None):
-        raise ValueError("log_ref and kl_coef go together: pass log_ref (B,) with kl_coef > 0, "
-                         f"or neither (got log_ref={'a tensor' if log_ref is not None else None}, "
-                         f"kl_coef={kl_coef})")
+        raise ValueError(
+            "log_ref and kl_coef go together: pass log_ref (B,) with kl_coef > 0, "
+            f"or neither (got log_ref={'a tensor' if log_ref is not None else None}, "
+            f"kl_coef={kl_coef})"
+        )
     terminal = _at_length(log_r, lengths)
     if log_ref is None:
         return terminal
@@ -342,8 +342,10 @@ def gae(
     if terminated is None:
         terminated = torch.ones(batch, dtype=torch.bool, device=rewards.device)
     elif tuple(terminated.shape) != (batch,) or terminated.dtype != torch.bool:
-        raise ValueError(f"terminated: expected a bool tensor of shape (B,)={(batch,)}, "
-                         f"got {terminated.dtype} {tuple(terminated.shape)}")
+        raise ValueError(
+            f"terminated: expected a bool tensor of shape (B,)={(batch,)}, "
+            f"got {terminated.dtype} {tuple(terminated.shape)}"
+        )
     step = torch.arange(1, steps + 1, device=rewards.device)[None, :]  # step k = 1..T
     next_value = torch.where(step < lengths[:, None], values[:, 1:], zero)
     bootstrap = torch.where(terminated, zero, _at_length(values, lengths))
@@ -389,9 +391,15 @@ def ppo_loss(
              clip_fraction = mean(|rho - 1| > eps)
     """
     shape = tuple(mask.shape)
-    for name, tensor in (("new_logp", new_logp), ("old_logp", old_logp), ("advantages", advantages),
-                         ("returns", returns), ("new_values", new_values), ("old_values", old_values),
-                         ("entropy", entropy)):
+    for name, tensor in (
+        ("new_logp", new_logp),
+        ("old_logp", old_logp),
+        ("advantages", advantages),
+        ("returns", returns),
+        ("new_values", new_values),
+        ("old_values", old_values),
+        ("entropy", entropy),
+    ):
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name}: expected shape (B, T)={shape} like mask, got {tuple(tensor.shape)}")
     if mask.dtype != torch.bool or not bool(mask.any()):

@@ -102,8 +102,13 @@ def needs_reference(cfg: GFNConfig | PPOConfig) -> bool:
     return cfg.kl_coef > 0 or cfg.reference_prior_coef > 0
 
 
-def build_objective(cfg: GFNConfig | PPOConfig, policy: Any, hidden_size: int, collective: Collective | None = None,
-                    reference: Any = None) -> Objective:
+def build_objective(
+    cfg: GFNConfig | PPOConfig,
+    policy: Any,
+    hidden_size: int,
+    collective: Collective | None = None,
+    reference: Any = None,
+) -> Objective:
     """The objective named by ``cfg`` with the reward shaping of that same section.
 
     hidden_size: the policy's last hidden size (PPO's value head reads the step-boundary states)
@@ -113,9 +118,13 @@ def build_objective(cfg: GFNConfig | PPOConfig, policy: Any, hidden_size: int, c
     """
     if objective_name(cfg) == "ppo":
         return PPOObjective(cfg, policy, StepRewards(cfg.step_reward, cfg.unfinished_reward), hidden_size, collective)
-    reward = StateLogRewards(reward_temperature=cfg.reward_temperature, unfinished_log_reward=cfg.unfinished_log_reward,
-                             outcome_coef=cfg.outcome_coef, outcome_floor=cfg.outcome_floor,
-                             reference_prior_coef=cfg.reference_prior_coef)
+    reward = StateLogRewards(
+        reward_temperature=cfg.reward_temperature,
+        unfinished_log_reward=cfg.unfinished_log_reward,
+        outcome_coef=cfg.outcome_coef,
+        outcome_floor=cfg.outcome_floor,
+        reference_prior_coef=cfg.reference_prior_coef,
+    )
     return GFlowNetObjective(cfg, policy, reward, collective, reference=reference)
 
 
@@ -146,8 +155,10 @@ class RegularizedTarget:
     def describe(self) -> str:
         if self.temperature == 0:
             return f"target: the trajectories maximising G = sum of step {self.reward} (no regulariser)"
-        return (f"target: pi_ref^{self.prior:g} x exp(G / {self.temperature:g}), G = sum of step {self.reward}"
-                f" + {self.unfinished:g} if unanswered" + (f" + {self.outcome:g} if wrong" if self.outcome else ""))
+        return (
+            f"target: pi_ref^{self.prior:g} x exp(G / {self.temperature:g}), G = sum of step {self.reward}"
+            f" + {self.unfinished:g} if unanswered" + (f" + {self.outcome:g} if wrong" if self.outcome else "")
+        )
 
 
 def regularized_target(cfg: GFNConfig | PPOConfig) -> RegularizedTarget:

@@ -46,8 +46,17 @@ class LMPolicy:
                sampler is given), None without LoRA
     """
 
-    def __init__(self, model, tokenizer, separator: str = "\n", max_new_tokens: int = 160, generation_batch_size: int = 256,
-                 autocast_dtype: torch.dtype | None = None, sampler=None, lora_scaling: float | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        separator: str = "\n",
+        max_new_tokens: int = 160,
+        generation_batch_size: int = 256,
+        autocast_dtype: torch.dtype | None = None,
+        sampler=None,
+        lora_scaling: float | None = None,
+    ):
         self.model = model
         self.module = model
         self.autocast_dtype = autocast_dtype
@@ -65,21 +74,30 @@ class LMPolicy:
 
     def _autocast(self):
         device_type = next(self.module.parameters()).device.type
-        return torch.autocast(device_type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None)
+        return torch.autocast(
+            device_type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None
+        )
 
     def sample(self, prompts: Sequence[str], n: int, temperature: float, seed=None) -> list[list[SampledSolution]]:
         """n solutions per prompt; seed: an int or one per prompt (pipeline.generation)."""
         if self.sampler is not None:
-            outputs = self.sampler.generate(list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed)
+            outputs = self.sampler.generate(
+                list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed
+            )
         else:
             was_training = self.module.training
             self.module.eval()
             generator = HFGenerator(self.module, self.tokenizer, batch_size=self.generation_batch_size)
             with self._autocast():
-                outputs = generator.generate(list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed)
+                outputs = generator.generate(
+                    list(prompts), n=n, temperature=temperature, max_new_tokens=self.max_new_tokens, seed=seed
+                )
             self.module.train(was_training)
         return [
-            [SampledSolution(split_steps(o.text, self.separator), o.finish_reason == "eos", len(o.token_ids)) for o in outs]
+            [
+                SampledSolution(split_steps(o.text, self.separator), o.finish_reason == "eos", len(o.token_ids))
+                for o in outs
+            ]
             for outs in outputs
         ]
 
@@ -108,7 +126,9 @@ class LMPolicy:
     def _encode(self, prompt: str, steps: Sequence[str]):
         if prompt not in self._prompt_ids:
             self._prompt_ids[prompt] = encode_prompt(self.tokenizer, prompt)
-        return encode_trajectory(self.tokenizer, prompt, steps, self.separator, add_end=True, prompt_ids=self._prompt_ids[prompt])
+        return encode_trajectory(
+            self.tokenizer, prompt, steps, self.separator, add_end=True, prompt_ids=self._prompt_ids[prompt]
+        )
 
     def logprobs(
         self,
@@ -124,6 +144,10 @@ class LMPolicy:
         context = torch.enable_grad() if with_grad else torch.no_grad()
         with context, self._autocast():
             return trajectory_logprobs(
-                self.model, batch, pad, with_grad=with_grad, return_entropy=return_entropy,
+                self.model,
+                batch,
+                pad,
+                with_grad=with_grad,
+                return_entropy=return_entropy,
                 return_boundary_hidden=return_hidden,
             )

@@ -36,7 +36,10 @@ def reference_action_logprobs(trajectories: list[Trajectory], width: int) -> tor
     """(B, T) the frozen reference's step-action log-probs, stored with each trajectory."""
     if any(t.reference_step_logprobs is None for t in trajectories):
         raise ValueError("ppo.kl_coef > 0: the trajectories carry no reference log-probs")
-    rows = [list(t.reference_step_logprobs[:-1]) + [t.reference_step_logprobs[-1] + t.reference_stop_logprob] for t in trajectories]
+    rows = [
+        list(t.reference_step_logprobs[:-1]) + [t.reference_step_logprobs[-1] + t.reference_stop_logprob]
+        for t in trajectories
+    ]
     return pad_rows(rows, width)
 
 
@@ -52,7 +55,9 @@ class PPOObjective(torch.nn.Module):
     name = "ppo"
     off_policy = False
 
-    def __init__(self, cfg: PPOConfig, policy, reward: StepRewards, hidden_size: int, collective: Collective | None = None):
+    def __init__(
+        self, cfg: PPOConfig, policy, reward: StepRewards, hidden_size: int, collective: Collective | None = None
+    ):
         super().__init__()
         self.collective = collective or Collective()
         self.cfg, self.reward = cfg, reward
@@ -90,7 +95,9 @@ class PPOObjective(torch.nn.Module):
         old = []
         for chunk in micro_batches(fresh, self.cfg.micro_batch_size):
             with torch.no_grad():
-                lp = self.policy.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=False, return_hidden=True)
+                lp = self.policy.logprobs(
+                    [t.prompt for t in chunk], [t.steps for t in chunk], with_grad=False, return_hidden=True
+                )
                 values = self.values(lp)
                 old_logp = step_action_logprobs(lp).float()
                 width = lp.mask.shape[1]
@@ -99,22 +106,31 @@ class PPOObjective(torch.nn.Module):
                     reference = reference_action_logprobs(chunk, width).to(old_logp.device)
                     rewards = rewards - self.cfg.kl_coef * (old_logp - reference) * lp.mask
                 terminated = torch.tensor([t.finished for t in chunk], device=old_logp.device)
-                advantages, returns = gae(rewards, values, lp.mask, gamma=self.cfg.gamma, lam=self.cfg.gae_lambda, terminated=terminated)
+                advantages, returns = gae(
+                    rewards, values, lp.mask, gamma=self.cfg.gamma, lam=self.cfg.gae_lambda, terminated=terminated
+                )
             old.append([chunk, old_logp, values[:, :-1], advantages, returns, lp.mask])
         if self.collective.lockstep:  # the same number of forwards on every process (FSDP, ZeRO collectives)
             for _ in range(self.collective.max(len(old)) - len(old)):
                 with torch.no_grad():
                     self.policy.logprobs([t.prompt for t in old[-1][0]], [t.steps for t in old[-1][0]], with_grad=False)
         # Normalise advantages over the whole batch of every process (standard PPO practice).
-        local = torch.cat([advantages[mask].double().cpu() for *_, advantages, _, mask in old]) if weight else torch.zeros(0, dtype=torch.float64)
-        count, total_sum, total_square = self.collective.sum(torch.stack([torch.tensor(float(local.numel()), dtype=torch.float64),
-                                                                          local.sum(), local.square().sum()])).tolist()
+        local = (
+            torch.cat([advantages[mask].double().cpu() for *_, advantages, _, mask in old])
+            if weight
+            else torch.zeros(0, dtype=torch.float64)
+        )
+        count, total_sum, total_square = self.collective.sum(
+            torch.stack([torch.tensor(float(local.numel()), dtype=torch.float64), local.sum(), local.square().sum()])
+        ).tolist()
         mean = total_sum / count
         std = max(((total_square - count * mean * mean) / (count - 1)) ** 0.5, 1e-6) if count > 1 else 1.0
         for item in old:
             item[3] = (item[3] - mean) / std
-        return [(chunk, old_logp, old_values, advantages, returns, weight * len(chunk))
-                for chunk, old_logp, old_values, advantages, returns, _ in old]
+        return [
+            (chunk, old_logp, old_values, advantages, returns, weight * len(chunk))
+            for chunk, old_logp, old_values, advantages, returns, _ in old
+        ]
 
     def filler(self, micro_batches: list) -> tuple:
         """A micro-batch of weight 0 (processes must run as many as the busiest one under FSDP)."""
@@ -122,12 +138,24 @@ class PPOObjective(torch.nn.Module):
 
     def loss(self, micro: tuple) -> tuple[torch.Tensor, dict]:
         chunk, old_logp, old_values, advantages, returns, weight = micro
-        lp = self.policy.logprobs([t.prompt for t in chunk], [t.steps for t in chunk], with_grad=True, return_entropy=True,
-                                  return_hidden=True)
+        lp = self.policy.logprobs(
+            [t.prompt for t in chunk], [t.steps for t in chunk], with_grad=True, return_entropy=True, return_hidden=True
+        )
         new_logp = step_action_logprobs(lp).float()
         new_values = self.values(lp)[:, :-1]
-        loss, stats = ppo_loss(new_logp, old_logp, advantages, returns, new_values, old_values, lp.step_entropy.float(), lp.mask,
-                               clip=self.cfg.clip, value_coef=self.cfg.value_coef, entropy_coef=self.cfg.entropy_coef)
+        loss, stats = ppo_loss(
+            new_logp,
+            old_logp,
+            advantages,
+            returns,
+            new_values,
+            old_values,
+            lp.step_entropy.float(),
+            lp.mask,
+            clip=self.cfg.clip,
+            value_coef=self.cfg.value_coef,
+            entropy_coef=self.cfg.entropy_coef,
+        )
         metrics = {name: float(value) * weight for name, value in stats.items()}
         metrics["loss"] = float(loss.detach()) * weight
         return loss * weight, metrics

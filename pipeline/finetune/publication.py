@@ -67,8 +67,17 @@ class WeightPublisher:
     cheap ``status()`` call (asked before a group is formed).
     """
 
-    def __init__(self, *, transport: str, weights, dtype: torch.dtype | None, bucket_bytes: int, backend: str = "gloo",
-                 host: str = "127.0.0.1", timeout: datetime.timedelta = TIMEOUT):
+    def __init__(
+        self,
+        *,
+        transport: str,
+        weights,
+        dtype: torch.dtype | None,
+        bucket_bytes: int,
+        backend: str = "gloo",
+        host: str = "127.0.0.1",
+        timeout: datetime.timedelta = TIMEOUT,
+    ):
         self.transport, self.weights, self.dtype, self.bucket_bytes = transport, weights, dtype, bucket_bytes
         self.backend, self.host, self.timeout = backend, host, timeout
         self.layout: BucketLayout | None = None
@@ -94,8 +103,9 @@ class WeightPublisher:
         buckets = self.layout.pack(state, self.device)
         if self.device == "cuda":
             torch.cuda.synchronize()  # the snapshot is complete before the trainer's next update
-        self.thread = threading.Thread(target=self._run, args=(buckets, version, list(searchers), start),
-                                       name=f"publish-{version}", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, args=(buckets, version, list(searchers), start), name=f"publish-{version}", daemon=True
+        )
         self.thread.start()
 
     def wait(self) -> None:
@@ -124,8 +134,11 @@ class WeightPublisher:
 
     def _run(self, buckets: list[torch.Tensor], version: int, searchers: list, start: float) -> None:
         try:
-            reached = self._send_collective(buckets, version, searchers) if self.transport == "collective" else \
-                self._send_object_store(buckets, version)
+            reached = (
+                self._send_collective(buckets, version, searchers)
+                if self.transport == "collective"
+                else self._send_object_store(buckets, version)
+            )
             with self.lock:
                 seconds = time.monotonic() - start
                 self.finished.append(Publication(version, self.layout.total_bytes, len(buckets), seconds, reached))
@@ -179,8 +192,10 @@ class WeightPublisher:
                     return 0
                 self.group = WeightGroup.host(self.host, self.backend, 1 + len(live), timeout=self.timeout)
                 layout = self.layout.to_json()
-                answers = [searchers[i].join.remote(self.group.address, rank, layout, version)
-                           for rank, i in enumerate(live, start=1)]
+                answers = [
+                    searchers[i].join.remote(self.group.address, rank, layout, version)
+                    for rank, i in enumerate(live, start=1)
+                ]
             else:
                 answers = [searchers[i].receive.remote(version) for i in live]
             gone = ended(answers)
@@ -195,8 +210,12 @@ class WeightPublisher:
             except (PeerGone, RuntimeError, OSError, ray.exceptions.RayError) as error:
                 ray.wait(answers, num_returns=len(answers), timeout=self.timeout.total_seconds())  # the others returned
                 cause = str(error).splitlines()[0] if str(error) else type(error).__name__
-                log.warning("async: publication %d: %s; %s", version, cause,
-                            "forming a new group" if attempt == 0 else "they get the weights at the next publication")
+                log.warning(
+                    "async: publication %d: %s; %s",
+                    version,
+                    cause,
+                    "forming a new group" if attempt == 0 else "they get the weights at the next publication",
+                )
                 self.group = None
         return 0
 

@@ -45,8 +45,10 @@ def resolve_address(address: str | None, key: str = "gfn.ray_address") -> str | 
     recorded = Path(get_ray_address_file(None))
     if recorded.exists() and recorded.read_text().strip():
         return recorded.read_text().strip()
-    raise ClusterError(f"{key}=auto: no running Ray cluster found (RAY_ADDRESS is unset and {recorded} does not exist): start "
-                       f"one with `ray start --head`, or leave {key} unset to run a local instance that this stage starts and stops")
+    raise ClusterError(
+        f"{key}=auto: no running Ray cluster found (RAY_ADDRESS is unset and {recorded} does not exist): start "
+        f"one with `ray start --head`, or leave {key} unset to run a local instance that this stage starts and stops"
+    )
 
 
 def host_and_port(address: str, key: str = "gfn.ray_address") -> tuple[str, int]:
@@ -75,9 +77,11 @@ def wait_for_cluster(address: str, timeout: float, given: str, key: str = "gfn.r
             break
         time.sleep(PROBE_SECONDS)
     via = f" (resolved to {address})" if address != given else ""
-    raise ClusterError(f"{key}={given}{via}: no Ray cluster answered at {host}:{port} within {timeout:g} s "
-                       f"(gfn.ray_connect_timeout; {attempts} TCP connection attempts, last: {last}); start one there with "
-                       "`ray start --head`, or check the address")
+    raise ClusterError(
+        f"{key}={given}{via}: no Ray cluster answered at {host}:{port} within {timeout:g} s "
+        f"(gfn.ray_connect_timeout; {attempts} TCP connection attempts, last: {last}); start one there with "
+        "`ray start --head`, or check the address"
+    )
 
 
 def connected() -> bool:
@@ -98,7 +102,13 @@ def connect(cfg, namespace: str) -> bool:
     if address is not None:
         wait_for_cluster(address, cfg.ray_connect_timeout, cfg.ray_address)
     threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    ray.init(address=address, namespace=namespace, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": threads})
+    ray.init(
+        address=address,
+        namespace=namespace,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": threads},
+    )
     return True
 
 
@@ -122,7 +132,9 @@ def folder_bytes(path: str | Path | None) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.suffix in {".safetensors", ".bin"} and f.is_file())
 
 
-def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str, trainer_gpus: int = 0, scorer_bytes: int = 0) -> list[str]:
+def check_searchers_fit(
+    cfg, resources: dict, searcher_bytes: int, where: str, trainer_gpus: int = 0, scorer_bytes: int = 0
+) -> list[str]:
     """Refuse searchers and scorer actors the cluster cannot run at once (a searcher takes 1 CPU and
     gfn.searcher_gpus GPUs, a scorer actor 1 CPU and gfn.scorer_gpus GPUs, besides the trainer's
     ``trainer_gpus``: the rest would never be scheduled and the run would wait for them at its end);
@@ -138,24 +150,35 @@ def check_searchers_fit(cfg, resources: dict, searcher_bytes: int, where: str, t
         pool = f" + gfn.scorer_actors={scorers}" if scorers else ""
         each = "1 per searcher and scorer actor" if scorers else "1 per searcher"
         actors, keys = ("actors", "gfn.searchers or gfn.scorer_actors") if scorers else ("searchers", "gfn.searchers")
-        raise ValueError(f"gfn.searchers={n}{pool} needs {n + scorers} CPUs ({each}) but {where} has {cpus:g}: at most "
-                         f"{int(cpus)} {actors} can run; lower {keys}, or join a larger cluster with gfn.ray_address")
+        raise ValueError(
+            f"gfn.searchers={n}{pool} needs {n + scorers} CPUs ({each}) but {where} has {cpus:g}: at most "
+            f"{int(cpus)} {actors} can run; lower {keys}, or join a larger cluster with gfn.ray_address"
+        )
     asked = n * cfg.searcher_gpus + scorers * cfg.scorer_gpus + trainer_gpus
     if asked and asked > gpus:
-        pool = f" + gfn.scorer_actors={scorers} x gfn.scorer_gpus={cfg.scorer_gpus:g}" if scorers * cfg.scorer_gpus else ""
+        pool = (
+            f" + gfn.scorer_actors={scorers} x gfn.scorer_gpus={cfg.scorer_gpus:g}" if scorers * cfg.scorer_gpus else ""
+        )
         trainer = f" + {trainer_gpus} for the trainer's processes" if trainer_gpus else ""
-        raise ValueError(f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g}{pool}{trainer} = {asked:g} GPUs but {where} "
-                         f"has {gpus:g} (Ray reports {short_resources(resources)}): lower gfn.searchers or gfn.searcher_gpus"
-                         f"{' (or the scorer actors)' if pool else ''}")
+        raise ValueError(
+            f"gfn.searchers={n} x gfn.searcher_gpus={cfg.searcher_gpus:g}{pool}{trainer} = {asked:g} GPUs but {where} "
+            f"has {gpus:g} (Ray reports {short_resources(resources)}): lower gfn.searchers or gfn.searcher_gpus"
+            f"{' (or the scorer actors)' if pool else ''}"
+        )
     warnings = []
     memory = resources.get("memory", 0.0)
     total = n * searcher_bytes + scorers * scorer_bytes
     if memory and total > memory:
-        pool = (f" + gfn.scorer_actors={scorers} x about {scorer_bytes / 2**30:.2f} GiB each (a worker process and the PRM)"
-                if scorers else "")
-        warnings.append(f"gfn.searchers={n} x about {searcher_bytes / 2**30:.2f} GiB each (a worker process, its models and "
-                        f"problems){pool} = {total / 2**30:.1f} GiB, more than the {memory / 2**30:.1f} GiB {where} offers "
-                        "to tasks: searchers may be killed for memory")
+        pool = (
+            f" + gfn.scorer_actors={scorers} x about {scorer_bytes / 2**30:.2f} GiB each (a worker process and the PRM)"
+            if scorers
+            else ""
+        )
+        warnings.append(
+            f"gfn.searchers={n} x about {searcher_bytes / 2**30:.2f} GiB each (a worker process, its models and "
+            f"problems){pool} = {total / 2**30:.1f} GiB, more than the {memory / 2**30:.1f} GiB {where} offers "
+            "to tasks: searchers may be killed for memory"
+        )
     for warning in warnings:
         log.warning("async: %s", warning)
     return warnings
@@ -201,9 +224,11 @@ def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
 
     node = ray.util.get_node_ip_address()
     if f"node:{node}" not in ray.cluster_resources():
-        raise ValueError(f"the trainer's machine ({node}) is not a node of {where}: its bundle is reserved on the node it runs on, "
-                         "so run the stage on a node that has joined the cluster (`ray start --address=HEAD:6379` there first; "
-                         "Ray Client addresses, ray://, are not supported)")
+        raise ValueError(
+            f"the trainer's machine ({node}) is not a node of {where}: its bundle is reserved on the node it runs on, "
+            "so run the stage on a node that has joined the cluster (`ray start --address=HEAD:6379` there first; "
+            "Ray Client addresses, ray://, are not supported)"
+        )
     asked = bundles(cfg, trainer_gpus, node)
     group = placement_group(asked, strategy="PACK")
     try:
@@ -212,14 +237,19 @@ def reserve(cfg, trainer_gpus: int, timeout: float, where: str):
         remove_placement_group(group)
         searcher = {k: v for k, v in asked[1].items()} if len(asked) > 1 else {}
         pool = f", gfn.scorer_actors={cfg.scorer_actors} of {asked[-1]} each" if cfg.scorer_actors else ""
-        raise ValueError(f"gfn.searchers={cfg.searchers} searchers of {searcher} each{pool} and a trainer bundle of {asked[0]} "
-                         f"could not be placed within {timeout:g} s on {where} (Ray reports {short_resources(ray.cluster_resources())}"
-                         f", available {short_resources(ray.available_resources())}): lower gfn.searchers or "
-                         "gfn.searcher_gpus, or join a larger cluster with gfn.ray_address") from None
+        raise ValueError(
+            f"gfn.searchers={cfg.searchers} searchers of {searcher} each{pool} and a trainer bundle of {asked[0]} "
+            f"could not be placed within {timeout:g} s on {where} (Ray reports {short_resources(ray.cluster_resources())}"
+            f", available {short_resources(ray.available_resources())}): lower gfn.searchers or "
+            "gfn.searcher_gpus, or join a larger cluster with gfn.ray_address"
+        ) from None
     ids: list[str] = []
     if trainer_gpus:
-        probe = ray.remote(num_cpus=0, num_gpus=trainer_gpus)(BundleProbe).options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)).remote()
+        probe = (
+            ray.remote(num_cpus=0, num_gpus=trainer_gpus)(BundleProbe)
+            .options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0))
+            .remote()
+        )
         try:
             ids = ray.get(probe.gpu_ids.remote(), timeout=timeout)
         finally:
@@ -252,6 +282,11 @@ def placement() -> dict:
 
     context = ray.get_runtime_context()
     names = context.worker.core_worker.resource_ids().keys()
-    indices = sorted({int(name.split("_group_", 1)[1].split("_", 1)[0]) for name in names
-                      if "_group_" in name and name.split("_group_", 1)[1].split("_", 1)[0].isdigit()})
+    indices = sorted(
+        {
+            int(name.split("_group_", 1)[1].split("_", 1)[0])
+            for name in names
+            if "_group_" in name and name.split("_group_", 1)[1].split("_", 1)[0].isdigit()
+        }
+    )
     return {"group": context.get_placement_group_id(), "bundles": indices, "gpus": [str(i) for i in ray.get_gpu_ids()]}

@@ -117,9 +117,7 @@ class ReplayBuffer:
         excess = len(self._items) - self.capacity
         if excess <= 0:
             return
-        lowest = heapq.nsmallest(
-            excess, self._items.items(), key=lambda item: (item[1][1].log_reward, item[1][0])
-        )
+        lowest = heapq.nsmallest(excess, self._items.items(), key=lambda item: (item[1][1].log_reward, item[1][0]))
         for key, _ in lowest:
             del self._items[key]
 
@@ -163,8 +161,9 @@ class ReplayBuffer:
         """Restore records, recency and the generator; the constructor's settings stay in force
         (a smaller capacity evicts by the usual rule)."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"replay buffer state: field version: expected {STATE_VERSION}, "
-                             f"got {state.get('version')!r}")
+            raise ValueError(
+                f"replay buffer state: field version: expected {STATE_VERSION}, got {state.get('version')!r}"
+            )
         items: dict[tuple[str, tuple[str, ...]], tuple[int, Trajectory]] = {}
         for position, record in enumerate(state["items"]):
             try:

@@ -99,9 +99,15 @@ class StateLogRewards:
                 raise ValueError("gfn.reference_prior_coef > 0: the trajectories carry no reference log-probs")
             reference = pad_rows([t.reference_step_logprobs for t in trajectories], width)
         log_r = shaped_log_rewards(
-            scores, flags, mask, reward_temperature=self.reward_temperature, unfinished_log_reward=self.unfinished_log_reward,
-            outcome_coef=self.outcome_coef, outcome_floor=self.outcome_floor,
-            ref_step_logprobs=reference, reference_prior_coef=self.reference_prior_coef,
+            scores,
+            flags,
+            mask,
+            reward_temperature=self.reward_temperature,
+            unfinished_log_reward=self.unfinished_log_reward,
+            outcome_coef=self.outcome_coef,
+            outcome_floor=self.outcome_floor,
+            ref_step_logprobs=reference,
+            reference_prior_coef=self.reference_prior_coef,
         )
         return log_r, mask
 

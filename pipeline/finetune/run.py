@@ -63,8 +63,13 @@ log = logging.getLogger("stepflow")
 
 def add_lora(model, cfg):
     """peft LoRA adapters on cfg.lora_target_modules (peft keeps them float32 over a half base)."""
-    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, lora)
 
 
@@ -110,8 +115,14 @@ def plot_training_curves(metrics_path: Path, out_png: Path, title: str) -> None:
 def optimizer_settings(cfg: GFNConfig | PPOConfig, updates_per_step: int) -> OptimizerSettings:
     """The training base's settings: the schedule runs over num_train_steps training steps of
     ``updates_per_step`` optimizer steps each (PPO: ppo_epochs)."""
-    return OptimizerSettings(lr=cfg.lr, total_steps=cfg.num_train_steps * updates_per_step, weight_decay=cfg.weight_decay,
-                             schedule=cfg.scheduler, warmup_steps=cfg.warmup_steps * updates_per_step, max_grad_norm=cfg.grad_clip)
+    return OptimizerSettings(
+        lr=cfg.lr,
+        total_steps=cfg.num_train_steps * updates_per_step,
+        weight_decay=cfg.weight_decay,
+        schedule=cfg.scheduler,
+        warmup_steps=cfg.warmup_steps * updates_per_step,
+        max_grad_norm=cfg.grad_clip,
+    )
 
 
 def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tuple[list[TrainProblem], str]:
@@ -120,8 +131,15 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
     if len(kinds) != 1:
         raise ValueError(f"training problems mix answer kinds {sorted(kinds)}")
     kind = kinds.pop()
-    prompts = [TrainProblem(p.problem_id, p.question, prompt_from_config(p.question, kind, tokenizer, config.format, p.meta.get("options")),
-                            p.answer) for p in problems]
+    prompts = [
+        TrainProblem(
+            p.problem_id,
+            p.question,
+            prompt_from_config(p.question, kind, tokenizer, config.format, p.meta.get("options")),
+            p.answer,
+        )
+        for p in problems
+    ]
     return prompts, kind
 
 
@@ -133,23 +151,31 @@ def check_accelerate_launch(stage: str, cfg, backend: str, processes: int, envir
     environ = os.environ if environ is None else environ
     on = lambda name: str(environ.get(name, "false")).lower() in ("1", "true", "yes")  # noqa: E731
     if on("ACCELERATE_USE_FSDP") and str(environ.get("FSDP_VERSION", "1")) != "2":
-        raise ValueError(f"the accelerate config asks for FSDP version {environ.get('FSDP_VERSION', '1')}: the training base "
-                         "shards the policy with FSDP2 only; use configs/accelerate/policy_fsdp.yaml (fsdp_version: 2)")
+        raise ValueError(
+            f"the accelerate config asks for FSDP version {environ.get('FSDP_VERSION', '1')}: the training base "
+            "shards the policy with FSDP2 only; use configs/accelerate/policy_fsdp.yaml (fsdp_version: 2)"
+        )
     if not on("ACCELERATE_USE_DEEPSPEED"):
         return
     stage_of_zero = str(environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
     if cfg.save_every > 0:
-        raise ValueError(f"{stage}.save_every={cfg.save_every} under DeepSpeed: its optimizer state cannot be saved without "
-                         f"pickling, so its runs are not resumable here; set {stage}.save_every=0, or use "
-                         "configs/accelerate/policy_fsdp.yaml (sharded resumable checkpoints)")
+        raise ValueError(
+            f"{stage}.save_every={cfg.save_every} under DeepSpeed: its optimizer state cannot be saved without "
+            f"pickling, so its runs are not resumable here; set {stage}.save_every=0, or use "
+            "configs/accelerate/policy_fsdp.yaml (sharded resumable checkpoints)"
+        )
     if stage_of_zero == "3" and backend != "vllm" and cfg.mode != "async":
-        raise ValueError("DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole policy between forwards and "
-                         "the trainer gathers no copy for HF sampling; use configs/accelerate/policy_fsdp.yaml (FSDP2, HF or "
-                         "vLLM sampling) or deepspeed_zero2.yaml")
+        raise ValueError(
+            "DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole policy between forwards and "
+            "the trainer gathers no copy for HF sampling; use configs/accelerate/policy_fsdp.yaml (FSDP2, HF or "
+            "vLLM sampling) or deepspeed_zero2.yaml"
+        )
     if stage_of_zero == "3" and processes > 1 and (backend == "vllm" or cfg.mode == "async"):
-        raise ValueError("DeepSpeed ZeRO-3 with a sampler holding its own weights (vLLM, asynchronous searchers) under "
-                         f"{processes} processes: the trainer gathers ZeRO-3 weights on the main process only; use "
-                         "configs/accelerate/policy_fsdp.yaml (every process gets the gathered weights) or deepspeed_zero2.yaml")
+        raise ValueError(
+            "DeepSpeed ZeRO-3 with a sampler holding its own weights (vLLM, asynchronous searchers) under "
+            f"{processes} processes: the trainer gathers ZeRO-3 weights on the main process only; use "
+            "configs/accelerate/policy_fsdp.yaml (every process gets the gathered weights) or deepspeed_zero2.yaml"
+        )
 
 
 @config_checks
@@ -169,21 +195,27 @@ def preflight(config: Config, stage: str) -> int:
     check_choice(cfg.mode, TrainingMode, f"{stage}.mode")
     if cfg.mode == "async":
         if stage == "ppo":
-            raise ValueError("ppo.mode=async: PPO is on-policy (its ratio and advantages assume the trajectories come from the "
-                             "policy being updated); the asynchronous mode is for the off-policy GFlowNet objectives (make gfn)")
+            raise ValueError(
+                "ppo.mode=async: PPO is on-policy (its ratio and advantages assume the trajectories come from the "
+                "policy being updated); the asynchronous mode is for the off-policy GFlowNet objectives (make gfn)"
+            )
         if importlib.util.find_spec("ray") is None:
             raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
         check_transport(cfg.weight_transport)
         if processes > 1 and cfg.ray_address is None:
-            raise ValueError(f"gfn.mode=async under {processes} trainer processes needs gfn.ray_address: the main process joins "
-                             "a Ray cluster started beside the trainer's launch (the other processes never connect; they get "
-                             "their batches from it) and reserves the trainer's GPUs there, on one machine or several. Start "
-                             "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)")
+            raise ValueError(
+                f"gfn.mode=async under {processes} trainer processes needs gfn.ray_address: the main process joins "
+                "a Ray cluster started beside the trainer's launch (the other processes never connect; they get "
+                "their batches from it) and reserves the trainer's GPUs there, on one machine or several. Start "
+                "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)"
+            )
         check_async_settings(cfg)
         if config.generation.backend == "vllm" and cfg.searcher_gpus and cfg.searcher_vllm_memory_share is None:
-            raise ConfigError("gfn.searcher_vllm_memory_share is unset with GPU searchers (gfn.searcher_gpus="
-                              f"{cfg.searcher_gpus:g}): the stage (python -m stages.train_gfn) derives it from what shares a "
-                              "searcher's GPU before anything loads (eval.plan.searcher_stage); outside a stage, set it")
+            raise ConfigError(
+                "gfn.searcher_vllm_memory_share is unset with GPU searchers (gfn.searcher_gpus="
+                f"{cfg.searcher_gpus:g}): the stage (python -m stages.train_gfn) derives it from what shares a "
+                "searcher's GPU before anything loads (eval.plan.searcher_stage); outside a stage, set it"
+            )
     check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
     cores = os.cpu_count() or 1
     if cfg.trainer_cores is not None and any(core >= cores for core in cfg.trainer_cores):
@@ -194,8 +226,10 @@ def preflight(config: Config, stage: str) -> int:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
     check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # the sampler's engine serves it
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ValueError("generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
-                         "or use generation.backend=hf")
+        raise ValueError(
+            "generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
+            "or use generation.backend=hf"
+        )
     if backend == "vllm":
         check_vllm_sampler(config)
     tracker_names(config.report_to)
@@ -209,9 +243,11 @@ def check_vllm_sampler(config: Config) -> None:
     reaches it merged into the plain weights (LoRA, one alpha / r: lora_scaling)."""
     tensor_parallel = config.generation.vllm_tensor_parallel_size
     if tensor_parallel > 1:
-        raise ValueError(f"generation.vllm_tensor_parallel_size={tensor_parallel}: a fine-tuning sampler's weights are replaced in "
-                         "its own process after every update (vLLM's reload_weights there reaches that process's shard only); "
-                         "use 1 (one engine per training process or searcher, data parallel over the processes)")
+        raise ValueError(
+            f"generation.vllm_tensor_parallel_size={tensor_parallel}: a fine-tuning sampler's weights are replaced in "
+            "its own process after every update (vLLM's reload_weights there reaches that process's shard only); "
+            "use 1 (one engine per training process or searcher, data parallel over the processes)"
+        )
     adapter = config.resolve(config.model.policy_adapter)
     if adapter and Path(adapter).is_dir():
         lora_scaling(adapter_config(adapter))
@@ -229,10 +265,14 @@ def load_reference(config: Config, tokenizer) -> LMPolicy:
     """The frozen reference policy (the appendix-F prior, KL terms): the starting policy."""
     frozen = load_causal_lm(config.resolve(config.model.policy), config.model)
     frozen.requires_grad_(False)
-    return LMPolicy(frozen, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size)
+    return LMPolicy(
+        frozen, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size
+    )
 
 
-def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: int, problems: list[dict]) -> TrajectorySampler:
+def searcher_sampler(
+    config: Config, stage: str, make_scorer: Callable, index: int, problems: list[dict]
+) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
     policy (the trainer publishes plain weights, LoRA merged) for HF generate, or its own vLLM engine
     (gfn.searcher_vllm_memory_share of its GPU) and no transformers copy; the PRM (``make_scorer``),
@@ -247,14 +287,24 @@ def searcher_sampler(config: Config, stage: str, make_scorer: Callable, index: i
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     if config.generation.backend == "vllm":  # the engine samples and takes the published weights: no transformers copy
         engine_config = copy.copy(config)  # the searchers' own share of their GPU
-        engine_config.generation = dataclasses.replace(config.generation, vllm_gpu_memory_utilization=cfg.searcher_vllm_memory_share)
+        engine_config.generation = dataclasses.replace(
+            config.generation, vllm_gpu_memory_utilization=cfg.searcher_vllm_memory_share
+        )
         model, sampler = None, VLLMGenerator(policy_path, engine_config, weight_updates=True)
     else:
         model, sampler = load_causal_lm(policy_path, config.model), None
         model.requires_grad_(False)
-    policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
-                      sampler=sampler)
-    problems_with_prompts, kind = train_problems(config, [Problem.from_json(p, "training problems") for p in problems], tokenizer)
+    policy = LMPolicy(
+        model,
+        tokenizer,
+        config.format.separator,
+        config.generation.max_new_tokens,
+        config.generation.batch_size,
+        sampler=sampler,
+    )
+    problems_with_prompts, kind = train_problems(
+        config, [Problem.from_json(p, "training problems") for p in problems], tokenizer
+    )
     scorer = PooledScorer(cfg.scorer_actors, index) if cfg.scorer_actors else make_scorer()
     return TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg)
 
@@ -278,16 +328,35 @@ def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> li
 
     cfg = getattr(config, stage)
     policy, prm = (ray_cluster.folder_bytes(config.resolve(m)) for m in (config.model.policy, config.model.prm))
-    searcher_bytes = (ray_cluster.WORKER_BYTES + policy + (0 if cfg.scorer_actors else prm)
-                      + len(json.dumps([p.to_json() for p in problems])))
+    searcher_bytes = (
+        ray_cluster.WORKER_BYTES
+        + policy
+        + (0 if cfg.scorer_actors else prm)
+        + len(json.dumps([p.to_json() for p in problems]))
+    )
     where = f"the Ray cluster at gfn.ray_address={cfg.ray_address}" if cfg.ray_address else "the local Ray instance"
     trainer_gpus = process_count(config.model) if resolve_device(config.model.device).type == "cuda" else 0
-    return ray_cluster.check_searchers_fit(cfg, ray.cluster_resources(), searcher_bytes, where, trainer_gpus=trainer_gpus,
-                                           scorer_bytes=ray_cluster.WORKER_BYTES + prm)
+    return ray_cluster.check_searchers_fit(
+        cfg,
+        ray.cluster_resources(),
+        searcher_bytes,
+        where,
+        trainer_gpus=trainer_gpus,
+        scorer_bytes=ray_cluster.WORKER_BYTES + prm,
+    )
 
 
-def log_reweighting_ceiling(cfg: GFNConfig, policy, scorer, problems: list[TrainProblem], kind: str, reward, collective: Collective,
-                            out_dir: Path, is_main: bool) -> dict | None:
+def log_reweighting_ceiling(
+    cfg: GFNConfig,
+    policy,
+    scorer,
+    problems: list[TrainProblem],
+    kind: str,
+    reward,
+    collective: Collective,
+    out_dir: Path,
+    is_main: bool,
+) -> dict | None:
     """Measure the reweighting ceiling of the base policy's samples (pipeline.finetune.ceiling),
     log it in one line with its verdict, and write it to <out_dir>/ceiling.json (main process)."""
     start = time.monotonic()
@@ -297,12 +366,18 @@ def log_reweighting_ceiling(cfg: GFNConfig, policy, scorer, problems: list[Train
     ceiling["seconds"] = time.monotonic() - start
     if is_main:
         write_json_atomic(out_dir / CEILING, ceiling)
-        log.info("gfn: %s (%.1f s; %s)", ceiling_verdict(ceiling, cfg.reward_temperature), ceiling["seconds"], out_dir / CEILING)
+        log.info(
+            "gfn: %s (%.1f s; %s)",
+            ceiling_verdict(ceiling, cfg.reward_temperature),
+            ceiling["seconds"],
+            out_dir / CEILING,
+        )
     return ceiling
 
 
-def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], make_scorer: Callable, out_dir: Path,
-                    progress: bool = True) -> list[dict]:
+def finetune_policy(
+    config: Config, stage: str, problems: Sequence[Problem], make_scorer: Callable, out_dir: Path, progress: bool = True
+) -> list[dict]:
     """Fine-tune config.model.policy with the objective of config.<stage> ("gfn" or "ppo"),
     in this process or across the processes of ``accelerate launch``; with gfn.mode=async,
     searcher actors on Ray sample while this process trains (docs/async.md).
@@ -337,11 +412,15 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     collective = Collective(accelerator)
     zero3 = collective.sharded_parameters and not fsdp_requested(accelerator)
     if zero3 and config.generation.backend != "vllm" and not asynchronous:
-        raise ValueError("under DeepSpeed ZeRO-3 no process holds the whole policy between forwards and the trainer gathers no "
-                         "copy for HF sampling: use configs/accelerate/policy_fsdp.yaml (FSDP2; HF or vLLM sampling), "
-                         "deepspeed_zero2.yaml or ddp.yaml with generation.backend=hf")
+        raise ValueError(
+            "under DeepSpeed ZeRO-3 no process holds the whole policy between forwards and the trainer gathers no "
+            "copy for HF sampling: use configs/accelerate/policy_fsdp.yaml (FSDP2; HF or vLLM sampling), "
+            "deepspeed_zero2.yaml or ddp.yaml with generation.backend=hf"
+        )
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
-    model = load_causal_lm(policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True)
+    model = load_causal_lm(
+        policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True
+    )
     # the GFlowNet scores its reference at training time (it may be reset); PPO's sampler stores it with each trajectory
     reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
     if cfg.lora and not hasattr(model, "peft_config"):
@@ -350,47 +429,101 @@ def finetune_policy(config: Config, stage: str, problems: Sequence[Problem], mak
     # half dtype (and the saved model cast back to it).
     half_dtype = upcast_trainable(model)
     model.train()
-    sampler = VLLMGenerator(policy_path, config, colocate=True) if config.generation.backend == "vllm" and not asynchronous else None
-    policy = LMPolicy(model, tokenizer, config.format.separator, config.generation.max_new_tokens, config.generation.batch_size,
-                      autocast_dtype=half_dtype, sampler=sampler, lora_scaling=trained_lora_scaling(model))
-    objective = build_objective(cfg, policy, hidden_size=model.config.get_text_config().hidden_size, collective=collective,
-                                reference=reference if stage == "gfn" else None)
+    sampler = (
+        VLLMGenerator(policy_path, config, colocate=True)
+        if config.generation.backend == "vllm" and not asynchronous
+        else None
+    )
+    policy = LMPolicy(
+        model,
+        tokenizer,
+        config.format.separator,
+        config.generation.max_new_tokens,
+        config.generation.batch_size,
+        autocast_dtype=half_dtype,
+        sampler=sampler,
+        lora_scaling=trained_lora_scaling(model),
+    )
+    objective = build_objective(
+        cfg,
+        policy,
+        hidden_size=model.config.get_text_config().hidden_size,
+        collective=collective,
+        reference=reference if stage == "gfn" else None,
+    )
     updates = objective.updates_per_rollout
-    base = TrainingBase(accelerator, model, optimizer_settings(cfg, updates), out_dir, objective=objective, objective_lr=objective.lr,
-                        save_every=cfg.save_every, updates_per_record=updates, progress=False, desc=stage, tracking=tracking)
+    base = TrainingBase(
+        accelerator,
+        model,
+        optimizer_settings(cfg, updates),
+        out_dir,
+        objective=objective,
+        objective_lr=objective.lr,
+        save_every=cfg.save_every,
+        updates_per_record=updates,
+        progress=False,
+        desc=stage,
+        tracking=tracking,
+    )
     policy.prepared(base.model, base.unwrapped)
     if base.sharded and sampler is None and not asynchronous:
         # FSDP2: no process holds the whole policy between forwards, and HF generation would need
         # every process in lockstep at every token: sample from a plain copy in model.dtype (what
         # a vLLM engine holds), given the gathered weights now and after every update
-        policy.sampler = HFGenerator(load_causal_lm(policy_path, config.model).requires_grad_(False), tokenizer,
-                                     batch_size=config.generation.batch_size)
+        policy.sampler = HFGenerator(
+            load_causal_lm(policy_path, config.model).requires_grad_(False),
+            tokenizer,
+            batch_size=config.generation.batch_size,
+        )
         policy.after_update(0, base.full_state_dict)
-    elif sampler is not None and config.model.policy_adapter:  # the engine loaded model.policy alone: it samples the adapter's policy
+    elif (
+        sampler is not None and config.model.policy_adapter
+    ):  # the engine loaded model.policy alone: it samples the adapter's policy
         policy.after_update(0, base.full_state_dict)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:
         make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
         trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
-        trainer = AsyncFinetuneTrainer(base, trainer_sampler, objective, cfg, make_sampler,
-                                       export=lambda: policy.plain_weights(base.full_state_dict()),
-                                       problems=[p.to_json() for p in problems], run_name=config.run, progress=progress,
-                                       publish_dtype=searcher_dtype(config, cfg), make_scorer=make_scorer)
+        trainer = AsyncFinetuneTrainer(
+            base,
+            trainer_sampler,
+            objective,
+            cfg,
+            make_sampler,
+            export=lambda: policy.plain_weights(base.full_state_dict()),
+            problems=[p.to_json() for p in problems],
+            run_name=config.run,
+            progress=progress,
+            publish_dtype=searcher_dtype(config, cfg),
+            make_scorer=make_scorer,
+        )
     else:
-        trajectory_sampler = TrajectorySampler(policy, make_scorer(), problems_with_prompts, kind, cfg,
-                                               reference=reference if stage == "ppo" else None, collective=collective)
+        trajectory_sampler = TrajectorySampler(
+            policy,
+            make_scorer(),
+            problems_with_prompts,
+            kind,
+            cfg,
+            reference=reference if stage == "ppo" else None,
+            collective=collective,
+        )
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
     log.info("%s: %s", stage, regularized_target(cfg).describe())
     if stage == "gfn" and cfg.ceiling_questions:
         # the base policy's own samples: before train() resumes any checkpoint
         scorer = make_scorer() if asynchronous else trajectory_sampler.scorer
-        log_reweighting_ceiling(cfg, policy, scorer, problems_with_prompts, kind, objective.reward, collective, out_dir, base.is_main)
+        log_reweighting_ceiling(
+            cfg, policy, scorer, problems_with_prompts, kind, objective.reward, collective, out_dir, base.is_main
+        )
     history = trainer.train()
     state_dict = base.final_state_dict()  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
         if stage == "ppo":  # beside the model, never in it: vLLM loads every *.safetensors of a folder without an index
             head = staging_folder(out_dir / VALUE_HEAD)
-            save_file({k: v.contiguous() for k, v in objective.value_head.state_dict().items()}, str(head / "value_head.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in objective.value_head.state_dict().items()},
+                str(head / "value_head.safetensors"),
+            )
             commit_folder(head, out_dir / VALUE_HEAD, steps=base.step)
         staging = staging_folder(out_dir / "model")
         save_policy(base.unwrapped, tokenizer, staging, dtype=half_dtype, state_dict=state_dict)

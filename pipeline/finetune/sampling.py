@@ -78,8 +78,18 @@ class TrajectorySampler:
     extract, grade: the grader (pipeline.grading by default; tests pass their own)
     """
 
-    def __init__(self, policy, scorer, problems: Sequence[TrainProblem], kind: str, cfg, reference=None,
-                 collective: Collective | None = None, extract: Callable = extract_answer, grade: Callable = grade_many):
+    def __init__(
+        self,
+        policy,
+        scorer,
+        problems: Sequence[TrainProblem],
+        kind: str,
+        cfg,
+        reference=None,
+        collective: Collective | None = None,
+        extract: Callable = extract_answer,
+        grade: Callable = grade_many,
+    ):
         if not problems:
             raise ValueError("fine-tuning: no training problems")
         self.policy, self.scorer, self.problems, self.kind, self.cfg = policy, scorer, list(problems), kind, cfg
@@ -110,10 +120,11 @@ class TrajectorySampler:
         step_problems = self.next_problems()
         share = len(step_problems) // self.collective.world
         first = self.collective.rank * share
-        problems = step_problems[first:first + share]
+        problems = step_problems[first : first + share]
         seeds = [question_seed(self.cfg.seed, step, first + i) for i in range(len(problems))]
-        samples = self.policy.sample([p.prompt for p in problems], n=self.cfg.samples_per_question,
-                                     temperature=self.cfg.temperature, seed=seeds)
+        samples = self.policy.sample(
+            [p.prompt for p in problems], n=self.cfg.samples_per_question, temperature=self.cfg.temperature, seed=seeds
+        )
         kept, empty = [], 0
         for problem, solutions in zip(problems, samples):
             for solution in solutions:
@@ -122,13 +133,24 @@ class TrajectorySampler:
                     continue
                 kept.append((problem, solution))
         log_scores = self.scorer.log_scores_many([(p.question, s.steps) for p, s in kept]) if kept else []
-        flags = answer_flags_for([s.steps for _, s in kept], [p.answer for p, _ in kept], self.kind, self.extract, self.grade)
+        flags = answer_flags_for(
+            [s.steps for _, s in kept], [p.answer for p, _ in kept], self.kind, self.extract, self.grade
+        )
         reference = self._reference_logprobs(kept)
         trajectories = [
-            Trajectory(problem_id=p.problem_id, question=p.question, prompt=p.prompt, steps=list(s.steps),
-                       step_log_scores=[float(x) for x in scores], answer_flags=f, finished=bool(s.finished),
-                       log_reward=float(sum(scores)), reference_step_logprobs=ref_steps, reference_stop_logprob=ref_stop,
-                       policy_version=step if version is None else version)
+            Trajectory(
+                problem_id=p.problem_id,
+                question=p.question,
+                prompt=p.prompt,
+                steps=list(s.steps),
+                step_log_scores=[float(x) for x in scores],
+                answer_flags=f,
+                finished=bool(s.finished),
+                log_reward=float(sum(scores)),
+                reference_step_logprobs=ref_steps,
+                reference_stop_logprob=ref_stop,
+                policy_version=step if version is None else version,
+            )
             for (p, s), scores, f, (ref_steps, ref_stop) in zip(kept, log_scores, flags, reference)
         ]
         return trajectories, {"sampled": len(kept) + empty, "empty_solutions": empty}
@@ -141,7 +163,7 @@ class TrajectorySampler:
         out = []
         size = max(1, self.cfg.micro_batch_size)
         for start in range(0, len(kept), size):
-            chunk = kept[start:start + size]
+            chunk = kept[start : start + size]
             lp = self.reference.logprobs([p.prompt for p, _ in chunk], [s.steps for _, s in chunk], with_grad=False)
             steps, stops = lp.step_logprobs.float().cpu(), lp.termination_logprobs.float().cpu()
             for row, (_, solution) in enumerate(chunk):

@@ -62,8 +62,13 @@ class FinetuneTrainer:
     def train(self) -> list[dict]:
         """Train to cfg.num_train_steps (resuming from the newest checkpoint); returns the records logged."""
         self.prepare()
-        bar = tqdm(total=self.cfg.num_train_steps, initial=self.step, desc=f"{self.objective.name} steps", dynamic_ncols=True,
-                   disable=not (self.progress and self.base.is_main))
+        bar = tqdm(
+            total=self.cfg.num_train_steps,
+            initial=self.step,
+            desc=f"{self.objective.name} steps",
+            dynamic_ncols=True,
+            disable=not (self.progress and self.base.is_main),
+        )
         history = []
         while self.step < self.cfg.num_train_steps and not self.base.out_of_time():
             record = self.train_step()
@@ -92,8 +97,13 @@ class FinetuneTrainer:
         record = self.record(step + 1, lr, every, totals, grad_norm, start)
         # trained: the rows of the update (fresh and replayed); sample_seconds: the part of
         # `seconds` spent sampling and scoring (the rest trains); wall_time: when the step ended
-        record.update(sampled=int(counts[0]), empty_solutions=int(counts[1]), trained=len(every) + int(record.get("replayed", 0)),
-                      sample_seconds=sampled - start, wall_time=time.time())
+        record.update(
+            sampled=int(counts[0]),
+            empty_solutions=int(counts[1]),
+            trained=len(every) + int(record.get("replayed", 0)),
+            sample_seconds=sampled - start,
+            wall_time=time.time(),
+        )
         self.base.log(record)
         return record
 
@@ -112,7 +122,9 @@ class FinetuneTrainer:
         self.objective.begin_update(self.step)
         if collective.lockstep:  # sharded models: every process runs as many forward passes as the busiest one
             count = collective.max(len(micro_batches))
-            micro_batches = micro_batches + [self.objective.filler(micro_batches) for _ in range(count - len(micro_batches))]
+            micro_batches = micro_batches + [
+                self.objective.filler(micro_batches) for _ in range(count - len(micro_batches))
+            ]
         updates = self.objective.updates_per_rollout
         totals: dict[str, float] = {}
         grad_norm = None
@@ -126,8 +138,15 @@ class FinetuneTrainer:
             grad_norm = self.base.optimizer_step()
         return totals, grad_norm
 
-    def record(self, step: int, lr: float, trajectories: list[Trajectory], totals: dict[str, float], grad_norm: float | None,
-               start: float) -> dict:
+    def record(
+        self,
+        step: int,
+        lr: float,
+        trajectories: list[Trajectory],
+        totals: dict[str, float],
+        grad_norm: float | None,
+        start: float,
+    ) -> dict:
         """One metrics record: the trained trajectories' statistics, every process's loss terms
         and the objective's summary."""
         collective = self.sampler.collective

@@ -48,7 +48,7 @@ class Slot:
 
     def view(self, bucket: torch.Tensor) -> torch.Tensor:
         """This tensor, as a view of the bucket's bytes."""
-        return bucket[self.offset:self.offset + self.nbytes].view(self.torch_dtype).view(self.shape)
+        return bucket[self.offset : self.offset + self.nbytes].view(self.torch_dtype).view(self.shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +111,9 @@ class BucketLayout:
 
     @classmethod
     def from_json(cls, obj: dict) -> BucketLayout:
-        slots = tuple(Slot(name, tuple(shape), dtype, bucket, offset)
-                      for name, shape, dtype, bucket, offset in obj["slots"])
+        slots = tuple(
+            Slot(name, tuple(shape), dtype, bucket, offset) for name, shape, dtype, bucket, offset in obj["slots"]
+        )
         for slot in slots:
             if not isinstance(getattr(torch, slot.dtype, None), torch.dtype):
                 raise ValueError(f"weight layout: tensor {slot.name!r} has unknown dtype {slot.dtype!r}")

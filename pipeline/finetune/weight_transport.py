@@ -59,8 +59,16 @@ class WeightGroup:
     call ``connect()``.
     """
 
-    def __init__(self, host: str, port: int, backend: str, world: int, rank: int = 1, store: dist.Store | None = None,
-                 timeout: datetime.timedelta = TIMEOUT):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        backend: str,
+        world: int,
+        rank: int = 1,
+        store: dist.Store | None = None,
+        timeout: datetime.timedelta = TIMEOUT,
+    ):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"weight transport backend must be gloo or nccl, got {backend!r}")
         if not 0 <= rank < world:

@@ -15,7 +15,9 @@ from pipeline.generation.vllm_backend import VLLMGenerator, check_servable
 BACKENDS = ("hf", "vllm")
 
 
-def build_generator(config, model_path: str | None = None, adapter: str | None = None, progress: bool = False) -> Generator:
+def build_generator(
+    config, model_path: str | None = None, adapter: str | None = None, progress: bool = False
+) -> Generator:
     """A generator for ``model_path`` (default: config.model.policy with config.model.policy_adapter).
 
     An explicit ``model_path`` takes only the ``adapter`` given here, never the config's.

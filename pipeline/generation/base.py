@@ -53,8 +53,7 @@ class Generator(Protocol):
         max_new_tokens: int = 256,
         stop: Sequence[str] | None = None,
         seed: int | Sequence[int] | None = None,
-    ) -> list[list[Completion]]:
-        ...
+    ) -> list[list[Completion]]: ...
 
     def close(self) -> None:
         """Let go of the model and the memory it holds now, before the next one loads (an
@@ -69,7 +68,9 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def check_sampling_args(n: int, temperature: float, top_p: float, max_new_tokens: int, stop: Sequence[str] | None) -> list[str]:
+def check_sampling_args(
+    n: int, temperature: float, top_p: float, max_new_tokens: int, stop: Sequence[str] | None
+) -> list[str]:
     """Validate the arguments shared by every backend, by vLLM's rules (its SamplingParams would
     refuse the rest, late and in its own words; n > 1 at temperature 0, which it refuses too, is n
     copies of the one greedy sample in both backends); returns the stop strings as a list."""

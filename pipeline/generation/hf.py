@@ -57,7 +57,9 @@ class PreallocatedLayer(DynamicLayer):
         self.dtype, self.device = key_states.dtype, key_states.device
         batch, heads, _, key_dim = key_states.shape
         self._key_buffer = key_states.new_empty((batch, heads, self.capacity, key_dim))
-        self._value_buffer = value_states.new_empty((batch, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        self._value_buffer = value_states.new_empty(
+            (batch, value_states.shape[1], self.capacity, value_states.shape[-1])
+        )
         self.length = 0
         self.is_initialized = True
         self._refresh_views()
@@ -66,7 +68,9 @@ class PreallocatedLayer(DynamicLayer):
         self.keys = self._key_buffer[:, :, : self.length]
         self.values = self._value_buffer[:, :, : self.length]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
@@ -138,8 +142,12 @@ def preallocated_cache(model, capacity: int) -> DynamicCache:
     return cache
 
 
-def sample_next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
-                       generator: torch.Generator | Sequence[torch.Generator] | None) -> torch.Tensor:
+def sample_next_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+) -> torch.Tensor:
     """One token per row of ``logits`` (B, V): argmax at temperature 0, else a draw from
     softmax(logits / temperature) restricted to the top-p nucleus (the smallest set of most
     likely tokens whose mass reaches top_p; the most likely token is always kept).
@@ -226,7 +234,9 @@ class HFGenerator:
         self.compact_fraction = compact_fraction
 
     @classmethod
-    def from_config(cls, config, model_path: str | None = None, adapter: str | None = None, progress: bool = False) -> HFGenerator:
+    def from_config(
+        cls, config, model_path: str | None = None, adapter: str | None = None, progress: bool = False
+    ) -> HFGenerator:
         """Load the model and tokenizer as the config says (device, dtype, attention, adapter).
 
         An adapter is merged into the weights: this generator only samples, and a merged model
@@ -276,7 +286,11 @@ class HFGenerator:
 
         generator = None
         if isinstance(seed, Sequence):
-            generator = {(i, j): torch.Generator(device=self.device).manual_seed(int(s) + j) for i, s in enumerate(seed) for j in range(n)}
+            generator = {
+                (i, j): torch.Generator(device=self.device).manual_seed(int(s) + j)
+                for i, s in enumerate(seed)
+                for j in range(n)
+            }
         elif seed is not None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed)
@@ -292,8 +306,14 @@ class HFGenerator:
                     if isinstance(generator, dict):  # the streams of this chunk's rows, in row order
                         chunk_generator = [generator[(i, start + j)] for i, start, count in chunk for j in range(count)]
                     outputs = self._generate_chunk(
-                        [prompt_ids[i] for i, _, _ in chunk], [count for _, _, count in chunk],
-                        temperature, top_p, max_new_tokens, stops, chunk_generator, bar,
+                        [prompt_ids[i] for i, _, _ in chunk],
+                        [count for _, _, count in chunk],
+                        temperature,
+                        top_p,
+                        max_new_tokens,
+                        stops,
+                        chunk_generator,
+                        bar,
                     )
                     for (index, start, count), completions in zip(chunk, outputs):
                         results[index][start : start + count] = completions
@@ -352,8 +372,12 @@ class HFGenerator:
 
         cache = preallocated_cache(self.model, width + min(max_new_tokens, INITIAL_ROOM))
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
         logits = out.logits[:, -1, :]
         # One row per sample: gather prompt rows [0]*n_0 + [1]*n_1 + ... (the prompt is encoded once).
@@ -387,7 +411,9 @@ class HFGenerator:
                 elif stops:
                     stop_candidates.append(seq)
             if stop_candidates:
-                tails = self.tokenizer.batch_decode([generated[seq][-window:] for seq in stop_candidates], skip_special_tokens=True)
+                tails = self.tokenizer.batch_decode(
+                    [generated[seq][-window:] for seq in stop_candidates], skip_special_tokens=True
+                )
                 for seq, tail in zip(stop_candidates, tails):
                     if any(s in tail for s in stops):
                         finish[seq] = "stop"
@@ -413,8 +439,11 @@ class HFGenerator:
                 rows = [rows[i] for i in keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
             out = self.model(
-                input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=next_position[:, None],
-                past_key_values=cache, use_cache=True,
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position[:, None],
+                past_key_values=cache,
+                use_cache=True,
             )
             logits = out.logits[:, -1, :]
             next_position = next_position + 1

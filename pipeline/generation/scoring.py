@@ -58,14 +58,18 @@ def resolve_end_token(model, batch: Sequence[SegmentedIds], end_token_id: int | 
         return int(end_token_id)
     ends = {seg.input_ids[seg.end_position] for seg in batch if seg.end_position is not None}
     if len(ends) > 1:
-        raise ValueError(f"trajectory_logprobs: trajectories end with different tokens {sorted(ends)}; pass end_token_id")
+        raise ValueError(
+            f"trajectory_logprobs: trajectories end with different tokens {sorted(ends)}; pass end_token_id"
+        )
     if ends:
         return int(ends.pop())
     eos = getattr(getattr(model, "config", None), "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0] if eos else None
     if eos is None:
-        raise ValueError("trajectory_logprobs: no trajectory has an end token and the model config has no eos_token_id; pass end_token_id")
+        raise ValueError(
+            "trajectory_logprobs: no trajectory has an end token and the model config has no eos_token_id; pass end_token_id"
+        )
     return int(eos)
 
 
@@ -95,7 +99,9 @@ def trajectory_logprobs(
         return _trajectory_logprobs(model, batch, pad_token_id, int(end_id), return_entropy, return_boundary_hidden)
 
 
-def _trajectory_logprobs(model, batch, pad_token_id, end_id, return_entropy, return_boundary_hidden) -> TrajectoryLogprobs:
+def _trajectory_logprobs(
+    model, batch, pad_token_id, end_id, return_entropy, return_boundary_hidden
+) -> TrajectoryLogprobs:
     device = _model_device(model)
     batch_size = len(batch)
     length = max(len(seg.input_ids) for seg in batch)
@@ -129,8 +135,11 @@ def _trajectory_logprobs(model, batch, pad_token_id, end_id, return_entropy, ret
     # The last position is kept too: it holds the termination logit of an unfinished trajectory.
     keep = torch.arange(first, length, device=device)
     out = model(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-        logits_to_keep=keep, output_hidden_states=return_boundary_hidden,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        use_cache=False,
+        logits_to_keep=keep,
+        output_hidden_states=return_boundary_hidden,
     )
     logits = out.logits  # (B, L', V): position first + j predicts token first + j + 1
     logits32 = logits.float()
@@ -141,7 +150,9 @@ def _trajectory_logprobs(model, batch, pad_token_id, end_id, return_entropy, ret
     token_logprobs = logits32.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_normaliser
     end_logprobs = logits32[..., end_id] - log_normaliser
 
-    step_index = torch.cat([step_of_token[:, first + 1 :], step_of_token.new_full((batch_size, 1), -1)], dim=1).to(device)
+    step_index = torch.cat([step_of_token[:, first + 1 :], step_of_token.new_full((batch_size, 1), -1)], dim=1).to(
+        device
+    )
     in_step = step_index >= 0
     scatter_index = step_index.clamp(min=0)
     step_logprobs = torch.zeros((batch_size, max_steps), dtype=torch.float32, device=device)
@@ -198,8 +209,13 @@ def trajectory_logprobs_chunked(
     max_steps = max(seg.num_steps for seg in batch)
     parts = [
         trajectory_logprobs(
-            model, batch[i : i + micro_batch_size], pad_token_id, end_token_id=end_token_id,
-            with_grad=False, return_entropy=return_entropy, return_boundary_hidden=return_boundary_hidden,
+            model,
+            batch[i : i + micro_batch_size],
+            pad_token_id,
+            end_token_id=end_token_id,
+            with_grad=False,
+            return_entropy=return_entropy,
+            return_boundary_hidden=return_boundary_hidden,
         )
         for i in range(0, len(batch), micro_batch_size)
     ]
@@ -225,4 +241,3 @@ def trajectory_logprobs_chunked(
         step_entropy=cat("step_entropy", max_steps),
         boundary_hidden=cat("boundary_hidden", max_steps + 1),
     )
-

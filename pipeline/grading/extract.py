@@ -1,10 +1,10 @@
 """Answer extraction: the final answer a solution text states, by kind of answer.
 
-    extract_answer("... so $x = \\boxed{\\frac{1}{2}}$.", "math")  -> "\\frac{1}{2}"
-    extract_answer("3 + 4 = 7. The answer is 7.", "tiny")          -> "7"
-    extract_answer("She pays $1,234.50 in all. #### 1,234.50", "gsm8k") -> "1234.50"
-    extract_answer("Choice B is correct.", "sat")                  -> "B"
-    extract_answer("I do not know.", "math")                       -> None
+extract_answer("... so $x = \\boxed{\\frac{1}{2}}$.", "math")  -> "\\frac{1}{2}"
+extract_answer("3 + 4 = 7. The answer is 7.", "tiny")          -> "7"
+extract_answer("She pays $1,234.50 in all. #### 1,234.50", "gsm8k") -> "1234.50"
+extract_answer("Choice B is correct.", "sat")                  -> "B"
+extract_answer("I do not know.", "math")                       -> None
 """
 
 from __future__ import annotations
@@ -114,12 +114,12 @@ def _last_boxed(text: str) -> str | None:
             search_end = position + MAX_ANSWER_CHARS + 2
             content_end = _matching_brace(text, position, search_end)
             if content_end is not None:
-                return text[position + 1: content_end].strip()
+                return text[position + 1 : content_end].strip()
             if len(text) > search_end:
-                return text[position + 1: search_end]
-        elif not text[start + len(command): start + len(command) + 1].isalpha():
+                return text[position + 1 : search_end]
+        elif not text[start + len(command) : start + len(command) + 1].isalpha():
             # "\boxed 5" / "\boxed A": TeX takes the next token
-            token = re.match(r"\s*([^\s$.,]+)", text[position: position + MAX_ANSWER_CHARS])
+            token = re.match(r"\s*([^\s$.,]+)", text[position : position + MAX_ANSWER_CHARS])
             if token:
                 return token.group(1)
         end = start
@@ -143,17 +143,21 @@ def _boxed_list(text: str) -> str | None:
         position = start + len(next(c for c in _BOX_COMMANDS if text.startswith(c, start)))
         while position < len(text) and text[position] == " ":
             position += 1
-        if text[position: position + 1] != "{":
+        if text[position : position + 1] != "{":
             break
         close = _matching_brace(text, position, position + MAX_ANSWER_CHARS + 2)
         if close is None or (later_start is not None and close >= later_start):
             break  # unbalanced, or a box around the later one
         if later_start is not None:
-            gap = text[close + 1: later_start]
-            if (len(gap) > _MAX_BOX_GAP or _SENTENCE_END.search(gap) or set(_GAP_WORD.findall(gap.lower())) - {"and", "or"}
-                    or _ALTERNATIVE_FORM.search(gap)):
+            gap = text[close + 1 : later_start]
+            if (
+                len(gap) > _MAX_BOX_GAP
+                or _SENTENCE_END.search(gap)
+                or set(_GAP_WORD.findall(gap.lower())) - {"and", "or"}
+                or _ALTERNATIVE_FORM.search(gap)
+            ):
                 break
-        contents.append(text[position + 1: close].strip())
+        contents.append(text[position + 1 : close].strip())
         end = later_start = start
     return ", ".join(reversed(contents)) if len(contents) > 1 else None
 
@@ -181,22 +185,21 @@ def _matching_brace(text: str, open_position: int, end: int) -> int | None:
 
 def _line_from(text: str, start: int) -> str:
     end = text.find("\n", start)
-    return text[start: end if end >= 0 else len(text)]
+    return text[start : end if end >= 0 else len(text)]
 
 
 def _answer_sentence(text: str, start: int) -> str:
     """The answer after "The answer is": a $...$ group, or the rest of the sentence."""
-    rest = text[start: start + MAX_ANSWER_CHARS + 2].lstrip()
+    rest = text[start : start + MAX_ANSWER_CHARS + 2].lstrip()
     line = _line_from(rest, 0)
     # Display math may span lines; inline math ends on its line (an unclosed "$18." must not
     # run on to the next "$" further down).
-    for opener, closer, scope in (("$$", "$$", rest), ("\\[", "\\]", rest), ("$", "$", line),
-                                  ("\\(", "\\)", line)):
+    for opener, closer, scope in (("$$", "$$", rest), ("\\[", "\\]", rest), ("$", "$", line), ("\\(", "\\)", line)):
         if scope.startswith(opener):
             close = scope.find(closer, len(opener))
             # "$18. She paid $20": a "$" before a digit is a currency sign, not a closer.
-            if close > 0 and not scope[close + len(closer): close + len(closer) + 1].isdigit():
-                return scope[len(opener): close].strip()
+            if close > 0 and not scope[close + len(closer) : close + len(closer) + 1].isdigit():
+                return scope[len(opener) : close].strip()
     # A period followed by a space ends the sentence ("is 5. I hope it is correct.").
     sentence_end = re.search(r"\.\s", line)
     if sentence_end:
@@ -208,13 +211,13 @@ def strip_math_delimiters(answer: str) -> str:
     answer = answer.strip()
     for opener, closer in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if answer.startswith(opener) and answer.endswith(closer) and len(answer) >= 2 * len(opener):
-            answer = answer[len(opener): len(answer) - len(closer)].strip()
+            answer = answer[len(opener) : len(answer) - len(closer)].strip()
     return answer.rstrip(".").strip()
 
 
 def number_in(span: str) -> str | None:
     """The number a gsm8k/tiny answer states, as plain digits ("$1,234." -> "1234")."""
-    span = span[: MAX_ANSWER_CHARS]
+    span = span[:MAX_ANSWER_CHARS]
     span = span.replace("\\$", "").replace("$", "").replace("{,}", ",").replace("\u2212", "-")
     span = span.replace("\\!", "").replace("**", "")
     span = _FRACTION.sub(r"\1/\2", span)
@@ -234,7 +237,7 @@ def extract_letter(text: str) -> str | None:
             return letter
     if "nswer" in text or "NSWER" in text:
         for match in reversed(list(_ANSWER_IS.finditer(text))[-_MAX_BOXES_TRIED:]):
-            letter = _letter_at_start(text[match.end(): match.end() + 200])
+            letter = _letter_at_start(text[match.end() : match.end() + 200])
             if letter:
                 return letter
     correct = list(_CHOICE_CORRECT.finditer(text)) if "hoice" in text or "HOICE" in text else []
@@ -252,7 +255,6 @@ def _letter_at_start(span: str) -> str | None:
     span = _LETTER_DECORATION.sub("", span, count=1)
     match = _LETTER_AT_START.match(span)
     return (match.group(1) or match.group(2)).upper() if match else None
-
 
 
 def check_kind(kind: str) -> None:

@@ -23,9 +23,7 @@ _TRAILING_UNIT = re.compile(r"^(.*\S)\s*" + _TEXT_COMMANDS + r"\{[^{}]*\}(?:\^\{
 _TEXT_GROUP = re.compile(_TEXT_COMMANDS + r"\{([^{}]*)\}")
 _ASSIGNED_VARIABLE = re.compile(r"^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?=(?!=)")
 THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-_PLAIN_RATIONAL = re.compile(
-    r"^(-?)(?:\\frac\{(-?\d+)\}\{(\d+)\}|(\d+)/(\d+)|(\d+(?:\.\d*)?|\.\d+))$"
-)
+_PLAIN_RATIONAL = re.compile(r"^(-?)(?:\\frac\{(-?\d+)\}\{(\d+)\}|(\d+)/(\d+)|(\d+(?:\.\d*)?|\.\d+))$")
 _SPACING = re.compile(r"\\[,;:! ]|\\q?quad\b|~")
 
 
@@ -101,7 +99,7 @@ def plain_rational(s: str) -> Fraction | None:
 
 
 def _canonical_number(value: Fraction) -> str:
-    """"18", "-0.25", "1234.5"; "1/3" when the decimal would not end."""
+    """ "18", "-0.25", "1234.5"; "1/3" when the decimal would not end."""
     if value.denominator == 1:
         return str(value.numerator)
     for places in range(1, 40):
@@ -123,4 +121,3 @@ def parse_number(number: str | None) -> Fraction | None:
         return Fraction(number)
     except (ValueError, ZeroDivisionError):
         return None
-

@@ -65,16 +65,11 @@ def _power_refusal(s: str) -> str | None:
         operand_end = _operand_end(s, end)
         operand = s[end:operand_end]
         chained = s[operand_end:next_start].strip() == "" and next_start >= operand_end
-        numeric = not _LETTER.search(_HARMLESS_COMMANDS.sub("", operand)) and (
-            next_is_numeric if chained else True
-        )
+        numeric = not _LETTER.search(_HARMLESS_COMMANDS.sub("", operand)) and (next_is_numeric if chained else True)
         if numeric:
             if chained or _POWER.search(operand):
                 return "numeric power tower"
-            if any(
-                len(digits) > 6 or int(digits) > MAX_EXPONENT
-                for digits in _INTEGER_PART.findall(operand)
-            ):
+            if any(len(digits) > 6 or int(digits) > MAX_EXPONENT for digits in _INTEGER_PART.findall(operand)):
                 return f"exponent above {MAX_EXPONENT}"
         next_is_numeric, next_start = numeric, _start
     return None

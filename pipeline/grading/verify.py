@@ -47,9 +47,7 @@ def grade(text: str, gold: str, kind: str, timeout_s: float | None = None) -> bo
     return grade_many([text], [gold], kind, timeout_s=timeout_s)[0]
 
 
-def grade_many(
-    texts: Sequence[str], golds: Sequence[str], kind: str, timeout_s: float | None = None
-) -> list[bool]:
+def grade_many(texts: Sequence[str], golds: Sequence[str], kind: str, timeout_s: float | None = None) -> list[bool]:
     """grade() for many (text, gold) pairs; every Math-Verify comparison goes to the child in
     one batch, each with its own deadline. Raises ValueError only if the lengths differ."""
     check_kind(kind)
@@ -174,7 +172,9 @@ def _math_verify_worker() -> PersistentWorker:
                     f"{__name__}:_math_verify_in_child",
                     # Touches sympy's lazily imported parts (fractions, intervals, sets) once.
                     warmup_args=[
-                        ("\\frac{1}{2}", "0.5"), ("(1,2]", "\\{1,2\\}"), ("x^2+1", "1+x^2"),
+                        ("\\frac{1}{2}", "0.5"),
+                        ("(1,2]", "\\{1,2\\}"),
+                        ("x^2+1", "1+x^2"),
                     ],
                     startup_timeout_s=WORKER_STARTUP_TIMEOUT_S,
                 )
@@ -215,9 +215,7 @@ def _math_verify_pairs(pairs: list[tuple[str, str]], timeout_s: float | None) ->
             if outcome.status == "unavailable":
                 logger.error("Math-Verify unavailable, counting as not equal: %s", outcome.value)
             elif outcome.status in ("timeout", "crashed"):
-                logger.warning(
-                    "Math-Verify %s on pred=%.80r gold=%.80r", outcome.status, *pairs[index]
-                )
+                logger.warning("Math-Verify %s on pred=%.80r gold=%.80r", outcome.status, *pairs[index])
         while len(_verdict_cache) > VERDICT_CACHE_SIZE:
             _verdict_cache.popitem(last=False)
     return verdicts  # type: ignore[return-value]

@@ -137,8 +137,7 @@ class PersistentWorker:
         self._ready = False
         module_name = __name__
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP, _IMPORT_ROOT, module_name, self.target,
-             json.dumps(self.warmup_args)],
+            [sys.executable, "-c", _BOOTSTRAP, _IMPORT_ROOT, module_name, self.target, json.dumps(self.warmup_args)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             # Own session: a Ctrl-C meant for the parent should not print a traceback here.
@@ -172,11 +171,11 @@ class PersistentWorker:
             except _WorkerDied:
                 outcomes[index] = JobOutcome("crashed")
                 self._restart()
-                return pending[position + 1:]
+                return pending[position + 1 :]
             if message is None:
                 outcomes[index] = JobOutcome("timeout")
                 self._restart()
-                return pending[position + 1:]
+                return pending[position + 1 :]
             if "error" in message:
                 outcomes[index] = JobOutcome("error", message["error"])
             else:

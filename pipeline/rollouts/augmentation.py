@@ -190,8 +190,14 @@ def augment_records(
         if occurrence > 1:  # the same (prefix, step) evaluated twice: keep group ids unique
             key = f"{key}.{occurrence}"
         if include_mcts:
-            yield PRMExample(problem_id=problem_id, question=record.question, prefix_steps=list(record.prefix_steps),
-                             step=record.step, label=record.mc, origin=ORIGIN_MCTS)
+            yield PRMExample(
+                problem_id=problem_id,
+                question=record.question,
+                prefix_steps=list(record.prefix_steps),
+                step=record.step,
+                label=record.mc,
+                origin=ORIGIN_MCTS,
+            )
         emitted: set[tuple[tuple[str, ...], str]] = set()
         for group in label_rollout_steps(record, threshold):
             group_id = f"{problem_id}:{key}:{group.position}:{group.index}"
@@ -201,8 +207,15 @@ def augment_records(
                     if example_key in emitted:
                         continue
                     emitted.add(example_key)
-                yield PRMExample(problem_id=problem_id, question=record.question, prefix_steps=list(member.prefix_steps),
-                                 step=member.step, label=group.label, origin=ORIGIN_AUGMENTED, group_id=group_id)
+                yield PRMExample(
+                    problem_id=problem_id,
+                    question=record.question,
+                    prefix_steps=list(member.prefix_steps),
+                    step=member.step,
+                    label=group.label,
+                    origin=ORIGIN_AUGMENTED,
+                    group_id=group_id,
+                )
 
 
 def _label_bin(label: float) -> str:

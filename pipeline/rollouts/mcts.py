@@ -260,7 +260,11 @@ def make_rollout_fn(
     def rollout_fn(requests: list[tuple[int, tuple[str, ...]]]) -> list[list[Rollout]]:
         texts = [prompts[i] + join_steps(prefix, separator) for i, prefix in requests]
         completions = generator.generate(
-            texts, n=k, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+            texts,
+            n=k,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
             seed=[probe_seed(seed, ids[i], prefix) for i, prefix in requests],
         )
         flat_texts, flat_golds = [], []

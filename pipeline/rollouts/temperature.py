@@ -57,8 +57,15 @@ def _share(part: float, whole: float) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-def temperature_sweep(generator, problems: Sequence[Problem], config, temperatures: Sequence[float], k: int, seed: int,
-                      first_wrong: FirstWrong) -> list[dict]:
+def temperature_sweep(
+    generator,
+    problems: Sequence[Problem],
+    config,
+    temperatures: Sequence[float],
+    k: int,
+    seed: int,
+    first_wrong: FirstWrong,
+) -> list[dict]:
     """One row per temperature (the module docstring lists its fields) of ``k`` root samples of
     each problem, drawn as MCTS draws its rollouts (config.format, config.generation.max_new_tokens,
     config.mcts.top_p; a stream per problem from ``seed``)."""
@@ -66,18 +73,33 @@ def temperature_sweep(generator, problems: Sequence[Problem], config, temperatur
     if len(kinds) != 1:
         raise ValueError(f"temperature_sweep: the problems mix answer kinds {sorted(kinds)}; use one source at a time")
     kind = kinds.pop()
-    prompts = [prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options")) for p in problems]
+    prompts = [
+        prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options"))
+        for p in problems
+    ]
     rows = []
     for temperature in temperatures:
         start = time.monotonic()
         rollout_fn = make_rollout_fn(
-            generator, prompts, [p.answer for p in problems], kind, k=k, temperature=temperature, top_p=config.mcts.top_p,
-            max_new_tokens=config.generation.max_new_tokens, separator=config.format.separator, grade_many=grade_many,
-            extract_answer=extract_answer, seed=seed, problem_ids=[p.problem_id for p in problems],
+            generator,
+            prompts,
+            [p.answer for p in problems],
+            kind,
+            k=k,
+            temperature=temperature,
+            top_p=config.mcts.top_p,
+            max_new_tokens=config.generation.max_new_tokens,
+            separator=config.format.separator,
+            grade_many=grade_many,
+            extract_answer=extract_answer,
+            seed=seed,
+            problem_ids=[p.problem_id for p in problems],
         )
         results = rollout_fn([(i, ()) for i in range(len(problems))])
         seconds = time.monotonic() - start
-        totals = dict.fromkeys(("steps", "steps_reached", "first_wrong", "first_wrong_arithmetic", "arithmetic_steps"), 0)
+        totals = dict.fromkeys(
+            ("steps", "steps_reached", "first_wrong", "first_wrong_arithmetic", "arithmetic_steps"), 0
+        )
         correct, mcs = 0, []
         for problem, rollouts in zip(problems, results):
             for key, value in slip_counts(problem, [r.steps for r in rollouts], first_wrong).items():
@@ -85,28 +107,38 @@ def temperature_sweep(generator, problems: Sequence[Problem], config, temperatur
             correct += sum(r.correct for r in rollouts)
             mcs.append(mc_value(rollouts))
         samples = k * len(problems)
-        rows.append({
-            "temperature": temperature,
-            "problems": len(problems),
-            "samples": samples,
-            "first_wrong_per_step": _share(totals["first_wrong"], totals["steps_reached"]),
-            "arithmetic_slip_rate": _share(totals["arithmetic_steps"], totals["steps"]),
-            "arithmetic_share_of_first_wrong": _share(totals["first_wrong_arithmetic"], totals["first_wrong"]),
-            "wrong_solutions": _share(totals["first_wrong"], samples),
-            "sampled_accuracy": _share(correct, samples),
-            "root_mc_between": _share(sum(0 < mc < 1 for mc in mcs), len(mcs)),
-            "root_mc_zero": _share(sum(mc == 0 for mc in mcs), len(mcs)),
-            "root_mc_one": _share(sum(mc == 1 for mc in mcs), len(mcs)),
-            "mean_steps": _share(totals["steps"], samples),
-            "seconds": round(seconds, 1),
-        })
+        rows.append(
+            {
+                "temperature": temperature,
+                "problems": len(problems),
+                "samples": samples,
+                "first_wrong_per_step": _share(totals["first_wrong"], totals["steps_reached"]),
+                "arithmetic_slip_rate": _share(totals["arithmetic_steps"], totals["steps"]),
+                "arithmetic_share_of_first_wrong": _share(totals["first_wrong_arithmetic"], totals["first_wrong"]),
+                "wrong_solutions": _share(totals["first_wrong"], samples),
+                "sampled_accuracy": _share(correct, samples),
+                "root_mc_between": _share(sum(0 < mc < 1 for mc in mcs), len(mcs)),
+                "root_mc_zero": _share(sum(mc == 0 for mc in mcs), len(mcs)),
+                "root_mc_one": _share(sum(mc == 1 for mc in mcs), len(mcs)),
+                "mean_steps": _share(totals["steps"], samples),
+                "seconds": round(seconds, 1),
+            }
+        )
     return rows
 
 
-COLUMNS = (("temperature", "T"), ("first_wrong_per_step", "slip/step"), ("arithmetic_slip_rate", "arith steps"),
-           ("arithmetic_share_of_first_wrong", "arith of 1st wrong"), ("wrong_solutions", "wrong sol."),
-           ("sampled_accuracy", "sampled acc."), ("root_mc_between", "0<MC<1"), ("root_mc_one", "MC=1"), ("root_mc_zero", "MC=0"),
-           ("seconds", "s"))
+COLUMNS = (
+    ("temperature", "T"),
+    ("first_wrong_per_step", "slip/step"),
+    ("arithmetic_slip_rate", "arith steps"),
+    ("arithmetic_share_of_first_wrong", "arith of 1st wrong"),
+    ("wrong_solutions", "wrong sol."),
+    ("sampled_accuracy", "sampled acc."),
+    ("root_mc_between", "0<MC<1"),
+    ("root_mc_one", "MC=1"),
+    ("root_mc_zero", "MC=0"),
+    ("seconds", "s"),
+)
 
 
 def sweep_table(rows: Sequence[dict]) -> str:

@@ -40,30 +40,48 @@ def untrained_policy(config, splits: dict) -> tuple:
     config.bootstrap's size at random init, as bootstrap trains it (README's model size is this
     model's count_parameters, checked by a test)."""
     tokenizer = train_tokenizer(tokenizer_corpus(splits["train"], config.format), config.bootstrap.vocab_size)
-    return tokenizer, build_model(config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager")
+    return tokenizer, build_model(
+        config.bootstrap, tokenizer, attn_implementation=config.model.attn_implementation or "eager"
+    )
 
 
 def build_base_policy(config, out: Path, progress: bool = True, settings: dict | None = None) -> tuple[dict, dict]:
     """Problems -> tokenizer -> model -> training -> bootstrap/model/. Returns (training metrics,
     the problem splits). ``settings``: recorded in the model's manifest (what the model was made with)."""
     boot = config.bootstrap
-    tracking = Tracking.from_config(config, "bootstrap", out)  # a missing tracker package fails before anything is built
+    tracking = Tracking.from_config(
+        config, "bootstrap", out
+    )  # a missing tracker package fails before anything is built
     splits = generate_splits(config.tinyworld)
     for name, problems in splits.items():
         write_problems_jsonl(problems, out / f"problems_{name}.jsonl")
     log.info("bootstrap: %s problems", {name: len(p) for name, p in splits.items()})
 
     tokenizer, model = untrained_policy(config, splits)
-    examples = training_examples(splits["train"], tokenizer, config.format, boot.max_position_embeddings, boot.every_strategy)
-    log.info("bootstrap: %d parameters, vocabulary %d, %d training examples", count_parameters(model), len(tokenizer), len(examples))
+    examples = training_examples(
+        splits["train"], tokenizer, config.format, boot.max_position_embeddings, boot.every_strategy
+    )
+    log.info(
+        "bootstrap: %d parameters, vocabulary %d, %d training examples",
+        count_parameters(model),
+        len(tokenizer),
+        len(examples),
+    )
 
     with torch_threads(boot.torch_threads):
         if boot.torch_threads > 0:
             log.info("bootstrap: training with %d torch threads (bootstrap.torch_threads)", torch.get_num_threads())
-        stats = train_language_model(model, tokenizer, examples, boot, out, config.model, progress=progress, settings=settings,
-                                     tracking=tracking)
-    log.info("bootstrap: %d steps (%.2f epochs) in %.0f s, final loss %.3f; saved %s", stats.steps, stats.epochs, stats.seconds,
-             stats.final_loss, out / "model")
+        stats = train_language_model(
+            model, tokenizer, examples, boot, out, config.model, progress=progress, settings=settings, tracking=tracking
+        )
+    log.info(
+        "bootstrap: %d steps (%.2f epochs) in %.0f s, final loss %.3f; saved %s",
+        stats.steps,
+        stats.epochs,
+        stats.seconds,
+        stats.final_loss,
+        out / "model",
+    )
     metrics = {
         "parameters": count_parameters(model),
         "vocab_size": len(tokenizer),

@@ -43,7 +43,9 @@ def model_config(cfg, tokenizer, attn_implementation: str = "eager"):
     if cfg.architecture not in ARCHITECTURES:
         raise ValueError(f"bootstrap.architecture: expected one of {sorted(ARCHITECTURES)}, got {cfg.architecture!r}")
     if cfg.hidden_size % cfg.num_heads:
-        raise ValueError(f"bootstrap.hidden_size ({cfg.hidden_size}) must be a multiple of bootstrap.num_heads ({cfg.num_heads})")
+        raise ValueError(
+            f"bootstrap.hidden_size ({cfg.hidden_size}) must be a multiple of bootstrap.num_heads ({cfg.num_heads})"
+        )
     config_class = getattr(transformers, ARCHITECTURES[cfg.architecture])
     return config_class(
         vocab_size=len(tokenizer),
@@ -89,8 +91,9 @@ class TrainingExample:
     labels: list[int]
 
 
-def training_examples(problems, tokenizer, format_config, max_length: int | None = None,
-                      every_strategy: bool = False) -> list[TrainingExample]:
+def training_examples(
+    problems, tokenizer, format_config, max_length: int | None = None, every_strategy: bool = False
+) -> list[TrainingExample]:
     """One example per problem: its prompt and its gold solution (``meta["solutions"][0]``); with
     ``every_strategy``, one per strategy of the problem: its prompt and that strategy's template
     (``pipeline.tinyworld.problems.strategy_templates``, the gold first).
@@ -108,7 +111,7 @@ def training_examples(problems, tokenizer, format_config, max_length: int | None
                 raise ValueError(
                     f"problem {problem.problem_id}: {len(ids)} tokens exceed bootstrap.max_position_embeddings={max_length}"
                 )
-            labels = [IGNORE_INDEX] * segmented.prompt_len + ids[segmented.prompt_len:]
+            labels = [IGNORE_INDEX] * segmented.prompt_len + ids[segmented.prompt_len :]
             examples.append(TrainingExample(ids, labels))
     return examples
 
@@ -121,8 +124,8 @@ def length_grouped_batches(examples: Sequence[TrainingExample], batch_size: int,
     window = batch_size * 50
     batches = []
     for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window], key=lambda i: len(examples[i].input_ids))
-        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
+        chunk = sorted(order[start : start + window], key=lambda i: len(examples[i].input_ids))
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
     rng.shuffle(batches)
     return batches
 
@@ -161,13 +164,29 @@ LOG_EVERY = 20
 def optimizer_settings(cfg) -> OptimizerSettings:
     """BootstrapConfig -> the training base's settings: AdamW (betas 0.9/0.95), warmup, then a
     cosine from cfg.lr down to cfg.lr * cfg.min_lr_ratio over cfg.max_train_steps."""
-    return OptimizerSettings(lr=cfg.lr, total_steps=cfg.max_train_steps, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
-                             schedule="cosine", warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
-                             max_grad_norm=cfg.grad_clip)
+    return OptimizerSettings(
+        lr=cfg.lr,
+        total_steps=cfg.max_train_steps,
+        weight_decay=cfg.weight_decay,
+        betas=(0.9, 0.95),
+        schedule="cosine",
+        warmup_steps=cfg.warmup_steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+        max_grad_norm=cfg.grad_clip,
+    )
 
 
-def train_language_model(model, tokenizer, examples: Sequence[TrainingExample], cfg, out_dir: str | Path, model_config,
-                         progress: bool = True, settings: dict | None = None, tracking: Tracking | None = None) -> TrainStats:
+def train_language_model(
+    model,
+    tokenizer,
+    examples: Sequence[TrainingExample],
+    cfg,
+    out_dir: str | Path,
+    model_config,
+    progress: bool = True,
+    settings: dict | None = None,
+    tracking: Tracking | None = None,
+) -> TrainStats:
     """Train ``model`` on ``examples`` for cfg.max_train_steps optimizer steps on the training
     base (cfg.train_seconds is only a safety net that stops a far too slow run, loudly), then
     save it with its tokenizer to <out_dir>/model (written aside and committed by one rename, with a
@@ -179,9 +198,18 @@ def train_language_model(model, tokenizer, examples: Sequence[TrainingExample], 
     <out_dir>/metrics.jsonl every LOG_EVERY steps, and to the experiment trackers of ``tracking``.
     """
     pad_id = tokenizer.pad_token_id
-    base = TrainingBase(make_accelerator(model_config, tracking=tracking), model, optimizer_settings(cfg), out_dir,
-                        save_every=cfg.save_every, max_seconds=cfg.train_seconds, log_every=LOG_EVERY, progress=progress,
-                        desc="bootstrap", tracking=tracking)
+    base = TrainingBase(
+        make_accelerator(model_config, tracking=tracking),
+        model,
+        optimizer_settings(cfg),
+        out_dir,
+        save_every=cfg.save_every,
+        max_seconds=cfg.train_seconds,
+        log_every=LOG_EVERY,
+        progress=progress,
+        desc="bootstrap",
+        tracking=tracking,
+    )
     rng = random.Random(cfg.seed)
     pending: list[list[int]] = []
     state = base.resume()

@@ -58,8 +58,20 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 STRATEGIES = tuple(dict.fromkeys(s for strategies in FAMILIES.values() for s in strategies))
 assert set(FAMILIES) == set(typing.get_args(TinyFamily)) and set(STRATEGIES) == set(typing.get_args(TinyStrategy))
 
-NAMES = [("Ann", "She"), ("Ben", "He"), ("Cara", "She"), ("Dan", "He"), ("Eva", "She"), ("Finn", "He"),
-         ("Gina", "She"), ("Hugo", "He"), ("Ivy", "She"), ("Jack", "He"), ("Kim", "She"), ("Leo", "He")]
+NAMES = [
+    ("Ann", "She"),
+    ("Ben", "He"),
+    ("Cara", "She"),
+    ("Dan", "He"),
+    ("Eva", "She"),
+    ("Finn", "He"),
+    ("Gina", "She"),
+    ("Hugo", "He"),
+    ("Ivy", "She"),
+    ("Jack", "He"),
+    ("Kim", "She"),
+    ("Leo", "He"),
+]
 ITEMS = ["apples", "pens", "cards", "coins", "stickers", "marbles", "books", "eggs", "shells", "stamps"]
 CONTAINERS = ["bags", "boxes", "packs"]
 
@@ -68,6 +80,8 @@ GAIN_VERBS = [("buys", "buys"), ("finds", "finds"), ("gets", "gets")]
 LOSS_VERBS = [("gives away", "gives away"), ("sells", "sells"), ("loses", "loses")]
 # the verb of a step that sums several gains (or losses, or their containers)
 SUM_VERBS = {1: "gets", -1: "loses"}
+
+
 @dataclass(frozen=True)
 class Event:
     """One change to the amount: sign * count * size (size 1 for a simple event)."""
@@ -124,7 +138,9 @@ def question_text(story: Story) -> str:
     for event in story.events:
         verb = _verb(event)[0]
         if event.grouped:
-            sentences.append(f"{pronoun} {verb} {event.count} {CONTAINERS[event.container]} with {event.size} {item} each.")
+            sentences.append(
+                f"{pronoun} {verb} {event.count} {CONTAINERS[event.container]} with {event.size} {item} each."
+            )
         else:
             sentences.append(f"{pronoun} {verb} {event.count} {item}.")
     sentences.append(f"How many {item} does {name} have now?")
@@ -282,7 +298,9 @@ def containers_first_solutions(story: Story, max_result: int, template_only: boo
     chains = _orderings([story.events[i].count for i in grouped])
     orders = list(dict.fromkeys(itertools.permutations(units)))
     solutions = []
-    for chain, order in itertools.product(chains[:1], orders[:1]) if template_only else itertools.product(chains, orders):
+    for chain, order in (
+        itertools.product(chains[:1], orders[:1]) if template_only else itertools.product(chains, orders)
+    ):
         count_steps, count = _sum_steps(name, first.sign, chain, word)
         product = f"{name} {SUM_VERBS[first.sign]} {count} * {first.size} = {count * first.size} {item}."
         steps, total = [], story.start
@@ -292,7 +310,11 @@ def containers_first_solutions(story: Story, max_result: int, template_only: boo
             else:
                 event = story.events[unit]
                 sign, amount = event.sign, event.amount
-                before = [f"{name} {_verb(event)[1]} {event.count} * {event.size} = {amount} {item}."] if event.grouped else []
+                before = (
+                    [f"{name} {_verb(event)[1]} {event.count} * {event.size} = {amount} {item}."]
+                    if event.grouped
+                    else []
+                )
             applied = _apply(name, item, total, sign, amount, max_result)
             if applied is None:
                 break
@@ -366,8 +388,10 @@ def sample_gains_losses(rng: random.Random, num_ops: int, max_operand: int, max_
         gains = [e.count for e in events if e.sign > 0]
         if len(events) == num_ops and max(len(gains), num_ops - len(gains)) >= 2 and start + sum(gains) <= max_result:
             return Story(rng.randrange(len(NAMES)), rng.randrange(len(ITEMS)), start, tuple(events))
-    raise ValueError(f"tinyworld: could not draw a gains_losses problem with {num_ops} events within "
-                     f"max_operand={max_operand}, max_result={max_result}")
+    raise ValueError(
+        f"tinyworld: could not draw a gains_losses problem with {num_ops} events within "
+        f"max_operand={max_operand}, max_result={max_result}"
+    )
 
 
 def sample_shared_containers(rng: random.Random, num_ops: int, max_operand: int, max_result: int) -> Story:
@@ -389,11 +413,16 @@ def sample_shared_containers(rng: random.Random, num_ops: int, max_operand: int,
             event = Event(simple_sign, rng.randint(1, max_operand), 1, rng.randrange(len(GAIN_VERBS)), 0)
             events.insert(rng.randint(0, len(events)), event)
         story = Story(rng.randrange(len(NAMES)), rng.randrange(len(ITEMS)), start, tuple(events))
-        if ((first + second) * size <= max_result and order_is_valid(story, range(len(events)), max_result)
-                and containers_first_solutions(story, max_result, template_only=True)):
+        if (
+            (first + second) * size <= max_result
+            and order_is_valid(story, range(len(events)), max_result)
+            and containers_first_solutions(story, max_result, template_only=True)
+        ):
             return story
-    raise ValueError(f"tinyworld: could not draw a shared_containers problem within max_operand={max_operand}, "
-                     f"max_result={max_result} (two grouped events of at least 2 containers of at least 2 items need max_result >= 8)")
+    raise ValueError(
+        f"tinyworld: could not draw a shared_containers problem within max_operand={max_operand}, "
+        f"max_result={max_result} (two grouped events of at least 2 containers of at least 2 items need max_result >= 8)"
+    )
 
 
 SAMPLERS = {"gains_losses": sample_gains_losses, "shared_containers": sample_shared_containers, "mixed": sample_story}
@@ -418,7 +447,9 @@ def make_problem(story: Story, problem_id: str, max_result: int, family: str, go
     order) repeat an earlier one is left out. ``meta["strategies"]`` names each one's strategy.
     """
     if gold not in FAMILIES[family]:
-        raise ValueError(f"tinyworld: family {family!r} has no strategy {gold!r} (its strategies: {', '.join(FAMILIES[family])})")
+        raise ValueError(
+            f"tinyworld: family {family!r} has no strategy {gold!r} (its strategies: {', '.join(FAMILIES[family])})"
+        )
     template = STRATEGY_SOLUTIONS[gold](story, max_result, template_only=True)
     if not template:
         raise ValueError(f"tinyworld: strategy {gold!r} has no valid template for {question_text(story)!r}")
@@ -438,7 +469,12 @@ def make_problem(story: Story, problem_id: str, max_result: int, family: str, go
         question=question_text(story),
         answer=str(story.answer),
         source=SOURCE,
-        meta={"solutions": solutions, "strategies": strategies, "family": family, "num_ops": len(step_equations(solutions[0]))},
+        meta={
+            "solutions": solutions,
+            "strategies": strategies,
+            "family": family,
+            "num_ops": len(step_equations(solutions[0])),
+        },
     )
 
 
@@ -458,11 +494,15 @@ def drawn_strategies(cfg) -> dict[str, list[str]]:
             raise ValueError(f"tinyworld.families[{index}]: unknown family {family!r}; known: {', '.join(FAMILIES)}")
         drawn[family] = [s for s in FAMILIES[family] if s in cfg.strategies]
         if not drawn[family]:
-            raise ValueError(f"tinyworld.strategies: family {family!r} has none of its strategies ({', '.join(FAMILIES[family])}) "
-                             f"listed, got {list(cfg.strategies)}")
+            raise ValueError(
+                f"tinyworld.strategies: family {family!r} has none of its strategies ({', '.join(FAMILIES[family])}) "
+                f"listed, got {list(cfg.strategies)}"
+            )
     for index, strategy in enumerate(cfg.strategies):
         if strategy not in STRATEGIES:
-            raise ValueError(f"tinyworld.strategies[{index}]: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+            raise ValueError(
+                f"tinyworld.strategies[{index}]: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}"
+            )
     return drawn
 
 

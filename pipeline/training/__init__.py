@@ -12,4 +12,14 @@ from pipeline.training.base import (
 from pipeline.training.schedule import SCHEDULES, learning_rate
 from pipeline.training.tracking import Tracking
 
-__all__ = ["OptimizerSettings", "SCHEDULES", "TrainingBase", "learning_rate", "make_accelerator", "mixed_precision", "parameter_groups", "process_count", "Tracking"]
+__all__ = [
+    "OptimizerSettings",
+    "SCHEDULES",
+    "TrainingBase",
+    "learning_rate",
+    "make_accelerator",
+    "mixed_precision",
+    "parameter_groups",
+    "process_count",
+    "Tracking",
+]

@@ -101,14 +101,20 @@ def process_count(model_config) -> int:
     return PartialState(cpu=resolve_device(model_config.device).type == "cpu").num_processes
 
 
-def make_accelerator(model_config, accumulation: int = 1, compile: bool = False, tracking: Tracking | None = None) -> Accelerator:
+def make_accelerator(
+    model_config, accumulation: int = 1, compile: bool = False, tracking: Tracking | None = None
+) -> Accelerator:
     """The Accelerator of one trainer (device from model.device; every process of an
     ``accelerate launch`` gets its own GPU). ``tracking``: its trackers become ``log_with``
     (pass the same object to TrainingBase, which starts them)."""
     device = resolve_device(model_config.device)
-    return Accelerator(mixed_precision=mixed_precision(model_config), cpu=device.type == "cpu",
-                       dynamo_backend="inductor" if compile else "no", gradient_accumulation_steps=max(1, accumulation),
-                       log_with=tracking.trackers if tracking is not None and tracking.trackers else None)
+    return Accelerator(
+        mixed_precision=mixed_precision(model_config),
+        cpu=device.type == "cpu",
+        dynamo_backend="inductor" if compile else "no",
+        gradient_accumulation_steps=max(1, accumulation),
+        log_with=tracking.trackers if tracking is not None and tracking.trackers else None,
+    )
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -137,13 +143,22 @@ def shard_model(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Mo
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     version = int(getattr(plugin, "fsdp_version", None) or os.environ.get("FSDP_VERSION", "2"))
     if version != 2:
-        raise ValueError(f"fsdp_version {version}: the training base shards with FSDP2 only; set fsdp_config.fsdp_version: 2 "
-                         "(configs/accelerate/policy_fsdp.yaml)")
+        raise ValueError(
+            f"fsdp_version {version}: the training base shards with FSDP2 only; set fsdp_config.fsdp_version: 2 "
+            "(configs/accelerate/policy_fsdp.yaml)"
+        )
     reshard = bool(getattr(plugin, "reshard_after_forward", True)) if plugin is not None else True
-    if plugin is not None and getattr(plugin, "activation_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
+    if (
+        plugin is not None
+        and getattr(plugin, "activation_checkpointing", False)
+        and hasattr(model, "gradient_checkpointing_enable")
+    ):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mixed = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-             if accelerator.mixed_precision == "bf16" else MixedPrecisionPolicy())
+    mixed = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if accelerator.mixed_precision == "bf16"
+        else MixedPrecisionPolicy()
+    )
     mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
     layers = decoder_layer_classes(model)
     units = 0
@@ -152,8 +167,12 @@ def shard_model(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Mo
             fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mixed)
             units += 1
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mixed)
-    log.info("the model is sharded with FSDP2 over %d processes (%d %s units and the root)", accelerator.num_processes, units,
-             "/".join(sorted(layers)) or "layer")
+    log.info(
+        "the model is sharded with FSDP2 over %d processes (%d %s units and the root)",
+        accelerator.num_processes,
+        units,
+        "/".join(sorted(layers)) or "layer",
+    )
     return model
 
 
@@ -217,8 +236,10 @@ class TrainingBase:
 
         deepspeed = getattr(accelerator.state, "deepspeed_plugin", None)
         if deepspeed is not None and save_every > 0:
-            raise ValueError(f"{desc}: resumable checkpoints are not supported under DeepSpeed (its optimizer state cannot be "
-                             "saved without pickling): set save_every=0, or use the FSDP configs")
+            raise ValueError(
+                f"{desc}: resumable checkpoints are not supported under DeepSpeed (its optimizer state cannot be "
+                "saved without pickling): set save_every=0, or use the FSDP configs"
+            )
         if deepspeed is not None:  # no prepared dataloader to infer these from (accelerate's documented route)
             deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size or 1
             deepspeed.deepspeed_config["gradient_accumulation_steps"] = accelerator.gradient_accumulation_steps
@@ -230,18 +251,25 @@ class TrainingBase:
             model = shard_model(model, accelerator)  # before the optimizer: it holds the shards
         # fused: one kernel per step; CUDA, plain or DDP parameters only (FSDP and DeepSpeed
         # shard or replace them and keep the default implementation)
-        fused = (accelerator.device.type == "cuda" and not self.sharded
-                 and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU))
-        optimizer = torch.optim.AdamW(parameter_groups(model, settings.weight_decay), lr=settings.lr, betas=tuple(settings.betas),
-                                      fused=fused)
+        fused = (
+            accelerator.device.type == "cuda"
+            and not self.sharded
+            and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU)
+        )
+        optimizer = torch.optim.AdamW(
+            parameter_groups(model, settings.weight_decay), lr=settings.lr, betas=tuple(settings.betas), fused=fused
+        )
         # the objective's parameters: an AdamW of their own, outside every wrapper, replicated on
         # every process (their gradients are averaged in clip_gradients), so they stay identical
         own = [p for p in self.objective.parameters() if p.requires_grad] if self.objective is not None else []
         objective_optimizer = None
         if own:
-            objective_optimizer = torch.optim.AdamW([{"params": own, "weight_decay": 0.0}], betas=tuple(settings.betas),
-                                                    lr=objective_lr if objective_lr is not None else settings.lr,
-                                                    fused=accelerator.device.type == "cuda" and own[0].device.type == "cuda")
+            objective_optimizer = torch.optim.AdamW(
+                [{"params": own, "weight_decay": 0.0}],
+                betas=tuple(settings.betas),
+                lr=objective_lr if objective_lr is not None else settings.lr,
+                fused=accelerator.device.type == "cuda" and own[0].device.type == "cuda",
+            )
         for opt in (optimizer, objective_optimizer):
             for group in opt.param_groups if opt is not None else []:
                 group["initial_lr"] = group["lr"]
@@ -249,8 +277,11 @@ class TrainingBase:
             self.model, self.optimizer = model, AcceleratedOptimizer(optimizer, device_placement=False)
         else:
             self.model, self.optimizer = accelerator.prepare(model, optimizer)
-        self.objective_optimizer = (AcceleratedOptimizer(objective_optimizer, device_placement=False)
-                                    if objective_optimizer is not None else None)
+        self.objective_optimizer = (
+            AcceleratedOptimizer(objective_optimizer, device_placement=False)
+            if objective_optimizer is not None
+            else None
+        )
         self._set_lr()
 
     # ------------------------------------------------------------------ state
@@ -280,7 +311,9 @@ class TrainingBase:
         s = self.settings
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(self.step, group["initial_lr"], s.total_steps, s.warmup_steps, s.schedule, s.min_lr_ratio)
+                group["lr"] = learning_rate(
+                    self.step, group["initial_lr"], s.total_steps, s.warmup_steps, s.schedule, s.min_lr_ratio
+                )
 
     def _trained_parameters(self) -> list[torch.nn.Parameter]:
         own = [p for p in self.objective.parameters() if p.requires_grad] if self.objective is not None else []
@@ -292,9 +325,14 @@ class TrainingBase:
             return False
         if not self.stopped_by_time:
             self.stopped_by_time = True
-            log.warning("%s: STOPPED BY THE WALL-CLOCK SAFETY NET after %d of %d steps (%.0f s): this run's result now depends "
-                        "on the machine's speed; raise the time limit or lower the step count",
-                        self.desc, self.step, self.settings.total_steps, self.max_seconds)
+            log.warning(
+                "%s: STOPPED BY THE WALL-CLOCK SAFETY NET after %d of %d steps (%.0f s): this run's result now depends "
+                "on the machine's speed; raise the time limit or lower the step count",
+                self.desc,
+                self.step,
+                self.settings.total_steps,
+                self.max_seconds,
+            )
         return True
 
     # ------------------------------------------------------------------ one update
@@ -309,8 +347,11 @@ class TrainingBase:
             # accelerate's DeepSpeed wrapper reads this flag in backward() to place the boundary
             accelerator.gradient_state._set_sync_gradients(last)
             yield
-        elif accelerator.num_processes > 1 and not last and accelerator.distributed_type in (DistributedType.MULTI_GPU,
-                                                                                             DistributedType.MULTI_CPU):
+        elif (
+            accelerator.num_processes > 1
+            and not last
+            and accelerator.distributed_type in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU)
+        ):
             with accelerator.no_sync(self.model):
                 yield
         else:
@@ -384,8 +425,13 @@ class TrainingBase:
         """
         accelerator = self.accelerator
         resumed_from = self.step
-        bar = tqdm(total=self.settings.total_steps, initial=self.step, desc=self.desc, dynamic_ncols=True,
-                   disable=not (self.progress and self.is_main))
+        bar = tqdm(
+            total=self.settings.total_steps,
+            initial=self.step,
+            desc=self.desc,
+            dynamic_ncols=True,
+            disable=not (self.progress and self.is_main),
+        )
         window_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
         window_batches, window_counts, total_counts = 0, {}, {}
         window_start = train_start = time.monotonic()
@@ -420,14 +466,26 @@ class TrainingBase:
             bar.update(1)
             if self.step % self.log_every == 0 or self.step == self.settings.total_steps:
                 names = sorted(window_counts)
-                totals = torch.stack([window_loss, torch.tensor(float(window_batches), dtype=torch.float64, device=accelerator.device),
-                                      *(torch.tensor(window_counts[n], dtype=torch.float64, device=accelerator.device) for n in names)])
+                totals = torch.stack(
+                    [
+                        window_loss,
+                        torch.tensor(float(window_batches), dtype=torch.float64, device=accelerator.device),
+                        *(
+                            torch.tensor(window_counts[n], dtype=torch.float64, device=accelerator.device)
+                            for n in names
+                        ),
+                    ]
+                )
                 totals = accelerator.reduce(totals, reduction="sum")
                 elapsed = max(time.monotonic() - window_start, 1e-9)
                 last_loss = float(totals[0] / totals[1].clamp_min(1))
-                record = {"step": self.step, "loss": last_loss, "lr": self.lr,
-                          **{f"{n}_per_s": float(totals[2 + i]) / elapsed for i, n in enumerate(names)},
-                          **(extra_record(self.step) if extra_record else {})}
+                record = {
+                    "step": self.step,
+                    "loss": last_loss,
+                    "lr": self.lr,
+                    **{f"{n}_per_s": float(totals[2 + i]) / elapsed for i, n in enumerate(names)},
+                    **(extra_record(self.step) if extra_record else {}),
+                }
                 self.log(record)
                 bar.set_postfix(loss=f"{last_loss:.4f}")
                 window_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
@@ -435,8 +493,14 @@ class TrainingBase:
             if self.save_every > 0 and self.step % self.save_every == 0 and self.step < self.settings.total_steps:
                 self.save_checkpoint(loop_state() if loop_state else None)
         bar.close()
-        return {"steps": self.step, "resumed_from": resumed_from, "seconds": time.monotonic() - train_start,
-                "loss": last_loss, "counts": total_counts, "stopped_by_time": self.stopped_by_time}
+        return {
+            "steps": self.step,
+            "resumed_from": resumed_from,
+            "seconds": time.monotonic() - train_start,
+            "loss": last_loss,
+            "counts": total_counts,
+            "stopped_by_time": self.stopped_by_time,
+        }
 
     def log(self, record: dict) -> None:
         """One metrics record (main process) to metrics.jsonl and the trackers; adds the
@@ -477,9 +541,11 @@ class TrainingBase:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1 and plugin.zero_stage == 3:
-            raise RuntimeError("a sampler with its own weights (vLLM) needs the full weights on every process, which DeepSpeed "
-                               "ZeRO-3 gathers on the main process only: use FSDP2 (configs/accelerate/policy_fsdp.yaml), "
-                               "ZeRO-2 or DDP with generation.backend=vllm")
+            raise RuntimeError(
+                "a sampler with its own weights (vLLM) needs the full weights on every process, which DeepSpeed "
+                "ZeRO-3 gathers on the main process only: use FSDP2 (configs/accelerate/policy_fsdp.yaml), "
+                "ZeRO-2 or DDP with generation.backend=vllm"
+            )
         return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
 
     def final_state_dict(self) -> dict[str, torch.Tensor]:
@@ -512,8 +578,9 @@ class TrainingBase:
                 checkpoint.write_state(staging, "objective", self.objective.state_dict())
             if self.objective_optimizer is not None:
                 checkpoint.write_state(staging, "objective_optimizer", self.objective_optimizer.state_dict())
-            checkpoint.write_state(staging, "trainer", {"step": self.step, "processes": accelerator.num_processes,
-                                                        "loop": loop_state})
+            checkpoint.write_state(
+                staging, "trainer", {"step": self.step, "processes": accelerator.num_processes, "loop": loop_state}
+            )
         checkpoint.write_state(staging, f"rng-rank{accelerator.process_index}", checkpoint.rng_state())
         accelerator.wait_for_everyone()
         committed = None
@@ -532,13 +599,21 @@ class TrainingBase:
         parameter names as JSON (sharded.json, main process)."""
         names = self._trainable_names()
         model_state = get_model_state_dict(self.model)
-        skeleton, optimizer_tensors = checkpoint.flatten_state(get_optimizer_state_dict(self.model, self.optimizer.optimizer),
-                                                               to_cpu=False)
-        checkpoint.write_sharded(staging, {**{f"model.{n}": model_state[n] for n in names},
-                                           **{f"optimizer.{k}": v for k, v in optimizer_tensors.items()}})
+        skeleton, optimizer_tensors = checkpoint.flatten_state(
+            get_optimizer_state_dict(self.model, self.optimizer.optimizer), to_cpu=False
+        )
+        checkpoint.write_sharded(
+            staging,
+            {
+                **{f"model.{n}": model_state[n] for n in names},
+                **{f"optimizer.{k}": v for k, v in optimizer_tensors.items()},
+            },
+        )
         if self.is_main:
-            checkpoint.write_json(staging / "sharded.json", {"model": names, "optimizer": skeleton,
-                                                             "processes": self.accelerator.num_processes})
+            checkpoint.write_json(
+                staging / "sharded.json",
+                {"model": names, "optimizer": skeleton, "processes": self.accelerator.num_processes},
+            )
 
     def _read_sharded(self, directory: Path) -> tuple[dict[str, torch.Tensor], dict]:
         """A sharded checkpoint's trainable weights and optimizer state, loaded into copies laid
@@ -551,17 +626,24 @@ class TrainingBase:
             raise checkpoint.CheckpointError(f"{directory}: cannot read sharded.json ({error})") from error
         self._check_names(set(names), directory)
         model_now = get_model_state_dict(self.model)
-        _, optimizer_now = checkpoint.flatten_state(get_optimizer_state_dict(self.model, self.optimizer.optimizer), to_cpu=False)
+        _, optimizer_now = checkpoint.flatten_state(
+            get_optimizer_state_dict(self.model, self.optimizer.optimizer), to_cpu=False
+        )
         paths = checkpoint.tensor_paths(skeleton)
         if paths != set(optimizer_now):
             raise checkpoint.CheckpointError(
                 f"{directory}: its optimizer state (written by {meta.get('processes')} processes) does not match this run's "
-                f"optimizer ({len(paths)} tensors against {len(optimizer_now)}); it was written by another model or config")
-        targets = {**{f"model.{n}": model_now[n].detach().clone() for n in names},
-                   **{f"optimizer.{k}": optimizer_now[k].clone() for k in paths}}
+                f"optimizer ({len(paths)} tensors against {len(optimizer_now)}); it was written by another model or config"
+            )
+        targets = {
+            **{f"model.{n}": model_now[n].detach().clone() for n in names},
+            **{f"optimizer.{k}": optimizer_now[k].clone() for k in paths},
+        }
         checkpoint.read_sharded(directory, targets)  # into copies: a failure leaves the model untouched
-        return ({n: targets[f"model.{n}"] for n in names},
-                checkpoint.unflatten_state(skeleton, {k: targets[f"optimizer.{k}"] for k in paths}))
+        return (
+            {n: targets[f"model.{n}"] for n in names},
+            checkpoint.unflatten_state(skeleton, {k: targets[f"optimizer.{k}"] for k in paths}),
+        )
 
     def _optimizer_state(self) -> dict:
         if self.sharded or self.accelerator.distributed_type == DistributedType.FSDP:
@@ -580,20 +662,33 @@ class TrainingBase:
             checkpoint.remove_staging(self.checkpoint_root)
         accelerator.wait_for_everyone()
 
-        def read(directory: Path) -> tuple:  # everything before anything is applied: a bad file leaves the model untouched
+        def read(
+            directory: Path,
+        ) -> tuple:  # everything before anything is applied: a bad file leaves the model untouched
             trainer = checkpoint.read_state(directory, "trainer")
             if checkpoint.is_sharded(directory):
                 weights, optimizer_state = self._read_sharded(directory)
             else:
-                weights, optimizer_state = checkpoint.read_tensors(directory / "model.safetensors"), checkpoint.read_state(directory, "optimizer")
-            return (trainer, weights, optimizer_state,
-                    checkpoint.read_state(directory, "objective") if self.objective is not None else None,
-                    checkpoint.read_state(directory, "objective_optimizer") if self.objective_optimizer is not None else None)
+                weights, optimizer_state = (
+                    checkpoint.read_tensors(directory / "model.safetensors"),
+                    checkpoint.read_state(directory, "optimizer"),
+                )
+            return (
+                trainer,
+                weights,
+                optimizer_state,
+                checkpoint.read_state(directory, "objective") if self.objective is not None else None,
+                checkpoint.read_state(directory, "objective_optimizer")
+                if self.objective_optimizer is not None
+                else None,
+            )
 
         loaded = checkpoint.newest(self.checkpoint_root, read, self.desc)
         if loaded is None:
             if checkpoint.committed(self.checkpoint_root):
-                log.warning("%s: no usable checkpoint in %s: training restarts from step 0", self.desc, self.checkpoint_root)
+                log.warning(
+                    "%s: no usable checkpoint in %s: training restarts from step 0", self.desc, self.checkpoint_root
+                )
             self.metrics.trim(0)
             return None
         directory, (trainer, saved, optimizer_state, objective_state, objective_optimizer_state) = loaded
@@ -619,7 +714,8 @@ class TrainingBase:
         if missing or unexpected:
             raise checkpoint.CheckpointError(
                 f"{directory}: its parameters do not match this model's trainable ones (missing {missing[:3]}, "
-                f"unexpected {unexpected[:3]}); it was written by another model or config: move it away to train afresh")
+                f"unexpected {unexpected[:3]}); it was written by another model or config: move it away to train afresh"
+            )
 
     def _load_model_tensors(self, saved: dict[str, torch.Tensor], directory: Path) -> None:
         self._check_names(set(saved), directory)
@@ -637,10 +733,14 @@ class TrainingBase:
         a sharded checkpoint), already laid out as this run holds it."""
         if by_name:
             whole = not any(isinstance(v, DTensor) for per in state.get("state", {}).values() for v in per.values())
-            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=whole))
+            set_optimizer_state_dict(
+                self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=whole)
+            )
             return
         if self.sharded or self.accelerator.distributed_type == DistributedType.FSDP:
-            set_optimizer_state_dict(self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                self.model, self.optimizer.optimizer, state, options=StateDictOptions(full_state_dict=True)
+            )
             return
         self.optimizer.load_state_dict(state)
 

@@ -69,7 +69,9 @@ def flatten_state(obj: Any, prefix: str = "", to_cpu: bool = True) -> tuple[Any,
             items = []
             for key, item in value.items():
                 if not isinstance(key, (str, int)) or isinstance(key, bool):
-                    raise TypeError(f"checkpoint state {path or '<root>'}: key {key!r} is neither a string nor an integer")
+                    raise TypeError(
+                        f"checkpoint state {path or '<root>'}: key {key!r} is neither a string nor an integer"
+                    )
                 items.append([key, walk(item, f"{path}.{key}" if path else str(key))])
             return {"__dict__": items}
         if isinstance(value, (list, tuple)):
@@ -77,7 +79,9 @@ def flatten_state(obj: Any, prefix: str = "", to_cpu: bool = True) -> tuple[Any,
             return {"__tuple__": items} if isinstance(value, tuple) else items
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
-        raise TypeError(f"checkpoint state {path or '<root>'}: cannot store a {type(value).__name__} without pickling it")
+        raise TypeError(
+            f"checkpoint state {path or '<root>'}: cannot store a {type(value).__name__} without pickling it"
+        )
 
     return walk(obj, prefix), tensors
 
@@ -223,8 +227,8 @@ def committed(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
 def verify(directory: Path) -> dict:

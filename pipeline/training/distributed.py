@@ -29,7 +29,9 @@ def fsdp_requested(accelerator: Accelerator | None) -> bool:
     the training base applies ``fully_shard`` itself on any device)."""
     if accelerator is None or accelerator.num_processes < 2:
         return False
-    return accelerator.distributed_type == DistributedType.FSDP or parse_flag_from_env("ACCELERATE_USE_FSDP", default=False)
+    return accelerator.distributed_type == DistributedType.FSDP or parse_flag_from_env(
+        "ACCELERATE_USE_FSDP", default=False
+    )
 
 
 class Collective:
@@ -50,7 +52,9 @@ class Collective:
     def lockstep(self) -> bool:
         """Whether every process must run the same number of forward and backward passes of
         the trained model: under FSDP and DeepSpeed ZeRO they are collectives."""
-        return self.world > 1 and (fsdp_requested(self.accelerator) or self.accelerator.distributed_type == DistributedType.DEEPSPEED)
+        return self.world > 1 and (
+            fsdp_requested(self.accelerator) or self.accelerator.distributed_type == DistributedType.DEEPSPEED
+        )
 
     @property
     def sharded_parameters(self) -> bool:
@@ -105,5 +109,10 @@ class Collective:
         buffer = torch.zeros(max(lengths), dtype=torch.uint8, device=self.device)
         buffer[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
         gathered = self.accelerator.gather(buffer).view(self.world, -1).cpu()
-        return [[record_type.from_json(obj, f"records from process {rank}") for obj in
-                 json.loads(gathered[rank, :lengths[rank]].numpy().tobytes().decode("utf-8"))] for rank in range(self.world)]
+        return [
+            [
+                record_type.from_json(obj, f"records from process {rank}")
+                for obj in json.loads(gathered[rank, : lengths[rank]].numpy().tobytes().decode("utf-8"))
+            ]
+            for rank in range(self.world)
+        ]

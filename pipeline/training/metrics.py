@@ -33,8 +33,11 @@ class MetricsLog:
         if keep_through_step <= 0:
             self.path.unlink()
             return
-        kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and _step(line) <= keep_through_step]
+        kept = [
+            line
+            for line in self.path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and _step(line) <= keep_through_step
+        ]
         # replaced in one rename: a kill while trimming must not leave the file empty or cut
         write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 

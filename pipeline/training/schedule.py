@@ -20,8 +20,14 @@ def check_schedule(name: str, key: str = "scheduler") -> None:
         raise ValueError(f"{key} must be one of {' | '.join(SCHEDULES)}, got {name!r}")
 
 
-def learning_rate(step: int, base_lr: float, total_steps: int, warmup_steps: int = 0, schedule: str = "cosine",
-                  min_lr_ratio: float = 0.0) -> float:
+def learning_rate(
+    step: int,
+    base_lr: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "cosine",
+    min_lr_ratio: float = 0.0,
+) -> float:
     """The rate of optimizer step ``step`` (module docstring)."""
     check_schedule(schedule)
     if step < warmup_steps:

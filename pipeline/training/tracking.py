@@ -46,8 +46,10 @@ def tracker_names(report_to: str) -> list[str]:
     names = {"none": [], "all": list(PACKAGES)}.get(report_to, [report_to])
     missing = [PACKAGES[name] for name in names if importlib.util.find_spec(PACKAGES[name]) is None]
     if missing:
-        raise ImportError(f"report_to={report_to} needs {' and '.join(missing)}, which is not installed: {EXTRA_HINT} "
-                          f"(the optional extra 'tracking'), or set report_to=none")
+        raise ImportError(
+            f"report_to={report_to} needs {' and '.join(missing)}, which is not installed: {EXTRA_HINT} "
+            f"(the optional extra 'tracking'), or set report_to=none"
+        )
     return names
 
 
@@ -69,7 +71,9 @@ def flat_config(values: dict[str, Any], prefix: str = "") -> dict[str, bool | in
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The numbers of a metrics record (its step aside): what the trackers plot. Booleans become
     0/1; None, text and lists are left to metrics.jsonl."""
-    return {key: float(value) for key, value in record.items() if key != "step" and isinstance(value, (bool, int, float))}
+    return {
+        key: float(value) for key, value in record.items() if key != "step" and isinstance(value, (bool, int, float))
+    }
 
 
 @dataclass
@@ -109,8 +113,13 @@ class Tracking:
     def _make(self, name: str) -> GeneralTracker:
         if name == "tensorboard":
             return TensorBoardTracker("tensorboard", str(self.out_dir))  # events in <out_dir>/tensorboard
-        return WandBTracker(self.project, name=f"{self.run}/{self.stage}" if self.run else self.stage, group=self.run or None,
-                            job_type=self.stage, dir=str(self.out_dir))
+        return WandBTracker(
+            self.project,
+            name=f"{self.run}/{self.stage}" if self.run else self.stage,
+            group=self.run or None,
+            job_type=self.stage,
+            dir=str(self.out_dir),
+        )
 
     def log(self, accelerator: Accelerator, record: dict[str, Any]) -> None:
         """Send one metrics record to every tracker (accelerate logs on the main process only);

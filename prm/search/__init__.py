@@ -35,11 +35,28 @@ from prm.search.step_level import step_search
 from prm.search.whole_solution import whole_solution_search
 
 
-def search(question: str, policy, prm, strategy: str, k: int, *, prompt: str | None = None,
-           problem_id: str | None = None, **settings) -> SearchResult:
+def search(
+    question: str,
+    policy,
+    prm,
+    strategy: str,
+    k: int,
+    *,
+    prompt: str | None = None,
+    problem_id: str | None = None,
+    **settings,
+) -> SearchResult:
     """One problem: ``search_many`` with a single question (settings: SearchSettings fields)."""
-    return search_many([question], policy, prm, strategy, k, prompts=None if prompt is None else [prompt],
-                       problem_ids=None if problem_id is None else [problem_id], **settings)[0]
+    return search_many(
+        [question],
+        policy,
+        prm,
+        strategy,
+        k,
+        prompts=None if prompt is None else [prompt],
+        problem_ids=None if problem_id is None else [problem_id],
+        **settings,
+    )[0]
 
 
 def search_many(
@@ -76,8 +93,10 @@ def search_many(
         raise ValueError(f"search: {len(keys)} problem ids for {len(questions)} questions; expected one each")
     if not questions:
         return []
-    problems = [SearchProblem(index, question, prompt, key)
-                for index, (question, prompt, key) in enumerate(zip(questions, prompts, keys))]
+    problems = [
+        SearchProblem(index, question, prompt, key)
+        for index, (question, prompt, key) in enumerate(zip(questions, prompts, keys))
+    ]
     if strategy == "step_best_of_k":
         return step_search(problems, policy=policy, prm=prm, k=k, width=1, rank_by_last=True, s=s)
     if strategy == "beam":

@@ -175,5 +175,6 @@ def best_of_first_tier(tiers: Sequence[Sequence[Candidate]], aggregation: str) -
 def to_result(candidate: Candidate | None, tokens: int) -> SearchResult:
     if candidate is None:
         return SearchResult([], [], False, None, tokens)
-    return SearchResult(list(candidate.steps), list(candidate.step_scores), candidate.finished, candidate.answer,
-                        tokens)
+    return SearchResult(
+        list(candidate.steps), list(candidate.step_scores), candidate.finished, candidate.answer, tokens
+    )

@@ -49,8 +49,9 @@ class StepSearchState:
     dead_ends: list[Candidate] = field(default_factory=list)
     tokens_generated: int = 0
 
-    def choose(self, candidates: Sequence[Candidate], *, width: int, rank: Callable[[Candidate], float],
-               s: SearchSettings) -> None:
+    def choose(
+        self, candidates: Sequence[Candidate], *, width: int, rank: Callable[[Candidate], float], s: SearchSettings
+    ) -> None:
         """Answerless stops become dead ends and never take a slot; the other candidates are ranked
         and the top ``width - (finished already kept)`` take the slots: finished ones are kept as
         answers, unfinished ones live on. Finished candidates that lose are kept as spares."""
@@ -72,8 +73,9 @@ class StepSearchState:
         return to_result(best_of_first_tier(tiers, aggregation), self.tokens_generated)
 
 
-def step_search(problems: Sequence[SearchProblem], *, policy, prm, k: int, width: int, rank_by_last: bool,
-                s: SearchSettings) -> list[SearchResult]:
+def step_search(
+    problems: Sequence[SearchProblem], *, policy, prm, k: int, width: int, rank_by_last: bool, s: SearchSettings
+) -> list[SearchResult]:
     """step_best_of_k (width 1, rank_by_last: candidates ranked by their own step score) and beam
     (width W, ranked by the aggregated score of the whole partial solution).
 
@@ -90,6 +92,7 @@ def step_search(problems: Sequence[SearchProblem], *, policy, prm, k: int, width
         def rank(c: Candidate) -> float:
             return c.step_scores[-1]
     else:
+
         def rank(c: Candidate) -> float:
             return aggregate(c.step_scores, s.aggregation)
 
@@ -100,9 +103,14 @@ def step_search(problems: Sequence[SearchProblem], *, policy, prm, k: int, width
         n = k if depth == 0 else per_partial
         outputs = policy.generate(
             [state.problem.prompt + join_steps(partial.steps, s.separator) for state, _, partial in jobs],
-            n=n, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_step_tokens, stop=[s.separator],
-            seed=None if s.seed is None else [stream_seed(s.seed, state.problem.key, "step", depth, j)
-                                              for state, j, _ in jobs],
+            n=n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_new_tokens=s.max_step_tokens,
+            stop=[s.separator],
+            seed=None
+            if s.seed is None
+            else [stream_seed(s.seed, state.problem.key, "step", depth, j) for state, j, _ in jobs],
         )
         candidates: list[tuple[StepSearchState, Candidate]] = []
         for (state, _, partial), completions in zip(jobs, outputs):

@@ -18,8 +18,9 @@ def grade_results(results: Sequence[SearchResult], golds: Sequence[str], kind: s
     return answers_equal_many(predictions, list(golds), kind)
 
 
-def summarize_search(results: Sequence[SearchResult], golds: Sequence[str], kind: str,
-                     n_resamples: int = 2000, seed: int = 0) -> dict:
+def summarize_search(
+    results: Sequence[SearchResult], golds: Sequence[str], kind: str, n_resamples: int = 2000, seed: int = 0
+) -> dict:
     """{accuracy: {mean, lo, hi} (bootstrap over problems), finished_fraction, tokens_per_problem,
     n_problems, correct: per problem, in order (what a paired comparison of two k needs)}."""
     correct = np.asarray(grade_results(results, golds, kind), dtype=np.float64)

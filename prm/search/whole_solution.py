@@ -40,22 +40,33 @@ class WholeSolutionState:
     tokens_generated: int = 0
 
 
-def whole_solution_search(problems: Sequence[SearchProblem], *, policy, prm, strategy: str, k: int,
-                          s: SearchSettings) -> list[SearchResult]:
+def whole_solution_search(
+    problems: Sequence[SearchProblem], *, policy, prm, strategy: str, k: int, s: SearchSettings
+) -> list[SearchResult]:
     """best_of_n, weighted_vote and majority over k whole solutions per problem."""
     outputs = policy.generate(
-        [problem.prompt for problem in problems], n=k, temperature=s.temperature, top_p=s.top_p,
-        max_new_tokens=s.max_new_tokens, stop=None,
+        [problem.prompt for problem in problems],
+        n=k,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_new_tokens=s.max_new_tokens,
+        stop=None,
         seed=None if s.seed is None else [stream_seed(s.seed, problem.key, "whole") for problem in problems],
     )
     states = []
     for problem, completions in zip(problems, outputs):
-        states.append(WholeSolutionState(
-            problem,
-            samples=[new_candidate(split_steps(c.text, s.separator),
-                                   c.finish_reason == "eos" or states_answer(c.text, s), s) for c in completions],
-            tokens_generated=sum(len(c.token_ids) for c in completions),
-        ))
+        states.append(
+            WholeSolutionState(
+                problem,
+                samples=[
+                    new_candidate(
+                        split_steps(c.text, s.separator), c.finish_reason == "eos" or states_answer(c.text, s), s
+                    )
+                    for c in completions
+                ],
+                tokens_generated=sum(len(c.token_ids) for c in completions),
+            )
+        )
     if strategy != "majority":
         score_candidates(prm, [(state.problem, c) for state in states for c in state.samples if c.steps])
 
