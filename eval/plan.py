@@ -613,7 +613,7 @@ def prm_stage(plan: Plan, backbone: Model) -> StageCost:
     counted = examples if examples is not None else 10_000
     tokens = counted * cfg.epochs * cfg.max_length
     cost.work.append(
-        f"{'%s training records' % _fmt(examples) if examples is not None else 'training records unknown until make augment: per 10,000'}"
+        f"{f'{_fmt(examples)} training records' if examples is not None else 'training records unknown until make augment: per 10,000'}"
         f"; training tokens at most {_fmt(tokens)} ({cfg.epochs:g} epochs x {cfg.max_length} tokens)"
     )
     if backbone.shape is None:
@@ -756,7 +756,7 @@ def searcher_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     actors with a fractional gfn.scorer_gpus may be packed beside them: of every mix Ray could make
     (1 to 1 / searcher_gpus searchers, as many scorer actors as the rest holds) the tightest is
     checked and shown. The trainer's own GPU is the stage's entry before this one."""
-    config, cfg = plan.config, getattr(plan.config, stage)
+    cfg = getattr(plan.config, stage)
     engines = searchers_per_device(cfg)
     work = (
         f"gfn.searchers={cfg.searchers}, {engines} per GPU (gfn.searcher_gpus={cfg.searcher_gpus:g}), each sampling "

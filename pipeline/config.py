@@ -374,7 +374,8 @@ class StepTrainingConfig:
     retrain: bool = (
         False  # train again even when <stage>/model/ holds a finished model (it is replaced once the new one is done)
     )
-    mode: TrainingMode = "sync"  # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
+    # sync | async (gfn only: searcher actors on Ray fill a replay buffer the trainer draws from; docs/async.md)
+    mode: TrainingMode = "sync"
     # CPU cores every trainer process pins itself to (os.sched_setaffinity) when training starts, after it has started or
     # joined Ray in async mode (so Ray's own processes keep the cores the stage was started on); None: left as started
     trainer_cores: list[int] | None = bounded(None, ge=0)

@@ -63,7 +63,9 @@ def check_run(run_dir: Path, reports_dir: Path) -> list[str]:
         problems += check_files([p for p in [run_dir / stage / "metrics.jsonl"] if p.exists()], None)
         for name in ("loss", "avg_reward"):
             path = run_dir / stage / "metrics.jsonl"
-            if path.exists() and not all(name in json.loads(l) for l in path.read_text().splitlines() if l.strip()):
+            if path.exists() and not all(
+                name in json.loads(line) for line in path.read_text().splitlines() if line.strip()
+            ):
                 problems.append(f"{path}: some records lack '{name}'")
         if not (run_dir / stage / "model" / "config.json").exists():
             problems.append(f"{run_dir / stage / 'model'}: no saved model")

@@ -207,7 +207,7 @@ class PRMDataset(torch.utils.data.Dataset):
             if slot_b is not None and slot_w is not None:
                 self.pairs.append((item_of_sequence[seq_b], slot_b, item_of_sequence[seq_w], slot_w, pair.gap))
         self._pairs_of_item: dict[int, list[int]] = {}
-        for index, (item_b, _, item_w, _, _) in enumerate(self.pairs):
+        for index, (item_b, _, _, _, _) in enumerate(self.pairs):
             self._pairs_of_item.setdefault(item_b, []).append(index)
 
     def __len__(self) -> int:

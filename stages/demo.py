@@ -186,7 +186,8 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
         if corruption.get("n"):
             lines += [
                 f"- corrupted steps (E.4: a correct step's calculation result altered by {what}): {corruption['n']} steps, mean score "
-                f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} (mean drop {_fmt(corruption['mean_drop'], 4)}; "
+                f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} "
+                f"(mean drop {_fmt(corruption['mean_drop'], 4)}; "
                 f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"
             ]
         elif key in val:
@@ -219,10 +220,14 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
         if metrics.exists():
             rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             first, last = rows[: max(1, len(rows) // 5)], rows[-max(1, len(rows) // 5) :]
-            mean = lambda rs, k: sum(r[k] for r in rs if k in r) / max(1, sum(k in r for r in rs))
+
+            def mean(rs, k):
+                return sum(r[k] for r in rs if k in r) / max(1, sum(k in r for r in rs))
+
             lines += [
                 f"- {stage}: average PRM reward {mean(first, 'avg_reward'):.3f} (first fifth of training) -> "
-                f"{mean(last, 'avg_reward'):.3f} (last fifth); sampled accuracy {mean(first, 'accuracy'):.3f} -> {mean(last, 'accuracy'):.3f}"
+                f"{mean(last, 'avg_reward'):.3f} (last fifth); sampled accuracy {mean(first, 'accuracy'):.3f} -> "
+                f"{mean(last, 'accuracy'):.3f}"
             ]
             if (run_dir / stage / "training_curves.png").exists():
                 shutil.copy(run_dir / stage / "training_curves.png", reports / f"{stage}_training_curves.png")

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = sorted({p.kind for p in problems})
     if len(kinds) != 1 or kinds[0] not in FIRST_ERROR_LABELLERS:
         raise SystemExit(
-            f"rollout_temperature: the problems of data.validation ({config.resolve(config.data.validation_path) or config.data.validation}) "
+            "rollout_temperature: the problems of data.validation "
+            f"({config.resolve(config.data.validation_path) or config.data.validation}) "
             f"are of kind(s) {kinds}; the slip rate needs one kind with an exact first-wrong-step labeller "
             f"({sorted(FIRST_ERROR_LABELLERS)})"
         )

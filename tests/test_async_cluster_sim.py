@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
 from benchmarks import async_cluster_sim as sim
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def brute_force_rate(

@@ -295,7 +295,7 @@ def brute_gae(rewards, values, lengths, terminated, gamma, lam):
 
         delta = [rewards[b, k - 1].item() + gamma * next_value(k) - values[b, k - 1].item() for k in range(1, n + 1)]
         for k in range(1, n + 1):
-            advantages[b, k - 1] = sum((gamma * lam) ** l * delta[k - 1 + l] for l in range(n - k + 1))
+            advantages[b, k - 1] = sum((gamma * lam) ** j * delta[k - 1 + j] for j in range(n - k + 1))
     return advantages
 
 

@@ -270,5 +270,6 @@ def test_a_closed_engine_is_shut_down_and_refuses_to_generate(tiny_llama, updata
     generator.close()
     with pytest.raises(RuntimeError, match=r"the engine was closed"):
         generator.generate(PROMPTS[:1], max_new_tokens=2)
-    with pytest.raises(Exception):
-        llm.generate(PROMPTS[:1], use_tqdm=False)  # the engine core itself is gone
+    # the engine core itself is gone: vLLM's error type for a dead engine differs between versions
+    with pytest.raises(Exception):  # noqa: B017
+        llm.generate(PROMPTS[:1], use_tqdm=False)
