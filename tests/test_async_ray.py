@@ -17,7 +17,6 @@ import math
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from async_trainers import DeadlineTrainer  # noqa: E402
+from processes import run_bounded  # noqa: E402
 
 from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig  # noqa: E402
 from pipeline.config_loader import load_config  # noqa: E402
@@ -583,22 +583,8 @@ def test_a_two_process_trainer_joins_one_ray_cluster_once_from_its_main_process(
             str(tmp_path),
         ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        process = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, _ = process.communicate(timeout=240)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
-        assert process.returncode == 0, out[-4000:]
+        returncode, out = run_bounded(command, env=env, timeout=240)
+        assert returncode == 0, out[-4000:]
         jobs = [job for job in ray._private.state.jobs() if job["JobID"] != own_job]
     finally:
         ray.shutdown()
@@ -793,22 +779,8 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
         *pool,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stages.train_gfn", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-    assert process.returncode == 0, out[-4000:]
+    returncode, out = run_bounded([sys.executable, "-m", "stages.train_gfn", *args], env=env, timeout=300)
+    assert returncode == 0, out[-4000:]
     gfn = tmp_path / "a" / "gfn"
     for name in (
         "model/config.json",
@@ -952,22 +924,9 @@ def test_an_unreachable_cluster_fails_within_the_connect_timeout_naming_the_key(
         "gfn.ray_connect_timeout=3",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stages.train_gfn", *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = process.communicate(timeout=120)  # Ray's own retries went on for minutes
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-    assert process.returncode != 0
+    # bounded: Ray's own retries went on for minutes
+    returncode, out = run_bounded([sys.executable, "-m", "stages.train_gfn", *args], env=env, timeout=120)
+    assert returncode != 0
     line = f"gfn.ray_address=127.0.0.1:{port}: no Ray cluster answered at 127.0.0.1:{port} within 3 s (gfn.ray_connect_timeout"
     assert line in out, out[-4000:]
     assert "gfn: failed after" in out and "gfn: finished" not in out, out[-4000:]  # a crash is reported as one

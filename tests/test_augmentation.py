@@ -266,7 +266,7 @@ def test_a_first_error_record_is_one_example_and_its_rollouts_are_not_reused():
 def test_threshold_is_configurable():
     groups = label_rollout_steps(pens_record(), threshold=1.0)
     position_1 = [([m.rollout_index for m in g.members], g.label) for g in groups if g.position == 1]
-    # "…total!" no longer matches "…total.": rollout 2 stands alone, is labelled 0, and is dropped.
+    # at threshold 1.0 "…total!" does not match "…total.": rollout 2 stands alone, is labelled 0, and is dropped.
     assert position_1 == [([0, 1], 1.0), ([2], 0.0), ([3], 0.0)]
     assert all(2 not in [m.rollout_index for m in g.members] for g in groups if g.position > 1)
 
@@ -293,7 +293,7 @@ NUMBERLESS = "Add the apples picked on both days to get the total"
 @pytest.mark.parametrize(
     "steps, threshold",
     [
-        # Issue #19: the first member has no number; both versions were 0.90 to it and joined it.
+        # the first member has no number: both versions are 0.90 similar to it, and only the numbers tell them apart
         ([NUMBERLESS, NUMBERLESS + ": 3 + 4 = 8", NUMBERLESS + ": 3 + 4 = 7"], 0.85),
         # no '=': the last number alone was compared (0.974)
         (["Adding 3 and 4 gives 8 apples on day 2.", "Adding 3 and 4 gives 7 apples on day 2."], 0.85),

@@ -1,6 +1,6 @@
 """Our answer extraction against Math-Verify's parse: they agree on every MATH-500 gold solution
 (measured: 500/500) and on the MATH test solutions whose answer is several boxes of one sentence,
-which ours used to cut to the last box (docs/evaluation.md, "Answer extraction against
+which a last-box-only extraction would cut to the last box (docs/evaluation.md, "Answer extraction against
 Math-Verify"); `python -m eval.extraction_agreement` reruns the whole measurement."""
 
 from __future__ import annotations

@@ -690,7 +690,7 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
     assert report["corruption"]["corruption"] == "1to9" and report["corruption_pm1"]["corruption"] == "pm1"
     again = stage.main(args + ["prm.eval_only=true", "prm.corrupt_examples=0"])
     assert "train" not in again and again["validation"]["bce"] == pytest.approx(report["bce"], abs=1e-6)
-    # started again, the finished stage says so and trains nothing (it used to retrain from step 0)
+    # started again, the finished stage says so and trains nothing (rather than retraining from step 0)
     metrics_before = (out / "metrics.jsonl").read_bytes()
     assert stage.main(args) == json.loads((out / "summary.json").read_text())
     assert (out / "metrics.jsonl").read_bytes() == metrics_before and json.loads(

@@ -36,7 +36,7 @@ TREE_Q2 = {
         ("y1\ny2", LENGTH),  # unfinished, with the best scores of all
     ],
 }
-# Issue #19: a stop candidate (the end token on a partial without an answer) beside continuations.
+# A stop candidate (the end token on a partial without an answer) beside continuations.
 TREE_STOP = {  # after a1 the policy may stop with no answer (scored as a1, 0.9) or go on with b1 (0.6)
     (): [("a1\n", STOP), ("a2\n", STOP)],
     ("a1",): [("", EOS), ("b1\n", STOP)],
