@@ -26,6 +26,11 @@ STAGE_MODULES = {"mcts": "stages.mcts", "eval": "stages.evaluate", "search": "st
 MERGED_STAGES = ("eval", "search")  # a run without a shard merges the workers' shards and writes the results
 
 
+class WorkerFailed(RuntimeError):
+    """A worker of a launch exited with an error (or the workers ran past their time): the others
+    were stopped; every shard resumes when the same command runs again."""
+
+
 @dataclass(frozen=True)
 class Worker:
     argv: list[str]
@@ -79,7 +84,7 @@ def merge_worker(stage: str, argv: list[str], devices: list[str] | None) -> Work
 
 def run_workers(workers: list[Worker], timeout: float | None = None, poll_seconds: float = 0.2) -> None:
     """Start every worker, wait for all; when one fails (or ``timeout`` passes), terminate the
-    others and raise SystemExit naming the shard and its exit status."""
+    others and raise WorkerFailed naming the shard and its exit status."""
     processes = [subprocess.Popen(w.argv, env={**os.environ, **w.env}) for w in workers]
     deadline = None if timeout is None else time.monotonic() + timeout
     failure = None
@@ -108,7 +113,7 @@ def run_workers(workers: list[Worker], timeout: float | None = None, poll_second
         if failed:
             failure = f"shard {failed[0][0].shard} exited with status {failed[0][1].returncode}"
     if failure is not None:
-        raise SystemExit(
+        raise WorkerFailed(
             f"launch: {failure}; the other workers were stopped. Run the same command again: every shard "
             "resumes where it stopped"
         )

@@ -23,6 +23,7 @@ from pipeline.config import Config
 from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.files import InputNotFound
 from pipeline.generation.vllm_backend import adapter_rank
+from pipeline.launcher import WorkerFailed
 from pipeline.locks import LockError, acquire_stage_lock, held_locks, launch_id
 from pipeline.model_folders import FolderError, verify_manifest
 from pipeline.problems import load_benchmark, question_places
@@ -39,7 +40,7 @@ log = logging.getLogger("stepflow")
 # A user's mistake, which the command line reports in one line (cli): a config or override, an
 # input file or folder that is missing or damaged, a resume into records made under other
 # settings, a check before the work (pipeline.config_loader.config_checks), another process on the same
-# run folder. Any other exception (a plain FileNotFoundError included) is a bug and keeps its traceback.
+# run folder, a worker of a launch that failed. Any other exception (a plain FileNotFoundError included) is a bug and keeps its traceback.
 USER_ERRORS = (
     ConfigError,
     RecordError,
@@ -49,6 +50,7 @@ USER_ERRORS = (
     SettingsMismatch,
     CheckpointError,
     LockError,
+    WorkerFailed,
 )
 PRINT_CONFIG = "print_config"  # an override the command line takes, not a config field
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.files import read_records
-from pipeline.launcher import merge_worker, shard_workers, visible_devices
+from pipeline.launcher import Worker, WorkerFailed, merge_worker, run_workers, shard_workers, visible_devices
 from pipeline.records import MCTSRecord, MCTSSummary, SearchRecord
 from pipeline.shards import read_stream
 from stages import evaluate, launch, search
@@ -204,3 +204,17 @@ def test_two_cpu_workers_write_the_records_one_process_writes(random_tiny_world,
     assert json.loads((two / "stats.json").read_text()) == json.loads(
         (tmp_path / "runs" / "one" / "mcts" / "stats.json").read_text()
     )
+
+
+def test_a_failed_worker_stops_the_others_and_is_named(tmp_path):
+    """One worker exits with status 3 while the other would sleep for a minute: the launch raises
+    WorkerFailed naming the failed shard, and the sleeping worker is stopped (it never writes)."""
+    marker = tmp_path / "slept"
+    sleeper = f"import time, pathlib; time.sleep(60); pathlib.Path({str(marker)!r}).write_text('x')"
+    workers = [
+        Worker([sys.executable, "-c", "raise SystemExit(3)"], {}, "0of2"),
+        Worker([sys.executable, "-c", sleeper], {}, "1of2"),
+    ]
+    with pytest.raises(WorkerFailed, match=r"shard 0of2 exited with status 3; the other workers were stopped"):
+        run_workers(workers, timeout=120)
+    assert not marker.exists()
