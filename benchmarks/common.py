@@ -71,13 +71,6 @@ def per_unit(seconds: float, units: float) -> float:
 # ----------------------------------------------------------------------------- pinned processes
 
 
-def core_for(index: int, cores: set[int] | None = None) -> int:
-    """The core process ``index`` (a torchrun LOCAL_RANK) runs on: the index-th of ``cores`` (default:
-    those this process may use), in order, wrapping around."""
-    ordered = sorted(os.sched_getaffinity(0) if cores is None else cores)
-    return ordered[index % len(ordered)]
-
-
 def pinned_to(core: int) -> Callable[[], None]:
     """A subprocess preexec_fn: the child (and every process it starts) runs on ``core`` only."""
     return lambda: pin_process({core}, key="benchmark core")

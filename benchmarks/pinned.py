@@ -3,7 +3,7 @@ what each process of the weak-scaling benchmark runs.
 
     python -m benchmarks.pinned <module> [args...]
 
-The core is benchmarks.common.core_for(LOCAL_RANK) of those this process may use; every thread of
+The core is pipeline.finetune.async_ray.core_for(LOCAL_RANK) of those this process may use; every thread of
 the process is pinned there (pipeline.finetune.async_ray.pin_process) before the module runs as
 __main__ with ``args``."""
 
@@ -13,8 +13,7 @@ import os
 import runpy
 import sys
 
-from benchmarks.common import core_for
-from pipeline.finetune.async_ray import pin_process
+from pipeline.finetune.async_ray import core_for, pin_process
 
 
 def main(argv: list[str]) -> None:

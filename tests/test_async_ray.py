@@ -666,7 +666,7 @@ def test_async_lockstep_equals_sync(local_ray, tmp_path):
 
 @pytest.mark.slow
 def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ray, tmp_path):
-    cores = sorted(os.sched_getaffinity(0))[:2]  # searcher i pins itself to cores[i % len]
+    cores = sorted(os.sched_getaffinity(0))[:2]  # searcher i pins itself to core_for(i, cores): cores[i % len]
     cfg = wide_config(
         mode="async",
         searchers=2,

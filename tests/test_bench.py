@@ -120,9 +120,10 @@ def test_a_row_run_alone_writes_its_file_and_its_line_and_a_full_run_writes_ever
 
 
 def test_pinned_processes_take_the_core_of_their_rank(tmp_path):
-    """benchmarks.common.core_for picks the rank-th core (wrapping around); pinned_to pins a child
+    """core_for (pipeline.finetune.async_ray) picks the rank-th core (wrapping around); pinned_to pins a child
     before it starts; `python -m benchmarks.pinned` pins a torchrun worker by its LOCAL_RANK."""
-    from benchmarks.common import core_for, pinned_to
+    from benchmarks.common import pinned_to
+    from pipeline.finetune.async_ray import core_for
 
     assert [core_for(rank, {5, 2, 9}) for rank in range(4)] == [2, 5, 9, 2]
     cores = sorted(os.sched_getaffinity(0))

@@ -41,7 +41,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -61,6 +61,13 @@ MakeSampler = Callable[
     [int, list], TrajectorySampler
 ]  # (searcher index, training problems as JSON) -> its sampler (built in the actor)
 POLL_SECONDS = 0.05
+
+
+def core_for(index: int, cores: Iterable[int] | None = None) -> int:
+    """The core process ``index`` (a searcher's index, a torchrun LOCAL_RANK) runs on: the
+    index-th of ``cores`` in increasing order (default: those this process may use), wrapping around."""
+    ordered = sorted(os.sched_getaffinity(0) if cores is None else set(cores))
+    return ordered[index % len(ordered)]
 
 
 def pin_process(cores: set[int], key: str = "gfn.searcher_cores") -> None:
@@ -230,11 +237,11 @@ class Searcher:
     def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str], cores: list[int] | None = None):
         """names: the store's and the weights actor's names in the run's namespace (looked up, not
         passed as handles: Ray keeps nothing of a restartable actor's arguments alive for its restarts);
-        cores: gfn.searcher_cores (this searcher pins its process to cores[index % len])."""
+        cores: gfn.searcher_cores (this searcher pins its process to core_for(index, cores))."""
         import ray  # the optional extra (we run inside a Ray worker)
 
         if cores:
-            pin_process({cores[index % len(cores)]})
+            pin_process({core_for(index, cores)})
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         store, weights = ray.get_actor(names["store"]), ray.get_actor(names["weights"])
         self.index, self.store, self.weights = index, store, weights
