@@ -182,7 +182,6 @@ class SleepingEngine:
     the byte count of what it was sent."""
 
     def __init__(self, searcher: int, calibration: Calibration, steps: int = 3):
-
         self.searcher, self.calibration, self.steps = searcher, calibration, steps
         self.version, self.loaded_bytes, self.rounds = -1, 0, 0
         self.rng = random.Random(searcher)
@@ -192,7 +191,6 @@ class SleepingEngine:
         self.version = version
 
     def sample(self, prompts, n, temperature, seed):
-
         c = self.calibration
         low, high = c.tokens_per_trajectory // 2, c.tokens_per_trajectory + c.tokens_per_trajectory // 2
         tokens = [[self.rng.randint(low, high) for _ in range(n)] for _ in prompts]
@@ -242,10 +240,10 @@ def timed_store_class():
             self.add_seconds = self.sample_seconds = 0.0
             self.sampled_rows = 0
 
-        def add(self, payload: str, searcher: int, idle_seconds: float = 0.0) -> int:
+        def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
             start = time.perf_counter()
             try:
-                return super().add(payload, searcher, idle_seconds)
+                return super().add(payload, searcher, idle_seconds, loading_seconds)
             finally:
                 self.add_seconds += time.perf_counter() - start
 
