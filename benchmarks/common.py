@@ -87,9 +87,21 @@ def _ratio_line(name: str, r: dict, machine: str) -> str:
     goal, reference = r.get("goal"), r["reference"]
     if "ours_tokens" in r:
         reference += f"; generated tokens: ours {r['ours_tokens']}, reference {r['reference_tokens']}"
+    if "collectives" in r:
+        reference += "; " + collectives_note(r["collectives"])
     return (
         f"| {name} | {r['ours_s']:.3f} | {r['reference_s']:.3f} | {r['ratio']:.2f}x | {f'>= {goal:g}x' if goal else '-'} | "
         f"{reference} | {machine} |"
+    )
+
+
+def collectives_note(c: dict) -> str:
+    """A weak-scaling row's loss in words (pipeline.training.collective_clock.collective_shares,
+    means over the processes)."""
+    return (
+        f"step {c['step_s']:.2f} s a process vs {c['reference_step_s']:.2f} s alone (+{100 * c['slowdown']:.0f}%): "
+        f"waiting in collectives {c['wait_s']:.3f} s ({100 * c['wait_share']:.1f}% of the step; in flight "
+        f"{100 * c['in_flight_share']:.1f}%), the rest {c['other_s']:+.3f} s"
     )
 
 

@@ -2,7 +2,15 @@
 on a core each, one torch thread each, the same work per process (8 questions x 4 samples a step
 each). The row states trajectories per second as seconds per trajectory (ours: 2 processes,
 reference: 1), so ratio = reference_s / ours_s = the rate of 2 over 1 (ideal 2.0; fraction_of_ideal
-= ratio / processes)."""
+= ratio / processes).
+
+Beside the ratio, the row says where the rest of the ideal goes, measured in the 2-process run's
+own stage code (pipeline.training.collective_clock, turned on by $STEPFLOW_TIME_COLLECTIVES for
+these runs only): per process, the share of its step's wall time spent waiting in collectives
+(collective_wait_share) and the collectives' launch-to-completion time (collective_in_flight_share:
+DDP's all-reduce overlaps backward), and the slowdown against the 1-process step that collectives
+do not explain (other_s: the step seconds minus the wait minus the 1-process step seconds:
+memory bandwidth and caches shared by the two processes, ...)."""
 
 from __future__ import annotations
 
@@ -14,6 +22,8 @@ from pathlib import Path
 
 from benchmarks.common import ratio_row
 from benchmarks.world import tiny_world
+from pipeline.training.collective_clock import ENV as TIME_COLLECTIVES
+from pipeline.training.collective_clock import collective_shares
 from pipeline.training.metrics import MetricsLog
 
 NAME = "gfn_step_scaling"
@@ -59,14 +69,17 @@ def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: 
 
     returns: {ours_s, reference_s (seconds per trajectory of ``processes`` and of 1), processes,
               fraction_of_ideal (the rate of ``processes`` over ``processes`` x the rate of 1),
-              trajectories_per_s}
+              trajectories_per_s, step_s (median step seconds of each run),
+              collectives (collective_shares of the ``processes`` run against the 1-process step),
+              collective_wait_share, collective_in_flight_share, other_share (other_s over the
+              1-process step: with the wait's share of it, the slowdown 1 / fraction_of_ideal - 1)}
     """
     if len(os.sched_getaffinity(0)) < processes:
         raise ValueError(
             f"gfn_step_scaling pins each of {processes} processes to its own core; this process may use "
             f"{len(os.sched_getaffinity(0))}"
         )
-    rates = {}
+    rates, step_s, records = {}, {}, {}
     for count in (1, processes):
         run = f"run{count}{'_fsdp2' if fsdp else ''}"
         command = [
@@ -92,15 +105,24 @@ def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: 
             **os.environ,
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
+            TIME_COLLECTIVES: "1",
             **({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"} if fsdp and count > 1 else {}),
         }
         subprocess.run(command, check=True, timeout=1800, env=env, stdout=subprocess.DEVNULL)
         rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()[1:]
         rates[count] = statistics.median(r["sampled"] / r["seconds"] for r in rows)
+        step_s[count] = statistics.median(r["seconds"] for r in rows)
+        records[count] = rows
+    shares = collective_shares(records[processes], step_s[1])
     return {
         "ours_s": 1 / rates[processes],
         "reference_s": 1 / rates[1],
         "processes": processes,
         "fraction_of_ideal": rates[processes] / (processes * rates[1]),
         "trajectories_per_s": {str(k): v for k, v in rates.items()},
+        "step_s": {str(k): v for k, v in step_s.items()},
+        "collectives": shares,
+        "collective_wait_share": shares["wait_share"],
+        "collective_in_flight_share": shares["in_flight_share"],
+        "other_share": shares["other_s"] / step_s[1],
     }

@@ -679,7 +679,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                 )
 
     def train_step(self) -> dict:
-        start = time.monotonic()
+        start = self.start_step()
         step, lr = self.step, self.base.lr
         collective = self.sampler.collective
         groups, recent, waited = self.draw()

@@ -25,6 +25,7 @@ from pipeline.finetune.rewards import CORRECT_ANSWER
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.records import Trajectory
 from pipeline.training import TrainingBase
+from pipeline.training.collective_clock import CLOCK
 
 
 class FinetuneTrainer:
@@ -34,6 +35,7 @@ class FinetuneTrainer:
     def __init__(self, base: TrainingBase, sampler: TrajectorySampler, objective, cfg, progress: bool = True):
         self.base, self.sampler, self.objective, self.cfg = base, sampler, objective, cfg
         self.progress = progress
+        self._collectives_at_start = CLOCK.snapshot()
 
     @property
     def step(self) -> int:
@@ -80,8 +82,14 @@ class FinetuneTrainer:
         bar.close()
         return history
 
+    def start_step(self) -> float:
+        """A training step starts: its start time (monotonic seconds), and the collective clock's
+        reading (benchmarks only) that record() subtracts."""
+        self._collectives_at_start = CLOCK.snapshot()
+        return time.monotonic()
+
     def train_step(self) -> dict:
-        start = time.monotonic()
+        start = self.start_step()
         step = self.step
         lr = self.base.lr
         collective = self.sampler.collective
@@ -152,6 +160,14 @@ class FinetuneTrainer:
         collective = self.sampler.collective
         names = sorted(totals)
         summed = collective.sum(torch.tensor([totals[n] for n in names], dtype=torch.float64)) if names else []
+        seconds = time.monotonic() - start
+        timed = {}
+        if CLOCK.enabled:  # the weak-scaling benchmark: each process's step seconds, collective wait and in flight
+            (wait, in_flight), (wait0, in_flight0) = CLOCK.snapshot(), self._collectives_at_start
+            per = collective.per_process([seconds, wait - wait0, in_flight - in_flight0])
+            timed = {
+                "collectives": {key: [p[i] for p in per] for i, key in enumerate(("seconds", "wait", "in_flight"))}
+            }
         return {
             "step": step,
             "lr": lr,
@@ -160,9 +176,10 @@ class FinetuneTrainer:
             "accuracy": float(np.mean([t.answer_flags[-1] == CORRECT_ANSWER for t in trajectories])),
             "finished_fraction": float(np.mean([t.finished for t in trajectories])),
             "solution_length": float(np.mean([len(t.steps) for t in trajectories])),
-            "seconds": time.monotonic() - start,
+            "seconds": seconds,
             # each process's loss terms are weighted world / batch: their sum over processes is world x the batch mean
             **{name: float(summed[i]) / collective.world for i, name in enumerate(names)},
             "grad_norm": grad_norm,
             **self.objective.summary(),
+            **timed,
         }

@@ -54,12 +54,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from pipeline.modeling import resolve_device
 from pipeline.training import checkpoint
+from pipeline.training.collective_clock import CLOCK
 from pipeline.training.distributed import fsdp_requested
 from pipeline.training.metrics import MetricsLog
 from pipeline.training.schedule import check_schedule, learning_rate
@@ -167,6 +168,8 @@ def shard_model(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Mo
             fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=mixed)
             units += 1
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mixed)
+    if CLOCK.enabled:  # the weak-scaling benchmark's collective timing (pipeline.training.collective_clock)
+        CLOCK.time_fsdp([module for module in model.modules() if isinstance(module, FSDPModule)])
     log.info(
         "the model is sharded with FSDP2 over %d processes (%d %s units and the root)",
         accelerator.num_processes,
@@ -178,7 +181,10 @@ def shard_model(model: torch.nn.Module, accelerator: Accelerator) -> torch.nn.Mo
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a collective: every process calls it), a plain tensor as is."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    if not isinstance(tensor, DTensor):
+        return tensor
+    with CLOCK.blocking():
+        return tensor.full_tensor()
 
 
 class TrainingBase:
@@ -277,6 +283,8 @@ class TrainingBase:
             self.model, self.optimizer = model, AcceleratedOptimizer(optimizer, device_placement=False)
         else:
             self.model, self.optimizer = accelerator.prepare(model, optimizer)
+            if CLOCK.enabled and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+                self.model.register_comm_hook(None, CLOCK.ddp_hook)  # torch's default all-reduce, timed
         self.objective_optimizer = (
             AcceleratedOptimizer(objective_optimizer, device_placement=False)
             if objective_optimizer is not None
@@ -358,7 +366,8 @@ class TrainingBase:
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.accelerator.backward(loss)
+        with CLOCK.ddp_backward():
+            self.accelerator.backward(loss)
 
     def clip_gradients(self) -> torch.Tensor | None:
         """Average the objective's gradients over processes (DDP only averages the model's), then
@@ -366,7 +375,8 @@ class TrainingBase:
         if self.objective is not None and self.accelerator.num_processes > 1:
             for param in self.objective.parameters():
                 if param.grad is not None:
-                    param.grad = self.accelerator.reduce(param.grad, reduction="mean")
+                    with CLOCK.blocking():
+                        param.grad = self.accelerator.reduce(param.grad, reduction="mean")
         if self.settings.max_grad_norm <= 0:
             return None
         if self.sharded:

@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, parse_flag_from_env
 
 from pipeline.records import Record
+from pipeline.training.collective_clock import CLOCK
 
 R = TypeVar("R", bound=Record)
 
@@ -73,23 +74,32 @@ class Collective:
 
     def barrier(self) -> None:
         if self.world > 1:
-            self.accelerator.wait_for_everyone()
+            with CLOCK.blocking():
+                self.accelerator.wait_for_everyone()
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` added over all processes (a copy on the run's device)."""
         values = values.to(self.device)
-        return self.accelerator.reduce(values, reduction="sum") if self.world > 1 else values.clone()
+        if self.world == 1:
+            return values.clone()
+        with CLOCK.blocking():
+            return self.accelerator.reduce(values, reduction="sum")
 
     def max(self, value: int) -> int:
         """The largest of every process's ``value``."""
         if self.world == 1:
             return value
-        return int(self.accelerator.reduce(torch.tensor([value], device=self.device), reduction="max")[0])
+        with CLOCK.blocking():
+            return int(self.accelerator.reduce(torch.tensor([value], device=self.device), reduction="max")[0])
 
     def broadcast_text(self, text: str | None) -> str:
         """Rank 0's ``text`` on every process (the others pass None): UTF-8 bytes in a uint8 tensor."""
         if self.world == 1:
             return text
+        with CLOCK.blocking():
+            return self._broadcast_text(text)
+
+    def _broadcast_text(self, text: str | None) -> str:
         payload = text.encode("utf-8") if self.rank == 0 else b""
         length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
         torch.distributed.broadcast(length, 0)
@@ -105,10 +115,12 @@ class Collective:
             return [list(records)]
         payload = json.dumps([r.to_json() for r in records]).encode("utf-8")
         length = torch.tensor([len(payload)], device=self.device)
-        lengths = self.accelerator.gather(length).tolist()
+        with CLOCK.blocking():
+            lengths = self.accelerator.gather(length).tolist()
         buffer = torch.zeros(max(lengths), dtype=torch.uint8, device=self.device)
         buffer[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
-        gathered = self.accelerator.gather(buffer).view(self.world, -1).cpu()
+        with CLOCK.blocking():
+            gathered = self.accelerator.gather(buffer).view(self.world, -1).cpu()
         return [
             [
                 record_type.from_json(obj, f"records from process {rank}")
@@ -116,3 +128,10 @@ class Collective:
             ]
             for rank in range(self.world)
         ]
+
+    def per_process(self, values: Sequence[float]) -> list[list[float]]:
+        """Every process's ``values`` (the same length on each), one list per rank (rank order)."""
+        local = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        if self.world == 1:
+            return [local.tolist()]
+        return self.accelerator.gather(local).view(self.world, -1).cpu().tolist()
