@@ -1,0 +1,114 @@
+"""The collective clock of the weak-scaling benchmark (pipeline.training.collective_clock): off by
+default, its per-step aggregation against a float64 reference, its DDP comm hook keeping DDP's
+averaged gradients while counting every bucket, and the bench row's words for it. Nothing here
+compares durations."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+
+def test_the_clock_is_off_unless_the_benchmark_turns_it_on():
+    from pipeline.training.collective_clock import CLOCK, ENV, CollectiveClock
+
+    assert CLOCK.enabled == (os.environ.get(ENV, "") == "1")
+    off = CollectiveClock(False)
+    with off.blocking():
+        pass
+    with off.ddp_backward():
+        pass
+    assert (off.calls, off.snapshot()) == (0, (0.0, 0.0))
+    on = CollectiveClock(True)
+    with on.blocking():
+        pass
+    wait, in_flight = on.snapshot()
+    assert on.calls == 1 and wait == in_flight >= 0.0  # a synchronous collective: its wait is its flight
+
+
+def test_collective_shares_are_per_process_medians_against_the_one_process_step():
+    from pipeline.training.collective_clock import collective_shares
+
+    rng = np.random.default_rng(0)
+    seconds = rng.uniform(4.0, 5.0, size=(5, 2))
+    wait = rng.uniform(0.1, 0.5, size=(5, 2))
+    in_flight = wait + rng.uniform(0.0, 0.3, size=(5, 2))
+    steps = [
+        {"collectives": {"seconds": list(seconds[i]), "wait": list(wait[i]), "in_flight": list(in_flight[i])}}
+        for i in range(5)
+    ]
+    reference = 3.7
+    shares = collective_shares(steps, reference)
+    t, w, f = (np.median(a.astype(np.float64), axis=0) for a in (seconds, wait, in_flight))
+    for rank, per in enumerate(shares["per_process"]):
+        assert per["wait_share"] == pytest.approx(w[rank] / t[rank], rel=1e-12)
+        assert per["in_flight_share"] == pytest.approx(f[rank] / t[rank], rel=1e-12)
+        assert per["other_s"] == pytest.approx(t[rank] - w[rank] - reference, rel=1e-12)
+        # the slowdown against one process is the wait plus the rest, over the 1-process step
+        assert per["slowdown"] == pytest.approx((per["wait_s"] + per["other_s"]) / reference, rel=1e-12)
+    assert shares["wait_share"] == pytest.approx(np.mean(w / t), rel=1e-12)
+    assert shares["other_s"] == pytest.approx(np.mean(t - w - reference), rel=1e-12)
+    assert shares["reference_step_s"] == reference
+    with pytest.raises(ValueError, match="no steps"):
+        collective_shares([], reference)
+
+
+def test_the_ddp_hook_averages_like_ddp_and_times_every_bucket(tmp_path):
+    """One gloo process, DDP over a two-layer model in small buckets: the timed hook gives the
+    gradients plain backward gives (torch's default all-reduce averaged over one process) and
+    counts one all-reduce per bucket, plus the wait of the backward that launched them."""
+    import torch.distributed as dist
+
+    from pipeline.training.collective_clock import CollectiveClock
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+    plain = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(8, 64)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        clock = CollectiveClock(True)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)
+        ddp.register_comm_hook(None, clock.ddp_hook)
+        for _ in range(2):  # DDP rebuilds its buckets after the first iteration
+            ddp.zero_grad(set_to_none=True)
+            with clock.ddp_backward():
+                ddp(x).square().mean().backward()
+    finally:
+        dist.destroy_process_group()
+    plain(x).square().mean().backward()
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
+    wait, in_flight = clock.snapshot()
+    # each backward: one timed all-reduce per bucket (at least one) and the wait after the last one
+    assert clock.calls >= 2 * (1 + 1) and wait >= 0.0 and in_flight >= 0.0
+
+
+def test_the_scaling_row_says_where_the_ideal_goes():
+    from benchmarks.common import _ratio_line
+
+    row = {
+        "ours_s": 0.09,
+        "reference_s": 0.15,
+        "ratio": 1.72,
+        "goal": 1.8,
+        "reference": "weak scaling",
+        "collectives": {
+            "step_s": 5.6,
+            "reference_step_s": 4.8,
+            "slowdown": 5.6 / 4.8 - 1,
+            "wait_s": 0.35,
+            "wait_share": 0.35 / 5.6,
+            "in_flight_share": 0.08,
+            "other_s": 0.45,
+        },
+    }
+    line = _ratio_line("gfn_step_scaling", row, "CPU-B")
+    assert (
+        "step 5.60 s a process vs 4.80 s alone (+17%): waiting in collectives 0.350 s (6.2% of the step; "
+        "in flight 8.0%), the rest +0.450 s | CPU-B |"
+    ) in line
