@@ -69,7 +69,7 @@ def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: 
 
     returns: {ours_s, reference_s (seconds per trajectory of ``processes`` and of 1), processes,
               fraction_of_ideal (the rate of ``processes`` over ``processes`` x the rate of 1),
-              trajectories_per_s, step_s (median step seconds of each run),
+              trajectories_per_s, step_s (mean step seconds of each run, the steps after the first),
               collectives (collective_shares of the ``processes`` run against the 1-process step),
               collective_wait_share, collective_in_flight_share, other_share (other_s over the
               1-process step: with the wait's share of it, the slowdown 1 / fraction_of_ideal - 1)}
@@ -111,7 +111,7 @@ def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: 
         subprocess.run(command, check=True, timeout=1800, env=env, stdout=subprocess.DEVNULL)
         rows = MetricsLog(world / run / "gfn" / "metrics.jsonl").read()[1:]
         rates[count] = statistics.median(r["sampled"] / r["seconds"] for r in rows)
-        step_s[count] = statistics.median(r["seconds"] for r in rows)
+        step_s[count] = statistics.fmean(r["seconds"] for r in rows)
         records[count] = rows
     shares = collective_shares(records[processes], step_s[1])
     return {

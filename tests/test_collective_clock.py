@@ -29,7 +29,7 @@ def test_the_clock_is_off_unless_the_benchmark_turns_it_on():
     assert on.calls == 1 and wait == in_flight >= 0.0  # a synchronous collective: its wait is its flight
 
 
-def test_collective_shares_are_per_process_medians_against_the_one_process_step():
+def test_collective_shares_are_per_process_means_against_the_one_process_step():
     from pipeline.training.collective_clock import collective_shares
 
     rng = np.random.default_rng(0)
@@ -42,7 +42,7 @@ def test_collective_shares_are_per_process_medians_against_the_one_process_step(
     ]
     reference = 3.7
     shares = collective_shares(steps, reference)
-    t, w, f = (np.median(a.astype(np.float64), axis=0) for a in (seconds, wait, in_flight))
+    t, w, f = (np.mean(a.astype(np.float64), axis=0) for a in (seconds, wait, in_flight))
     for rank, per in enumerate(shares["per_process"]):
         assert per["wait_share"] == pytest.approx(w[rank] / t[rank], rel=1e-12)
         assert per["in_flight_share"] == pytest.approx(f[rank] / t[rank], rel=1e-12)
@@ -109,6 +109,6 @@ def test_the_scaling_row_says_where_the_ideal_goes():
     }
     line = _ratio_line("gfn_step_scaling", row, "CPU-B")
     assert (
-        "step 5.60 s a process vs 4.80 s alone (+17%): waiting in collectives 0.350 s (6.2% of the step; "
+        "mean step 5.60 s a process vs 4.80 s alone (+17%): waiting in collectives 0.350 s (6.2% of the step; "
         "in flight 8.0%), the rest +0.450 s | CPU-B |"
     ) in line

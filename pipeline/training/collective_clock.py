@@ -134,12 +134,14 @@ def collective_shares(steps: Sequence[dict], reference_step_s: float) -> dict:
 
     steps: the run's metrics records (first step excluded by the caller), each with
            ``collectives``: {"seconds", "wait", "in_flight"}: one value per process
-    reference_step_s: the median step seconds of the 1-process run with the same per-process work
+    reference_step_s: the mean step seconds of the 1-process run with the same per-process work
 
-    Per process, over the steps (medians): step seconds t, wait w, in flight f; then
+    Per process, means over the steps (so a share is the sum of its seconds over the sum of the
+    steps' seconds: the waits alternate between the processes, whichever sampled less waiting
+    for the other, and a median would drop them): step seconds t, wait w, in flight f;
     wait_share = w / t, in_flight_share = f / t, and other = t - w - reference_step_s, the
     slowdown against one process that collectives do not explain (memory bandwidth and caches
-    shared with the other process, ...). slowdown = t / reference_step_s - 1 = (w + other) /
+    shared with the other process, ...); slowdown = t / reference_step_s - 1 = (w + other) /
     reference_step_s. The averages are means over processes.
     """
     if not steps:
@@ -147,9 +149,9 @@ def collective_shares(steps: Sequence[dict], reference_step_s: float) -> dict:
     processes = len(steps[0]["collectives"]["seconds"])
     per = []
     for rank in range(processes):
-        t = statistics.median(float(s["collectives"]["seconds"][rank]) for s in steps)
-        w = statistics.median(float(s["collectives"]["wait"][rank]) for s in steps)
-        f = statistics.median(float(s["collectives"]["in_flight"][rank]) for s in steps)
+        t = statistics.fmean(float(s["collectives"]["seconds"][rank]) for s in steps)
+        w = statistics.fmean(float(s["collectives"]["wait"][rank]) for s in steps)
+        f = statistics.fmean(float(s["collectives"]["in_flight"][rank]) for s in steps)
         per.append(
             {
                 "step_s": t,
