@@ -99,7 +99,7 @@ def collectives_note(c: dict) -> str:
     """A weak-scaling row's loss in words (pipeline.training.collective_clock.collective_shares,
     means over the processes)."""
     return (
-        f"mean step {c['step_s']:.2f} s a process vs {c['reference_step_s']:.2f} s alone (+{100 * c['slowdown']:.0f}%): "
+        f"mean step {c['step_s']:.2f} s a process vs {c['reference_step_s']:.2f} s alone ({100 * c['slowdown']:+.0f}%): "
         f"waiting in collectives {c['wait_s']:.3f} s ({100 * c['wait_share']:.1f}% of the step; in flight "
         f"{100 * c['in_flight_share']:.1f}%), the rest {c['other_s']:+.3f} s"
     )
