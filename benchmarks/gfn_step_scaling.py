@@ -72,7 +72,8 @@ def step_scaling(config, world: Path, processes: int = 2, steps: int = 6, fsdp: 
               trajectories_per_s, step_s (mean step seconds of each run, the steps after the first),
               collectives (collective_shares of the ``processes`` run against the 1-process step),
               collective_wait_share, collective_in_flight_share, other_share (other_s over the
-              1-process step: with the wait's share of it, the slowdown 1 / fraction_of_ideal - 1)}
+              1-process step; with wait_s over it, the slowdown of the mean steps, t2 / t1 - 1;
+              the ratio itself is of median rates)}
     """
     if len(os.sched_getaffinity(0)) < processes:
         raise ValueError(

@@ -1,6 +1,6 @@
 """Wall time spent in collectives, per process: what the weak-scaling benchmark
 (benchmarks/gfn_step_scaling.py) reports beside its ratio. Off unless ``$STEPFLOW_TIME_COLLECTIVES=1``;
-off, every hook below is a single attribute test and nothing is installed.
+off, no hook is installed and each wrapped call costs one context manager's entry and exit.
 
 Two quantities per training step, because DDP's gradient all-reduce runs on gloo's own thread
 while backward goes on computing:
