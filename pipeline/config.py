@@ -564,6 +564,15 @@ class PRMBenchConfig:
 
 
 @dataclass
+class DemoConfig:
+    """How make demo runs the stages (stages/demo.py, docs/demo.md "How the demo uses the cores")."""
+
+    # processes at once: stages on their dependency graph, the sharded ones (mcts, eval, search)
+    # as this many workers; 0 = the CPUs this process may use (os.sched_getaffinity)
+    jobs: int = bounded(0, ge=0)
+
+
+@dataclass
 class PlanConfig:
     """The machine `make plan` checks the config against (stages/plan.py, docs/real-model.md)."""
 
@@ -607,6 +616,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     prm_bench: PRMBenchConfig = field(default_factory=PRMBenchConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
     @property
