@@ -135,9 +135,13 @@ def test_a_failing_stage_stops_the_running_ones_and_is_named_with_its_log(tmp_pa
     assert str(failed.value) == f"demo: stage bad exited with status 3; log: {logs / 'bad.log'}"
     assert "boom" in (logs / "bad.log").read_text()
     pgid = int(pids.read_text().split()[0])
-    assert wait_for(lambda: not group_alive(pgid), 10), (
-        "the sleeper's process group (its grandchild too) is still running"
-    )
+    try:
+        assert wait_for(lambda: not group_alive(pgid), 10), (
+            "the sleeper's process group (its grandchild too) is still running"
+        )
+    finally:
+        if group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
     names = [name for _, name in read_events(events)]
     assert "after_bad" not in names and ("end", "sleeper") not in read_events(events)
 
@@ -202,4 +206,9 @@ def test_sigterm_of_the_scheduler_stops_its_children(tmp_path):
             runner.kill()
             runner.wait()
     assert runner.returncode != 0 and "demo: stopped by SIGTERM; the running stages were stopped" in stderr
-    assert wait_for(lambda: not group_alive(int(pids.read_text())), 10)
+    pgid = int(pids.read_text())
+    try:
+        assert wait_for(lambda: not group_alive(pgid), 10)
+    finally:
+        if group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
