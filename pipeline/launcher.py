@@ -258,7 +258,9 @@ def run_graph(
                         "es" if len(phase) > 1 else "",
                         where,
                     )
-                running[name] = [_start(worker, _log_path(log_dir, name, worker, phase)) for worker in phase]
+                running[name] = []  # filled one by one: a SIGTERM between two starts stops those started
+                for worker in phase:
+                    running[name].append(_start(worker, _log_path(log_dir, name, worker, phase)))
                 free -= len(phase)
             if len(done) < len(stages):
                 time.sleep(poll_seconds)
