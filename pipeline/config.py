@@ -311,6 +311,7 @@ class PRMConfig:
     )  # sequences per forward and process; accumulation = batch_size / (micro x processes)
     weight_decay: float = bounded(0.01, ge=0)  # AdamW; never on biases and norm weights
     epochs: float = bounded(2.0, gt=0)  # paper: 1; fractions allowed
+    torch_threads: int = bounded(0, ge=0)  # threads while training (0 = model.torch_threads / torch's default)
     warmup_ratio: float = bounded(0.05, ge=0, le=1)  # share of optimizer steps with linear warmup
     scheduler: str = "cosine"  # cosine | linear | constant (after warmup)
     max_grad_norm: float = bounded(1.0, ge=0)  # gradient clipping (0: none)
