@@ -183,16 +183,31 @@ def distinct_correct_texts(
     return len(sequences)
 
 
-def strategy_entropy(strategies: Sequence[str]) -> float:
-    """Entropy in bits of the empirical distribution of strategy names (one problem's correct
-    solutions): 0 for one strategy or none, log2(m) for m strategies used equally often.
+def strategy_entropy(strategies: Sequence[str], weights: Sequence[float] | None = None) -> float:
+    """Entropy in bits of the distribution of strategy names (one problem's correct solutions):
+    0 for one strategy or none, log2(m) for m strategies used equally often.
+
+    weights: None (each name counts once: the empirical distribution) or one finite weight >= 0
+             per name, their sum > 0: p_s = (sum of the weights of the names s) / (sum of all),
+             names of weight 0 left out (0 log 0 = 0). Only their ratios matter.
 
         ["a", "a", "b", "b"] -> 1.0;  ["a", "a", "a", "b"] -> 0.811;  ["a"] -> 0.0
+        ["a", "a", "b"] with weights [1, 1, 2] -> 1.0
     """
-    if not strategies:
+    names = list(strategies)
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (len(names),):
+            raise ValueError(f"strategy_entropy: {weights.shape} weights for {len(names)} strategy names")
+        if not (np.all(np.isfinite(weights)) and np.all(weights >= 0)):
+            raise ValueError("strategy_entropy: weights must be finite and >= 0")
+        if names and weights.sum() <= 0:
+            raise ValueError("strategy_entropy: the weights sum to 0")
+    if not names:
         return 0.0
-    _, counts = np.unique(np.asarray(list(strategies), dtype=object).astype(str), return_counts=True)
-    p = counts / counts.sum()
+    _, index = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
+    mass = np.bincount(index.ravel(), weights=weights)
+    p = mass[mass > 0] / mass.sum()
     return float(-(p * np.log2(p)).sum() + 0.0)
 
 
