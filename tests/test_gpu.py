@@ -27,6 +27,7 @@ run that path; the 2-process FSDP2 tests run it on CPU (tests/test_distributed_f
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -144,10 +145,11 @@ def environment() -> dict:
 
 
 def _version(package: str) -> str | None:
+    """The installed distribution's version, read without importing it (None: not installed)."""
     try:
-        return importlib.import_module(package).__version__
-    except Exception as error:  # noqa: BLE001 - reported, not raised: the version is informative only
-        return f"not importable ({type(error).__name__}: {error})"
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 # ----------------------------------------------------------------------------- real architectures
@@ -394,12 +396,15 @@ def test_the_real_architectures_have_the_parameter_counts_make_plan_uses():
 def model_folders(tmp_path_factory) -> dict[str, Path]:
     """Each real architecture at random init in bfloat16, saved once for the module's checks."""
     root = tmp_path_factory.mktemp("real_architectures")
-    folders, built = {}, {}
-    for hub_id in ARCHITECTURES:
-        folder = root / hub_id.split("/")[1].lower()
-        built[hub_id] = random_model_folder(hub_id, folder, "cuda", torch.bfloat16)
-        folders[hub_id] = folder
-    report("model_folders", {"environment": environment(), **built})
+    folders = {hub_id: root / hub_id.split("/")[1].lower() for hub_id in ARCHITECTURES}
+
+    def build() -> dict:
+        built = {
+            hub_id: random_model_folder(hub_id, folder, "cuda", torch.bfloat16) for hub_id, folder in folders.items()
+        }
+        return {"environment": environment(), **built}
+
+    run_check("model_folders", build)
     return folders
 
 
