@@ -35,8 +35,8 @@ trained rows (trainer steps), the store's ingest and sample throughput (achieved
 publication's seconds for the sweep's payload; once after the sweep, a 1B-parameter bf16 payload
 (a real 2e9-byte tensor set) published and fetched by one reader. Two store policies: the config's
 asynchronous settings (replay allowed) and NO_REPLAY (one round per searcher per version). About
-7.5 minutes on the 2-core machine, most of it the 32 searchers' two starts (docs/benchmarks.md,
-"Simulated cluster").
+8.5 minutes on the 2-core machine, most of it the 32 searchers' two starts and Ray's shutdown
+(docs/benchmarks.md, "Simulated cluster").
 """
 
 from __future__ import annotations
