@@ -741,6 +741,25 @@ def test_a_restarted_trainer_resumes_with_its_buffer(local_ray, tmp_path):
     assert [r["step"] for r in records] == list(range(1, 13))
 
 
+def test_searchers_walk_disjoint_shares_of_the_problems_and_one_searcher_walks_them_all(tmp_path):
+    """Two searchers never sample a question at the same time, so the rounds of one weights version
+    fill a batch of searchers x questions_per_step distinct questions (docs/async.md, "Who does what")."""
+    from pipeline.config_loader import ConfigError
+    from pipeline.finetune.async_ray import searcher_share
+
+    given = [{"problem_id": f"q{i}", "question": f"{i}", "answer": "1"} for i in range(10)]
+    for searchers in (1, 3, 10):
+        shares = [searcher_share(given, index, searchers) for index in range(searchers)]
+        ids = [p["problem_id"] for share in shares for p in share]
+        assert sorted(ids) == sorted(p["problem_id"] for p in given) and len(ids) == len(set(ids))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    assert searcher_share(given, 0, 1) == given  # searcher 0 alone walks the synchronous trainer's cycle
+    with pytest.raises(ValueError, match=r"gfn\.searchers = 11 exceeds the 10 training problems"):
+        searcher_share(given, 0, 11)
+    with pytest.raises(ConfigError, match=r"gfn\.searchers = 3 exceeds the 2 training problems"):  # before Ray starts
+        tabular_trainer(tabular_config(searchers=3), tmp_path, given=given[:2])
+
+
 def test_ppo_is_refused_in_async_mode():
     from pipeline.config_loader import load_config
     from pipeline.finetune.run import preflight

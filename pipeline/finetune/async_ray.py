@@ -3,7 +3,8 @@
 Who does what (docs/async.md):
 - searcher actors (gfn.searchers of them): each holds its own copy of the policy (HF generate, or
   a vLLM engine and no transformers copy) and the PRM scorer, or with gfn.scorer_actors > 0 no PRM;
-  round after round it samples questions_per_step questions x samples_per_question (S) solutions
+  round after round it samples questions_per_step questions of its own share of the training
+  problems (searcher_share: the shares are disjoint) x samples_per_question (S) solutions
   with the newest weights it has (at most gfn.searcher_rounds_per_version rounds per version),
   scores them (itself, or through a scorer actor) and sends them, tagged with that weights
   version, to the store;
@@ -85,9 +86,29 @@ def pin_process(cores: set[int], key: str = "gfn.searcher_cores") -> None:
 
 
 def searcher_config(cfg, index: int):
-    """A searcher's copy of the section: its own seed, so searchers walk different question cycles
-    (searcher 0 walks the synchronous trainer's: lockstep equals sync, docs/async.md)."""
+    """A searcher's copy of the section: its own seed, with which it shuffles its share of the problems
+    (searcher_share) and samples (searcher 0 of one walks the synchronous trainer's cycle: lockstep
+    equals sync, docs/async.md)."""
     return dataclasses.replace(cfg, seed=cfg.seed + 7919 * index)
+
+
+def searcher_share(problems: list, index: int, searchers: int) -> list:
+    """Searcher ``index``'s share of the training problems: those at positions index, index +
+    searchers, ... (each problem in exactly one share; one searcher: all of them, so searcher 0 walks
+    the synchronous trainer's cycle). Disjoint shares mean two searchers never sample a question at
+    the same time: the rounds of one weights version hold searchers x questions_per_step distinct
+    questions. With shared cycles two searchers meet on a question with probability about
+    1 - exp(-(N q)^2 / 2P) per version (N searchers of q questions each, P problems), and then a
+    version's rounds hold fewer questions than a batch of B = N q needs: under a staleness bound of
+    one version the trainer waits for the next version's rounds and trains them twice."""
+    if not 0 <= index < searchers:
+        raise ValueError(f"searcher index {index}: expected 0 <= index < gfn.searchers = {searchers}")
+    if 0 < len(problems) < searchers:
+        raise ValueError(
+            f"gfn.searchers = {searchers} exceeds the {len(problems)} training problems: each searcher walks its own "
+            "share of them"
+        )
+    return problems[index::searchers]
 
 
 def async_shape(cfg) -> tuple[int, int]:
@@ -234,10 +255,20 @@ class Searcher:
     picks up at the start of its next round (pipeline.finetune.publication).
     """
 
-    def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str], cores: list[int] | None = None):
+    def __init__(
+        self,
+        index: int,
+        make_sampler: MakeSampler,
+        names: dict[str, str],
+        cores: list[int] | None = None,
+        *,
+        searchers: int,
+    ):
         """names: the store's and the weights actor's names in the run's namespace (looked up, not
         passed as handles: Ray keeps nothing of a restartable actor's arguments alive for its restarts);
-        cores: gfn.searcher_cores (this searcher pins its process to core_for(index, cores))."""
+        cores: gfn.searcher_cores (this searcher pins its process to core_for(index, cores));
+        searchers: how many searchers the run has (this one samples its share of the problems:
+        searcher_share)."""
         import ray  # the optional extra (we run inside a Ray worker)
 
         if cores:
@@ -249,7 +280,8 @@ class Searcher:
         if self.restarted:
             store.count_restart.remote(index)
         # the problems by a reference the trainer holds: a restarted searcher reads the same object again
-        self.sampler = make_sampler(index, ray.get(ray.get(weights.problems.remote())[0]))
+        problems = ray.get(ray.get(weights.problems.remote())[0])
+        self.sampler = make_sampler(index, searcher_share(problems, index, searchers))
         self.version = self.sampled_version = -1
         self.receiver = WeightReceiver(f"searcher {index}")
 
@@ -420,6 +452,11 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         self.scorers: list = []
         self.problems, self.problems_ref = list(problems or []), None
         check_async_settings(cfg)
+        if 0 < len(self.problems) < cfg.searchers:
+            raise ConfigError(
+                f"gfn.searchers = {cfg.searchers} exceeds the {len(self.problems)} training problems: each searcher "
+                "walks its own share of them"
+            )
         self.questions, self.per_question = async_shape(cfg)
         check_divisible(self.questions, sampler.collective.world)
         check_transport(cfg.weight_transport)
@@ -471,7 +508,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             )(Searcher)
             self.searchers = [
                 searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(self.placement_group, i)).remote(
-                    i, self.make_sampler, names, self.cfg.searcher_cores
+                    i, self.make_sampler, names, self.cfg.searcher_cores, searchers=self.cfg.searchers
                 )
                 for i in range(self.cfg.searchers)
             ]
