@@ -25,6 +25,7 @@ from pipeline.config import Config
 from pipeline.config_loader import ConfigError
 from pipeline.contracts import check_run
 from pipeline.files import read_json_if_exists, write_json_atomic
+from pipeline.finetune.ceiling import ceiling_verdict
 from pipeline.launcher import (
     MERGED_STAGES,
     SHARDED_STAGES,
@@ -267,6 +268,9 @@ def write_report(
         ]
         lines += processbench_lines(bench)
     lines += ["", "## GFlowNet and PPO training", ""]
+    ceiling = read_json_if_exists(run_dir / "gfn" / "ceiling.json")
+    if ceiling:
+        lines += [f"- gfn, before training: {ceiling_verdict(ceiling, ceiling['reward_temperature'])} (gfn/ceiling.json)"]
     for stage in ("gfn", "ppo"):
         metrics = run_dir / stage / "metrics.jsonl"
         if metrics.exists():
