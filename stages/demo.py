@@ -270,7 +270,9 @@ def write_report(
     lines += ["", "## GFlowNet and PPO training", ""]
     ceiling = read_json_if_exists(run_dir / "gfn" / "ceiling.json")
     if ceiling:
-        lines += [f"- gfn, before training: {ceiling_verdict(ceiling, ceiling['reward_temperature'])} (gfn/ceiling.json)"]
+        lines += [
+            f"- gfn, before training: {ceiling_verdict(ceiling, ceiling['reward_temperature'])} (gfn/ceiling.json)"
+        ]
     for stage in ("gfn", "ppo"):
         metrics = run_dir / stage / "metrics.jsonl"
         if metrics.exists():

@@ -17,4 +17,3 @@ def test_training_threads_sets_the_count_for_the_block_and_restores_it_even_on_e
     assert torch.get_num_threads() == before
     with training_threads(0, "prm"):  # 0: the stage's count stays
         assert torch.get_num_threads() == before
-
