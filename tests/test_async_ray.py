@@ -896,6 +896,7 @@ def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_que
     )  # 4 questions hold completions
 
 
+@pytest.mark.slow
 def test_waits_on_the_weights_and_the_store_return_what_arrives_while_waiting_and_nothing_after_their_bound(
     local_ray,
 ):
