@@ -6,7 +6,7 @@ the generation engine and the trainer's update replaced by sleeps of measured le
 What runs for real (pipeline.finetune.async_ray, ray_cluster, grouped_replay, sampling):
 - the run's placement group (ray_cluster.reserve: the trainer's bundle, then one CPU bundle per
   searcher) and each searcher in its bundle (ray_cluster.searcher_strategy);
-- the Searcher actors and their loop (fetch the newest weights, sample, score, send to the store),
+- the Searcher actors and their loop (wait for and fetch the newest weights, sample, score, send to the store),
   each with a real TrajectorySampler (its share of the problems, question cycle, scoring, grading,
   Trajectory records), started anew for each store policy (rounds per version is theirs);
 - the TrajectoryStore actor and its GroupedReplay buffer (ingest, staleness bound, grouped draws);
@@ -18,7 +18,7 @@ What is simulated:
   tokens x per-token seconds) and returns distinct placeholder steps; the scorer returns a
   constant log score per step;
 - the trainer's update (this process): it draws its batch from the store as the real trainer does
-  (TrajectoryStore.sample with the newest published version, its step and the staleness bound),
+  (TrajectoryStore.wait_sample with the newest published version, its step and the staleness bound),
   sleeps the measured seconds of one update, then publishes.
 
 The times come from this project's measurements on the 2-core CPU (CALIBRATION): a round of
@@ -58,7 +58,7 @@ from matplotlib.figure import Figure
 
 from benchmarks.common import machine_description
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import Searcher, TrajectoryStore, WeightStore, searcher_config
+from pipeline.finetune.async_ray import WAIT_SECONDS, Searcher, TrajectoryStore, WeightStore, searcher_config
 from pipeline.finetune.policy import SampledSolution
 from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
@@ -249,8 +249,9 @@ def make_sampler(index: int, problems: list, *, gfn, calibration: Calibration):
 
 
 def timed_store_class():
-    """TrajectoryStore with the seconds spent inside add and sample counted (the store's own time,
-    Ray's call overhead excluded), and a restart to an empty buffer between sweep points."""
+    """TrajectoryStore with the seconds spent inside add, and checking and drawing batches, counted
+    (the store's own time, Ray's call overhead excluded), and a restart to an empty buffer between
+    sweep points."""
 
     class TimedTrajectoryStore(TrajectoryStore):
         def __init__(self, buffer_kwargs: dict):
@@ -268,13 +269,20 @@ def timed_store_class():
             finally:
                 self.add_seconds += time.perf_counter() - start
 
-        def sample(self, questions, latest, now, max_staleness, minimum=0) -> str:
+        def can_draw(self, questions, now, max_staleness, minimum) -> bool:
             start = time.perf_counter()
-            answer = super().sample(questions, latest, now, max_staleness, minimum)
-            self.sample_seconds += time.perf_counter() - start
-            # sample answers all ``questions`` groups of K or none (TrajectoryStore.sample)
-            self.sampled_rows += 0 if answer.startswith('{"groups": []') else questions * self.buffer.per_question
-            return answer
+            try:
+                return super().can_draw(questions, now, max_staleness, minimum)
+            finally:
+                self.sample_seconds += time.perf_counter() - start
+
+        def draw(self, questions, latest) -> str:
+            start = time.perf_counter()
+            try:
+                return super().draw(questions, latest)
+            finally:
+                self.sample_seconds += time.perf_counter() - start
+                self.sampled_rows += questions * self.buffer.per_question  # drawn once can_draw holds
 
         def timings(self) -> dict:
             return {
@@ -421,7 +429,10 @@ def train_point(
             measured = update >= settings.warmup_updates
             waited, deadline = time.monotonic(), time.monotonic() + settings.draw_timeout
             while True:
-                answer = json.loads(ray.get(store.sample.remote(questions, published, step, policy.max_staleness, 0)))
+                # the real trainer's wait (AsyncFinetuneTrainer.draw_once): the batch as soon as the store holds it
+                answer = json.loads(
+                    ray.get(store.wait_sample.remote(questions, published, step, policy.max_staleness, 0, WAIT_SECONDS))
+                )
                 if len(answer["groups"]) == questions:
                     break
                 ready, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
@@ -433,7 +444,6 @@ def train_point(
                         f"{questions} questions x {used} within {settings.draw_timeout:g} s; store: "
                         f"{ray.get(store.stats.remote())}"
                     )
-                time.sleep(0.05)  # the real trainer's poll (async_ray.POLL_SECONDS)
             groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in g] for g in answer["groups"]]
             batch = [trajectory for group in groups for trajectory in group]
             # a question's group with completions of two searchers: their question cycles met

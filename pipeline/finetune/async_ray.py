@@ -37,6 +37,7 @@ is imported inside the functions that need it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -61,7 +62,10 @@ log = logging.getLogger("stepflow.async")
 MakeSampler = Callable[
     [int, list], TrajectorySampler
 ]  # (searcher index, training problems as JSON) -> its sampler (built in the actor)
-POLL_SECONDS = 0.05
+# the longest one wait on an actor lasts: the waiting side asks again after it (a searcher also learns
+# of a stop at once; the trainer checks the searchers' loops for an error between its waits)
+WAIT_SECONDS = 1.0
+EMPTY_DRAW = json.dumps({"groups": [], "recent": 0})
 
 
 def core_for(index: int, cores: Iterable[int] | None = None) -> int:
@@ -164,14 +168,46 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
 # ----------------------------------------------------------------------------- the actors (plain classes; ray.remote at start)
 
 
+class Changes:
+    """Wakes the calls waiting in an async actor when its state changes. Ray runs every method of an
+    actor that has an ``async def`` one on the actor's one event loop (a plain method as a coroutine
+    that does not yield): a method that changes the state calls ``notify``, a waiting method awaits
+    ``until`` while the other calls run."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+
+    def notify(self) -> None:
+        self.event.set()
+        self.event = asyncio.Event()
+
+    async def until(self, ready: Callable[[], object], timeout: float) -> object:
+        """``ready()``'s first answer that is not None, checked now and after every change; None
+        after ``timeout`` seconds without one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            event = self.event
+            answer = ready()
+            left = deadline - loop.time()
+            if answer is not None or left <= 0:
+                return answer
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except TimeoutError:
+                pass
+
+
 class WeightStore:
     """What a searcher starts from and samples with: the training problems ([object ref]), the
     newest published weights (version; with the object store, the buckets' references and their
-    layout, pipeline.finetune.weight_buckets); and whether the run is over."""
+    layout, pipeline.finetune.weight_buckets); and whether the run is over. An async actor: a
+    searcher waiting for newer weights (``wait_newer``) holds none of the other calls up."""
 
     def __init__(self, problems: list | None = None):
         self.version, self.refs, self.layout, self.stopped = -1, None, None, False
         self.problem_refs = problems  # a list, so the object is passed by reference
+        self.changes = Changes()
 
     def problems(self) -> list | None:
         return self.problem_refs
@@ -180,14 +216,25 @@ class WeightStore:
         """refs: one object per bucket (in a list, so the objects are passed by reference); None
         when the weights go over the collective group."""
         self.version, self.refs, self.layout = version, refs, layout
+        self.changes.notify()
 
     def latest(self, known: int) -> tuple[int, list | None, dict | None, bool]:
         """(version, refs and layout if newer than ``known`` else None, stopped)."""
         newer = self.version > known and self.refs is not None
         return self.version, (self.refs if newer else None), (self.layout if newer else None), self.stopped
 
+    async def wait_newer(self, known: int, timeout: float = WAIT_SECONDS) -> tuple[int, list | None, dict | None, bool]:
+        """``latest(known)`` as soon as a version newer than ``known`` is published or the run
+        stops; after ``timeout`` seconds without either, ``latest(known)`` all the same (no refs:
+        the caller asks again, so a trainer that is gone holds no searcher for ever)."""
+        answer = await self.changes.until(
+            lambda: self.latest(known) if self.stopped or self.version > known else None, timeout
+        )
+        return answer if answer is not None else self.latest(known)
+
     def stop(self) -> None:
         self.stopped = True
+        self.changes.notify()
 
 
 class TrajectoryStore:
@@ -198,18 +245,19 @@ class TrajectoryStore:
         self.added, self.dropped, self.evicted, self.per_searcher, self.restarts = 0, 0, 0, {}, 0
         self.searcher_idle = self.searcher_loading = 0.0
         self.started = time.monotonic()
+        self.changes = Changes()
 
     def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
         """A searcher's round, how long it waited for new weights before it and how long it spent
         taking weights in (fetching, loading them into its policy); returns the buffer's size."""
-        trajectories = [
-            Trajectory.from_json(obj, f"trajectories from searcher {searcher}") for obj in json.loads(payload)
-        ]
-        self.evicted += self.buffer.add(trajectories)
-        self.added += len(trajectories)
+        objects = json.loads(payload)
+        # each record built and checked once, by the buffer
+        self.evicted += self.buffer.add_json(objects, f"trajectories from searcher {searcher}")
+        self.added += len(objects)
         self.searcher_idle += idle_seconds
         self.searcher_loading += loading_seconds
-        self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(trajectories)
+        self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(objects)
+        self.changes.notify()
         return len(self.buffer)
 
     def count_restart(self, searcher: int) -> None:
@@ -219,10 +267,35 @@ class TrajectoryStore:
     def sample(self, questions: int, latest: int, now: int, max_staleness: int | None, minimum: int = 0) -> str:
         """JSON {"groups": [[trajectory, ...] x K] x questions, "recent": n}, or no groups while the
         buffer holds fewer than ``minimum`` completions or fewer than ``questions`` eligible questions."""
+        if not self.can_draw(questions, now, max_staleness, minimum):
+            return EMPTY_DRAW
+        return self.draw(questions, latest)
+
+    async def wait_sample(
+        self,
+        questions: int,
+        latest: int,
+        now: int,
+        max_staleness: int | None,
+        minimum: int = 0,
+        timeout: float = WAIT_SECONDS,
+    ) -> str:
+        """``sample``'s answer as soon as the buffer can give the groups (checked now and after every
+        round added); no groups after ``timeout`` seconds without them."""
+        answer = await self.changes.until(
+            lambda: self.draw(questions, latest) if self.can_draw(questions, now, max_staleness, minimum) else None,
+            timeout,
+        )
+        return EMPTY_DRAW if answer is None else answer
+
+    def can_draw(self, questions: int, now: int, max_staleness: int | None, minimum: int) -> bool:
+        """Whether the buffer holds ``minimum`` completions and ``questions`` eligible questions once
+        completions older than ``now - max_staleness`` are dropped (the staleness bound)."""
         if max_staleness is not None:
             self.dropped += self.buffer.forget_before(now - max_staleness)
-        if len(self.buffer) < max(minimum, 1) or self.buffer.eligible() < questions:
-            return json.dumps({"groups": [], "recent": 0})
+        return len(self.buffer) >= max(minimum, 1) and self.buffer.eligible() >= questions
+
+    def draw(self, questions: int, latest: int) -> str:
         groups, recent = self.buffer.sample(questions, latest)
         return json.dumps({"groups": [[t.to_json() for t in group] for group in groups], "recent": recent})
 
@@ -321,22 +394,32 @@ class Searcher:
         return True
 
     def run(self) -> int:
-        """Until the run stops: returns the number of rounds sampled."""
+        """Until the run stops: returns the number of rounds sampled. A searcher that needs weights
+        newer than its own (none yet, or its gfn.searcher_rounds_per_version rounds of them done)
+        waits on the weights actor until they are published (with the collective transport, then on
+        its receiver until they have come over the group), each wait at most WAIT_SECONDS, and asks
+        again after it; one that does not takes whatever is newer at the start of its round."""
         import ray  # the optional extra (we run inside a Ray worker)
 
         rounds, rounds_of_version, idle, loading = 0, 0, 0.0, 0.0
         limit = getattr(self.sampler.cfg, "searcher_rounds_per_version", None)
         while True:
-            version, refs, layout, stopped = ray.get(self.weights.latest.remote(self.version))
+            needs = self.version < 0 or (limit is not None and rounds_of_version >= limit)
+            start = time.monotonic()
+            version, refs, layout, stopped = ray.get(
+                self.weights.wait_newer.remote(self.version, WAIT_SECONDS if needs else 0.0)
+            )
             if stopped:
                 return rounds
+            if needs and refs is None and version > self.version:  # announced; the weights come over the group
+                self.receiver.wait(WAIT_SECONDS)
+            if needs:
+                idle += time.monotonic() - start
             start = time.monotonic()
             if self.take_weights(version, refs, layout):
                 loading += time.monotonic() - start
                 rounds_of_version = 0
-            if self.version < 0 or (limit is not None and rounds_of_version >= limit):  # nothing (new) published yet
-                time.sleep(POLL_SECONDS)
-                idle += POLL_SECONDS
+            if self.version < 0 or (limit is not None and rounds_of_version >= limit):  # nothing (new) yet: wait again
                 continue
             trajectories, _ = self.sampler.sample(rounds, version=self.version)
             # waiting for the store's answer bounds how far a searcher runs ahead of it
@@ -669,9 +752,9 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             self.stop()
 
     def draw_once(self) -> tuple[list[list[Trajectory]] | None, int, float]:
-        """One request to the store (main process) for the step's B questions x K completions (the
-        first step asks for gfn.async_initial_completions in the buffer), every process's share
-        sent to it: (this process's B / world groups or None while the store fills up, how many of
+        """One wait on the store (main process, at most WAIT_SECONDS) for the step's B questions x K
+        completions (the first step asks for gfn.async_initial_completions in the buffer), every
+        process's share sent to it: (this process's B / world groups or None while the store fills up, how many of
         the batch's groups came from the newest weights (main process; 0 on the others), seconds
         spent). Every process calls it the same number of times."""
         import ray  # the optional extra (extra `distributed`)
@@ -682,12 +765,14 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         text = None
         if self.base.is_main:
             self.keep_searching()
+            # returns as soon as the store holds the batch, or empty after WAIT_SECONDS
             text = ray.get(
-                self.store.sample.remote(self.questions, self.published, self.step, self.cfg.max_staleness, minimum)
+                self.store.wait_sample.remote(
+                    self.questions, self.published, self.step, self.cfg.max_staleness, minimum, WAIT_SECONDS
+                )
             )
         answer = json.loads(collective.broadcast_text(text))
         if len(answer["groups"]) < self.questions:
-            time.sleep(POLL_SECONDS)
             return None, 0, time.monotonic() - start
         share = self.questions // collective.world
         mine = answer["groups"][collective.rank * share : (collective.rank + 1) * share]
