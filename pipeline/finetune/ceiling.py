@@ -33,11 +33,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from eval.diversity import admitted_strategies, correct_strategy_names, strategy_entropy
 from pipeline.finetune.rewards import CORRECT_ANSWER, StateLogRewards
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.records import Problem, Trajectory
 from pipeline.stats import bootstrap_ci
+from pipeline.strategies import admitted_strategies, correct_strategy_names, strategy_entropy
 from pipeline.training.distributed import Collective
 
 
@@ -125,7 +125,7 @@ def strategy_entropy_ceiling(
 
     log_weights, mask: (Q, K), as reweighting_ceiling takes them (any finite scale)
     strategies:        (Q, K): the strategy name of each right sample that carries one out
-                       (eval.diversity.correct_strategy_names), None for every other sample
+                       (pipeline.strategies.correct_strategy_names), None for every other sample
     multi_strategy:    (Q,) bool: whether the question's problem admits more than one strategy
     A question counts when it admits more than one strategy and a sample of it has a name. Its
     plain figure is strategy_entropy of those names (each counts once), its reweighted one
@@ -197,7 +197,7 @@ def ceiling_strategies(
     as strategy_entropy_ceiling takes them: per sample the strategy name of a right solution
     (last step states the right answer) that carries one out, else None; per question whether its
     problem admits more than one strategy. None when no question's problem knows its strategies
-    (eval.diversity.admitted_strategies: its record lists no valid solutions).
+    (pipeline.strategies.admitted_strategies: its record lists no valid solutions).
 
     records: the problem records by problem_id (every sampled question's)"""
     groups = by_question(trajectories)
