@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_diversity import NARRATIVE, REVERSED  # the example tiny-world problem's two strategies
 
 from pipeline.finetune.ceiling import (
     ceiling_arrays,
@@ -147,20 +148,6 @@ def test_the_strategy_entropy_ceiling_matches_a_float64_brute_force():
     nothing = strategy_entropy_ceiling(log_weights[2:4], mask[2:4], strategies[2:4], multi[2:4])
     assert nothing["questions"] == 0 and nothing["base"] is None and nothing["difference"] is None
     assert nothing["per_question"] == []
-
-
-NARRATIVE = [
-    "Ann buys 3 * 4 = 12 apples.",
-    "Ann has 5 + 12 = 17 apples.",
-    "Ann has 17 - 2 = 15 apples.",
-    "The answer is 15",
-]
-REVERSED = [
-    "Ann has 5 - 2 = 3 apples.",
-    "Ann buys 3 * 4 = 12 apples.",
-    "Ann has 3 + 12 = 15 apples.",
-    "The answer is 15",
-]
 
 
 def solved(problem_id, steps, last_flag):
