@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.records import Problem
 from pipeline.stats import bootstrap_ci
-from pipeline.tinyworld import strategy_names, strategy_of
+from pipeline.strategies import admitted_strategies, correct_strategy_names, strategy_entropy
 
 Embedder = Callable[[list[str]], np.ndarray]
 
@@ -183,19 +183,6 @@ def distinct_correct_texts(
     return len(sequences)
 
 
-def strategy_entropy(strategies: Sequence[str]) -> float:
-    """Entropy in bits of the empirical distribution of strategy names (one problem's correct
-    solutions): 0 for one strategy or none, log2(m) for m strategies used equally often.
-
-        ["a", "a", "b", "b"] -> 1.0;  ["a", "a", "a", "b"] -> 0.811;  ["a"] -> 0.0
-    """
-    if not strategies:
-        return 0.0
-    _, counts = np.unique(np.asarray(list(strategies), dtype=object).astype(str), return_counts=True)
-    p = counts / counts.sum()
-    return float(-(p * np.log2(p)).sum() + 0.0)
-
-
 def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_size: int = 64) -> Embedder:
     """A sentence embedder: list of N texts -> (N, d) float32, L2-normalised rows.
 
@@ -233,28 +220,6 @@ def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_si
         return np.asarray(vectors, dtype=np.float32)
 
     return embed
-
-
-def admitted_strategies(problem: Problem) -> int | None:
-    """How many distinct strategy names a problem's valid solutions carry
-    (pipeline.tinyworld.problems.strategy_names; two solutions of one named strategy count once);
-    None when its record lists no valid solutions, so its strategies are unknown."""
-    return len(strategy_names(problem)) if problem.meta.get("solutions") else None
-
-
-def correct_strategy_names(
-    problem: Problem, solutions: Sequence[Sequence[str]], correct: Sequence[bool]
-) -> list[str] | None:
-    """The strategy name (pipeline.tinyworld.strategy_of) of each correct solution of one problem,
-    in sample order; None when the problem's record lists no valid solutions (``meta["solutions"]``).
-    A correct solution that carries out no valid strategy (the right answer reached by other
-    calculations) has no name and is left out."""
-    if len(solutions) != len(correct):
-        raise ValueError(f"correct_strategy_names: {len(solutions)} solutions for {len(correct)} correctness flags")
-    if not problem.meta.get("solutions"):
-        return None
-    names = (strategy_of(problem, steps) for steps, is_correct in zip(solutions, correct) if is_correct)
-    return [name for name in names if name is not None]
 
 
 def strategy_diversity(

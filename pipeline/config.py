@@ -311,6 +311,7 @@ class PRMConfig:
     )  # sequences per forward and process; accumulation = batch_size / (micro x processes)
     weight_decay: float = bounded(0.01, ge=0)  # AdamW; never on biases and norm weights
     epochs: float = bounded(2.0, gt=0)  # paper: 1; fractions allowed
+    torch_threads: int = bounded(0, ge=0)  # threads while training (0 = model.torch_threads / torch's default)
     warmup_ratio: float = bounded(0.05, ge=0, le=1)  # share of optimizer steps with linear warmup
     scheduler: str = "cosine"  # cosine | linear | constant (after warmup)
     max_grad_norm: float = bounded(1.0, ge=0)  # gradient clipping (0: none)
@@ -564,6 +565,15 @@ class PRMBenchConfig:
 
 
 @dataclass
+class DemoConfig:
+    """How make demo runs the stages (stages/demo.py, docs/demo.md "How the demo uses the cores")."""
+
+    # processes at once: stages on their dependency graph, the sharded ones (mcts, eval, search)
+    # as this many workers; 0 = the CPUs this process may use (os.sched_getaffinity)
+    jobs: int = bounded(0, ge=0)
+
+
+@dataclass
 class PlanConfig:
     """The machine `make plan` checks the config against (stages/plan.py, docs/real-model.md)."""
 
@@ -607,6 +617,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     prm_bench: PRMBenchConfig = field(default_factory=PRMBenchConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
     @property

@@ -1,15 +1,19 @@
 """make demo: the whole pipeline on the tiny world, then one honest report.
 
-Runs bootstrap, mcts, augment, prm, gfn, ppo, eval, search and prm_bench in order with the
-same config and overrides (prm_bench last: it reads the PRM and the base policy and changes
-neither), times each stage, checks every stage's outputs against the DESIGN.md
-contracts, and writes reports/<run>/report.md from the files the stages wrote (no number in
-it is typed by hand).
+Runs bootstrap, mcts, augment, prm, gfn, ppo, eval, search and prm_bench with the same config
+and overrides, each as ``python -m stages.<module>`` processes on the graph of what each stage
+reads (STAGES), at most ``demo.jobs`` processes at once (pipeline.launcher.run_graph); mcts, eval
+and search run as ``demo.jobs`` shard workers, eval and search then merge in one more process, as
+``python -m stages.launch`` runs them. Each process's output goes to
+runs/<run>/demo/logs/<stage>[-<i>of<n>].log. Times each stage and the whole, checks every stage's
+outputs against the DESIGN.md contracts, and writes reports/<run>/report.md from the files the
+stages wrote (no number in it is typed by hand).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -18,37 +22,70 @@ from pathlib import Path
 from eval.claims import evaluate_claims
 from eval.evaluate import reports_dir
 from pipeline.config import Config
+from pipeline.config_loader import ConfigError
 from pipeline.contracts import check_run
 from pipeline.files import read_json_if_exists, write_json_atomic
+from pipeline.finetune.ceiling import ceiling_verdict
+from pipeline.launcher import (
+    MERGED_STAGES,
+    SHARDED_STAGES,
+    Stage,
+    Worker,
+    merge_worker,
+    run_graph,
+    shard_workers,
+)
 from pipeline.training.metrics import MetricsLog
-from stages import augment, bootstrap, evaluate, mcts, prm_bench, search, train_gfn, train_ppo, train_prm
 from stages.common import cli, log, parse_args
+from stages.mcts import mcts_stats
 
+# (stage, module, the stages whose outputs it reads under configs/tiny.yaml): mcts reads the
+# bootstrap's RL split and policy; the PRM augment's data and the bootstrap's model as backbone;
+# gfn and ppo the policy and the PRM; eval the base, ppo and gfn models and the PRM (eval.prm);
+# search and prm_bench the policy and the PRM. Of the stages that can start, the earlier here
+# start first.
 STAGES = [
-    ("bootstrap", bootstrap.main),
-    ("mcts", mcts.main),
-    ("augment", augment.main),
-    ("prm", train_prm.main),
-    ("gfn", train_gfn.main),
-    ("ppo", train_ppo.main),
-    ("eval", evaluate.main),
-    ("search", search.main),
-    ("prm_bench", prm_bench.main),
+    ("bootstrap", "stages.bootstrap", ()),
+    ("mcts", "stages.mcts", ("bootstrap",)),
+    ("augment", "stages.augment", ("mcts",)),
+    ("prm", "stages.train_prm", ("bootstrap", "augment")),
+    ("gfn", "stages.train_gfn", ("bootstrap", "prm")),
+    ("ppo", "stages.train_ppo", ("bootstrap", "prm")),
+    ("eval", "stages.evaluate", ("bootstrap", "prm", "gfn", "ppo")),
+    ("search", "stages.search", ("bootstrap", "prm")),
+    ("prm_bench", "stages.prm_bench", ("bootstrap", "prm")),
 ]
 
 
-def run_stages(argv: list[str], only: list[str] | None = None) -> dict[str, float]:
-    """Run each stage's main(argv) in this process; returns seconds per stage."""
-    seconds = {}
-    for name, stage_main in STAGES:
-        if only is not None and name not in only:
-            continue
-        start = time.monotonic()
-        log.info("demo: ---- %s ----", name)
-        stage_main(list(argv))
-        seconds[name] = round(time.monotonic() - start, 1)
-        log.info("demo: %s took %.1f s", name, seconds[name])
-    return seconds
+def demo_jobs(config: Config) -> int:
+    """demo.jobs, or (0) the number of CPUs this process may use."""
+    return config.demo.jobs or len(os.sched_getaffinity(0))
+
+
+def demo_graph(config: Config, argv: list[str], jobs: int) -> list[Stage]:
+    """The demo's stages as run_graph nodes: one process each, or (mcts, eval, search, with
+    jobs > 1) ``jobs`` shard workers and, for eval and search, the merge run."""
+    graph = []
+    for name, module, after in STAGES:
+        if name in SHARDED_STAGES and jobs > 1:
+            key = SHARDED_STAGES[name]
+            if any(arg.startswith(f"{key}=") for arg in argv):
+                raise ConfigError(f"{key} is set by make demo (demo.jobs={jobs} shard workers); remove it")
+            phases = [shard_workers(name, argv, None, workers=jobs)]
+            if name in MERGED_STAGES:
+                phases.append([merge_worker(name, argv, None)])
+        else:
+            phases = [[Worker([sys.executable, "-m", module, *argv], {}, "")]]
+        finish = None
+        if name == "mcts" and jobs > 1:
+            # each worker wrote stats.json over the shards committed when it ended: the last word is
+            # over all of them (as python -m stages.launch mcts writes it)
+            def finish():
+                folder = config.stage_dir("mcts")
+                write_json_atomic(folder / "stats.json", mcts_stats(folder / "shards"))
+
+        graph.append(Stage(name, phases, after, finish))
+    return graph
 
 
 def _stopped_by_time(stage_dir: Path) -> bool:
@@ -113,8 +150,15 @@ def processbench_lines(bench: dict) -> list[str]:
     return lines
 
 
-def write_report(config: Config, seconds: dict[str, float], contract_problems: list[str]) -> Path:
-    """reports/<run>/report.md from the stages' own output files."""
+def write_report(
+    config: Config,
+    seconds: dict[str, float],
+    contract_problems: list[str],
+    wall: float | None = None,
+    jobs: int = 1,
+) -> Path:
+    """reports/<run>/report.md from the stages' own output files. ``seconds``: each stage's wall
+    seconds; ``wall``: the demo's own wall clock (None: the stages ran one after the other, their sum)."""
     run_dir = config.run_dir
     reports = reports_dir(config)
     reports.mkdir(parents=True, exist_ok=True)
@@ -150,9 +194,18 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
             "depend on the machine's speed. Rerun on an idle machine, or raise the time limit.**",
             "",
         ]
-    lines += ["## Stage timings", "", "| stage | seconds |", "|---|---|"]
+    lines += ["## Stage timings", ""]
+    if wall is not None:
+        lines += [
+            f"The stages ran as processes on their dependency graph, up to {jobs} at once (demo.jobs), so their "
+            f"times overlap: a stage's seconds run from its first process's start to its last one's end, and the "
+            f"total is the demo's wall clock (the stages' seconds add up to {round(sum(seconds.values()), 1)}).",
+            "",
+        ]
+    lines += ["| stage | seconds |", "|---|---|"]
     lines += [f"| {name} | {secs} |" for name, secs in seconds.items()]
-    lines += [f"| total | {round(sum(seconds.values()), 1)} |", ""]
+    total = round(sum(seconds.values()), 1) if wall is None else wall
+    lines += [f"| total{' (wall clock)' if wall is not None else ''} | {total} |", ""]
     boot = read_json_if_exists(run_dir / "bootstrap" / "metrics.json") or {}
     lines += ["## Base policy (bootstrap)", ""]
     lines += [f"- {k}: {_fmt(v)}" for k, v in boot.items() if not isinstance(v, (dict, list))]
@@ -215,6 +268,11 @@ def write_report(config: Config, seconds: dict[str, float], contract_problems: l
         ]
         lines += processbench_lines(bench)
     lines += ["", "## GFlowNet and PPO training", ""]
+    ceiling = read_json_if_exists(run_dir / "gfn" / "ceiling.json")
+    if ceiling:
+        lines += [
+            f"- gfn, before training: {ceiling_verdict(ceiling, ceiling['reward_temperature'])} (gfn/ceiling.json)"
+        ]
     for stage in ("gfn", "ppo"):
         metrics = run_dir / stage / "metrics.jsonl"
         if metrics.exists():
@@ -268,14 +326,20 @@ def set_aside_previous_run(config: Config) -> list[Path]:
 def main(argv: list[str] | None = None) -> Path:
     argv = list(sys.argv[1:] if argv is None else argv)
     config = parse_args("demo", argv)
+    jobs = demo_jobs(config)
+    graph = demo_graph(config, argv, jobs)
     set_aside_previous_run(config)
-    seconds = run_stages(argv)
+    start = time.monotonic()
+    log.info("demo: %d stages, at most %d processes at once (demo.jobs)", len(graph), jobs)
+    seconds = run_graph(graph, jobs, config.run_dir / "demo" / "logs", label="demo")
+    seconds = {name: seconds[name] for name, _, _ in STAGES}  # the report lists them in pipeline order
+    wall = round(time.monotonic() - start, 1)
     eval_report = reports_dir(config) / "report.md"
     if eval_report.exists():
         eval_report.replace(reports_dir(config) / "evaluation.md")
     problems = check_run(config.run_dir, reports_dir(config))
-    path = write_report(config, seconds, problems)
-    log.info("demo: report written to %s (total %.0f s)", path, sum(seconds.values()))
+    path = write_report(config, seconds, problems, wall=wall, jobs=jobs)
+    log.info("demo: report written to %s (wall clock %.0f s)", path, wall)
     if problems:
         raise SystemExit("demo: contract checks failed:\n" + "\n".join(problems))
     return path

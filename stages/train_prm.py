@@ -19,6 +19,7 @@ import os
 
 from pipeline.files import read_json, write_json_atomic
 from pipeline.generation import build_generator
+from pipeline.training.threads import training_threads
 from prm.formats import load_scorer
 from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
                 if cfg.retrain:
                     finished_model(out, "prm", True, settings)  # the old model goes once the inputs are known good
                 (out / "summary.json").unlink(missing_ok=True)  # it described an earlier model
-                result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
+                with training_threads(cfg.torch_threads, "prm"):
+                    result["train"] = train_prm(config, train_records, val_records, out, kind=prm_kind(config))
         if int(os.environ.get("RANK", "0")) != 0:
             return result  # under accelerate launch, validation runs once, on the main process
         # eval_only: ours or another format (model.prm_format); after training: the PRM just trained

@@ -89,7 +89,7 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
         policies=(sim.config_policy(cfg.gfn), sim.NO_REPLAY),
         warmup_updates=1,
         measured_updates=3,
-        problems=64,
+        problems=8,  # 2 searchers of 4 questions per round: independent question cycles would meet at once
         sweep_payload_parameters=1000,
         draw_timeout=60.0,
     )
@@ -115,6 +115,9 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
             n, round_seconds=0.04, trajectories_per_round=16, update_seconds=0.05, rows_per_update=n * per_round
         )
         assert point["fraction_of_ideal"] == point["trained_per_s"] / point["ideal_per_s"]
+        assert point["shared_question_groups"] == 0  # the searchers sample disjoint shares of the problems
     for point in row["points"]:
         if point["policy"] == "no_replay":
             assert point["staleness_max"] <= sim.NO_REPLAY.max_staleness
+            # one round per searcher per version: the searchers sent no more rounds than the versions published
+            assert point["rounds"] <= point["searchers"] * (settings.warmup_updates + settings.measured_updates + 1)

@@ -741,6 +741,25 @@ def test_a_restarted_trainer_resumes_with_its_buffer(local_ray, tmp_path):
     assert [r["step"] for r in records] == list(range(1, 13))
 
 
+def test_searchers_walk_disjoint_shares_of_the_problems_and_one_searcher_walks_them_all(tmp_path):
+    """Two searchers never sample a question at the same time, so the rounds of one weights version
+    fill a batch of searchers x questions_per_step distinct questions (docs/async.md, "Who does what")."""
+    from pipeline.config_loader import ConfigError
+    from pipeline.finetune.async_ray import searcher_share
+
+    given = [{"problem_id": f"q{i}", "question": f"{i}", "answer": "1"} for i in range(10)]
+    for searchers in (1, 3, 10):
+        shares = [searcher_share(given, index, searchers) for index in range(searchers)]
+        ids = [p["problem_id"] for share in shares for p in share]
+        assert sorted(ids) == sorted(p["problem_id"] for p in given) and len(ids) == len(set(ids))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    assert searcher_share(given, 0, 1) == given  # searcher 0 alone walks the synchronous trainer's cycle
+    with pytest.raises(ValueError, match=r"gfn\.searchers = 11 exceeds the 10 training problems"):
+        searcher_share(given, 0, 11)
+    with pytest.raises(ConfigError, match=r"gfn\.searchers = 3 exceeds the 2 training problems"):  # before Ray starts
+        tabular_trainer(tabular_config(searchers=3), tmp_path, given=given[:2])
+
+
 def test_ppo_is_refused_in_async_mode():
     from pipeline.config_loader import load_config
     from pipeline.finetune.run import preflight
@@ -875,6 +894,39 @@ def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_que
     assert (
         json.loads(store.sample(5, latest=0, now=0, max_staleness=None))["groups"] == []
     )  # 4 questions hold completions
+
+
+@pytest.mark.slow
+def test_waits_on_the_weights_and_the_store_return_what_arrives_while_waiting_and_nothing_after_their_bound(
+    local_ray,
+):
+    """A searcher waiting for weights newer than its own gets the version published while it waits, a
+    stop wakes it, and a wait with nothing new ends empty-handed after its bound; the trainer waiting
+    for a batch gets it once a round fills the store, and no groups after its bound. The publish and
+    the add reach the actors while a wait is in progress (async actors: a wait holds no call up)."""
+    from pipeline.finetune.async_ray import TrajectoryStore, WeightStore
+
+    weights = ray.remote(num_cpus=0)(WeightStore).remote()
+    waiting = weights.wait_newer.remote(-1, 60.0)
+    assert ray.wait([waiting], timeout=1.0)[0] == []  # nothing published yet: still waiting
+    bucket = ray.put(b"weights")
+    ray.get(weights.publish.remote(0, [bucket], {"layout": 0}), timeout=30)
+    version, refs, layout, stopped = ray.get(waiting, timeout=30)
+    assert (version, layout, stopped) == (0, {"layout": 0}, False) and ray.get(refs[0]) == b"weights"
+    # nothing newer than version 0 within the bound: the current version, no references
+    assert ray.get(weights.wait_newer.remote(0, 0.2), timeout=30) == (0, None, None, False)
+    waiting = weights.wait_newer.remote(0, 60.0)
+    ray.get(weights.stop.remote(), timeout=30)
+    assert ray.get(waiting, timeout=30)[3] is True
+
+    store = ray.remote(num_cpus=0)(TrajectoryStore).remote({"capacity": 100, "per_question": 2, "seed": 0})
+    waiting = store.wait_sample.remote(2, 0, 0, None, 0, 60.0)
+    assert ray.wait([waiting], timeout=1.0)[0] == []  # the store is empty: still waiting
+    trajectories, _ = tabular_sampler(tabular_config(), 0).sample(0, version=0)  # 4 questions x 8 samples
+    ray.get(store.add.remote(json.dumps([t.to_json() for t in trajectories]), 0), timeout=30)
+    assert len(json.loads(ray.get(waiting, timeout=30))["groups"]) == 2
+    # 4 questions hold completions, never 5: no groups after the bound
+    assert json.loads(ray.get(store.wait_sample.remote(5, 0, 0, None, 0, 0.2), timeout=30))["groups"] == []
 
 
 def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():

@@ -180,6 +180,34 @@ def test_strategy_entropy_matches_a_float64_brute_force():
     assert strategy_entropy(["a", "a", "b", "b"]) == pytest.approx(1.0)
 
 
+def test_weighted_strategy_entropy_matches_a_float64_brute_force():
+    import math
+
+    from eval.diversity import strategy_entropy
+
+    # two strategies, known weights: p_a = (1 + 3) / 8, p_b = 4 / 8 -> 1 bit, where the counts (2 a, 1 b) give 0.918
+    assert strategy_entropy(["a", "b", "a"], weights=[1.0, 4.0, 3.0]) == pytest.approx(1.0, abs=1e-12)
+    assert strategy_entropy(["a", "b", "a"], weights=[1.0, 0.0, 3.0]) == 0.0  # b weighs nothing: one strategy left
+    assert strategy_entropy(["a", "b", "a"], weights=[1.0, 1.0, 1.0]) == pytest.approx(
+        strategy_entropy(["a", "b", "a"])
+    )
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        size = int(rng.integers(1, 12))
+        names = [str(x) for x in rng.integers(0, 4, size=size)]
+        weights = rng.random(size) * (rng.random(size) < 0.8)
+        weights[0] += 0.1  # a positive total
+        mass: dict[str, float] = {}
+        for name, weight in zip(names, weights):
+            mass[name] = mass.get(name, 0.0) + float(weight)
+        total = sum(mass.values())
+        expected = -sum(m / total * math.log2(m / total) for m in mass.values() if m > 0)
+        assert strategy_entropy(names, weights=weights) == pytest.approx(expected, abs=1e-12)
+    for bad, match in (([1.0, -1.0], "finite and >= 0"), ([0.0, 0.0], "sum to 0"), ([1.0], "weights for 2")):
+        with pytest.raises(ValueError, match=match):
+            strategy_entropy(["a", "b"], weights=bad)
+
+
 # The example tiny-world problem: two valid strategies (event orders), listed gold first.
 NARRATIVE = [
     "Ann buys 3 * 4 = 12 apples.",

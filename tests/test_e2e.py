@@ -1,6 +1,7 @@
 """The whole pipeline on a reduced tiny-world config, checked against the DESIGN.md contracts."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,27 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
     from stages import demo
 
     monkeypatch.chdir(tmp_path)
-    report = demo.main(["--config", str(REPO / "configs" / "tiny.yaml"), *REDUCED])
+    # the stages run as python -m stages.<module> processes (two at once; mcts, eval and search as
+    # two shard workers each): they import this tree
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    report = demo.main(["--config", str(REPO / "configs" / "tiny.yaml"), *REDUCED, "demo.jobs=2"])
     run_dir, reports = tmp_path / "runs" / "e2e", tmp_path / "reports" / "e2e"
     assert check_run(run_dir, reports) == []
+    logs = run_dir / "demo" / "logs"
+    assert {p.name for p in logs.glob("*.log")} == {
+        "bootstrap.log",
+        "augment.log",
+        "prm.log",
+        "gfn.log",
+        "ppo.log",
+        "prm_bench.log",
+        *(f"{stage}-{i}of2.log" for stage in ("mcts", "eval", "search") for i in (0, 1)),
+        "eval-merge.log",
+        "search-merge.log",
+    }
+    assert len(list((run_dir / "mcts" / "shards").glob("part-*"))) >= 2
     text = report.read_text()
+    assert "up to 2 at once (demo.jobs)" in text and "| total (wall clock) |" in text
     for section in (
         "Stage timings",
         "PRM validation",
@@ -111,6 +129,33 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
 
     for stage in ("gfn", "ppo"):
         AutoModelForCausalLM.from_pretrained(run_dir / stage / "model")
+
+
+def test_the_demo_graph_follows_what_each_stage_reads_and_shards_with_the_jobs():
+    from pipeline.config_loader import ConfigError, load_config
+    from pipeline.launcher import check_graph
+    from stages.demo import demo_graph, demo_jobs
+
+    argv = ["--config", "c.yaml", "run=g"]
+    config = load_config(REPO / "configs" / "tiny.yaml", ["run=g"])
+    assert demo_jobs(config) == len(os.sched_getaffinity(0))  # demo.jobs: 0
+    graph = {stage.name: stage for stage in demo_graph(config, argv, 2)}
+    check_graph(list(graph.values()), 2)
+    assert list(graph) == ["bootstrap", "mcts", "augment", "prm", "gfn", "ppo", "eval", "search", "prm_bench"]
+    assert set(graph["eval"].after) == {"bootstrap", "prm", "gfn", "ppo"}  # it evaluates base, ppo and gfn
+    assert set(graph["search"].after) == set(graph["prm_bench"].after) == {"bootstrap", "prm"}
+    for name, module in (("mcts", "stages.mcts"), ("eval", "stages.evaluate"), ("search", "stages.search")):
+        workers = graph[name].phases[0]
+        assert [w.argv[2:] for w in workers] == [[module, *argv, f"{name}.shard={i}/2"] for i in (0, 1)]
+    assert [len(phase) for phase in graph["eval"].phases] == [len(phase) for phase in graph["search"].phases] == [2, 1]
+    assert graph["eval"].phases[1][0].argv[2:] == ["stages.evaluate", *argv]  # the merge run, no shard
+    assert graph["mcts"].finish is not None  # stats.json over every shard
+    assert [len(phase) for phase in graph["gfn"].phases] == [1]
+    single = demo_graph(config, argv, 1)
+    assert all(len(stage.phases) == 1 and len(stage.phases[0]) == 1 for stage in single)
+    assert all(not any(".shard=" in arg for arg in stage.phases[0][0].argv) for stage in single)
+    with pytest.raises(ConfigError, match="mcts.shard is set by make demo"):
+        demo_graph(config, [*argv, "mcts.shard=0/2"], 2)
 
 
 def test_a_new_demo_sets_the_previous_run_aside_without_deleting_it(tmp_path, monkeypatch):

@@ -134,6 +134,22 @@ def test_a_completion_seen_again_takes_the_newer_version():
     assert [t.steps[0] for t in buffer.questions()["q0"]] == ["c", "d", "e"]
 
 
+def test_json_completions_are_checked_once_named_and_added_all_or_none():
+    from pipeline.records import RecordError
+
+    buffer = GroupedReplay(capacity=10, per_question=1)
+    good = [make_trajectory("q0", (s,)).to_json() for s in "ab"]
+    bad = {**make_trajectory("q1", ("c",)).to_json(), "log_reward": "high"}
+    with pytest.raises(RecordError, match=r"from searcher 3: .*log_reward"):
+        buffer.add_json([*good, bad], "trajectories from searcher 3")
+    assert len(buffer) == 0  # the valid ones of a bad round are not kept either
+    with pytest.raises(ValueError, match="from searcher 3: expected a JSON list"):
+        buffer.add_json({"q0": good}, "trajectories from searcher 3")
+    assert buffer.add_json(good, "trajectories from searcher 3") == 0
+    assert [t.steps for t in buffer.questions()["q0"]] == [["a"], ["b"]]
+    assert all(type(t) is Trajectory for t in buffer.questions()["q0"])
+
+
 def test_draws_are_deterministic_and_the_state_round_trips_through_json():
     first, second = (
         GroupedReplay(capacity=50, per_question=2, recency=0.5, seed=9),

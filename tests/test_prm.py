@@ -628,7 +628,7 @@ def test_prm800k_sample_parses_and_first_error_accuracy(benchmarks_dir):
     assert first_error_accuracy(FixedScorer([[0.9] * len(s.steps) for s in solutions]), solutions)["accuracy"] == 0.0
 
 
-def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmarks_dir, capsys):
+def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmarks_dir, capsys, monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from stages import train_prm as stage
@@ -667,8 +667,19 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
         f"prm.prm800k_path={benchmarks_dir / 'prm800k_phase2_sample.jsonl'}",
         "prm.exact_check_samples=2",
         "generation.max_new_tokens=24",
+        "prm.torch_threads=2",
     ]
+    threads_while_training = []
+    real_train = stage.train_prm
+
+    def recording_train(*args, **kwargs):
+        threads_while_training.append(torch.get_num_threads())
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(stage, "train_prm", recording_train)
     result = stage.main(args)
+    # the training loop has prm.torch_threads, the rest of the stage model.torch_threads (tiny.yaml: 1)
+    assert threads_while_training == [2] and torch.get_num_threads() == 1
     assert "generate: 100%" in capsys.readouterr().err  # the exact check's sampling shows its progress
     out = run_dir / "prm"
     for name in (

@@ -1,5 +1,6 @@
 """The reweighting ceiling the GFlowNet stage logs before training (pipeline.finetune.ceiling)."""
 
+import dataclasses
 import json
 import logging
 import math
@@ -8,10 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_diversity import NARRATIVE, REVERSED  # the example tiny-world problem's two strategies
 
-from pipeline.finetune.ceiling import ceiling_arrays, ceiling_verdict, reweighting_ceiling
+from pipeline.finetune.ceiling import (
+    ceiling_arrays,
+    ceiling_strategies,
+    ceiling_verdict,
+    reweighting_ceiling,
+    strategy_entropy_ceiling,
+)
 from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER, StateLogRewards
-from pipeline.records import Trajectory
+from pipeline.records import Problem, Trajectory
 from pipeline.stats import bootstrap_ci
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,6 +98,97 @@ def test_bad_shapes_and_empty_input_are_refused():
         reweighting_ceiling(np.full((1, 2), np.nan), np.zeros((1, 2)), np.ones((1, 2), dtype=bool))
 
 
+def entropy_bits(mass):
+    """-sum p log2 p of the distribution proportional to the positive values of ``mass``, one term at a time."""
+    total = sum(mass.values())
+    return -sum(m / total * math.log2(m / total) for m in mass.values() if m > 0)
+
+
+def test_the_strategy_entropy_ceiling_matches_a_float64_brute_force():
+    # per question: each sample's strategy (None: wrong, or right by no valid strategy) and its
+    # weight R^(1/T), given far below the smallest float64 (log scale 1e4 down) to test the
+    # normalisation among the named samples
+    questions = [
+        (["a", "a", "b", None], [1.0, 1.0, 6.0, 100.0], True),  # a wrong sample holds the largest weight
+        (["a", "b", None, None], [1.0, 3.0, 1.0, 1.0], True),  # its wrong samples weigh e^1000 times more, below
+        (["a", "b", "b", None], [2.0, 1.0, 1.0, 1.0], False),  # admits one strategy: not counted
+        ([None, None, None, None], [1.0, 2.0, 3.0, 4.0], True),  # no named sample: not counted
+        (["b", "a", None, None], [1.0, 9.0, 1.0, 1.0], True),  # its "a" is masked out below: one strategy, 0 bits
+    ]
+    strategies = [names for names, _, _ in questions]
+    log_weights = np.log([weights for _, weights, _ in questions]) - 1e4
+    log_weights[1, 2:] += 1000.0  # normalised over all samples, the named ones' weights would underflow to 0
+    multi = np.array([counted for _, _, counted in questions])
+    mask = np.ones((5, 4), dtype=bool)
+    mask[4, 1] = False
+    assert np.exp(log_weights).max() == 0.0
+
+    result = strategy_entropy_ceiling(log_weights, mask, strategies, multi, n_resamples=300, seed=2)
+
+    plain, reweighted = [], []
+    for q in (0, 1, 4):
+        counts, mass = {}, {}
+        for k, name in enumerate(strategies[q]):
+            if name is not None and mask[q, k]:
+                counts[name] = counts.get(name, 0.0) + 1.0
+                mass[name] = mass.get(name, 0.0) + questions[q][1][k]
+        plain.append(entropy_bits(counts))
+        reweighted.append(entropy_bits(mass))
+    assert plain == pytest.approx([0.9182958340544896, 1.0, 0.0], abs=1e-12)  # 2:1, 1:1, one strategy
+    assert reweighted == pytest.approx([0.8112781244591328, 0.8112781244591328, 0.0], abs=1e-12)  # 2:6, 1:3
+    differences = np.array(reweighted) - np.array(plain)
+    assert result["questions"] == 3 and result["multi_strategy_questions"] == 4
+    np.testing.assert_allclose(result["per_question"], differences, rtol=1e-12, atol=1e-12)
+    assert result["base"] == pytest.approx(np.mean(plain), abs=1e-12)
+    assert result["reweighted"] == pytest.approx(np.mean(reweighted), abs=1e-12)
+    assert (result["difference"], result["lo"], result["hi"]) == pytest.approx(
+        bootstrap_ci(differences, n_resamples=300, seed=2), abs=1e-12
+    )
+
+    nothing = strategy_entropy_ceiling(log_weights[2:4], mask[2:4], strategies[2:4], multi[2:4])
+    assert nothing["questions"] == 0 and nothing["base"] is None and nothing["difference"] is None
+    assert nothing["per_question"] == []
+
+
+def solved(problem_id, steps, last_flag):
+    return dataclasses.replace(trajectory(problem_id, [-0.1] * len(steps), last_flag), steps=list(steps))
+
+
+def test_the_strategies_are_evals_on_the_ceilings_groups_and_none_where_no_problem_knows_them():
+    two = Problem("two", "Ann has 5 apples. ...", "15", "tiny", {"solutions": [NARRATIVE, REVERSED]})
+    one = Problem("one", "Ann has 5 apples. ...", "15", "tiny", {"solutions": [NARRATIVE]})
+    gsm = Problem("gsm", "How many?", "15", "gsm8k", {"solution": "5 + 10 = 15"})
+    samples = [
+        solved("two", NARRATIVE, CORRECT_ANSWER),
+        solved("one", NARRATIVE, CORRECT_ANSWER),
+        solved("two", REVERSED, CORRECT_ANSWER),
+        solved("two", REVERSED, WRONG_ANSWER),  # wrong: no strategy counted
+        solved("two", ["Ann has 5 + 10 = 15 apples.", "The answer is 15"], CORRECT_ANSWER),  # right by no strategy
+        solved("gsm", NARRATIVE, CORRECT_ANSWER),
+    ]
+    records = {p.problem_id: p for p in (two, one, gsm)}
+    strategies, multi = ceiling_strategies(samples, records)
+    assert strategies == [["0", "1", None, None], ["0"], [None]]  # the groups of ceiling_arrays, in its order
+    assert multi.tolist() == [True, False, False]
+    assert ceiling_arrays(samples, StateLogRewards(reward_temperature=1.0), True)[2].sum(1).tolist() == [4, 1, 1]
+    assert ceiling_strategies([s for s in samples if s.problem_id == "gsm"], records) is None
+    with pytest.raises(KeyError, match="no problem record"):
+        ceiling_strategies(samples, {"two": two})
+
+
+def test_the_verdict_says_how_the_targets_strategy_entropy_compares():
+    rewards = np.array([[0.2, 0.4], [0.5, 0.9]])
+    result = reweighting_ceiling(np.log(rewards) / 0.25, rewards, np.ones((2, 2), dtype=bool), None, n_resamples=200)
+    assert "strategy" not in ceiling_verdict(result, 0.25)  # strategies unknown: no clause
+    lower = {"questions": 2, "base": 0.9, "reweighted": 0.4, "difference": -0.5, "lo": -0.7, "hi": -0.3}
+    line = ceiling_verdict({**result, "strategy_entropy": lower}, 0.25)
+    assert "0.900 -> 0.400 bits" in line and "less diverse in strategies than the base policy" in line
+    line = ceiling_verdict({**result, "strategy_entropy": {**lower, "lo": -0.7, "hi": 0.1}}, 0.25)
+    assert "not clearly apart" in line
+    line = ceiling_verdict({**result, "strategy_entropy": {**lower, "questions": 0}}, 0.25)
+    assert "no question with several strategies has a right sample" in line
+
+
 def trajectory(problem_id, log_scores, last_flag):
     flags = [NO_ANSWER] * (len(log_scores) - 1) + [last_flag]
     return Trajectory(
@@ -152,3 +251,7 @@ def test_the_gflownet_stage_logs_and_writes_the_ceiling_before_training(random_t
     lines = [r.getMessage() for r in caplog.records if "reweighting ceiling" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("gfn: reweighting ceiling over") and "ceiling.json" in lines[0]
     assert ("something to learn" in lines[0]) == (written["reward"]["lo"] > 0)
+    # tiny-world records know their strategies: the block is there, counted over the same questions
+    strategy = written["strategy_entropy"]
+    assert 0 <= strategy["questions"] <= strategy["multi_strategy_questions"] <= written["questions"]
+    assert len(strategy["per_question"]) == strategy["questions"] and "strategy entropy" in lines[0]

@@ -3,7 +3,8 @@
 Who does what (docs/async.md):
 - searcher actors (gfn.searchers of them): each holds its own copy of the policy (HF generate, or
   a vLLM engine and no transformers copy) and the PRM scorer, or with gfn.scorer_actors > 0 no PRM;
-  round after round it samples questions_per_step questions x samples_per_question (S) solutions
+  round after round it samples questions_per_step questions of its own share of the training
+  problems (searcher_share: the shares are disjoint) x samples_per_question (S) solutions
   with the newest weights it has (at most gfn.searcher_rounds_per_version rounds per version),
   scores them (itself, or through a scorer actor) and sends them, tagged with that weights
   version, to the store;
@@ -36,6 +37,7 @@ is imported inside the functions that need it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -60,7 +62,10 @@ log = logging.getLogger("stepflow.async")
 MakeSampler = Callable[
     [int, list], TrajectorySampler
 ]  # (searcher index, training problems as JSON) -> its sampler (built in the actor)
-POLL_SECONDS = 0.05
+# the longest one wait on an actor lasts: the waiting side asks again after it (a searcher also learns
+# of a stop at once; the trainer checks the searchers' loops for an error between its waits)
+WAIT_SECONDS = 1.0
+EMPTY_DRAW = json.dumps({"groups": [], "recent": 0})
 
 
 def core_for(index: int, cores: Iterable[int] | None = None) -> int:
@@ -85,9 +90,29 @@ def pin_process(cores: set[int], key: str = "gfn.searcher_cores") -> None:
 
 
 def searcher_config(cfg, index: int):
-    """A searcher's copy of the section: its own seed, so searchers walk different question cycles
-    (searcher 0 walks the synchronous trainer's: lockstep equals sync, docs/async.md)."""
+    """A searcher's copy of the section: its own seed, with which it shuffles its share of the problems
+    (searcher_share) and samples (searcher 0 of one walks the synchronous trainer's cycle: lockstep
+    equals sync, docs/async.md)."""
     return dataclasses.replace(cfg, seed=cfg.seed + 7919 * index)
+
+
+def searcher_share(problems: list, index: int, searchers: int) -> list:
+    """Searcher ``index``'s share of the training problems: those at positions index, index +
+    searchers, ... (each problem in exactly one share; one searcher: all of them, so searcher 0 walks
+    the synchronous trainer's cycle). Disjoint shares mean two searchers never sample a question at
+    the same time: the rounds of one weights version hold searchers x questions_per_step distinct
+    questions. With shared cycles two searchers meet on a question with probability about
+    1 - exp(-(N q)^2 / 2P) per version (N searchers of q questions each, P problems), and then a
+    version's rounds hold fewer questions than a batch of B = N q needs: under a staleness bound of
+    one version the trainer waits for the next version's rounds and trains them twice."""
+    if not 0 <= index < searchers:
+        raise ValueError(f"searcher index {index}: expected 0 <= index < gfn.searchers = {searchers}")
+    if 0 < len(problems) < searchers:
+        raise ValueError(
+            f"gfn.searchers = {searchers} exceeds the {len(problems)} training problems: each searcher walks its own "
+            "share of them"
+        )
+    return problems[index::searchers]
 
 
 def async_shape(cfg) -> tuple[int, int]:
@@ -143,14 +168,46 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
 # ----------------------------------------------------------------------------- the actors (plain classes; ray.remote at start)
 
 
+class Changes:
+    """Wakes the calls waiting in an async actor when its state changes. Ray runs every method of an
+    actor that has an ``async def`` one on the actor's one event loop (a plain method as a coroutine
+    that does not yield): a method that changes the state calls ``notify``, a waiting method awaits
+    ``until`` while the other calls run."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+
+    def notify(self) -> None:
+        self.event.set()
+        self.event = asyncio.Event()
+
+    async def until(self, ready: Callable[[], object], timeout: float) -> object:
+        """``ready()``'s first answer that is not None, checked now and after every change; None
+        after ``timeout`` seconds without one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            event = self.event
+            answer = ready()
+            left = deadline - loop.time()
+            if answer is not None or left <= 0:
+                return answer
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except TimeoutError:
+                pass
+
+
 class WeightStore:
     """What a searcher starts from and samples with: the training problems ([object ref]), the
     newest published weights (version; with the object store, the buckets' references and their
-    layout, pipeline.finetune.weight_buckets); and whether the run is over."""
+    layout, pipeline.finetune.weight_buckets); and whether the run is over. An async actor: a
+    searcher waiting for newer weights (``wait_newer``) holds none of the other calls up."""
 
     def __init__(self, problems: list | None = None):
         self.version, self.refs, self.layout, self.stopped = -1, None, None, False
         self.problem_refs = problems  # a list, so the object is passed by reference
+        self.changes = Changes()
 
     def problems(self) -> list | None:
         return self.problem_refs
@@ -159,14 +216,25 @@ class WeightStore:
         """refs: one object per bucket (in a list, so the objects are passed by reference); None
         when the weights go over the collective group."""
         self.version, self.refs, self.layout = version, refs, layout
+        self.changes.notify()
 
     def latest(self, known: int) -> tuple[int, list | None, dict | None, bool]:
         """(version, refs and layout if newer than ``known`` else None, stopped)."""
         newer = self.version > known and self.refs is not None
         return self.version, (self.refs if newer else None), (self.layout if newer else None), self.stopped
 
+    async def wait_newer(self, known: int, timeout: float = WAIT_SECONDS) -> tuple[int, list | None, dict | None, bool]:
+        """``latest(known)`` as soon as a version newer than ``known`` is published or the run
+        stops; after ``timeout`` seconds without either, ``latest(known)`` all the same (no refs:
+        the caller asks again, so a trainer that is gone holds no searcher for ever)."""
+        answer = await self.changes.until(
+            lambda: self.latest(known) if self.stopped or self.version > known else None, timeout
+        )
+        return answer if answer is not None else self.latest(known)
+
     def stop(self) -> None:
         self.stopped = True
+        self.changes.notify()
 
 
 class TrajectoryStore:
@@ -177,18 +245,19 @@ class TrajectoryStore:
         self.added, self.dropped, self.evicted, self.per_searcher, self.restarts = 0, 0, 0, {}, 0
         self.searcher_idle = self.searcher_loading = 0.0
         self.started = time.monotonic()
+        self.changes = Changes()
 
     def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
         """A searcher's round, how long it waited for new weights before it and how long it spent
         taking weights in (fetching, loading them into its policy); returns the buffer's size."""
-        trajectories = [
-            Trajectory.from_json(obj, f"trajectories from searcher {searcher}") for obj in json.loads(payload)
-        ]
-        self.evicted += self.buffer.add(trajectories)
-        self.added += len(trajectories)
+        objects = json.loads(payload)
+        # each record built and checked once, by the buffer
+        self.evicted += self.buffer.add_json(objects, f"trajectories from searcher {searcher}")
+        self.added += len(objects)
         self.searcher_idle += idle_seconds
         self.searcher_loading += loading_seconds
-        self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(trajectories)
+        self.per_searcher[searcher] = self.per_searcher.get(searcher, 0) + len(objects)
+        self.changes.notify()
         return len(self.buffer)
 
     def count_restart(self, searcher: int) -> None:
@@ -198,10 +267,35 @@ class TrajectoryStore:
     def sample(self, questions: int, latest: int, now: int, max_staleness: int | None, minimum: int = 0) -> str:
         """JSON {"groups": [[trajectory, ...] x K] x questions, "recent": n}, or no groups while the
         buffer holds fewer than ``minimum`` completions or fewer than ``questions`` eligible questions."""
+        if not self.can_draw(questions, now, max_staleness, minimum):
+            return EMPTY_DRAW
+        return self.draw(questions, latest)
+
+    async def wait_sample(
+        self,
+        questions: int,
+        latest: int,
+        now: int,
+        max_staleness: int | None,
+        minimum: int = 0,
+        timeout: float = WAIT_SECONDS,
+    ) -> str:
+        """``sample``'s answer as soon as the buffer can give the groups (checked now and after every
+        round added); no groups after ``timeout`` seconds without them."""
+        answer = await self.changes.until(
+            lambda: self.draw(questions, latest) if self.can_draw(questions, now, max_staleness, minimum) else None,
+            timeout,
+        )
+        return EMPTY_DRAW if answer is None else answer
+
+    def can_draw(self, questions: int, now: int, max_staleness: int | None, minimum: int) -> bool:
+        """Whether the buffer holds ``minimum`` completions and ``questions`` eligible questions once
+        completions older than ``now - max_staleness`` are dropped (the staleness bound)."""
         if max_staleness is not None:
             self.dropped += self.buffer.forget_before(now - max_staleness)
-        if len(self.buffer) < max(minimum, 1) or self.buffer.eligible() < questions:
-            return json.dumps({"groups": [], "recent": 0})
+        return len(self.buffer) >= max(minimum, 1) and self.buffer.eligible() >= questions
+
+    def draw(self, questions: int, latest: int) -> str:
         groups, recent = self.buffer.sample(questions, latest)
         return json.dumps({"groups": [[t.to_json() for t in group] for group in groups], "recent": recent})
 
@@ -234,10 +328,20 @@ class Searcher:
     picks up at the start of its next round (pipeline.finetune.publication).
     """
 
-    def __init__(self, index: int, make_sampler: MakeSampler, names: dict[str, str], cores: list[int] | None = None):
+    def __init__(
+        self,
+        index: int,
+        make_sampler: MakeSampler,
+        names: dict[str, str],
+        cores: list[int] | None = None,
+        *,
+        searchers: int,
+    ):
         """names: the store's and the weights actor's names in the run's namespace (looked up, not
         passed as handles: Ray keeps nothing of a restartable actor's arguments alive for its restarts);
-        cores: gfn.searcher_cores (this searcher pins its process to core_for(index, cores))."""
+        cores: gfn.searcher_cores (this searcher pins its process to core_for(index, cores));
+        searchers: how many searchers the run has (this one samples its share of the problems:
+        searcher_share)."""
         import ray  # the optional extra (we run inside a Ray worker)
 
         if cores:
@@ -249,7 +353,8 @@ class Searcher:
         if self.restarted:
             store.count_restart.remote(index)
         # the problems by a reference the trainer holds: a restarted searcher reads the same object again
-        self.sampler = make_sampler(index, ray.get(ray.get(weights.problems.remote())[0]))
+        problems = ray.get(ray.get(weights.problems.remote())[0])
+        self.sampler = make_sampler(index, searcher_share(problems, index, searchers))
         self.version = self.sampled_version = -1
         self.receiver = WeightReceiver(f"searcher {index}")
 
@@ -289,22 +394,32 @@ class Searcher:
         return True
 
     def run(self) -> int:
-        """Until the run stops: returns the number of rounds sampled."""
+        """Until the run stops: returns the number of rounds sampled. A searcher that needs weights
+        newer than its own (none yet, or its gfn.searcher_rounds_per_version rounds of them done)
+        waits on the weights actor until they are published (with the collective transport, then on
+        its receiver until they have come over the group), each wait at most WAIT_SECONDS, and asks
+        again after it; one that does not takes whatever is newer at the start of its round."""
         import ray  # the optional extra (we run inside a Ray worker)
 
         rounds, rounds_of_version, idle, loading = 0, 0, 0.0, 0.0
         limit = getattr(self.sampler.cfg, "searcher_rounds_per_version", None)
         while True:
-            version, refs, layout, stopped = ray.get(self.weights.latest.remote(self.version))
+            needs = self.version < 0 or (limit is not None and rounds_of_version >= limit)
+            start = time.monotonic()
+            version, refs, layout, stopped = ray.get(
+                self.weights.wait_newer.remote(self.version, WAIT_SECONDS if needs else 0.0)
+            )
             if stopped:
                 return rounds
+            if needs and refs is None and version > self.version:  # announced; the weights come over the group
+                self.receiver.wait(WAIT_SECONDS)
+            if needs:
+                idle += time.monotonic() - start
             start = time.monotonic()
             if self.take_weights(version, refs, layout):
                 loading += time.monotonic() - start
                 rounds_of_version = 0
-            if self.version < 0 or (limit is not None and rounds_of_version >= limit):  # nothing (new) published yet
-                time.sleep(POLL_SECONDS)
-                idle += POLL_SECONDS
+            if self.version < 0 or (limit is not None and rounds_of_version >= limit):  # nothing (new) yet: wait again
                 continue
             trajectories, _ = self.sampler.sample(rounds, version=self.version)
             # waiting for the store's answer bounds how far a searcher runs ahead of it
@@ -420,6 +535,11 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         self.scorers: list = []
         self.problems, self.problems_ref = list(problems or []), None
         check_async_settings(cfg)
+        if 0 < len(self.problems) < cfg.searchers:
+            raise ConfigError(
+                f"gfn.searchers = {cfg.searchers} exceeds the {len(self.problems)} training problems: each searcher "
+                "walks its own share of them"
+            )
         self.questions, self.per_question = async_shape(cfg)
         check_divisible(self.questions, sampler.collective.world)
         check_transport(cfg.weight_transport)
@@ -471,7 +591,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             )(Searcher)
             self.searchers = [
                 searcher.options(scheduling_strategy=ray_cluster.searcher_strategy(self.placement_group, i)).remote(
-                    i, self.make_sampler, names, self.cfg.searcher_cores
+                    i, self.make_sampler, names, self.cfg.searcher_cores, searchers=self.cfg.searchers
                 )
                 for i in range(self.cfg.searchers)
             ]
@@ -632,9 +752,9 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
             self.stop()
 
     def draw_once(self) -> tuple[list[list[Trajectory]] | None, int, float]:
-        """One request to the store (main process) for the step's B questions x K completions (the
-        first step asks for gfn.async_initial_completions in the buffer), every process's share
-        sent to it: (this process's B / world groups or None while the store fills up, how many of
+        """One wait on the store (main process, at most WAIT_SECONDS) for the step's B questions x K
+        completions (the first step asks for gfn.async_initial_completions in the buffer), every
+        process's share sent to it: (this process's B / world groups or None while the store fills up, how many of
         the batch's groups came from the newest weights (main process; 0 on the others), seconds
         spent). Every process calls it the same number of times."""
         import ray  # the optional extra (extra `distributed`)
@@ -645,12 +765,14 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         text = None
         if self.base.is_main:
             self.keep_searching()
+            # returns as soon as the store holds the batch, or empty after WAIT_SECONDS
             text = ray.get(
-                self.store.sample.remote(self.questions, self.published, self.step, self.cfg.max_staleness, minimum)
+                self.store.wait_sample.remote(
+                    self.questions, self.published, self.step, self.cfg.max_staleness, minimum, WAIT_SECONDS
+                )
             )
         answer = json.loads(collective.broadcast_text(text))
         if len(answer["groups"]) < self.questions:
-            time.sleep(POLL_SECONDS)
             return None, 0, time.monotonic() - start
         share = self.questions // collective.world
         mine = answer["groups"][collective.rank * share : (collective.rank + 1) * share]

@@ -79,13 +79,23 @@ class GroupedReplay:
         return len(self._items)
 
     def add(self, trajectories: Iterable[Trajectory]) -> int:
-        """Insert (a repeat replaces the stored completion and counts as new), then drop the oldest
-        beyond capacity; returns how many were dropped."""
-        for trajectory in trajectories:
-            checked = _checked_copy(trajectory)
-            key = _identity(checked)
+        """Insert checked copies (a repeat replaces the stored completion and counts as new), then
+        drop the oldest beyond capacity; returns how many were dropped."""
+        return self._insert([_checked_copy(trajectory) for trajectory in trajectories])
+
+    def add_json(self, objects: list, where: str) -> int:
+        """``add`` for trajectories as parsed JSON objects (what a searcher sends): each record is
+        built, and checked, once by Trajectory.from_json (errors name ``where``); nothing is
+        inserted unless every object is a valid trajectory. Returns how many were dropped."""
+        if not isinstance(objects, list):
+            raise ValueError(f"{where}: expected a JSON list of trajectories, got {type(objects).__name__}")
+        return self._insert([Trajectory.from_json(obj, where) for obj in objects])
+
+    def _insert(self, checked: list[Trajectory]) -> int:
+        for trajectory in checked:
+            key = _identity(trajectory)
             self._items.pop(key, None)
-            self._items[key] = checked
+            self._items[key] = trajectory
         excess = max(0, len(self._items) - self.capacity)
         for key in list(self._items)[:excess]:
             del self._items[key]

@@ -242,6 +242,7 @@ class WeightReceiver:
         self.layout: BucketLayout | None = None
         self.staged: tuple[int, dict] | None = None
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
 
     @property
     def backend(self) -> str | None:
@@ -267,6 +268,7 @@ class WeightReceiver:
             return False
         with self.lock:
             self.staged = (version, self.layout.unpack(buckets))
+            self.arrived.notify_all()
         return True
 
     def fetch(self, version: int, refs: list, layout: dict) -> None:
@@ -281,6 +283,12 @@ class WeightReceiver:
         state = BucketLayout.from_json(layout).unpack(buckets)
         with self.lock:
             self.staged = (version, state)
+            self.arrived.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether weights are staged, waiting up to ``timeout`` seconds for them."""
+        with self.arrived:
+            return self.arrived.wait_for(lambda: self.staged is not None, timeout)
 
     def take(self) -> tuple[int, dict] | None:
         """The newest staged (version, state), once."""

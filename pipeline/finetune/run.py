@@ -356,11 +356,13 @@ def log_reweighting_ceiling(
     collective: Collective,
     out_dir: Path,
     is_main: bool,
+    records: Sequence[Problem] = (),
 ) -> dict | None:
     """Measure the reweighting ceiling of the base policy's samples (pipeline.finetune.ceiling),
-    log it in one line with its verdict, and write it to <out_dir>/ceiling.json (main process)."""
+    log it in one line with its verdict, and write it to <out_dir>/ceiling.json (main process).
+    records: the problems' records (their strategies, where they know them)."""
     start = time.monotonic()
-    ceiling = measure_ceiling(policy, scorer, problems, kind, cfg, reward, collective)
+    ceiling = measure_ceiling(policy, scorer, problems, kind, cfg, reward, collective, records)
     if ceiling is None:
         return None
     ceiling["seconds"] = time.monotonic() - start
@@ -513,7 +515,16 @@ def finetune_policy(
         # the base policy's own samples: before train() resumes any checkpoint
         scorer = make_scorer() if asynchronous else trajectory_sampler.scorer
         log_reweighting_ceiling(
-            cfg, policy, scorer, problems_with_prompts, kind, objective.reward, collective, out_dir, base.is_main
+            cfg,
+            policy,
+            scorer,
+            problems_with_prompts,
+            kind,
+            objective.reward,
+            collective,
+            out_dir,
+            base.is_main,
+            records=problems,
         )
     history = trainer.train()
     state_dict = base.final_state_dict()  # gathered under FSDP / DeepSpeed: every process takes part

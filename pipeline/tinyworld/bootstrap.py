@@ -9,30 +9,16 @@ both to bootstrap/model/, loadable like any hub model.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from pathlib import Path
-
-import torch
 
 from pipeline.problems import write_problems_jsonl
 from pipeline.tinyworld.model import build_model, count_parameters, train_language_model, training_examples
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
 from pipeline.training import Tracking
+from pipeline.training.threads import training_threads
 
 log = logging.getLogger("stepflow.bootstrap")
-
-
-@contextmanager
-def torch_threads(count: int):
-    """Run the block with ``count`` torch threads (0: leave them as they are)."""
-    before = torch.get_num_threads()
-    if count > 0:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def untrained_policy(config, splits: dict) -> tuple:
@@ -68,9 +54,7 @@ def build_base_policy(config, out: Path, progress: bool = True, settings: dict |
         len(examples),
     )
 
-    with torch_threads(boot.torch_threads):
-        if boot.torch_threads > 0:
-            log.info("bootstrap: training with %d torch threads (bootstrap.torch_threads)", torch.get_num_threads())
+    with training_threads(boot.torch_threads, "bootstrap"):
         stats = train_language_model(
             model, tokenizer, examples, boot, out, config.model, progress=progress, settings=settings, tracking=tracking
         )
