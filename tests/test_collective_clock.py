@@ -5,11 +5,18 @@ compares durations."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from processes import run_bounded
+from safetensors.torch import load_file
+
+TESTS = Path(__file__).resolve().parent
 
 
 def test_the_clock_is_off_unless_the_benchmark_turns_it_on():
@@ -56,36 +63,71 @@ def test_collective_shares_are_per_process_means_against_the_one_process_step():
         collective_shares([], reference)
 
 
-def test_the_ddp_hook_averages_like_ddp_and_times_every_bucket(tmp_path):
-    """One gloo process, DDP over a two-layer model in small buckets: the timed hook gives the
-    gradients plain backward gives (torch's default all-reduce averaged over one process) and
-    counts one all-reduce per bucket, plus the wait of the backward that launched them."""
+def ddp_backward_with_the_clock(out: Path) -> None:
+    """The child process of the DDP hook test: one gloo process, DDP over a two-layer model in
+    small buckets with the clock's hook, two iterations (DDP rebuilds its buckets after the first);
+    writes both models' gradients (grads.safetensors: ddp.<name>, plain.<name>) and the clock's
+    totals (clock.json)."""
     import torch.distributed as dist
+    from safetensors.torch import save_file
 
     from pipeline.training.collective_clock import CollectiveClock
 
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
     plain = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
     plain.load_state_dict(model.state_dict())
     x = torch.randn(8, 64)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    clock = CollectiveClock(True)
+    dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=0, world_size=1)
     try:
-        clock = CollectiveClock(True)
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)
         ddp.register_comm_hook(None, clock.ddp_hook)
-        for _ in range(2):  # DDP rebuilds its buckets after the first iteration
+        for _ in range(2):
             ddp.zero_grad(set_to_none=True)
             with clock.ddp_backward():
                 ddp(x).square().mean().backward()
+        # DDP goes before the group. Freed last, its reducer would drop the group's last reference
+        # holding the GIL, and gloo's destructor joins its worker threads, one of which may still be
+        # releasing the hook's Python callbacks, which takes the GIL: a deadlock when the worker
+        # thread lags (busy cores). Freed while the group is registered, it drops a reference only.
+        del ddp
     finally:
         dist.destroy_process_group()
     plain(x).square().mean().backward()
-    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
-        torch.testing.assert_close(a.grad, b.grad)
+    save_file(
+        {
+            **{f"ddp.{name}": p.grad for name, p in model.named_parameters()},
+            **{f"plain.{name}": p.grad for name, p in plain.named_parameters()},
+        },
+        str(out / "grads.safetensors"),
+    )
     wait, in_flight = clock.snapshot()
+    (out / "clock.json").write_text(json.dumps({"calls": clock.calls, "wait": wait, "in_flight": in_flight}))
+
+
+def test_the_ddp_hook_averages_like_ddp_and_times_every_bucket(tmp_path):
+    """The timed hook gives the gradients plain backward gives (torch's default all-reduce averaged
+    over one process) and counts one all-reduce per bucket, plus the wait of the backward that
+    launched them. The gloo group lives in a child process bounded in time: inside pytest it would
+    be process-global state, and a hang in a C++ destructor holding the GIL cannot be interrupted."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    child = "import sys, pathlib, test_collective_clock as t; t.ddp_backward_with_the_clock(pathlib.Path(sys.argv[1]))"
+    returncode, out = run_bounded([sys.executable, "-c", child, str(tmp_path)], timeout=120, env=env)
+    assert returncode == 0, out
+    grads = load_file(str(tmp_path / "grads.safetensors"))
+    names = sorted(name.removeprefix("plain.") for name in grads if name.startswith("plain."))
+    assert names == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    for name in names:
+        torch.testing.assert_close(grads[f"ddp.{name}"], grads[f"plain.{name}"])
+    clock = json.loads((tmp_path / "clock.json").read_text())
     # each backward: one timed all-reduce per bucket (at least one) and the wait after the last one
-    assert clock.calls >= 2 * (1 + 1) and wait >= 0.0 and in_flight >= 0.0
+    assert clock["calls"] >= 2 * (1 + 1) and clock["wait"] >= 0.0 and clock["in_flight"] >= 0.0
 
 
 def test_the_scaling_row_says_where_the_ideal_goes():
