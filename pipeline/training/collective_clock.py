@@ -77,7 +77,13 @@ class CollectiveClock:
 
     def ddp_hook(self, process_group, bucket):  # no annotations: DDP compares them as objects, not strings
         """A DDP comm hook: torch's default all-reduce (average over the processes), its launch to
-        completion timed; returns the future DDP waits on."""
+        completion timed; returns the future DDP waits on.
+
+        Its callbacks are Python, released on gloo's worker thread under the GIL, as with any
+        Python comm hook: free the DDP module while its process group is still registered (the
+        stages never destroy the group). A DDP module freed after ``destroy_process_group`` drops the
+        group's last reference holding the GIL, and gloo's destructor then joins a worker thread
+        that may be waiting for the GIL: a deadlock."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         start = time.perf_counter()
