@@ -566,7 +566,9 @@ class TrainingBase:
             import deepspeed  # installed wherever accelerate runs DeepSpeed
 
             return gathered_state_dict(
-                self.unwrapped, dtype, gather=lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+                self.unwrapped,
+                dtype,
+                gather=lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None),
             )
         return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
 
