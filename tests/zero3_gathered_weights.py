@@ -4,11 +4,12 @@
         tests/zero3_gathered_weights.py <policy folder> <out folder>
 
 Builds the training base on the policy (float32, no mixed precision; every parameter partitioned:
-stage3_param_persistence_threshold 0, since the tiny policy's tensors are all below DeepSpeed's
-default threshold and would otherwise stay whole on every process), then writes
+stage3_param_persistence_threshold 0: the tiny policy's tensors are all below DeepSpeed's default
+threshold, and such "persistent" parameters are kept whole on every process once gathered), then
+writes
 <out folder>/verdict.json with what TrainingBase.full_state_dict returned:
 - before any update, in bfloat16 (a vLLM sampler's dtype), against the policy's own weights
-  read before the engine wrapped it (each cast to bfloat16): names, dtypes, values, the tied
+  as its model.safetensors holds them (each cast to bfloat16): names, dtypes, values, the tied
   embedding and lm_head one tensor, every parameter partitioned before and after the gather;
 - after one update, in the trained dtype, against DeepSpeed's own consolidated state dict of the
   engine (accelerator.get_state_dict: GatheredParameters with modifier_rank=0, layer by layer).
@@ -23,6 +24,7 @@ from pathlib import Path
 
 def main(policy: str, out: str) -> None:
     import torch
+    from safetensors.torch import load_file
 
     from pipeline.config import ModelConfig
     from pipeline.modeling import load_causal_lm
@@ -32,8 +34,11 @@ def main(policy: str, out: str) -> None:
     accelerator = make_accelerator(model_config)
     plugin = accelerator.state.deepspeed_plugin
     plugin.deepspeed_config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    model = load_causal_lm(policy, model_config).train()
-    unsharded = {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
+    model = load_causal_lm(policy, model_config).train()  # transformers builds it under zero.Init here
+    # the policy's own weights, read from its file (the tied lm_head is saved as the embedding)
+    saved = load_file(Path(policy) / "model.safetensors")
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if model.config.tie_word_embeddings else {}
+    unsharded = {name: saved[tied.get(name, name)] for name in model.state_dict()}
     base = TrainingBase(
         accelerator,
         model,
