@@ -299,11 +299,14 @@ def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_doe
     ):
         check_accelerate_launch("gfn", gfn, backend, processes=1, environ=environ)
     check_accelerate_launch("gfn", saving, "hf", processes=2, environ=fsdp2)  # FSDP2 runs resume from their shards
+    # ZeRO-3 gathers the weights on every process for a sampler holding its own (vLLM, asynchronous searchers)
+    searching = load_config(REPO / "configs" / "tiny.yaml", ["gfn.save_every=0", "gfn.mode=async"]).gfn
+    check_accelerate_launch("gfn", gfn, "vllm", processes=2, environ=zero3)
+    check_accelerate_launch("gfn", searching, "hf", processes=2, environ=zero3)
     cases = [
         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, gfn, "hf", 2, r"FSDP version 1.*policy_fsdp\.yaml"),
         (deepspeed, saving, "hf", 2, r"gfn\.save_every=5 under DeepSpeed.*policy_fsdp\.yaml"),
         (zero3, gfn, "hf", 2, r"ZeRO-3 with generation\.backend=hf.*policy_fsdp\.yaml"),
-        (zero3, gfn, "vllm", 2, r"ZeRO-3 with a sampler holding its own weights.*policy_fsdp\.yaml"),
     ]
     for environ, cfg, backend, processes, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -17,7 +17,9 @@ $OUT set, every check writes its figures, or the error that stopped it, into $OU
    the same items (eval.plan.finetune_stage under a one-process launch), both reported unadjusted.
 2. DeepSpeed ZeRO-2 through `accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml
    --num_processes 1` of the stages on the tiny world's random-init models: TB with a learned log Z,
-   and PPO; ZeRO-3 with HF sampling refused before any model is loaded.
+   and PPO; ZeRO-3 with HF sampling refused before any model is loaded; under ZeRO-3
+   (deepspeed_zero3.yaml, one process) the sampler's weights gathered by
+   TrainingBase.full_state_dict one parameter at a time (tests/zero3_gathered_weights.py).
 
 FSDP2 is not checked here: the training base shards only runs of several processes
 (pipeline.training.distributed.fsdp_requested) and NCCL runs one rank per GPU, so one GPU cannot
@@ -469,9 +471,11 @@ def deepspeed_missing() -> str | None:
     return None
 
 
-def accelerate_launch(accelerate_config: str, stage: str, args: list[str]) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file <config> --num_processes 1 -m stages.train_<stage> <args>`,
-    bounded in time, its process group killed however it ends."""
+def accelerate_launch(
+    accelerate_config: str, stage: str, args: list[str], script: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file <config> --num_processes 1 -m stages.train_<stage> <args>`
+    (or `<script> <args>`), bounded in time, its process group killed however it ends."""
     command = [
         sys.executable,
         "-m",
@@ -480,11 +484,11 @@ def accelerate_launch(accelerate_config: str, stage: str, args: list[str]) -> su
         str(REPO / "configs" / "accelerate" / accelerate_config),
         "--num_processes",
         "1",
-        "-m",
-        f"stages.train_{stage}",
+        *([str(script)] if script is not None else ["-m", f"stages.train_{stage}"]),
         *args,
     ]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cuda"}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # a script imports pipeline
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cuda", "PYTHONPATH": path}
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -587,6 +591,47 @@ def test_deepspeed_zero3_with_hf_sampling_is_refused_before_any_model_loads(rand
     figures = run_check("deepspeed_zero3_hf_refused", body)
     assert figures["returncode"] != 0
     assert figures["refused"] and not figures["loaded_the_damaged_policy"], figures["error_lines"]
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_deepspeed_zero3_gathers_the_samplers_weights_one_parameter_at_a_time(random_tiny_world, tmp_path):
+    """TrainingBase.full_state_dict under a one-process ZeRO-3 launch, every parameter partitioned
+    (tests/zero3_gathered_weights.py): in bfloat16, the policy's own weights, the tied embedding
+    and lm_head one tensor, the parameters partitioned again afterwards; after one update, what
+    DeepSpeed's own consolidated state dict holds."""
+    reason = deepspeed_missing()
+    if reason:
+        report("deepspeed_zero3_gathered_weights", {"skipped": reason})
+        pytest.skip(reason)
+    script = REPO / "tests" / "zero3_gathered_weights.py"
+
+    def body() -> dict:
+        start = time.monotonic()
+        result = accelerate_launch(
+            "deepspeed_zero3.yaml", "", [str(random_tiny_world / "policy"), str(tmp_path)], script=script
+        )
+        verdict = tmp_path / "verdict.json"
+        return {
+            "returncode": result.returncode,
+            "seconds": time.monotonic() - start,
+            "verdict": json.loads(verdict.read_text()) if verdict.exists() else None,
+            "error_lines": error_lines(result.stdout),
+            "output_tail": result.stdout[-3000:],
+        }
+
+    figures = run_check("deepspeed_zero3_gathered_weights", body)
+    assert figures["returncode"] == 0 and figures["verdict"] is not None, (
+        figures["error_lines"],
+        figures["output_tail"],
+    )
+    verdict = figures["verdict"]
+    assert verdict["distributed_type"] == "DistributedType.DEEPSPEED" and verdict["zero_stage"] == 3, verdict
+    assert verdict["partitioned_before"] and verdict["partitioned_after"], verdict
+    assert verdict["names_match"] and verdict["dtypes"] == ["torch.bfloat16"], verdict
+    assert verdict["mismatched"] == [] and verdict["tied_one_tensor"], verdict
+    assert verdict["after_update_names_match"] and verdict["after_update_mismatched"] == [], verdict
+    assert verdict["after_update_dtypes"] == [verdict["trained_dtype"]] and verdict["weights_moved"] > 0, verdict
 
 
 # ----------------------------------------------------------------------------- PPO at the real size, last (cheapest to lose)

@@ -167,14 +167,9 @@ def check_accelerate_launch(stage: str, cfg, backend: str, processes: int, envir
     if stage_of_zero == "3" and backend != "vllm" and cfg.mode != "async":
         raise ValueError(
             "DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole policy between forwards and "
-            "the trainer gathers no copy for HF sampling; use configs/accelerate/policy_fsdp.yaml (FSDP2, HF or "
-            "vLLM sampling) or deepspeed_zero2.yaml"
-        )
-    if stage_of_zero == "3" and processes > 1 and (backend == "vllm" or cfg.mode == "async"):
-        raise ValueError(
-            "DeepSpeed ZeRO-3 with a sampler holding its own weights (vLLM, asynchronous searchers) under "
-            f"{processes} processes: the trainer gathers ZeRO-3 weights on the main process only; use "
-            "configs/accelerate/policy_fsdp.yaml (every process gets the gathered weights) or deepspeed_zero2.yaml"
+            "the trainer gathers no copy for HF sampling; use generation.backend=vllm (the trainer gathers the "
+            "weights for the engine), configs/accelerate/policy_fsdp.yaml (FSDP2, HF or vLLM sampling) or "
+            "deepspeed_zero2.yaml"
         )
 
 

@@ -181,6 +181,32 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def gathered_state_dict(
+    module: torch.nn.Module,
+    dtype: torch.dtype | None = None,
+    gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
+) -> dict[str, torch.Tensor]:
+    """``module``'s whole state dict, gathered one tensor at a time (a collective: every process
+    calls it, and every process gets the whole state dict). A DTensor (FSDP2) is made whole by
+    full_tensor; with ``gather`` (DeepSpeed ZeRO-3: ``GatheredParameters(params,
+    modifier_rank=None)``), ``gather([p])`` makes parameter p whole for the time of a with block,
+    and the tensor kept is a copy taken inside it (the gathered storage is freed when it ends).
+    Each tensor is cast to ``dtype`` (floating ones; None: each keeps its own) at once, so a
+    process holds the whole model in ``dtype`` plus one gathered tensor, never a float32 copy of
+    the whole model. Tied weights (embeddings and lm_head) stay one tensor, and are gathered once."""
+    gathered: dict[str, torch.Tensor] = {}
+    seen: dict[int, torch.Tensor] = {}
+    for name, value in module.state_dict(keep_vars=True).items():
+        if id(value) not in seen:
+            gathering = gather is not None and isinstance(value, torch.nn.Parameter)
+            with gather([value]) if gathering else contextlib.nullcontext():
+                full = _full(value.detach())
+                target = dtype if dtype is not None and full.is_floating_point() else full.dtype
+                seen[id(value)] = full.to(target, copy=gathering)
+        gathered[name] = seen[id(value)]
+    return gathered
+
+
 class TrainingBase:
     """Optimizer, schedule, clipping, accumulation, checkpoints, metrics and progress of one run.
 
@@ -524,27 +550,25 @@ class TrainingBase:
 
     def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The model's whole state dict on EVERY process: what a sampler with its own copy of the
-        weights (a colocated vLLM engine, an HF copy) reloads. Under FSDP2 it is gathered one
-        tensor at a time (full_tensor), each cast to ``dtype`` (the sampler's) at once, so a
-        process holds the whole model in the sampler's dtype plus one float32 tensor, never a
-        float32 copy of the whole model; unsharded, the live tensors themselves (no copy)."""
+        weights (a colocated vLLM engine, an HF copy) reloads. Under FSDP2 and DeepSpeed ZeRO-3
+        it is gathered one tensor at a time (``gathered_state_dict``: full_tensor, or
+        GatheredParameters on every process), each cast to ``dtype`` (the sampler's) at once, so a
+        process holds the whole model in the sampler's dtype plus one gathered tensor, never a
+        float32 copy of the whole model; unsharded (DDP, ZeRO-1/2: every process holds the whole
+        weights), the live tensors themselves (no copy)."""
         if self.sharded:
-            gathered, seen = {}, {}
-            for name, value in self.model.state_dict(keep_vars=True).items():
-                if id(value) not in seen:  # tied weights (embeddings and lm_head) stay one tensor
-                    full = _full(value.detach())
-                    seen[id(value)] = full.to(dtype) if dtype is not None and full.is_floating_point() else full
-                gathered[name] = seen[id(value)]
-            return gathered
+            return gathered_state_dict(self.model, dtype)
         distributed = self.accelerator.distributed_type
         if distributed == DistributedType.FSDP:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1 and plugin.zero_stage == 3:
-            raise RuntimeError(
-                "a sampler with its own weights (vLLM) needs the full weights on every process, which DeepSpeed "
-                "ZeRO-3 gathers on the main process only: use FSDP2 (configs/accelerate/policy_fsdp.yaml), "
-                "ZeRO-2 or DDP with generation.backend=vllm"
+        if distributed == DistributedType.DEEPSPEED and plugin.zero_stage == 3:
+            import deepspeed  # installed wherever accelerate runs DeepSpeed
+
+            return gathered_state_dict(
+                self.unwrapped,
+                dtype,
+                gather=lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None),
             )
         return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
 
