@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,26 +96,44 @@ def launch(
         "TOKENIZERS_PARALLELISM": "false",
         **(env or {}),
     }
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        if kill_when is None:
-            out, _ = process.communicate(timeout=TIMEOUT_S)
-            assert process.returncode == 0, out[-4000:]
-            return subprocess.CompletedProcess(command, 0, out)
-        deadline = time.monotonic() + TIMEOUT_S
-        while not kill_when.exists():
-            assert process.poll() is None, "the run ended before the point where it was to be killed"
-            assert time.monotonic() < deadline, "timed out waiting for the checkpoint"
-            time.sleep(0.05)
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-        return None
-    finally:
-        if process.poll() is None:
+    result = run_bounded(command, env, TIMEOUT_S, kill_when)
+    if result is not None:
+        assert result.returncode == 0, result.stdout[-4000:]
+    return result
+
+
+def run_bounded(
+    command: list[str], env: dict, timeout_s: float, kill_when: Path | None = None
+) -> subprocess.CompletedProcess | None:
+    """Run ``command`` from the repository in a process group of its own, its output (stdout and
+    stderr) to a file (a pipe nobody reads while waiting could fill and stall it); with
+    ``kill_when``, SIGKILL the whole group as soon as that path exists and return None. The group
+    is killed however this ends, and every wait is bounded by ``timeout_s``."""
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as output:
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            if kill_when is None:
+                process.wait(timeout=timeout_s)
+                output.seek(0)
+                return subprocess.CompletedProcess(command, process.returncode, output.read())
+            deadline = time.monotonic() + timeout_s
+            while not kill_when.exists():
+                if process.poll() is not None:
+                    output.seek(0)
+                    raise AssertionError(
+                        f"the run ended before the point where it was to be killed:\n{output.read()[-4000:]}"
+                    )
+                assert time.monotonic() < deadline, "timed out waiting for the checkpoint"
+                time.sleep(0.05)
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+            return None
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
 
 
 def metrics(out: Path) -> list[dict]:
@@ -299,9 +318,12 @@ def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_doe
     ):
         check_accelerate_launch("gfn", gfn, backend, processes=1, environ=environ)
     check_accelerate_launch("gfn", saving, "hf", processes=2, environ=fsdp2)  # FSDP2 runs resume from their shards
+    check_accelerate_launch("gfn", saving, "hf", processes=2, environ=deepspeed)  # ZeRO: whole tensors per parameter
+    check_accelerate_launch("gfn", saving, "vllm", processes=1, environ=zero3)
+    zero0 = {**deepspeed, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "0"}
     cases = [
         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, gfn, "hf", 2, r"FSDP version 1.*policy_fsdp\.yaml"),
-        (deepspeed, saving, "hf", 2, r"gfn\.save_every=5 under DeepSpeed.*policy_fsdp\.yaml"),
+        (zero0, saving, "hf", 2, r"gfn\.save_every=5 under DeepSpeed ZeRO stage 0.*deepspeed_zero2\.yaml"),
         (zero3, gfn, "hf", 2, r"ZeRO-3 with generation\.backend=hf.*policy_fsdp\.yaml"),
         (zero3, gfn, "vllm", 2, r"ZeRO-3 with a sampler holding its own weights.*policy_fsdp\.yaml"),
     ]

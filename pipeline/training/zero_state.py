@@ -1,0 +1,115 @@
+"""Resumable checkpoints of a DeepSpeed ZeRO run (stages 1, 2 and 3): whole tensors per parameter.
+
+Saving: every trainable parameter's float32 master weight and its two AdamW moments (exp_avg,
+exp_avg_sq) are gathered whole, one parameter at a time, through deepspeed.utils'
+``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state`` (collectives under ZeRO: every
+process calls them, in the order of the model's named parameters), and the main process writes
+them as safetensors (``checkpoint.write_full``); the AdamW step count goes into the JSON index.
+Loading: the base AdamW's state is created on the flat float32 partitions DeepSpeed steps (as
+torch creates it at a first step, with the saved step count) and linked to the parameters the way
+DeepSpeed links it after its first step, then every tensor is set back with
+``safe_set_full_fp32_param`` / ``safe_set_full_optimizer_state``, and each weight is copied into
+the model's own parameter (bfloat16 or float32; under ZeRO-3 through GatheredParameters).
+
+Whole tensors carry no sharding, so a checkpoint written by N processes loads under M, and under
+ZeRO-1, 2 or 3 alike. The cost: each process holds one whole float32 parameter (and one moment)
+at a time on its GPU, and the main process one file's bucket on its CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+
+MOMENTS = ("exp_avg", "exp_avg_sq")  # torch AdamW's per-parameter state beside "step"
+
+
+def keys(names: Iterable[str]) -> list[str]:
+    """The checkpoint's tensor keys for the trainable parameters ``names``, in the order every
+    process gathers and sets them: model.<name>, then each moment's <moment>.<name>."""
+    return [key for name in names for key in (f"model.{name}", *(f"{moment}.{name}" for moment in MOMENTS))]
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(kind, parameter name) of a key from ``keys``: kind is "model" or a moment."""
+    kind, _, name = key.partition(".")
+    return kind, name
+
+
+def _zero_optimizer(engine):
+    """The ZeRO optimizer a DeepSpeed engine wraps the base AdamW in, and the flat float32
+    partitions that AdamW steps (its state is keyed by them)."""
+    zero = getattr(engine, "optimizer", None)
+    for attribute in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):  # ZeRO-1/2, ZeRO-3
+        if hasattr(zero, attribute):
+            return zero, list(getattr(zero, attribute))
+    raise ValueError(
+        f"resumable checkpoints under DeepSpeed need a ZeRO optimizer (stage 1, 2 or 3); this engine's is "
+        f"{type(zero).__name__}: set zero_stage to 1, 2 or 3 in the accelerate config, or save_every=0"
+    )
+
+
+def optimizer_step(engine) -> int:
+    """The base AdamW's step count (the same on every flat partition)."""
+    zero, masters = _zero_optimizer(engine)
+    steps = {int(zero.optimizer.state[m]["step"]) for m in masters if "step" in zero.optimizer.state.get(m, {})}
+    if len(steps) != 1:
+        raise RuntimeError(f"DeepSpeed optimizer: step counts {sorted(steps)} on its partitions, expected one")
+    return steps.pop()
+
+
+def gathered(engine, model: torch.nn.Module, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(key, whole float32 tensor) for ``keys(names)``, one at a time; every process iterates it
+    to its end (each tensor is a collective)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    _zero_optimizer(engine)
+    params = dict(model.named_parameters())
+    for key in keys(names):
+        kind, name = split_key(key)
+        param = params[name]
+        value = safe_get_full_fp32_param(param) if kind == "model" else safe_get_full_optimizer_state(param, kind)
+        if value is None:
+            raise RuntimeError(f"DeepSpeed holds no {kind} for parameter {name} (is it in the optimizer?)")
+        yield key, value
+
+
+def prepare_state(engine, step: int) -> None:
+    """Give the base AdamW its state before its first step, as torch would create it (a float
+    step count on the CPU, zero moments shaped like each flat partition), with ``step`` as the
+    count, and link the parameters' fragments to it (ZeRO-1/2 do this after their first step)."""
+    zero, masters = _zero_optimizer(engine)
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # torch's own rule
+    for master in masters:
+        state = zero.optimizer.state[master]
+        for moment in MOMENTS:
+            if moment not in state:
+                state[moment] = torch.zeros_like(master, memory_format=torch.preserve_format)
+        state["step"] = torch.tensor(float(step), dtype=scalar)
+    link = getattr(zero, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO-1/2 (no-op once linked)
+    if link is not None:
+        link()
+
+
+def load(engine, model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], device) -> None:
+    """Set every (key, whole tensor) of ``tensors`` (in ``keys`` order, the same on every process)
+    into the engine: master weights and moments, and each weight into the model's parameter."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    params = dict(model.named_parameters())
+    for key, value in tensors:
+        kind, name = split_key(key)
+        param, value = params[name], value.to(device=device, dtype=torch.float32)
+        if kind != "model":
+            safe_set_full_optimizer_state(param, value, kind)
+            continue
+        safe_set_full_fp32_param(param, value)
+        if hasattr(param, "ds_id"):  # ZeRO-3: the parameter is a partition; set it whole, re-partitioned on exit
+            from deepspeed.zero import GatheredParameters
+
+            with GatheredParameters([param], modifier_rank=0), torch.no_grad():
+                param.data.copy_(value.view_as(param.data))
+        else:  # ZeRO-1/2: every process holds the whole (bit16 or float32) parameter
+            with torch.no_grad():
+                param.data.copy_(value.view_as(param.data))
