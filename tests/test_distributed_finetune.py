@@ -330,3 +330,34 @@ def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_doe
     for environ, cfg, backend, processes, message in cases:
         with pytest.raises(ValueError, match=message):
             check_accelerate_launch("gfn", cfg, backend, processes, environ=environ)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", ["2", "3"])
+def test_a_deepspeed_engine_resumes_from_whole_tensors_under_another_number_of_processes(tmp_path, zero_stage):
+    """DeepSpeed's own engine (deepspeed.initialize, not through accelerate, which turns DeepSpeed
+    off on CPU) on CPU with gloo (tests/zero_resume.py): a checkpoint written by 2 processes after
+    2 of 4 steps, loaded into another initialisation by 1 process and by 2, ends at the weights of
+    the uninterrupted 2-process run (the batches depend on the step only), with the AdamW step
+    count 4; loading its weights without the moments ends more than 1e-3 away."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (docs/scale.md, 'DeepSpeed on CPU': a separate environment)")
+    worker = str(REPO / "tests" / "zero_resume.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+
+    def run(processes: int, mode: str) -> None:
+        prefix = [sys.executable]
+        if processes > 1:
+            port = str(29500 + (os.getpid() + 7) % 1000)
+            prefix += ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", port]
+        result = run_bounded([*prefix, worker, zero_stage, mode, str(tmp_path)], env, TIMEOUT_S)
+        assert result.returncode == 0, result.stdout[-4000:]
+
+    run(2, "save")
+    for processes, mode in ((1, "load"), (2, "load"), (1, "load_weights_only")):
+        run(processes, mode)
+    found = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("load-1", "load-2")}
+    for name, result in found.items():
+        assert result["written_by"] == 2 and result["optimizer_step"] == 4, (name, result)
+        assert result["max_difference"] <= 1e-6, (name, result)
+    assert json.loads((tmp_path / "load_weights_only-1.json").read_text())["max_difference"] > 1e-3

@@ -8,8 +8,9 @@ them as safetensors (``checkpoint.write_full``); the AdamW step count goes into 
 Loading: the base AdamW's state is created on the flat float32 partitions DeepSpeed steps (as
 torch creates it at a first step, with the saved step count) and linked to the parameters the way
 DeepSpeed links it after its first step, then every tensor is set back with
-``safe_set_full_fp32_param`` / ``safe_set_full_optimizer_state``, and each weight is copied into
-the model's own parameter (bfloat16 or float32; under ZeRO-3 through GatheredParameters).
+``safe_set_full_fp32_param`` / ``safe_set_full_optimizer_state`` (ZeRO-3: this process's
+partition of it with ``safe_set_local_*``), and each weight is copied into the model's own
+parameter (bfloat16 or float32; under ZeRO-3 its partition).
 
 Whole tensors carry no sharding, so a checkpoint written by N processes loads under M, and under
 ZeRO-1, 2 or 3 alike. The cost: each process holds one whole float32 parameter (and one moment)
@@ -50,6 +51,19 @@ def _zero_optimizer(engine):
     )
 
 
+def _link(zero, masters: list[torch.Tensor]) -> None:
+    """ZeRO-1/2: point every parameter's optimizer-state fragments at the base AdamW's state of its
+    own group's flat partition. DeepSpeed 0.19.8 links them once, right after stepping the first
+    of its groups, when the later groups (here the 1-D parameters without weight decay) have no
+    state yet, so their fragments stay empty; linking again is idempotent (views, no copies)."""
+    if not hasattr(zero, "bit16_groups"):  # ZeRO-3 reads the state by partition, nothing to link
+        return
+    from deepspeed.utils import lazy_init_hp_params_optimizer_state
+
+    for params, master in zip(zero.bit16_groups, masters):
+        lazy_init_hp_params_optimizer_state(params, master, zero.optimizer.state)
+
+
 def optimizer_step(engine) -> int:
     """The base AdamW's step count (the same on every flat partition)."""
     zero, masters = _zero_optimizer(engine)
@@ -64,7 +78,7 @@ def gathered(engine, model: torch.nn.Module, names: list[str]) -> Iterator[tuple
     to its end (each tensor is a collective)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    _zero_optimizer(engine)
+    _link(*_zero_optimizer(engine))
     params = dict(model.named_parameters())
     for key in keys(names):
         kind, name = split_key(key)
@@ -87,29 +101,48 @@ def prepare_state(engine, step: int) -> None:
             if moment not in state:
                 state[moment] = torch.zeros_like(master, memory_format=torch.preserve_format)
         state["step"] = torch.tensor(float(step), dtype=scalar)
-    link = getattr(zero, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO-1/2 (no-op once linked)
-    if link is not None:
-        link()
+    _link(zero, masters)
+
+
+def _local_partition(param, value: torch.Tensor) -> torch.Tensor:
+    """ZeRO-3: this process's partition of a whole tensor, as DeepSpeed lays it out (the flattened
+    tensor cut into equal partitions, the last padded with zeros). deepspeed 0.19.8's
+    ``safe_set_full_*`` cut the whole tensor without that padding and fail whenever the size does
+    not divide by the number of processes, so the partition is cut here and set with the local API."""
+    from deepspeed import comm
+
+    size = param.ds_tensor.numel()
+    start = size * comm.get_rank(group=getattr(param, "ds_process_group", None))
+    local = value.flatten()[start : start + size]
+    return torch.nn.functional.pad(local, (0, size - local.numel()))
 
 
 def load(engine, model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], device) -> None:
     """Set every (key, whole tensor) of ``tensors`` (in ``keys`` order, the same on every process)
     into the engine: master weights and moments, and each weight into the model's parameter."""
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+    from deepspeed.utils import (
+        safe_set_full_fp32_param,
+        safe_set_full_optimizer_state,
+        safe_set_local_fp32_param,
+        safe_set_local_optimizer_state,
+    )
 
     params = dict(model.named_parameters())
     for key, value in tensors:
         kind, name = split_key(key)
         param, value = params[name], value.to(device=device, dtype=torch.float32)
+        if hasattr(param, "ds_id"):  # ZeRO-3: every process sets its own partition (no collective)
+            local = _local_partition(param, value)
+            if kind != "model":
+                safe_set_local_optimizer_state(param, local, kind)
+                continue
+            safe_set_local_fp32_param(param, local)
+            with torch.no_grad():  # and the model's own (bit16 or float32) partition of the weight
+                param.ds_tensor.data.copy_(local.view_as(param.ds_tensor.data))
+            continue
         if kind != "model":
             safe_set_full_optimizer_state(param, value, kind)
             continue
         safe_set_full_fp32_param(param, value)
-        if hasattr(param, "ds_id"):  # ZeRO-3: the parameter is a partition; set it whole, re-partitioned on exit
-            from deepspeed.zero import GatheredParameters
-
-            with GatheredParameters([param], modifier_rank=0), torch.no_grad():
-                param.data.copy_(value.view_as(param.data))
-        else:  # ZeRO-1/2: every process holds the whole (bit16 or float32) parameter
-            with torch.no_grad():
-                param.data.copy_(value.view_as(param.data))
+        with torch.no_grad():  # ZeRO-1/2: every process holds the whole (bit16 or float32) parameter
+            param.data.copy_(value.view_as(param.data))
