@@ -646,7 +646,9 @@ def prm_stage(plan: Plan, backbone: Model) -> StageCost:
     cost.memory.update(training_state(shape, trainable, launch, processes, lm_head=False))
     cost.memory[
         f"activations ({cfg.micro_batch_size} x {cfg.max_length} tokens{', checkpointed' if checkpointing else ''})"
-    ] = activation_bytes(shape, cfg.micro_batch_size, cfg.max_length, checkpointing, **_activation_settings(config, cfg))
+    ] = activation_bytes(
+        shape, cfg.micro_batch_size, cfg.max_length, checkpointing, **_activation_settings(config, cfg)
+    )
     flops = (4 if cfg.lora else 6) + (2 if checkpointing else 0)
     cost.gpu_seconds = (
         tokens / _tokens_per_second(plan, shape.parameters(False), config.plan.training_mfu, flops),

@@ -6,27 +6,50 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_bounded(command: list[str], *, timeout: float, env: dict | None = None, cwd: Path = REPO) -> tuple[int, str]:
+def run_bounded(
+    command: list[str],
+    *,
+    timeout: float,
+    env: dict | None = None,
+    cwd: Path = REPO,
+    kill_when: Path | None = None,
+) -> tuple[int, str] | None:
     """(exit status, stdout and stderr together) of ``command``; subprocess.TimeoutExpired after
-    ``timeout`` seconds, its process group killed first."""
-    process = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    finally:
-        if process.poll() is None:
+    ``timeout`` seconds, its process group killed first. With ``kill_when``, the whole group is
+    killed (SIGKILL) as soon as that path exists and None is returned; AssertionError, with the
+    output's end, if the command ends before. The output goes to a file, which nobody needs to
+    read while waiting (a pipe could fill and stall the command)."""
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as output:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+
+        def out() -> str:
+            output.seek(0)
+            return output.read()
+
+        try:
+            if kill_when is None:
+                process.wait(timeout=timeout)
+                return process.returncode, out()
+            deadline = time.monotonic() + timeout
+            while not kill_when.exists():
+                if process.poll() is not None:
+                    raise AssertionError(f"the run ended before the point where it was to be killed:\n{out()[-4000:]}")
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(command, timeout, out())
+                time.sleep(0.05)
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
-    return process.returncode, out
+            return None
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)

@@ -85,8 +85,14 @@ def test_the_activation_terms_of_llama_3_2_3b_by_hand():
     shape = shapes.PUBLISHED["meta-llama/Llama-3.2-3B-Instruct"]
     n = 8 * 1280
     terms = shapes.activation_terms(
-        shape, 8, 1280, lora_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_rank=16, lora_dropout=True,
-        padded=False, mask_bytes=1,
+        shape,
+        8,
+        1280,
+        lora_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        lora_rank=16,
+        lora_dropout=True,
+        padded=False,
+        mask_bytes=1,
     )
     assert terms == {
         "RMSNorm float32 inputs": 28 * 2 * (4 * 3072 + 4) * n,

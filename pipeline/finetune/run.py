@@ -158,11 +158,11 @@ def check_accelerate_launch(stage: str, cfg, backend: str, processes: int, envir
     if not on("ACCELERATE_USE_DEEPSPEED"):
         return
     stage_of_zero = str(environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
-    if cfg.save_every > 0:
+    if cfg.save_every > 0 and stage_of_zero not in ("1", "2", "3"):
         raise ValueError(
-            f"{stage}.save_every={cfg.save_every} under DeepSpeed: its optimizer state cannot be saved without "
-            f"pickling, so its runs are not resumable here; set {stage}.save_every=0, or use "
-            "configs/accelerate/policy_fsdp.yaml (sharded resumable checkpoints)"
+            f"{stage}.save_every={cfg.save_every} under DeepSpeed ZeRO stage {stage_of_zero}: resumable checkpoints "
+            f"are written from a ZeRO optimizer (stage 1, 2 or 3); use configs/accelerate/deepspeed_zero2.yaml, or "
+            f"set {stage}.save_every=0"
         )
     if stage_of_zero == "3" and backend != "vllm" and cfg.mode != "async":
         raise ValueError(
