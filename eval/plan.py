@@ -31,7 +31,15 @@ from pipeline.config_loader import ConfigError
 from pipeline.finetune.objectives import needs_reference
 from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
-from pipeline.shapes import ModelShape, activation_bytes, engine_memory_share, lora_parameters, model_shape
+from pipeline.shapes import (
+    ModelShape,
+    activation_bytes,
+    dropout_mask_bytes,
+    engine_memory_share,
+    logits_bytes,
+    lora_parameters,
+    model_shape,
+)
 from pipeline.shards import parse_shard
 from prm.formats import is_hub_id
 
@@ -418,6 +426,20 @@ def training_state(
     }
 
 
+def _activation_settings(config: Config, cfg) -> dict:
+    """pipeline.shapes.activation_terms' settings of a training section: the model's dtype, LoRA
+    (frozen base, float32 adapters with or without dropout) or full fine-tuning, padded
+    micro-batches (trajectories differ in length), dropout's mask on a GPU."""
+    return {
+        "bytes_per_value": _half_bytes(config),
+        "lora_modules": list(cfg.lora_target_modules) if cfg.lora else None,
+        "lora_rank": cfg.lora_r,
+        "lora_dropout": cfg.lora_dropout > 0,
+        "padded": True,
+        "mask_bytes": dropout_mask_bytes("cuda"),
+    }
+
+
 def _tokens_per_second(plan: Plan, parameters: int, mfu: float, flops_per_parameter: int) -> float:
     return mfu * plan.gpu.peak_tflops * 1e12 / (flops_per_parameter * parameters)
 
@@ -624,7 +646,9 @@ def prm_stage(plan: Plan, backbone: Model) -> StageCost:
     cost.memory.update(training_state(shape, trainable, launch, processes, lm_head=False))
     cost.memory[
         f"activations ({cfg.micro_batch_size} x {cfg.max_length} tokens{', checkpointed' if checkpointing else ''})"
-    ] = activation_bytes(shape, cfg.micro_batch_size, cfg.max_length, checkpointing)
+    ] = activation_bytes(
+        shape, cfg.micro_batch_size, cfg.max_length, checkpointing, **_activation_settings(config, cfg)
+    )
     flops = (4 if cfg.lora else 6) + (2 if checkpointing else 0)
     cost.gpu_seconds = (
         tokens / _tokens_per_second(plan, shape.parameters(False), config.plan.training_mfu, flops),
@@ -675,8 +699,11 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     cost.memory.update(training_state(shape, trainable, launch, processes, lm_head=True))
     cost.memory[
         f"activations ({cfg.micro_batch_size} x {tokens} tokens{', checkpointed' if checkpointing else ''})"
-    ] = activation_bytes(shape, cfg.micro_batch_size, tokens, checkpointing)
-    cost.memory["logits (bf16 + fp32 log-softmax)"] = cfg.micro_batch_size * tokens * shape.vocab_size * 6
+    ] = activation_bytes(shape, cfg.micro_batch_size, tokens, checkpointing, **_activation_settings(config, cfg))
+    positions = config.generation.max_new_tokens + 1  # logits from the prompt's last token on
+    cost.memory[f"logits ({cfg.micro_batch_size} x {positions} x {shape.vocab_size}: fp32 log-softmax backward)"] = (
+        logits_bytes(shape, cfg.micro_batch_size, positions)
+    )
     cost.memory["frozen PRM"] = _half_bytes(config) * prm.shape.parameters(lm_head=False)
     if reference:
         cost.memory["frozen reference"] = _half_bytes(config) * shape.parameters()

@@ -17,7 +17,10 @@ $OUT set, every check writes its figures, or the error that stopped it, into $OU
    the same items (eval.plan.finetune_stage under a one-process launch), both reported unadjusted.
 2. DeepSpeed ZeRO-2 through `accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml
    --num_processes 1` of the stages on the tiny world's random-init models: TB with a learned log Z,
-   and PPO; ZeRO-3 with HF sampling refused before any model is loaded.
+   and PPO; a TB run killed after a checkpoint (whole tensors per parameter) and resumed, against an
+   uninterrupted one; ZeRO-3 with HF sampling refused before any model is loaded; under ZeRO-3
+   (deepspeed_zero3.yaml, one process) the sampler's weights gathered by
+   TrainingBase.full_state_dict one parameter at a time (tests/zero3_gathered_weights.py).
 
 FSDP2 is not checked here: the training base shards only runs of several processes
 (pipeline.training.distributed.fsdp_requested) and NCCL runs one rank per GPU, so one GPU cannot
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
@@ -469,9 +473,16 @@ def deepspeed_missing() -> str | None:
     return None
 
 
-def accelerate_launch(accelerate_config: str, stage: str, args: list[str]) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file <config> --num_processes 1 -m stages.train_<stage> <args>`,
-    bounded in time, its process group killed however it ends."""
+def accelerate_launch(
+    accelerate_config: str,
+    stage: str,
+    args: list[str],
+    script: Path | None = None,
+    kill_when: Path | None = None,
+) -> subprocess.CompletedProcess | None:
+    """`accelerate launch --config_file <config> --num_processes 1 -m stages.train_<stage> <args>`
+    (or `<script> <args>`), bounded in time, its process group killed however it ends; with
+    ``kill_when``, killed (SIGKILL) as soon as that path exists, returning None."""
     command = [
         sys.executable,
         "-m",
@@ -480,21 +491,13 @@ def accelerate_launch(accelerate_config: str, stage: str, args: list[str]) -> su
         str(REPO / "configs" / "accelerate" / accelerate_config),
         "--num_processes",
         "1",
-        "-m",
-        f"stages.train_{stage}",
+        *([str(script)] if script is not None else ["-m", f"stages.train_{stage}"]),
         *args,
     ]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cuda"}
-    process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = process.communicate(timeout=LAUNCH_TIMEOUT_S)
-        return subprocess.CompletedProcess(command, process.returncode, out)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait(timeout=30)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # a script imports pipeline
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cuda", "PYTHONPATH": path}
+    result = run_bounded(command, timeout=LAUNCH_TIMEOUT_S, env=env, kill_when=kill_when)
+    return None if result is None else subprocess.CompletedProcess(command, *result)
 
 
 def error_lines(output: str) -> list[str]:
@@ -507,22 +510,26 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def deepspeed_run(world: Path, tmp_path: Path, stage: str, extra: dict) -> dict:
+def deepspeed_run(world: Path, tmp_path: Path, stage: str, extra: dict, kill_when: Path | None = None) -> dict:
+    """One ZeRO-2 launch of the stage into tmp_path/<stage>/<stage> (float32 on the GPU); with
+    ``kill_when``, killed as soon as that path exists (returncode None)."""
     from test_distributed_finetune import settings
 
     out = tmp_path / stage
     args = settings(world, stage, out, **{"model.device": "cuda", "model.dtype": "float32", **extra})
     start = time.monotonic()
-    result = accelerate_launch("deepspeed_zero2.yaml", stage, args)
+    result = accelerate_launch("deepspeed_zero2.yaml", stage, args, kill_when=kill_when)
+    output = result.stdout if result is not None else ""
     rows = _metrics(out / stage)
     figures = {
-        "returncode": result.returncode,
+        "returncode": result.returncode if result is not None else None,
         "seconds": time.monotonic() - start,
         "losses": [r.get("loss") for r in rows],
         "log_z": [r["log_z"] for r in rows if "log_z" in r],
         "model_saved": (out / stage / "model" / "model.safetensors").exists(),
-        "error_lines": error_lines(result.stdout),
-        "output_tail": result.stdout[-3000:],
+        "error_lines": error_lines(output),
+        "output_tail": output[-3000:],
+        "resumed": [line[-300:] for line in output.splitlines() if "resumed from" in line][:3],
     }
     return figures
 
@@ -558,6 +565,58 @@ def test_deepspeed_zero2_one_process_trains_ppo(random_tiny_world, tmp_path):
 
 @needs_cuda
 @pytest.mark.slow
+def test_a_killed_deepspeed_zero2_run_resumes_from_whole_tensors_to_the_uninterrupted_run(random_tiny_world, tmp_path):
+    """TB with a learned log Z under ZeRO-2 (1 process, float32), 3 steps with a checkpoint after
+    each: killed once the step-1 checkpoint is committed (whole float32 tensors per parameter and
+    both AdamW moments in full/, the AdamW step count 1 in its index), resumed, and ending where an
+    uninterrupted run on the same seed ends: the same sampled solutions, losses within 1e-4, log Z
+    within 1e-5, final weights within 1e-5 (one GPU, the same kernels in both runs). A resume that
+    restored the weights but not the moments or the step count moves the weights by about the
+    learning rate (1e-3) at the next step. ZeRO-3 resume is not run (its policy training samples
+    with vLLM only)."""
+    reason = deepspeed_missing()
+    if reason:
+        report("deepspeed_zero2_resume", {"skipped": reason})
+        pytest.skip(reason)
+    from test_distributed_finetune import assert_same_run
+
+    extra = {"gfn.loss": "tb", "gfn.learn_log_z": "true", "gfn.save_every": 1, "gfn.num_train_steps": 3}
+    straight_dir, killed_dir = tmp_path / "straight" / "gfn" / "gfn", tmp_path / "killed" / "gfn" / "gfn"
+    step_1 = killed_dir / "checkpoints" / "step-00000001"
+
+    def body() -> dict:
+        straight = deepspeed_run(random_tiny_world, tmp_path / "straight", "gfn", extra)
+        killed = deepspeed_run(random_tiny_world, tmp_path / "killed", "gfn", extra, kill_when=step_1)
+        index_path = step_1 / "full" / "index.json"
+        index = json.loads(index_path.read_text()) if index_path.exists() else {}
+        checkpoint_files = sorted(p.relative_to(step_1).as_posix() for p in step_1.rglob("*") if p.is_file())
+        resumed = deepspeed_run(random_tiny_world, tmp_path / "killed", "gfn", extra)
+        return {
+            "straight": straight,
+            "killed": {k: killed[k] for k in ("returncode", "seconds", "losses", "model_saved")},
+            "checkpoint_files": checkpoint_files,
+            "index": {k: v for k, v in index.items() if k != "tensors"},
+            "indexed_tensors": len(index.get("tensors", {})),
+            "resumed": resumed,
+        }
+
+    figures = run_check("deepspeed_zero2_resume", body)
+    straight, killed, resumed = figures["straight"], figures["killed"], figures["resumed"]
+    assert straight["returncode"] == 0, (straight["error_lines"], straight["output_tail"])
+    assert killed["returncode"] is None and not killed["model_saved"], killed
+    index = figures["index"]
+    assert index.get("written_under") == "DeepSpeed ZeRO-2, 1 process(es)" and index.get("optimizer_step") == 1, index
+    assert figures["indexed_tensors"] == 3 * len(index["parameters"]) > 0  # weight, exp_avg, exp_avg_sq each
+    assert "model.safetensors" not in figures["checkpoint_files"], figures["checkpoint_files"]
+    assert "objective_optimizer.safetensors" in figures["checkpoint_files"]  # log Z's own AdamW
+    assert resumed["returncode"] == 0, (resumed["error_lines"], resumed["output_tail"])
+    assert any("step 1 of 3" in line for line in resumed["resumed"]), (resumed["resumed"], resumed["output_tail"])
+    assert_same_run(straight_dir, killed_dir, loss_tolerance=1e-4, weight_tolerance=1e-5, steps=3)
+    assert resumed["log_z"] == pytest.approx(straight["log_z"], abs=1e-5) and straight["log_z"][-1] != 0.0
+
+
+@needs_cuda
+@pytest.mark.slow
 def test_deepspeed_zero3_with_hf_sampling_is_refused_before_any_model_loads(random_tiny_world, tmp_path):
     """The policy's weights file is cut short: a run that loaded it would stop on the damaged
     file, so the ZeRO-3 refusal in the output shows nothing was loaded before it."""
@@ -589,6 +648,47 @@ def test_deepspeed_zero3_with_hf_sampling_is_refused_before_any_model_loads(rand
     assert figures["refused"] and not figures["loaded_the_damaged_policy"], figures["error_lines"]
 
 
+@needs_cuda
+@pytest.mark.slow
+def test_deepspeed_zero3_gathers_the_samplers_weights_one_parameter_at_a_time(random_tiny_world, tmp_path):
+    """TrainingBase.full_state_dict under a one-process ZeRO-3 launch, every parameter partitioned
+    (tests/zero3_gathered_weights.py): in bfloat16, the policy's own weights, the tied embedding
+    and lm_head one tensor, the parameters partitioned again afterwards; after one update, what
+    DeepSpeed's own consolidated state dict holds."""
+    reason = deepspeed_missing()
+    if reason:
+        report("deepspeed_zero3_gathered_weights", {"skipped": reason})
+        pytest.skip(reason)
+    script = REPO / "tests" / "zero3_gathered_weights.py"
+
+    def body() -> dict:
+        start = time.monotonic()
+        result = accelerate_launch(
+            "deepspeed_zero3.yaml", "", [str(random_tiny_world / "policy"), str(tmp_path)], script=script
+        )
+        verdict = tmp_path / "verdict.json"
+        return {
+            "returncode": result.returncode,
+            "seconds": time.monotonic() - start,
+            "verdict": json.loads(verdict.read_text()) if verdict.exists() else None,
+            "error_lines": error_lines(result.stdout),
+            "output_tail": result.stdout[-3000:],
+        }
+
+    figures = run_check("deepspeed_zero3_gathered_weights", body)
+    assert figures["returncode"] == 0 and figures["verdict"] is not None, (
+        figures["error_lines"],
+        figures["output_tail"],
+    )
+    verdict = figures["verdict"]
+    assert verdict["distributed_type"] == "DistributedType.DEEPSPEED" and verdict["zero_stage"] == 3, verdict
+    assert verdict["partitioned_before"] and verdict["partitioned_after"], verdict
+    assert verdict["names_match"] and verdict["dtypes"] == ["torch.bfloat16"], verdict
+    assert verdict["mismatched"] == [] and verdict["tied_one_tensor"], verdict
+    assert verdict["after_update_names_match"] and verdict["after_update_mismatched"] == [], verdict
+    assert verdict["after_update_dtypes"] == [verdict["trained_dtype"]] and verdict["weights_moved"] > 0, verdict
+
+
 # ----------------------------------------------------------------------------- PPO at the real size, last (cheapest to lose)
 
 
@@ -603,3 +703,26 @@ def test_qwen2_5_math_1_5b_ppo_update_at_the_paper_config_shape(model_folders, t
         lambda: finetune_real_architecture(hub_id, model_folders[hub_id], tmp_path, monkeypatch, "ppo", steps=1),
     )
     _check_finite(figures)
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_qwen2_5_math_1_5b_gfn_memory_at_a_held_out_shape(model_folders, tmp_path, monkeypatch):
+    """A shape no earlier run measured: SubTB with LoRA, micro-batches of 2 x 640 tokens (256 prompt
+    + 384 solution), 2 questions x 6 samples, 2 steps: the measured peak beside make plan's
+    estimate (recorded, compared in docs/scale.md)."""
+    hub_id = "Qwen/Qwen2.5-Math-1.5B-Instruct"
+    figures = run_check(
+        "qwen2.5-math-1.5b_gfn_held_out",
+        lambda: finetune_real_architecture(
+            hub_id,
+            model_folders[hub_id],
+            tmp_path,
+            monkeypatch,
+            "gfn",
+            steps=2,
+            overrides=("gfn.questions_per_step=2", "gfn.micro_batch_size=2", "generation.max_new_tokens=384"),
+        ),
+    )
+    _check_finite(figures)
+    assert figures["plan_training_items_bytes"] > 0 and math.isfinite(figures["plan_training_items_bytes"])

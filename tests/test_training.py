@@ -87,6 +87,95 @@ def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_p
     assert [p.name for p in checkpoint.committed(root)] == ["step-00000006", "step-00000010"]
 
 
+def test_whole_tensor_checkpoints_are_written_in_buckets_by_one_process_and_read_back_one_at_a_time(tmp_path):
+    """The DeepSpeed layout (checkpoint.write_full / read_full_index / iter_full), without DeepSpeed:
+    every process drives the gathering to its end, only the writer keeps and writes the tensors."""
+    from pipeline.training import zero_state
+
+    names = ["embed.weight", "layer.bias"]
+    shapes = {"embed.weight": (6, 4), "layer.bias": (4,)}
+    tensors = {key: torch.randn(shapes[zero_state.split_key(key)[1]]) for key in zero_state.keys(names)}
+    assert list(tensors) == [
+        "model.embed.weight",
+        "exp_avg.embed.weight",
+        "exp_avg_sq.embed.weight",
+        "model.layer.bias",
+        "exp_avg.layer.bias",
+        "exp_avg_sq.layer.bias",
+    ]
+    driven = []
+
+    def gathered():  # stands for the collectives: counts how far each process drove it
+        for key, value in tensors.items():
+            driven.append(key)
+            yield key, value
+
+    meta = {"processes": 2, "written_under": "DeepSpeed ZeRO-2, 2 process(es)", "optimizer_step": 7}
+    checkpoint.write_full(tmp_path / "other_rank", gathered(), meta, write=False, bucket_bytes=100)
+    assert driven == list(tensors) and not (tmp_path / "other_rank").exists()
+    checkpoint.write_full(tmp_path, gathered(), meta, write=True, bucket_bytes=100)  # 96 bytes a matrix
+    parts = sorted(p.name for p in (tmp_path / checkpoint.FULL).iterdir())
+    assert parts == ["index.json", "part-00001.safetensors", "part-00002.safetensors", "part-00003.safetensors"]
+    assert checkpoint.is_full(tmp_path)
+    expected = {key: tuple(value.shape) for key, value in tensors.items()}
+    index = checkpoint.read_full_index(tmp_path, expected, "DeepSpeed ZeRO-3, 1 process(es)")
+    assert index["optimizer_step"] == 7 and index["tensors"]["model.layer.bias"]["dtype"] == "float32"
+    order = list(reversed(tensors))  # any order the reader asks for
+    back = list(checkpoint.iter_full(tmp_path, index, order))
+    assert [key for key, _ in back] == order
+    assert all(torch.equal(value, tensors[key]) for key, value in back)
+
+
+def test_a_whole_tensor_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
+    meta = {"processes": 2, "written_under": "DeepSpeed ZeRO-2, 2 process(es)"}
+    checkpoint.write_full(tmp_path, iter([("model.w", torch.zeros(3, 2))]), meta, write=True)
+    here = "DeepSpeed ZeRO-3, 1 process(es)"
+    with pytest.raises(
+        checkpoint.CheckpointMismatch,
+        match=r"model\.w has shape \[3, 2\] in the checkpoint \(written by 2 process\(es\) under DeepSpeed ZeRO-2, "
+        r"2 process\(es\)\) and \[2, 3\] in this run \(DeepSpeed ZeRO-3, 1 process\(es\)\)",
+    ):
+        checkpoint.read_full_index(tmp_path, {"model.w": (2, 3)}, here)
+    with pytest.raises(checkpoint.CheckpointMismatch, match=r"missing \['model\.v'\], unexpected \['model\.w'\]"):
+        checkpoint.read_full_index(tmp_path, {"model.v": (3, 2)}, here)
+    (tmp_path / checkpoint.FULL / checkpoint.FULL_INDEX).write_text("{")
+    with pytest.raises(checkpoint.CheckpointError, match=r"cannot read full/index\.json"):
+        checkpoint.read_full_index(tmp_path, {"model.w": (3, 2)}, here)
+
+
+def test_a_deepspeed_checkpoint_is_refused_not_skipped_by_a_run_without_deepspeed(tmp_path):
+    """Skipping it as damaged would restart from step 0 and let the new run's checkpoints replace it."""
+    base = make_base(tmp_path)
+    staging = checkpoint.staging_dir(base.checkpoint_root, 4)
+    names = [n for n, p in base.unwrapped.named_parameters()]
+    params = dict(base.unwrapped.named_parameters())
+    from pipeline.training import zero_state
+
+    items = ((key, params[zero_state.split_key(key)[1]].detach()) for key in zero_state.keys(names))
+    checkpoint.write_full(staging, items, {"processes": 2, "written_under": "DeepSpeed ZeRO-2, 2 process(es)"}, True)
+    checkpoint.write_state(staging, "trainer", {"step": 4, "processes": 2, "loop": None})
+    checkpoint.commit(staging, 4)
+    with pytest.raises(
+        checkpoint.CheckpointMismatch, match=r"written under DeepSpeed ZeRO.*this run is unsharded, 1 process"
+    ):
+        make_base(tmp_path).resume()
+    assert [p.name for p in checkpoint.committed(base.checkpoint_root)] == ["step-00000004"]
+
+
+def test_a_deepspeed_run_refuses_a_checkpoint_written_without_deepspeed_naming_both(tmp_path, monkeypatch):
+    """Its whole copy (model.safetensors + optimizer) holds no ZeRO master weights to set: refused."""
+    x, y = regression_data()
+    make_base(tmp_path, save_every=2, total_steps=4).fit(batches(x, y, 16, stop=3), mse)
+    monkeypatch.setattr(TrainingBase, "_zero", property(lambda self: True))  # the DeepSpeed branch, on CPU
+    monkeypatch.setattr(TrainingBase, "_layout", lambda self: "DeepSpeed ZeRO-2, 2 process(es)")
+    with pytest.raises(
+        checkpoint.CheckpointMismatch,
+        match=r"step-00000002: written by a run without DeepSpeed \(1 process\(es\); one whole copy\), and this run "
+        r"is DeepSpeed ZeRO-2, 2 process\(es\)",
+    ):
+        make_base(tmp_path, save_every=2, total_steps=4).resume()
+
+
 # ----------------------------------------------------------------------------- the loop
 
 

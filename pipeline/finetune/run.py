@@ -158,23 +158,18 @@ def check_accelerate_launch(stage: str, cfg, backend: str, processes: int, envir
     if not on("ACCELERATE_USE_DEEPSPEED"):
         return
     stage_of_zero = str(environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
-    if cfg.save_every > 0:
+    if cfg.save_every > 0 and stage_of_zero not in ("1", "2", "3"):
         raise ValueError(
-            f"{stage}.save_every={cfg.save_every} under DeepSpeed: its optimizer state cannot be saved without "
-            f"pickling, so its runs are not resumable here; set {stage}.save_every=0, or use "
-            "configs/accelerate/policy_fsdp.yaml (sharded resumable checkpoints)"
+            f"{stage}.save_every={cfg.save_every} under DeepSpeed ZeRO stage {stage_of_zero}: resumable checkpoints "
+            f"are written from a ZeRO optimizer (stage 1, 2 or 3); use configs/accelerate/deepspeed_zero2.yaml, or "
+            f"set {stage}.save_every=0"
         )
     if stage_of_zero == "3" and backend != "vllm" and cfg.mode != "async":
         raise ValueError(
             "DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole policy between forwards and "
-            "the trainer gathers no copy for HF sampling; use configs/accelerate/policy_fsdp.yaml (FSDP2, HF or "
-            "vLLM sampling) or deepspeed_zero2.yaml"
-        )
-    if stage_of_zero == "3" and processes > 1 and (backend == "vllm" or cfg.mode == "async"):
-        raise ValueError(
-            "DeepSpeed ZeRO-3 with a sampler holding its own weights (vLLM, asynchronous searchers) under "
-            f"{processes} processes: the trainer gathers ZeRO-3 weights on the main process only; use "
-            "configs/accelerate/policy_fsdp.yaml (every process gets the gathered weights) or deepspeed_zero2.yaml"
+            "the trainer gathers no copy for HF sampling; use generation.backend=vllm (the trainer gathers the "
+            "weights for the engine), configs/accelerate/policy_fsdp.yaml (FSDP2, HF or vLLM sampling) or "
+            "deepspeed_zero2.yaml"
         )
 
 

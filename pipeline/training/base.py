@@ -17,8 +17,10 @@ PRM, GFlowNet and PPO fine-tuning) shares, built on accelerate's Accelerator.
   accumulation and mixed precision (bf16 autocast over float32 master weights on GPU) through
   accelerate;
 - checkpoints: the trainable parameters, the optimizer, the objective, the RNG states and the
-  loop's own JSON state, written crash-safe (``pipeline.training.checkpoint``); ``resume`` loads
-  the newest good one and trims metrics.jsonl to it;
+  loop's own JSON state, written crash-safe (``pipeline.training.checkpoint``): FSDP2 shards
+  through torch.distributed.checkpoint, DeepSpeed ZeRO as whole tensors per parameter
+  (``pipeline.training.zero_state``), both loadable under another number of processes;
+  ``resume`` loads the newest good one and trims metrics.jsonl to it;
 - metrics.jsonl through ``MetricsLog`` (main process only), the same records to the experiment
   trackers of ``report_to`` (TensorBoard, W&B: ``pipeline.training.tracking``) and a progress bar;
 - a wall-clock cap that is only a safety net: every run is bounded by its step count, and a run
@@ -59,7 +61,7 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from pipeline.modeling import resolve_device
-from pipeline.training import checkpoint
+from pipeline.training import checkpoint, zero_state
 from pipeline.training.collective_clock import CLOCK
 from pipeline.training.distributed import fsdp_requested
 from pipeline.training.metrics import MetricsLog
@@ -187,6 +189,32 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.full_tensor()
 
 
+def gathered_state_dict(
+    module: torch.nn.Module,
+    dtype: torch.dtype | None = None,
+    gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
+) -> dict[str, torch.Tensor]:
+    """``module``'s whole state dict, gathered one tensor at a time (a collective: every process
+    calls it, and every process gets the whole state dict). A DTensor (FSDP2) is made whole by
+    full_tensor; with ``gather`` (DeepSpeed ZeRO-3: ``GatheredParameters(params,
+    modifier_rank=None)``), ``gather([p])`` makes parameter p whole for the time of a with block,
+    and the tensor kept is a copy taken inside it (the gathered storage is freed when it ends).
+    Each tensor is cast to ``dtype`` (floating ones; None: each keeps its own) at once, so a
+    process holds the whole model in ``dtype`` plus one gathered tensor, never a float32 copy of
+    the whole model. Tied weights (embeddings and lm_head) stay one tensor, and are gathered once."""
+    gathered: dict[str, torch.Tensor] = {}
+    seen: dict[int, torch.Tensor] = {}
+    for name, value in module.state_dict(keep_vars=True).items():
+        if id(value) not in seen:
+            gathering = gather is not None and isinstance(value, torch.nn.Parameter)
+            with gather([value]) if gathering else contextlib.nullcontext():
+                full = _full(value.detach())
+                target = dtype if dtype is not None and full.is_floating_point() else full.dtype
+                seen[id(value)] = full.to(target, copy=gathering)
+        gathered[name] = seen[id(value)]
+    return gathered
+
+
 class TrainingBase:
     """Optimizer, schedule, clipping, accumulation, checkpoints, metrics and progress of one run.
 
@@ -241,10 +269,11 @@ class TrainingBase:
         self.tracking = tracking
 
         deepspeed = getattr(accelerator.state, "deepspeed_plugin", None)
-        if deepspeed is not None and save_every > 0:
+        if deepspeed is not None and save_every > 0 and deepspeed.zero_stage not in (1, 2, 3):
             raise ValueError(
-                f"{desc}: resumable checkpoints are not supported under DeepSpeed (its optimizer state cannot be "
-                "saved without pickling): set save_every=0, or use the FSDP configs"
+                f"{desc}: resumable checkpoints under DeepSpeed are written from its ZeRO optimizer (whole tensors "
+                f"per parameter), and this config has zero_stage {deepspeed.zero_stage}: use zero_stage 1, 2 or 3 "
+                "(configs/accelerate/deepspeed_zero2.yaml), or set save_every=0"
             )
         if deepspeed is not None:  # no prepared dataloader to infer these from (accelerate's documented route)
             deepspeed.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size or 1
@@ -534,27 +563,25 @@ class TrainingBase:
 
     def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The model's whole state dict on EVERY process: what a sampler with its own copy of the
-        weights (a colocated vLLM engine, an HF copy) reloads. Under FSDP2 it is gathered one
-        tensor at a time (full_tensor), each cast to ``dtype`` (the sampler's) at once, so a
-        process holds the whole model in the sampler's dtype plus one float32 tensor, never a
-        float32 copy of the whole model; unsharded, the live tensors themselves (no copy)."""
+        weights (a colocated vLLM engine, an HF copy) reloads. Under FSDP2 and DeepSpeed ZeRO-3
+        it is gathered one tensor at a time (``gathered_state_dict``: full_tensor, or
+        GatheredParameters on every process), each cast to ``dtype`` (the sampler's) at once, so a
+        process holds the whole model in the sampler's dtype plus one gathered tensor, never a
+        float32 copy of the whole model; unsharded (DDP, ZeRO-1/2: every process holds the whole
+        weights), the live tensors themselves (no copy)."""
         if self.sharded:
-            gathered, seen = {}, {}
-            for name, value in self.model.state_dict(keep_vars=True).items():
-                if id(value) not in seen:  # tied weights (embeddings and lm_head) stay one tensor
-                    full = _full(value.detach())
-                    seen[id(value)] = full.to(dtype) if dtype is not None and full.is_floating_point() else full
-                gathered[name] = seen[id(value)]
-            return gathered
+            return gathered_state_dict(self.model, dtype)
         distributed = self.accelerator.distributed_type
         if distributed == DistributedType.FSDP:
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if distributed == DistributedType.DEEPSPEED and self.accelerator.num_processes > 1 and plugin.zero_stage == 3:
-            raise RuntimeError(
-                "a sampler with its own weights (vLLM) needs the full weights on every process, which DeepSpeed "
-                "ZeRO-3 gathers on the main process only: use FSDP2 (configs/accelerate/policy_fsdp.yaml), "
-                "ZeRO-2 or DDP with generation.backend=vllm"
+        if distributed == DistributedType.DEEPSPEED and plugin.zero_stage == 3:
+            import deepspeed  # installed wherever accelerate runs DeepSpeed
+
+            return gathered_state_dict(
+                self.unwrapped,
+                dtype,
+                gather=lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None),
             )
         return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
 
@@ -577,11 +604,13 @@ class TrainingBase:
         staging = staging or self.checkpoint_root / f"{checkpoint.STAGING}{checkpoint.PREFIX}{self.step:08d}"
         if self.sharded:  # every process writes its own shards (torch.distributed.checkpoint)
             self._save_sharded(staging)
+        elif self._zero:  # gathered whole, one parameter at a time; the main process writes
+            self._save_full(staging)
         else:  # replicated: the main process writes the one copy
             model_tensors = self._model_tensors()
             optimizer_state = self._optimizer_state()
         if self.is_main:
-            if not self.sharded:
+            if not self.sharded and not self._zero:
                 checkpoint.write_tensors(staging / "model.safetensors", model_tensors)
                 checkpoint.write_state(staging, "optimizer", optimizer_state)
             if self.objective is not None:
@@ -602,6 +631,64 @@ class TrainingBase:
 
     def _trainable_names(self) -> list[str]:
         return [name for name, p in self.unwrapped.named_parameters() if p.requires_grad]
+
+    @property
+    def _zero(self) -> bool:
+        """A DeepSpeed (ZeRO) run: its checkpoints hold whole tensors per parameter (zero_state)."""
+        return self.accelerator.distributed_type == DistributedType.DEEPSPEED
+
+    def _layout(self) -> str:
+        """This run's layout, as a checkpoint mismatch names it."""
+        processes = self.accelerator.num_processes
+        if self._zero:
+            stage = self.accelerator.state.deepspeed_plugin.zero_stage
+            return f"DeepSpeed ZeRO-{stage}, {processes} process(es)"
+        return f"FSDP2 shards, {processes} process(es)" if self.sharded else f"unsharded, {processes} process(es)"
+
+    def _save_full(self, staging: Path) -> None:
+        """DeepSpeed: every trainable parameter's float32 master weight and AdamW moments, gathered
+        whole one parameter at a time (a collective: every process calls this), written by the
+        main process into staging/full/ with the AdamW step count in full/index.json."""
+        names = self._trainable_names()
+        checkpoint.write_full(
+            staging,
+            zero_state.gathered(self.model, self.unwrapped, names),
+            {
+                "written_under": self._layout(),
+                "processes": self.accelerator.num_processes,  # whole tensors: loads under any number
+                "loads_under": "any number of processes (whole tensors per parameter)",
+                "optimizer_step": zero_state.optimizer_step(self.model),
+                "parameters": names,
+                "moments": list(zero_state.MOMENTS),
+            },
+            write=self.is_main,
+        )
+
+    def _read_full(self, directory: Path) -> dict:
+        """A DeepSpeed checkpoint's index, checked against this model (names and whole shapes)
+        before anything is loaded; refused (CheckpointMismatch) unless this run is under DeepSpeed."""
+        if not self._zero:
+            raise checkpoint.CheckpointMismatch(
+                f"{directory}: written under DeepSpeed ZeRO (whole tensors per parameter, {checkpoint.FULL}/), and this "
+                f"run is {self._layout()}: resume it under a DeepSpeed config (any number of processes), or move it "
+                "away to train afresh"
+            )
+        params = dict(self.unwrapped.named_parameters())
+        shapes = {
+            key: tuple(getattr(params[name], "ds_shape", params[name].shape))  # ZeRO-3: the whole shape
+            for key in zero_state.keys(self._trainable_names())
+            for name in [zero_state.split_key(key)[1]]
+        }
+        return checkpoint.read_full_index(directory, shapes, self._layout())
+
+    def _load_full(self, directory: Path, index: dict) -> None:
+        """Set a checked DeepSpeed checkpoint into the engine, one tensor at a time (every process
+        reads the files itself and calls this: the setters are collectives under ZeRO-3)."""
+        zero_state.prepare_state(self.model, int(index.get("optimizer_step") or 0))
+        wanted = zero_state.keys(self._trainable_names())
+        zero_state.load(
+            self.model, self.unwrapped, checkpoint.iter_full(directory, index, wanted), self.accelerator.device
+        )
 
     def _save_sharded(self, staging: Path) -> None:
         """FSDP2: the trainable weights' and the optimizer's shards of every process into
@@ -676,7 +763,16 @@ class TrainingBase:
             directory: Path,
         ) -> tuple:  # everything before anything is applied: a bad file leaves the model untouched
             trainer = checkpoint.read_state(directory, "trainer")
-            if checkpoint.is_sharded(directory):
+            if checkpoint.is_full(directory):  # DeepSpeed: checked here, loaded tensor by tensor below
+                weights, optimizer_state = self._read_full(directory), None
+            elif self._zero:
+                raise checkpoint.CheckpointMismatch(
+                    f"{directory}: written by a run without DeepSpeed ({trainer.get('processes')} process(es); "
+                    f"{'FSDP2 shards' if checkpoint.is_sharded(directory) else 'one whole copy'}), and this run is "
+                    f"{self._layout()}, which reads whole tensors per parameter ({checkpoint.FULL}/): resume it with "
+                    "the config that wrote it, or move it away to train afresh"
+                )
+            elif checkpoint.is_sharded(directory):
                 weights, optimizer_state = self._read_sharded(directory)
             else:
                 weights, optimizer_state = (
@@ -702,9 +798,11 @@ class TrainingBase:
             self.metrics.trim(0)
             return None
         directory, (trainer, saved, optimizer_state, objective_state, objective_optimizer_state) = loaded
-        sharded = checkpoint.is_sharded(directory)
-        self._load_model_tensors(saved, directory)
-        self._load_optimizer_state(optimizer_state, by_name=sharded)
+        if checkpoint.is_full(directory):
+            self._load_full(directory, saved)
+        else:
+            self._load_model_tensors(saved, directory)
+            self._load_optimizer_state(optimizer_state, by_name=checkpoint.is_sharded(directory))
         if self.objective is not None:
             self.objective.load_state_dict(objective_state)
         if self.objective_optimizer is not None:

@@ -14,6 +14,13 @@ torch.distributed.checkpoint: every process writes its own shards in parallel, a
 files whose JSON headers record each shard's offsets (its Hugging Face storage writer; the
 default writer's ``.metadata`` is a pickle and is not used), and loading reshards them to any
 number of processes, one included. The skeleton of the optimizer state stays JSON beside it.
+
+A DeepSpeed ZeRO run's weights and optimizer moments go into ``full/`` as whole tensors, one per
+parameter and moment (``write_full``; gathered one parameter at a time by
+``pipeline.training.zero_state``), in safetensors files of about ``FULL_BUCKET_BYTES`` each with
+``index.json`` beside them. Whole tensors carry no sharding: such a checkpoint loads under any
+number of processes. A sound checkpoint of another model, layout or config is refused with
+``CheckpointMismatch`` naming both (it is not skipped as damaged, so it is never overwritten).
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ import logging
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint import save as dcp_save
@@ -45,6 +53,11 @@ STAGING = STAGING_PREFIX
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (names the folder and what is wrong)."""
+
+
+class CheckpointMismatch(RuntimeError):
+    """A sound checkpoint written by another model, config or layout than this run's: refused
+    (never skipped as damaged, which would let a fresh run overwrite it), naming both."""
 
 
 # ----------------------------------------------------------------------------- nested state
@@ -198,6 +211,104 @@ def read_sharded(directory: Path, targets: dict[str, torch.Tensor]) -> None:
         dcp_load(targets, storage_reader=HuggingFaceStorageReader(str(Path(directory) / SHARDED)))
     except Exception as error:  # DCP wraps every rank's failure in its own exception types
         raise CheckpointError(f"{directory}: cannot read its sharded state ({str(error)[:300]})") from error
+
+
+FULL = "full"  # a DeepSpeed run's whole tensors, one per parameter and optimizer moment
+FULL_INDEX = "index.json"
+FULL_BUCKET_BYTES = 1 << 30  # the most the writing process holds on its CPU before writing a file
+
+
+def is_full(directory: Path) -> bool:
+    return (Path(directory) / FULL).is_dir()
+
+
+def write_full(
+    directory: Path,
+    items: Iterable[tuple[str, torch.Tensor]],
+    meta: dict,
+    write: bool,
+    bucket_bytes: int = FULL_BUCKET_BYTES,
+) -> None:
+    """Whole tensors into ``directory/full/``: part-<n>.safetensors files of about ``bucket_bytes``
+    each and index.json (``meta`` plus each key's file, shape and dtype). Every process drives
+    ``items`` to its end, in step (under ZeRO each item is gathered by a collective); only the
+    process with ``write`` keeps them, one bucket at a time on its CPU, and writes."""
+    folder = Path(directory) / FULL
+    index: dict[str, dict] = {}
+    bucket: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal bucket, size
+        if not bucket:
+            return
+        name = f"part-{len({entry['file'] for entry in index.values()}) + 1:05d}.safetensors"
+        write_tensors(folder / name, bucket)
+        for key, tensor in bucket.items():
+            index[key] = {"file": name, "shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
+        bucket, size = {}, 0
+
+    if write:
+        folder.mkdir(parents=True, exist_ok=True)
+    for key, tensor in items:
+        if not write:
+            continue
+        if key in bucket or key in index:
+            raise ValueError(f"{folder}: tensor {key!r} given twice")
+        bucket[key] = tensor.detach().to("cpu", copy=True).contiguous()
+        size += bucket[key].numel() * bucket[key].element_size()
+        if size >= bucket_bytes:
+            flush()
+    if write:
+        flush()
+        write_json(folder / FULL_INDEX, {**meta, "tensors": index})
+
+
+def read_full_index(directory: Path, expected: dict[str, tuple[int, ...]], describe: str) -> dict:
+    """``full/index.json`` of a checkpoint, checked against the tensors this run expects (key ->
+    shape). An unreadable index raises CheckpointError; a missing, unexpected or reshaped tensor
+    raises CheckpointMismatch naming the folder, the key, the checkpoint's shape and this run's
+    (``describe``: this run, e.g. "DeepSpeed ZeRO-2, 1 process")."""
+    directory = Path(directory)
+    try:
+        index = json.loads((directory / FULL / FULL_INDEX).read_text(encoding="utf-8"))
+        tensors = {key: tuple(int(n) for n in entry["shape"]) for key, entry in index["tensors"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{directory}: cannot read {FULL}/{FULL_INDEX} ({error})") from error
+    written = f"written by {index.get('processes')} process(es) under {index.get('written_under')}"
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointMismatch(
+            f"{directory}: its tensors ({written}) do not match this run's ({describe}): missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}; it was written by another model or config: move it away to train afresh"
+        )
+    for key, shape in expected.items():
+        if tensors[key] != tuple(shape):
+            raise CheckpointMismatch(
+                f"{directory}: {key} has shape {list(tensors[key])} in the checkpoint ({written}) and "
+                f"{list(shape)} in this run ({describe}); it was written by another model or config: "
+                "move it away to train afresh"
+            )
+    return index
+
+
+def iter_full(directory: Path, index: dict, keys: Iterable[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(key, tensor) of a ``full/`` checkpoint in the order of ``keys``, one tensor at a time on the
+    CPU (safetensors: no code is run); an unreadable file raises CheckpointError naming it."""
+    folder = Path(directory) / FULL
+    handles: dict[str, Any] = {}
+    try:
+        for key in keys:
+            name = index["tensors"][key]["file"]
+            try:
+                if name not in handles:
+                    handles[name] = safe_open(str(folder / name), framework="pt", device="cpu")
+                tensor = handles[name].get_tensor(key)
+            except (OSError, ValueError, RuntimeError, KeyError) as error:
+                raise CheckpointError(f"{directory}: cannot read {key} from {FULL}/{name} ({error})") from error
+            yield key, tensor
+    finally:
+        handles.clear()
 
 
 # ----------------------------------------------------------------------------- commit and find
