@@ -296,8 +296,8 @@ class TrajectoryStore:
         return len(self.buffer) >= max(minimum, 1) and self.buffer.eligible() >= questions
 
     def draw(self, questions: int, latest: int) -> str:
-        groups, recent = self.buffer.sample(questions, latest)
-        return json.dumps({"groups": [[t.to_json() for t in group] for group in groups], "recent": recent})
+        groups, recent = self.buffer.sample_json(questions, latest)
+        return json.dumps({"groups": groups, "recent": recent})
 
     def stats(self) -> dict:
         return {
