@@ -48,6 +48,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -261,6 +262,7 @@ def timed_store_class():
             TrajectoryStore.__init__(self, buffer_kwargs)
             self.add_seconds = self.sample_seconds = 0.0
             self.sampled_rows = 0
+            self.arrivals: dict[int, list[float]] = {}  # weights version -> when each of its rounds arrived
 
         def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
             start = time.perf_counter()
@@ -268,6 +270,16 @@ def timed_store_class():
                 return super().add(payload, searcher, idle_seconds, loading_seconds)
             finally:
                 self.add_seconds += time.perf_counter() - start
+                version = VERSION_FIELD.search(payload)  # a round's trajectories share one version
+                if version is not None:
+                    self.arrivals.setdefault(int(version.group(1)), []).append(time.monotonic())
+
+        def round_arrivals(self) -> dict[int, list[float]]:
+            """Weights version -> the monotonic times (this machine's clock) its rounds reached the store."""
+            return self.arrivals
+
+        def pid(self) -> int:
+            return os.getpid()
 
         def can_draw(self, questions, now, max_staleness, minimum) -> bool:
             start = time.perf_counter()
@@ -302,22 +314,31 @@ def reopenable_weights_class():
         def resume(self) -> None:
             self.stopped = False
 
+        def pid(self) -> int:
+            return os.getpid()
+
     return ReopenableWeightStore
 
 
 # ----------------------------------------------------------------------------- publication (one entry)
 
 
-def publish_weights(weights, searchers: list, state: dict, version: int, *, bucket_mb: float = 256.0) -> dict:
-    """Publish ``state`` as ``version`` to ``searchers`` through the asynchronous trainer's own
-    publisher (pipeline.finetune.publication.WeightPublisher, object-store transport: bf16 buckets of
-    ``bucket_mb`` MiB put in Ray's object store once, their references handed to the weights actor,
-    from which every searcher fetches at the start of its next round). Returns {"seconds", "bytes",
-    "buckets"}: from the call until the references are handed out (packing included)."""
-
-    publisher = WeightPublisher(
+def publisher_for(weights, *, bucket_mb: float = 256.0) -> WeightPublisher:
+    """The asynchronous trainer's own publisher (pipeline.finetune.publication.WeightPublisher) with
+    the object-store transport: bf16 buckets of ``bucket_mb`` MiB put in Ray's object store once,
+    their references handed to the weights actor, from which every searcher fetches at the start of
+    its next round. ``publish`` returns once the snapshot is packed and sends it in the background,
+    as ``AsyncFinetuneTrainer.publish`` does; the next ``publish`` waits for the previous one."""
+    return WeightPublisher(
         transport="object_store", weights=weights, dtype=torch.bfloat16, bucket_bytes=bucket_bytes(bucket_mb)
     )
+
+
+def publish_weights(weights, searchers: list, state: dict, version: int, *, bucket_mb: float = 256.0) -> dict:
+    """One publication waited for (the 1B-parameter measurement): {"seconds", "bytes", "buckets"},
+    from the call until the references are handed out (packing included)."""
+
+    publisher = publisher_for(weights, bucket_mb=bucket_mb)
     start = time.monotonic()
     publisher.publish(state, version, searchers)
     publisher.wait()
@@ -347,6 +368,47 @@ def fetch_seconds(version: int, refs: list, layout: dict) -> dict:
     _, state = receiver.take()
     seconds = time.monotonic() - start
     return {"seconds": seconds, "bytes": sum(v.numel() * v.element_size() for v in state.values())}
+
+
+VERSION_FIELD = re.compile(r'"policy_version": (\d+)')
+
+
+def process_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's CPU seconds so far (user + system, all its threads), from /proc (Linux):
+    pid -> (name, seconds)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        seconds[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return seconds
+
+
+def machine_cpu_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core so far (/proc/stat; idle and iowait are not busy)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
+def cpu_split(before: dict, after: dict, roles: dict[str, set[int]]) -> dict:
+    """CPU seconds spent between two ``process_cpu_seconds`` readings by the processes of each role
+    (pids), the rest as "other", with the three busiest other process names."""
+    spent = {role: 0.0 for role in roles} | {"other": 0.0}
+    others: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        used = seconds - before.get(pid, (name, 0.0))[1]
+        role = next((r for r, pids in roles.items() if pid in pids), "other")
+        spent[role] += used
+        if role == "other":
+            others[name] = others.get(name, 0.0) + used
+    spent["other_busiest"] = dict(sorted(others.items(), key=lambda item: -item[1])[:3])
+    return spent
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -391,9 +453,12 @@ def train_point(
     calibration: Calibration,
     first_step: int,
     sweep_state: dict,
+    pids: dict[str, set[int]] | None = None,
 ) -> dict:
     """One sweep point: ``searchers`` searchers run while the fake trainer trains warmup +
-    measured updates under ``policy``. Returns the point's measurements and the next free step."""
+    measured updates under ``policy``. Returns the point's measurements and the next free step.
+    pids: role -> process ids ("searchers" of all started searchers, "store", "weights"), for the
+    CPU time each role spends in the measured window (this process is the trainer)."""
     import ray  # the optional extra (extra `distributed`)
 
     questions, used = searchers * settings.questions_per_round, settings.samples_per_question
@@ -415,10 +480,18 @@ def train_point(
     ray.get(store.restart.remote(buffer))
     ray.get(weights.resume.remote())
     step = published = first_step
-    publish_weights(weights, actors[:searchers], sweep_state, step)  # what the searchers start from
+    publisher = publisher_for(weights)
+    publisher.publish(sweep_state, step, actors[:searchers])  # what the searchers start from
     runs = [actor.run.remote() for actor in actors[:searchers]]
     trained: set = set()
     window_rows, staleness, waits, window_publications = 0, [], [], []
+    updating, publishing, parsing, publish_started = (
+        [],
+        [],
+        [],
+        {},
+    )  # the trainer's seconds per measured update; version -> when
+    roles = {**(pids or {}), "trainer": {os.getpid()}}
     fresh_in_window = recent_groups = shared_groups = 0
     window_start = stats_start = None
     updates = settings.warmup_updates + settings.measured_updates
@@ -426,13 +499,16 @@ def train_point(
         for update in range(updates):
             if update == settings.warmup_updates:
                 window_start, stats_start = time.monotonic(), ray.get(store.timings.remote())
+                cpu_start, ticks_start = process_cpu_seconds(), machine_cpu_ticks()
             measured = update >= settings.warmup_updates
             waited, deadline = time.monotonic(), time.monotonic() + settings.draw_timeout
             while True:
                 # the real trainer's wait (AsyncFinetuneTrainer.draw_once): the batch as soon as the store holds it
-                answer = json.loads(
-                    ray.get(store.wait_sample.remote(questions, published, step, policy.max_staleness, 0, WAIT_SECONDS))
+                text = ray.get(
+                    store.wait_sample.remote(questions, published, step, policy.max_staleness, 0, WAIT_SECONDS)
                 )
+                answered = time.monotonic()
+                answer = json.loads(text)
                 if len(answer["groups"]) == questions:
                     break
                 ready, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
@@ -446,10 +522,13 @@ def train_point(
                     )
             groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in g] for g in answer["groups"]]
             batch = [trajectory for group in groups for trajectory in group]
+            parsed = time.monotonic() - answered  # the trainer's reading of the batch (json, records checked)
             # a question's group with completions of two searchers: their question cycles met
             shared_groups += sum(len({sampled_by(t) for t in group}) > 1 for group in groups)
             wait = time.monotonic() - waited
+            started = time.monotonic()
             time.sleep(calibration.update_seconds)  # the update
+            updated = time.monotonic() - started
             new = 0
             for trajectory in batch:
                 identity = trajectory_identity(trajectory)
@@ -461,17 +540,38 @@ def train_point(
                 recent_groups += answer["recent"]
                 staleness += [step - t.policy_version for t in batch]
                 waits.append(wait)
+                parsing.append(parsed)
+                updating.append(updated)
             step += 1
             if step % policy.sync_every == 0:
-                publication = publish_weights(weights, actors[:searchers], sweep_state, step)
+                # the real trainer's publication (AsyncFinetuneTrainer.publish): packed here, sent in the
+                # background while the next update waits for its batch and trains
+                started = time.monotonic()
+                publisher.publish(sweep_state, step, actors[:searchers])
+                publish_started[step] = started
                 published = step
                 if measured:
-                    window_publications.append(publication)
+                    publishing.append(time.monotonic() - started)
+            if measured:
+                window_publications += publisher.take_finished()
         window_seconds = time.monotonic() - window_start
         stats_end = ray.get(store.timings.remote())
+        cpu_end, ticks_end = process_cpu_seconds(), machine_cpu_ticks()
     finally:
+        publisher.close()  # the running publication ends first
         ray.get(weights.stop.remote())
         rounds = ray.get(runs, timeout=settings.draw_timeout)
+    # when each version measured reached the searchers (references handed out), and when its last round reached the store
+    arrivals = ray.get(store.round_arrivals.remote())
+    lags = [
+        max(arrivals[p.version]) - (publish_started[p.version] + p.seconds)
+        for p in window_publications
+        if p.version in publish_started and len(arrivals.get(p.version, [])) >= searchers
+    ]
+    cpu = cpu_split(cpu_start, cpu_end, roles)
+    measured_rounds = (stats_end["added"] - stats_start["added"]) / (
+        settings.questions_per_round * settings.samples_per_question
+    )
     final = ray.get(store.timings.remote())
     added = stats_end["added"] - stats_start["added"]
     sampled = stats_end["sampled_rows"] - stats_start["sampled_rows"]
@@ -508,8 +608,33 @@ def train_point(
         "store_sample_per_s": sampled / window_seconds,
         "store_sample_capacity_per_s": sampled / sample_s if sample_s > 0 else None,
         "store_busy_fraction": (add_s + sample_s) / window_seconds,
-        "publish_seconds": sum(p["seconds"] for p in window_publications) / max(len(window_publications), 1),
-        "publish_bytes": window_publications[0]["bytes"] if window_publications else None,
+        "publish_seconds": sum(p.seconds for p in window_publications) / max(len(window_publications), 1),
+        "publish_bytes": window_publications[0].bytes if window_publications else None,
+        # the trainer's wall time per measured update: waiting for its batch, the update, its own part
+        # of a publication (packing; waiting for the previous one), the rest (drawing's parsing, counting)
+        "trainer_update_per_update_s": sum(updating) / max(len(updating), 1),
+        # of the wait: the trainer reading the batch it got (JSON, records built and checked), and
+        # the store's own time checking and drawing (per update)
+        "trainer_parse_per_update_s": sum(parsing) / max(len(parsing), 1),
+        "store_draw_per_update_s": sample_s / settings.measured_updates,
+        "trainer_publish_per_update_s": sum(publishing) / max(len(updating), 1),
+        "trainer_other_per_update_s": (window_seconds - sum(waits) - sum(updating) - sum(publishing))
+        / max(len(updating), 1),
+        # a version's last round at the store, seconds after its references were handed out (one
+        # round of G with no overhead: G); p50 and max over the measured versions
+        "last_round_after_publication_p50_s": percentile(lags, 50),
+        "last_round_after_publication_max_s": max(lags) if lags else None,
+        # CPU seconds per measured update of each role's processes (all their threads); other: Ray's
+        # own processes (raylet, GCS, idle workers) and the rest of the machine; busy: the machine's
+        # cores busy over the window (1.0: every core all the time)
+        "cpu_per_update_s": {
+            role: value / settings.measured_updates
+            if isinstance(value, float)
+            else {name: seconds / settings.measured_updates for name, seconds in value.items()}
+            for role, value in cpu.items()
+        },
+        "cpu_per_searcher_round_s": cpu.get("searchers", 0.0) / measured_rounds if measured_rounds else None,
+        "machine_busy_fraction": (ticks_end[0] - ticks_start[0]) / max(ticks_end[1] - ticks_start[1], 1),
         # the whole point (warm-up included): what the searchers sent, what the trainer trained
         "rounds": sum(rounds),
         "added": final["added"],
@@ -541,9 +666,9 @@ def full_publication(weights, searchers: list, state: dict, version: int) -> dic
     }
 
 
-def start_searchers(gfn, group, names: dict, calibration: Calibration) -> tuple[list, list]:
+def start_searchers(gfn, group, names: dict, calibration: Calibration) -> tuple[list, list, set[int]]:
     """gfn.searchers Searcher actors, searcher i in bundle 1 + i of the run's placement group, each
-    sampling its share of the problems: (the actors, each one's bundles as Ray reports them)."""
+    sampling its share of the problems: (the actors, each one's bundles as Ray reports them, their process ids)."""
     import ray  # the optional extra (extra `distributed`)
 
     factory = functools.partial(make_sampler, gfn=gfn, calibration=calibration)
@@ -555,7 +680,7 @@ def start_searchers(gfn, group, names: dict, calibration: Calibration) -> tuple[
         for i in range(gfn.searchers)
     ]
     statuses = ray.get([actor.status.remote() for actor in actors], timeout=600)
-    return actors, [status["placement"]["bundles"] for status in statuses]
+    return actors, [status["placement"]["bundles"] for status in statuses], {status["pid"] for status in statuses}
 
 
 def sweep(
@@ -605,7 +730,14 @@ def sweep(
             for actor in actors:
                 ray.kill(actor)
             start = time.monotonic()
-            actors, placed = start_searchers(gfn_section(cfg, settings, most, policy), group, names, calibration)
+            actors, placed, searcher_pids = start_searchers(
+                gfn_section(cfg, settings, most, policy), group, names, calibration
+            )
+            pids = {
+                "searchers": searcher_pids,
+                "store": {ray.get(store.pid.remote())},
+                "weights": {ray.get(weights.pid.remote())},
+            }
             bundles = bundles or placed
             starts.append(time.monotonic() - start)
             startup = startup or time.monotonic() - started  # Ray and the first searchers
@@ -621,6 +753,7 @@ def sweep(
                     calibration=calibration,
                     first_step=step,
                     sweep_state=sweep_state,
+                    pids=pids,
                 )
                 step = point["next_step"]
                 points.append(point)
