@@ -19,7 +19,8 @@ What is simulated:
   constant log score per step;
 - the trainer's update (this process): it draws its batch from the store as the real trainer does
   (TrajectoryStore.wait_sample with the newest published version, its step and the staleness bound),
-  sleeps the measured seconds of one update, then publishes.
+  sleeps the measured seconds of one update, then publishes (WeightPublisher.publish: packed, then
+  sent in the background while the next update waits for its batch, as AsyncFinetuneTrainer.publish).
 
 The times come from this project's measurements on the 2-core CPU (CALIBRATION): a round of
 4 questions x 4 solutions costs G = 0.911 s (generation + scoring), an update of 16 rows costs
@@ -885,6 +886,33 @@ def markdown_table(row: dict) -> str:
     return "\n".join(lines)
 
 
+def breakdown_table(row: dict) -> str:
+    """The docs/benchmarks.md table of where the time goes, per store policy and N: the trainer's
+    wall seconds per update, each role's CPU seconds per update, the machine's busy share."""
+    header = (
+        "| policy | N | trainer wait (s) | of it: store's check + draw (s) | of it: reading the batch (s) | "
+        "update (s) | publishing, trainer's part (s) | last round after publication p50 / max (s) | "
+        "CPU s per update: searchers / store / weights / trainer / other | machine busy |"
+    )
+    lines = [header, "|" + "---|" * 10]
+    for p in row["points"]:
+        cpu = p["cpu_per_update_s"]
+        cells = [
+            p["policy"],
+            p["searchers"],
+            f"{p['trainer_wait_per_update_s']:.3f}",
+            f"{p['store_draw_per_update_s']:.3f}",
+            f"{p['trainer_parse_per_update_s']:.3f}",
+            f"{p['trainer_update_per_update_s']:.3f}",
+            f"{p['trainer_publish_per_update_s']:.3f}",
+            f"{p['last_round_after_publication_p50_s']:.3f} / {p['last_round_after_publication_max_s'] or math.nan:.3f}",
+            " / ".join(f"{cpu[role]:.3f}" for role in ("searchers", "store", "weights", "trainer", "other")),
+            f"{p['machine_busy_fraction']:.2f}",
+        ]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
 def run(cfg, out_dir: Path) -> dict:
     """The benchmark row (make bench): the sweep at the default settings and calibration."""
     return measure(cfg, out_dir)
@@ -938,6 +966,7 @@ def main(argv: list[str] | None = None) -> dict:
     if docs_image:
         shutil.copyfile(out_dir / f"{NAME}.png", REPO / "docs" / "img" / f"{NAME}.png")
     print(markdown_table(row))
+    print(breakdown_table(row))
     summary = ("name", "fraction_of_ideal", "headline_policy", "rows_trained_of_ideal_by_policy", "machine")
     print(json.dumps({key: row[key] for key in (*summary, "full_publication")}))
     return row
