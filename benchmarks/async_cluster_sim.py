@@ -10,8 +10,8 @@ What runs for real (pipeline.finetune.async_ray, ray_cluster, grouped_replay, sa
   each with a real TrajectorySampler (its share of the problems, question cycle, scoring, grading,
   Trajectory records), started anew for each store policy (rounds per version is theirs);
 - the TrajectoryStore actor and its GroupedReplay buffer (ingest, staleness bound, grouped draws);
-- the WeightStore actor, and the weight publication through ``publish_weights`` (this module's
-  one entry to the publication code).
+- the WeightStore actor, and the weight publication through the trainer's own WeightPublisher
+  (``publisher_for``: packed, sent in the background, the next publication waiting for the previous).
 
 What is simulated:
 - the engine (SleepingEngine): a round of n trajectories sleeps n x (per-trajectory seconds +
@@ -33,10 +33,12 @@ Measured per N: trained trajectories per second (each trajectory counted the fir
 trained: fresh) and rows trained per second (replays too: whether the trainer is kept fed) against
 the ideal, question groups of a batch that mix two searchers' completions, the staleness of
 trained rows (trainer steps), the store's ingest and sample throughput (achieved, and per second of the store's own time: its capacity), the
-publication's seconds for the sweep's payload; once after the sweep, a 1B-parameter bf16 payload
+publication's seconds for the sweep's payload, and where the time goes (breakdown_table: the
+trainer's wall seconds per update, each role's CPU seconds from /proc, Linux only, the machine's busy
+share); once after the sweep, a 1B-parameter bf16 payload
 (a real 2e9-byte tensor set) published and fetched by one reader. Two store policies: the config's
 asynchronous settings (replay allowed) and NO_REPLAY (one round per searcher per version). About
-8.5 minutes on the 2-core machine, most of it the 32 searchers' two starts and Ray's shutdown
+6.5 minutes on the 2-core machine, most of it the 32 searchers' two starts and Ray's shutdown
 (docs/benchmarks.md, "Simulated cluster").
 """
 
