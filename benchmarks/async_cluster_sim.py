@@ -488,12 +488,8 @@ def train_point(
     runs = [actor.run.remote() for actor in actors[:searchers]]
     trained: set = set()
     window_rows, staleness, waits, window_publications = 0, [], [], []
-    updating, publishing, parsing, publish_started = (
-        [],
-        [],
-        [],
-        {},
-    )  # the trainer's seconds per measured update; version -> when
+    # the trainer's seconds per measured update (update, its part of publishing, reading its batch); version -> when published
+    updating, publishing, parsing, publish_started = [], [], [], {}
     roles = {**(pids or {}), "trainer": {os.getpid()}}
     fresh_in_window = recent_groups = shared_groups = 0
     window_start = stats_start = None
@@ -614,7 +610,7 @@ def train_point(
         "publish_seconds": sum(p.seconds for p in window_publications) / max(len(window_publications), 1),
         "publish_bytes": window_publications[0].bytes if window_publications else None,
         # the trainer's wall time per measured update: waiting for its batch, the update, its own part
-        # of a publication (packing; waiting for the previous one), the rest (drawing's parsing, counting)
+        # of a publication (packing; waiting for the previous one), the rest (the simulation's counting)
         "trainer_update_per_update_s": sum(updating) / max(len(updating), 1),
         # of the wait: the trainer reading the batch it got (JSON, records built and checked), and
         # the store's own time checking and drawing (per update)
