@@ -62,11 +62,18 @@ from matplotlib.figure import Figure
 
 from benchmarks.common import machine_description
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import WAIT_SECONDS, Searcher, TrajectoryStore, WeightStore, searcher_config
+from pipeline.finetune.async_ray import (
+    WAIT_SECONDS,
+    BatchRequest,
+    Searcher,
+    TrajectoryStore,
+    WeightStore,
+    published_after,
+    searcher_config,
+)
 from pipeline.finetune.policy import SampledSolution
 from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
-from pipeline.records import Trajectory
 from stages.common import parse_args
 
 log = logging.getLogger("stepflow.bench")
@@ -494,6 +501,7 @@ def train_point(
     fresh_in_window = recent_groups = shared_groups = 0
     window_start = stats_start = None
     updates = settings.warmup_updates + settings.measured_updates
+    request = None  # the store request for the next update's batch
     try:
         for update in range(updates):
             if update == settings.warmup_updates:
@@ -501,14 +509,13 @@ def train_point(
                 cpu_start, ticks_start = process_cpu_seconds(), machine_cpu_ticks()
             measured = update >= settings.warmup_updates
             waited, deadline = time.monotonic(), time.monotonic() + settings.draw_timeout
+            if request is None or request.conditions != (questions, published, step, policy.max_staleness, 0):
+                request = BatchRequest(store, (questions, published, step, policy.max_staleness, 0))
             while True:
-                # the real trainer's wait (AsyncFinetuneTrainer.draw_once): the batch as soon as the store holds it
-                text = ray.get(
-                    store.wait_sample.remote(questions, published, step, policy.max_staleness, 0, WAIT_SECONDS)
-                )
-                answered = time.monotonic()
-                answer = json.loads(text)
-                if len(answer["groups"]) == questions:
+                # the real trainer's wait (AsyncFinetuneTrainer.draw_once): the batch as soon as the store
+                # holds it, asked for as the previous update started
+                answer = request.result(WAIT_SECONDS)
+                if answer is not None:
                     break
                 ready, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
                 for ref in ready:
@@ -519,9 +526,13 @@ def train_point(
                         f"{questions} questions x {used} within {settings.draw_timeout:g} s; store: "
                         f"{ray.get(store.stats.remote())}"
                     )
-            groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in g] for g in answer["groups"]]
+            _, groups, recent = answer
+            parsed = request.read_seconds  # the reading of the batch (json, records checked), in the request's thread
+            request = None
+            if update + 1 < updates:  # the next batch asked for as the update starts (AsyncFinetuneTrainer.prefetch)
+                following = (questions, published_after(step, published, policy.sync_every), step + 1)
+                request = BatchRequest(store, (*following, policy.max_staleness, 0))
             batch = [trajectory for group in groups for trajectory in group]
-            parsed = time.monotonic() - answered  # the trainer's reading of the batch (json, records checked)
             # a question's group with completions of two searchers: their question cycles met
             shared_groups += sum(len({sampled_by(t) for t in group}) > 1 for group in groups)
             wait = time.monotonic() - waited
@@ -536,7 +547,7 @@ def train_point(
             if measured:
                 window_rows += len(batch)
                 fresh_in_window += new
-                recent_groups += answer["recent"]
+                recent_groups += recent
                 staleness += [step - t.policy_version for t in batch]
                 waits.append(wait)
                 parsing.append(parsed)
@@ -557,6 +568,8 @@ def train_point(
         stats_end = ray.get(store.timings.remote())
         cpu_end, ticks_end = process_cpu_seconds(), machine_cpu_ticks()
     finally:
+        if request is not None:
+            request.close()
         publisher.close()  # the running publication ends first
         ray.get(weights.stop.remote())
         rounds = ray.get(runs, timeout=settings.draw_timeout)
