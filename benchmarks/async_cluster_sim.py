@@ -18,7 +18,8 @@ What is simulated:
   tokens x per-token seconds) and returns distinct placeholder steps; the scorer returns a
   constant log score per step;
 - the trainer's update (this process): it draws its batch from the store as the real trainer does
-  (TrajectoryStore.wait_sample with the newest published version, its step and the staleness bound),
+  (a BatchRequest: TrajectoryStore.wait_sample with the newest published version, its step and the
+  staleness bound, asked for as the previous update started and read by the request's thread),
   sleeps the measured seconds of one update, then publishes (WeightPublisher.publish: packed, then
   sent in the background while the next update waits for its batch, as AsyncFinetuneTrainer.publish).
 
@@ -625,8 +626,9 @@ def train_point(
         # the trainer's wall time per measured update: waiting for its batch, the update, its own part
         # of a publication (packing; waiting for the previous one), the rest (the simulation's counting)
         "trainer_update_per_update_s": sum(updating) / max(len(updating), 1),
-        # of the wait: the trainer reading the batch it got (JSON, records built and checked), and
-        # the store's own time checking and drawing (per update)
+        # the batch's reading (JSON, records built and checked) in the request's thread, and the
+        # store's own time checking and drawing (per update): both run while the previous update does,
+        # the trainer waits only for what is left of them when it ends
         "trainer_parse_per_update_s": sum(parsing) / max(len(parsing), 1),
         "store_draw_per_update_s": sample_s / settings.measured_updates,
         "trainer_publish_per_update_s": sum(publishing) / max(len(updating), 1),
@@ -901,7 +903,7 @@ def breakdown_table(row: dict) -> str:
     """The docs/benchmarks.md table of where the time goes, per store policy and N: the trainer's
     wall seconds per update, each role's CPU seconds per update, the machine's busy share."""
     header = (
-        "| policy | N | trainer wait (s) | of it: store's check + draw (s) | of it: reading the batch (s) | "
+        "| policy | N | trainer wait (s) | store's check + draw (s) | reading the batch, request's thread (s) | "
         "update (s) | publishing, trainer's part (s) | last round after publication p50 / max (s) | "
         "CPU s per update: searchers / store / weights / trainer / other | machine busy |"
     )
