@@ -1334,6 +1334,7 @@ class NoPublisher:
         pass
 
 
+@pytest.mark.slow
 def test_the_next_batch_is_asked_for_while_the_update_runs_under_the_conditions_after_it(local_ray, tmp_path):
     """The trainer asks the store for step s + 1's batch while step s's update is still running
     (the update here waits until the store has the request), with the conditions a draw after the
