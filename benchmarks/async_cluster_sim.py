@@ -10,16 +10,18 @@ What runs for real (pipeline.finetune.async_ray, ray_cluster, grouped_replay, sa
   each with a real TrajectorySampler (its share of the problems, question cycle, scoring, grading,
   Trajectory records), started anew for each store policy (rounds per version is theirs);
 - the TrajectoryStore actor and its GroupedReplay buffer (ingest, staleness bound, grouped draws);
-- the WeightStore actor, and the weight publication through ``publish_weights`` (this module's
-  one entry to the publication code).
+- the WeightStore actor, and the weight publication through the trainer's own WeightPublisher
+  (``publisher_for``: packed, sent in the background, the next publication waiting for the previous).
 
 What is simulated:
 - the engine (SleepingEngine): a round of n trajectories sleeps n x (per-trajectory seconds +
   tokens x per-token seconds) and returns distinct placeholder steps; the scorer returns a
   constant log score per step;
 - the trainer's update (this process): it draws its batch from the store as the real trainer does
-  (TrajectoryStore.wait_sample with the newest published version, its step and the staleness bound),
-  sleeps the measured seconds of one update, then publishes.
+  (a BatchRequest: TrajectoryStore.wait_sample with the newest published version, its step and the
+  staleness bound, asked for as the previous update started and read by the request's thread),
+  sleeps the measured seconds of one update, then publishes (WeightPublisher.publish: packed, then
+  sent in the background while the next update waits for its batch, as AsyncFinetuneTrainer.publish).
 
 The times come from this project's measurements on the 2-core CPU (CALIBRATION): a round of
 4 questions x 4 solutions costs G = 0.911 s (generation + scoring), an update of 16 rows costs
@@ -32,10 +34,12 @@ Measured per N: trained trajectories per second (each trajectory counted the fir
 trained: fresh) and rows trained per second (replays too: whether the trainer is kept fed) against
 the ideal, question groups of a batch that mix two searchers' completions, the staleness of
 trained rows (trainer steps), the store's ingest and sample throughput (achieved, and per second of the store's own time: its capacity), the
-publication's seconds for the sweep's payload; once after the sweep, a 1B-parameter bf16 payload
+publication's seconds for the sweep's payload, and where the time goes (breakdown_table: the
+trainer's wall seconds per update, each role's CPU seconds from /proc, Linux only, the machine's busy
+share); once after the sweep, a 1B-parameter bf16 payload
 (a real 2e9-byte tensor set) published and fetched by one reader. Two store policies: the config's
 asynchronous settings (replay allowed) and NO_REPLAY (one round per searcher per version). About
-8.5 minutes on the 2-core machine, most of it the 32 searchers' two starts and Ray's shutdown
+6.5 minutes on the 2-core machine, most of it the 32 searchers' two starts and Ray's shutdown
 (docs/benchmarks.md, "Simulated cluster").
 """
 
@@ -48,6 +52,7 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -58,11 +63,18 @@ from matplotlib.figure import Figure
 
 from benchmarks.common import machine_description
 from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import WAIT_SECONDS, Searcher, TrajectoryStore, WeightStore, searcher_config
+from pipeline.finetune.async_ray import (
+    WAIT_SECONDS,
+    BatchRequest,
+    Searcher,
+    TrajectoryStore,
+    WeightStore,
+    published_after,
+    searcher_config,
+)
 from pipeline.finetune.policy import SampledSolution
 from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
-from pipeline.records import Trajectory
 from stages.common import parse_args
 
 log = logging.getLogger("stepflow.bench")
@@ -261,6 +273,7 @@ def timed_store_class():
             TrajectoryStore.__init__(self, buffer_kwargs)
             self.add_seconds = self.sample_seconds = 0.0
             self.sampled_rows = 0
+            self.arrivals: dict[int, list[float]] = {}  # weights version -> when each of its rounds arrived
 
         def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
             start = time.perf_counter()
@@ -268,6 +281,16 @@ def timed_store_class():
                 return super().add(payload, searcher, idle_seconds, loading_seconds)
             finally:
                 self.add_seconds += time.perf_counter() - start
+                version = VERSION_FIELD.search(payload)  # a round's trajectories share one version
+                if version is not None:
+                    self.arrivals.setdefault(int(version.group(1)), []).append(time.monotonic())
+
+        def round_arrivals(self) -> dict[int, list[float]]:
+            """Weights version -> the monotonic times (this machine's clock) its rounds reached the store."""
+            return self.arrivals
+
+        def pid(self) -> int:
+            return os.getpid()
 
         def can_draw(self, questions, now, max_staleness, minimum) -> bool:
             start = time.perf_counter()
@@ -302,22 +325,31 @@ def reopenable_weights_class():
         def resume(self) -> None:
             self.stopped = False
 
+        def pid(self) -> int:
+            return os.getpid()
+
     return ReopenableWeightStore
 
 
 # ----------------------------------------------------------------------------- publication (one entry)
 
 
-def publish_weights(weights, searchers: list, state: dict, version: int, *, bucket_mb: float = 256.0) -> dict:
-    """Publish ``state`` as ``version`` to ``searchers`` through the asynchronous trainer's own
-    publisher (pipeline.finetune.publication.WeightPublisher, object-store transport: bf16 buckets of
-    ``bucket_mb`` MiB put in Ray's object store once, their references handed to the weights actor,
-    from which every searcher fetches at the start of its next round). Returns {"seconds", "bytes",
-    "buckets"}: from the call until the references are handed out (packing included)."""
-
-    publisher = WeightPublisher(
+def publisher_for(weights, *, bucket_mb: float = 256.0) -> WeightPublisher:
+    """The asynchronous trainer's own publisher (pipeline.finetune.publication.WeightPublisher) with
+    the object-store transport: bf16 buckets of ``bucket_mb`` MiB put in Ray's object store once,
+    their references handed to the weights actor, from which every searcher fetches at the start of
+    its next round. ``publish`` returns once the snapshot is packed and sends it in the background,
+    as ``AsyncFinetuneTrainer.publish`` does; the next ``publish`` waits for the previous one."""
+    return WeightPublisher(
         transport="object_store", weights=weights, dtype=torch.bfloat16, bucket_bytes=bucket_bytes(bucket_mb)
     )
+
+
+def publish_weights(weights, searchers: list, state: dict, version: int, *, bucket_mb: float = 256.0) -> dict:
+    """One publication waited for (the 1B-parameter measurement): {"seconds", "bytes", "buckets"},
+    from the call until the references are handed out (packing included)."""
+
+    publisher = publisher_for(weights, bucket_mb=bucket_mb)
     start = time.monotonic()
     publisher.publish(state, version, searchers)
     publisher.wait()
@@ -347,6 +379,47 @@ def fetch_seconds(version: int, refs: list, layout: dict) -> dict:
     _, state = receiver.take()
     seconds = time.monotonic() - start
     return {"seconds": seconds, "bytes": sum(v.numel() * v.element_size() for v in state.values())}
+
+
+VERSION_FIELD = re.compile(r'"policy_version": (\d+)')
+
+
+def process_cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's CPU seconds so far (user + system, all its threads), from /proc (Linux):
+    pid -> (name, seconds)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        seconds[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return seconds
+
+
+def machine_cpu_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every core so far (/proc/stat; idle and iowait are not busy)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
+def cpu_split(before: dict, after: dict, roles: dict[str, set[int]]) -> dict:
+    """CPU seconds spent between two ``process_cpu_seconds`` readings by the processes of each role
+    (pids), the rest as "other", with the three busiest other process names."""
+    spent = {role: 0.0 for role in roles} | {"other": 0.0}
+    others: dict[str, float] = {}
+    for pid, (name, seconds) in after.items():
+        used = seconds - before.get(pid, (name, 0.0))[1]
+        role = next((r for r, pids in roles.items() if pid in pids), "other")
+        spent[role] += used
+        if role == "other":
+            others[name] = others.get(name, 0.0) + used
+    spent["other_busiest"] = dict(sorted(others.items(), key=lambda item: -item[1])[:3])
+    return spent
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -391,9 +464,12 @@ def train_point(
     calibration: Calibration,
     first_step: int,
     sweep_state: dict,
+    pids: dict[str, set[int]] | None = None,
 ) -> dict:
     """One sweep point: ``searchers`` searchers run while the fake trainer trains warmup +
-    measured updates under ``policy``. Returns the point's measurements and the next free step."""
+    measured updates under ``policy``. Returns the point's measurements and the next free step.
+    pids: role -> process ids ("searchers" of all started searchers, "store", "weights"), for the
+    CPU time each role spends in the measured window (this process is the trainer)."""
     import ray  # the optional extra (extra `distributed`)
 
     questions, used = searchers * settings.questions_per_round, settings.samples_per_question
@@ -415,25 +491,32 @@ def train_point(
     ray.get(store.restart.remote(buffer))
     ray.get(weights.resume.remote())
     step = published = first_step
-    publish_weights(weights, actors[:searchers], sweep_state, step)  # what the searchers start from
+    publisher = publisher_for(weights)
+    publisher.publish(sweep_state, step, actors[:searchers])  # what the searchers start from
     runs = [actor.run.remote() for actor in actors[:searchers]]
     trained: set = set()
     window_rows, staleness, waits, window_publications = 0, [], [], []
+    # the trainer's seconds per measured update (update, its part of publishing, reading its batch); version -> when published
+    updating, publishing, parsing, publish_started = [], [], [], {}
+    roles = {**(pids or {}), "trainer": {os.getpid()}}
     fresh_in_window = recent_groups = shared_groups = 0
     window_start = stats_start = None
     updates = settings.warmup_updates + settings.measured_updates
+    request = None  # the store request for the next update's batch
     try:
         for update in range(updates):
             if update == settings.warmup_updates:
                 window_start, stats_start = time.monotonic(), ray.get(store.timings.remote())
+                cpu_start, ticks_start = process_cpu_seconds(), machine_cpu_ticks()
             measured = update >= settings.warmup_updates
             waited, deadline = time.monotonic(), time.monotonic() + settings.draw_timeout
+            if request is None or request.conditions != (questions, published, step, policy.max_staleness, 0):
+                request = BatchRequest(store, (questions, published, step, policy.max_staleness, 0))
             while True:
-                # the real trainer's wait (AsyncFinetuneTrainer.draw_once): the batch as soon as the store holds it
-                answer = json.loads(
-                    ray.get(store.wait_sample.remote(questions, published, step, policy.max_staleness, 0, WAIT_SECONDS))
-                )
-                if len(answer["groups"]) == questions:
+                # the real trainer's wait (AsyncFinetuneTrainer.draw_once): the batch as soon as the store
+                # holds it, asked for as the previous update started
+                answer = request.result(WAIT_SECONDS)
+                if answer is not None:
                     break
                 ready, _ = ray.wait(runs, num_returns=len(runs), timeout=0)
                 for ref in ready:
@@ -444,12 +527,19 @@ def train_point(
                         f"{questions} questions x {used} within {settings.draw_timeout:g} s; store: "
                         f"{ray.get(store.stats.remote())}"
                     )
-            groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in g] for g in answer["groups"]]
+            _, groups, recent = answer
+            parsed = request.read_seconds  # the reading of the batch (json, records checked), in the request's thread
+            request = None
+            if update + 1 < updates:  # the next batch asked for as the update starts (AsyncFinetuneTrainer.prefetch)
+                following = (questions, published_after(step, published, policy.sync_every), step + 1)
+                request = BatchRequest(store, (*following, policy.max_staleness, 0))
             batch = [trajectory for group in groups for trajectory in group]
             # a question's group with completions of two searchers: their question cycles met
             shared_groups += sum(len({sampled_by(t) for t in group}) > 1 for group in groups)
             wait = time.monotonic() - waited
+            started = time.monotonic()
             time.sleep(calibration.update_seconds)  # the update
+            updated = time.monotonic() - started
             new = 0
             for trajectory in batch:
                 identity = trajectory_identity(trajectory)
@@ -458,20 +548,43 @@ def train_point(
             if measured:
                 window_rows += len(batch)
                 fresh_in_window += new
-                recent_groups += answer["recent"]
+                recent_groups += recent
                 staleness += [step - t.policy_version for t in batch]
                 waits.append(wait)
+                parsing.append(parsed)
+                updating.append(updated)
             step += 1
             if step % policy.sync_every == 0:
-                publication = publish_weights(weights, actors[:searchers], sweep_state, step)
+                # the real trainer's publication (AsyncFinetuneTrainer.publish): packed here, sent in the
+                # background while the next update waits for its batch and trains
+                started = time.monotonic()
+                publisher.publish(sweep_state, step, actors[:searchers])
+                publish_started[step] = started
                 published = step
                 if measured:
-                    window_publications.append(publication)
+                    publishing.append(time.monotonic() - started)
+            if measured:
+                window_publications += publisher.take_finished()
         window_seconds = time.monotonic() - window_start
         stats_end = ray.get(store.timings.remote())
+        cpu_end, ticks_end = process_cpu_seconds(), machine_cpu_ticks()
     finally:
+        if request is not None:
+            request.close()
+        publisher.close()  # the running publication ends first
         ray.get(weights.stop.remote())
         rounds = ray.get(runs, timeout=settings.draw_timeout)
+    # when each version measured reached the searchers (references handed out), and when its last round reached the store
+    arrivals = ray.get(store.round_arrivals.remote())
+    lags = [
+        max(arrivals[p.version]) - (publish_started[p.version] + p.seconds)
+        for p in window_publications
+        if p.version in publish_started and len(arrivals.get(p.version, [])) >= searchers
+    ]
+    cpu = cpu_split(cpu_start, cpu_end, roles)
+    measured_rounds = (stats_end["added"] - stats_start["added"]) / (
+        settings.questions_per_round * settings.samples_per_question
+    )
     final = ray.get(store.timings.remote())
     added = stats_end["added"] - stats_start["added"]
     sampled = stats_end["sampled_rows"] - stats_start["sampled_rows"]
@@ -508,8 +621,34 @@ def train_point(
         "store_sample_per_s": sampled / window_seconds,
         "store_sample_capacity_per_s": sampled / sample_s if sample_s > 0 else None,
         "store_busy_fraction": (add_s + sample_s) / window_seconds,
-        "publish_seconds": sum(p["seconds"] for p in window_publications) / max(len(window_publications), 1),
-        "publish_bytes": window_publications[0]["bytes"] if window_publications else None,
+        "publish_seconds": sum(p.seconds for p in window_publications) / max(len(window_publications), 1),
+        "publish_bytes": window_publications[0].bytes if window_publications else None,
+        # the trainer's wall time per measured update: waiting for its batch, the update, its own part
+        # of a publication (packing; waiting for the previous one), the rest (the simulation's counting)
+        "trainer_update_per_update_s": sum(updating) / max(len(updating), 1),
+        # the batch's reading (JSON, records built and checked) in the request's thread, and the
+        # store's own time checking and drawing (per update): both run while the previous update does,
+        # the trainer waits only for what is left of them when it ends
+        "trainer_parse_per_update_s": sum(parsing) / max(len(parsing), 1),
+        "store_draw_per_update_s": sample_s / settings.measured_updates,
+        "trainer_publish_per_update_s": sum(publishing) / max(len(updating), 1),
+        "trainer_other_per_update_s": (window_seconds - sum(waits) - sum(updating) - sum(publishing))
+        / max(len(updating), 1),
+        # a version's last round at the store, seconds after its references were handed out (one
+        # round of G with no overhead: G); p50 and max over the measured versions
+        "last_round_after_publication_p50_s": percentile(lags, 50),
+        "last_round_after_publication_max_s": max(lags) if lags else None,
+        # CPU seconds per measured update of each role's processes (all their threads); other: Ray's
+        # own processes (raylet, GCS, idle workers) and the rest of the machine; busy: the machine's
+        # cores busy over the window (1.0: every core all the time)
+        "cpu_per_update_s": {
+            role: value / settings.measured_updates
+            if isinstance(value, float)
+            else {name: seconds / settings.measured_updates for name, seconds in value.items()}
+            for role, value in cpu.items()
+        },
+        "cpu_per_searcher_round_s": cpu.get("searchers", 0.0) / measured_rounds if measured_rounds else None,
+        "machine_busy_fraction": (ticks_end[0] - ticks_start[0]) / max(ticks_end[1] - ticks_start[1], 1),
         # the whole point (warm-up included): what the searchers sent, what the trainer trained
         "rounds": sum(rounds),
         "added": final["added"],
@@ -541,9 +680,9 @@ def full_publication(weights, searchers: list, state: dict, version: int) -> dic
     }
 
 
-def start_searchers(gfn, group, names: dict, calibration: Calibration) -> tuple[list, list]:
+def start_searchers(gfn, group, names: dict, calibration: Calibration) -> tuple[list, list, set[int]]:
     """gfn.searchers Searcher actors, searcher i in bundle 1 + i of the run's placement group, each
-    sampling its share of the problems: (the actors, each one's bundles as Ray reports them)."""
+    sampling its share of the problems: (the actors, each one's bundles as Ray reports them, their process ids)."""
     import ray  # the optional extra (extra `distributed`)
 
     factory = functools.partial(make_sampler, gfn=gfn, calibration=calibration)
@@ -555,7 +694,7 @@ def start_searchers(gfn, group, names: dict, calibration: Calibration) -> tuple[
         for i in range(gfn.searchers)
     ]
     statuses = ray.get([actor.status.remote() for actor in actors], timeout=600)
-    return actors, [status["placement"]["bundles"] for status in statuses]
+    return actors, [status["placement"]["bundles"] for status in statuses], {status["pid"] for status in statuses}
 
 
 def sweep(
@@ -605,7 +744,14 @@ def sweep(
             for actor in actors:
                 ray.kill(actor)
             start = time.monotonic()
-            actors, placed = start_searchers(gfn_section(cfg, settings, most, policy), group, names, calibration)
+            actors, placed, searcher_pids = start_searchers(
+                gfn_section(cfg, settings, most, policy), group, names, calibration
+            )
+            pids = {
+                "searchers": searcher_pids,
+                "store": {ray.get(store.pid.remote())},
+                "weights": {ray.get(weights.pid.remote())},
+            }
             bundles = bundles or placed
             starts.append(time.monotonic() - start)
             startup = startup or time.monotonic() - started  # Ray and the first searchers
@@ -621,6 +767,7 @@ def sweep(
                     calibration=calibration,
                     first_step=step,
                     sweep_state=sweep_state,
+                    pids=pids,
                 )
                 step = point["next_step"]
                 points.append(point)
@@ -752,6 +899,33 @@ def markdown_table(row: dict) -> str:
     return "\n".join(lines)
 
 
+def breakdown_table(row: dict) -> str:
+    """The docs/benchmarks.md table of where the time goes, per store policy and N: the trainer's
+    wall seconds per update, each role's CPU seconds per update, the machine's busy share."""
+    header = (
+        "| policy | N | trainer wait (s) | store's check + draw (s) | reading the batch, request's thread (s) | "
+        "update (s) | publishing, trainer's part (s) | last round after publication p50 / max (s) | "
+        "CPU s per update: searchers / store / weights / trainer / other | machine busy |"
+    )
+    lines = [header, "|" + "---|" * 10]
+    for p in row["points"]:
+        cpu = p["cpu_per_update_s"]
+        cells = [
+            p["policy"],
+            p["searchers"],
+            f"{p['trainer_wait_per_update_s']:.3f}",
+            f"{p['store_draw_per_update_s']:.3f}",
+            f"{p['trainer_parse_per_update_s']:.3f}",
+            f"{p['trainer_update_per_update_s']:.3f}",
+            f"{p['trainer_publish_per_update_s']:.3f}",
+            f"{p['last_round_after_publication_p50_s']:.3f} / {p['last_round_after_publication_max_s'] or math.nan:.3f}",
+            " / ".join(f"{cpu[role]:.3f}" for role in ("searchers", "store", "weights", "trainer", "other")),
+            f"{p['machine_busy_fraction']:.2f}",
+        ]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
 def run(cfg, out_dir: Path) -> dict:
     """The benchmark row (make bench): the sweep at the default settings and calibration."""
     return measure(cfg, out_dir)
@@ -805,6 +979,7 @@ def main(argv: list[str] | None = None) -> dict:
     if docs_image:
         shutil.copyfile(out_dir / f"{NAME}.png", REPO / "docs" / "img" / f"{NAME}.png")
     print(markdown_table(row))
+    print(breakdown_table(row))
     summary = ("name", "fraction_of_ideal", "headline_policy", "rows_trained_of_ideal_by_policy", "machine")
     print(json.dumps({key: row[key] for key in (*summary, "full_publication")}))
     return row

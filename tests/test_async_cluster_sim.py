@@ -97,6 +97,8 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
         cfg, tmp_path, settings=settings, calibration=calibration, full_payload=False
     )  # Ray shut down inside
     assert (tmp_path / "async_cluster_sim.json").exists() and (tmp_path / "async_cluster_sim.png").exists()
+    for table in (sim.markdown_table(row), sim.breakdown_table(row)):  # the docs' tables: a line per point
+        assert len(table.splitlines()) == 2 + len(row["points"])
     expected = [("config", 1), ("config", 2), ("no_replay", 1), ("no_replay", 2)]
     assert [(p["policy"], p["searchers"]) for p in row["points"]] == expected
     assert all(bundles == [1 + i] for i, bundles in enumerate(row["searcher_bundles"]))  # searcher i in bundle 1 + i

@@ -1287,3 +1287,109 @@ def test_gpu_vllm_searchers_without_a_memory_share_outside_a_stage_are_refused()
     ):
         preflight(config, "gfn")
     assert not ray.is_initialized()
+
+
+class GatedStore:
+    """The store's wait_sample as the trainer calls it, every call's conditions recorded in order:
+    the answer for step s >= 1 (its batch, JSON; problem ids tagged with s) waits until the test
+    opens step s's gate (at most a minute)."""
+
+    def __init__(self, batches: dict[int, str]):
+        self.batches, self.requests, self.gates = batches, [], {}
+
+    def gate(self, step: int):
+        import asyncio
+
+        return self.gates.setdefault(step, asyncio.Event())
+
+    async def wait_sample(self, questions, latest, now, max_staleness, minimum=0, timeout=1.0) -> str:
+        import asyncio
+
+        self.requests.append([questions, latest, now, max_staleness, minimum])
+        if now > 0:
+            await asyncio.wait_for(self.gate(now).wait(), 60)
+        return self.batches[now]
+
+    def open(self, step: int) -> None:
+        self.gate(step).set()
+
+    def seen(self) -> list:
+        return self.requests
+
+    def stats(self) -> dict:
+        keys = ("added", "searcher_idle_seconds", "searcher_weight_load_seconds", "size", "dropped_stale", "evicted")
+        return {**dict.fromkeys(keys, 0), "restarts": 0}
+
+
+class NoPublisher:
+    """Publications go nowhere (no searcher runs): the trainer's calls only."""
+
+    def publish(self, state, version, searchers) -> None:
+        pass
+
+    def take_finished(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_the_next_batch_is_asked_for_while_the_update_runs_under_the_conditions_after_it(local_ray, tmp_path):
+    """The trainer asks the store for step s + 1's batch while step s's update is still running
+    (the update here waits until the store has the request), with the conditions a draw after the
+    update carries (the version published at the end of step s, now = s + 1), trains step s + 1 on
+    that answer, and at stop cancels the request whose answer never comes (no thread left)."""
+    steps, max_staleness = 3, 2
+    cfg = wide_config(mode="async", searchers=1, sync_every=1, max_staleness=max_staleness, num_train_steps=steps + 1)
+    rounds = wide_sampler(cfg, 0)
+    batches = {}
+    for step in range(steps + 1):
+        trajectories, _ = rounds.sample(step, version=step)
+        groups: dict[str, list] = {}
+        for t in trajectories:
+            groups.setdefault(f"s{step}-{t.problem_id}", []).append(
+                {**t.to_json(), "problem_id": f"s{step}-{t.problem_id}"}
+            )
+        batches[step] = json.dumps({"groups": list(groups.values()), "recent": 0})
+    trainer, _ = tabular_trainer(cfg, tmp_path, policy=WidePolicy(), make_sampler=functools.partial(wide_sampler, cfg))
+    trainer.store = ray.remote(num_cpus=0)(GatedStore).remote(batches)
+    trainer.publisher, trainer.published = NoPublisher(), 0
+    asked_during_update, trained = {}, {}
+    update, record = trainer.update, trainer.record
+
+    def gated_update(micro_batches):
+        following = trainer.step + 1
+        if following < cfg.num_train_steps:  # the store must hold the next step's request before the update ends
+            deadline = time.monotonic() + 30
+            while not (asked := any(r[2] == following for r in ray.get(trainer.store.seen.remote()))):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            asked_during_update[following] = asked
+            if following < steps:  # the last one is never answered: stop cancels it
+                ray.get(trainer.store.open.remote(following))
+        return update(micro_batches)
+
+    def recording(step, lr, batch, *rest):
+        trained[step - 1] = sorted({t.problem_id.split("-")[0] for t in batch})
+        return record(step, lr, batch, *rest)
+
+    trainer.update, trainer.record = gated_update, recording
+    try:
+        for _ in range(steps):
+            trainer.train_step()
+        pending = trainer._next_batch
+        assert pending is not None and pending.thread.is_alive()  # step 3's batch: asked for, not answered
+    finally:
+        trainer.stop()
+    assert asked_during_update == {1: True, 2: True, 3: True}
+    questions, initial = cfg.questions_per_step, cfg.async_initial_completions
+    # one request per step, each with the conditions of the draw after the previous update
+    assert ray.get(trainer.store.seen.remote()) == [
+        [questions, 0, 0, max_staleness, initial],
+        *([questions, s, s, max_staleness, 0] for s in range(1, steps + 1)),
+    ]
+    assert trained == {s: [f"s{s}"] for s in range(steps)}  # each step trained the answer to its own request
+    assert not pending.thread.is_alive() and trainer._next_batch is None
+    assert not [t for t in threading.enumerate() if t.name == "stepflow-batch-request"]

@@ -173,3 +173,22 @@ def test_bad_settings_are_named():
         GroupedReplay(capacity=5, per_question=1, priority="proportional")
     with pytest.raises(ValueError, match="per_question"):
         GroupedReplay(capacity=5, per_question=0)
+
+
+def test_a_json_draw_is_the_same_draw_written_as_records_and_leaves_the_buffer_untouched():
+    """sample_json (what the store sends the trainer) draws what sample draws from the same state,
+    as Trajectory.to_json objects; changing what it returned changes nothing stored."""
+    first, second = (GroupedReplay(capacity=50, per_question=2, recency=0.5, seed=3) for _ in range(2))
+    for buffer in (first, second):
+        fill(buffer, questions=5, per_question=3, version=0)
+        fill(buffer, questions=3, per_question=2, version=1)
+    for _ in range(5):
+        groups, recent = first.sample(4, 1)
+        objects, recent_json = second.sample_json(4, 1)
+        assert recent_json == recent
+        assert objects == [[t.to_json() for t in group] for group in groups]
+    objects, _ = second.sample_json(4, 1)
+    objects[0][0]["steps"].append("changed")
+    objects[0][0]["log_reward"] = 99.0
+    stored = [t for group in second.questions().values() for t in group]
+    assert all("changed" not in t.steps and t.log_reward != 99.0 for t in stored)

@@ -166,3 +166,72 @@ def test_transport_names_are_checked():
         check_transport("nccl")
     with pytest.raises(ValueError, match="gloo or nccl"):
         WeightGroup("127.0.0.1", 1, "mpi", 2)
+
+
+def blocking_sends(monkeypatch) -> tuple[dict[int, threading.Event], list, dict[int, list[torch.Tensor]]]:
+    """WeightPublisher's object-store send replaced by one that records it and blocks until the
+    test releases its version: (release events by version, the ordered log, the buckets each got)."""
+    from pipeline.finetune.publication import WeightPublisher
+
+    release = {version: threading.Event() for version in (1, 2)}
+    log, sent = [], {}
+
+    def send(self, buckets, version):
+        log.append(("start", version))
+        sent[version] = [bucket.clone() for bucket in buckets]
+        release[version].wait(timeout=10)
+        log.append(("end", version))
+
+    monkeypatch.setattr(WeightPublisher, "_send_object_store", send)
+    return release, log, sent
+
+
+def test_a_publication_is_sent_in_the_background_from_a_snapshot_of_the_weights(monkeypatch):
+    """publish returns while the send is still blocked (the trainer's next update goes on), and what
+    is sent is the weights as they were when publish was called, not as training changes them."""
+    from pipeline.finetune.publication import WeightPublisher
+
+    release, log, sent = blocking_sends(monkeypatch)
+    publisher = WeightPublisher(transport="object_store", weights=None, dtype=torch.bfloat16, bucket_bytes=64)
+    state = {"w": torch.ones(8)}
+    try:
+        publisher.publish(state, 1, [])
+        assert ("end", 1) not in log  # publish did not wait for the send
+        state["w"].add_(1.0)  # the next update changes the weights
+        release[1].set()
+        publisher.wait()
+        assert log == [("start", 1), ("end", 1)]
+        got = publisher.layout.unpack(sent[1])["w"]
+        assert got.dtype == torch.bfloat16 and torch.equal(got, torch.ones(8, dtype=torch.bfloat16))
+        [publication] = publisher.take_finished()
+        assert publication.version == 1 and publication.bytes >= 16
+    finally:
+        for event in release.values():
+            event.set()
+        publisher.close()
+
+
+def test_the_next_publication_starts_only_after_the_previous_one_ended(monkeypatch):
+    from pipeline.finetune.publication import WeightPublisher
+
+    release, log, _ = blocking_sends(monkeypatch)
+    publisher = WeightPublisher(transport="object_store", weights=None, dtype=None, bucket_bytes=64)
+    state = {"w": torch.ones(8)}
+    try:
+        publisher.publish(state, 1, [])
+        second = threading.Thread(target=publisher.publish, args=(state, 2, []))
+        second.start()
+        # were the second send not held back, it would start meanwhile (bounded wait, not a timing claim)
+        deadline = time.monotonic() + 1.0
+        while ("start", 2) not in log and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release[1].set()
+        second.join(timeout=10)
+        release[2].set()
+        publisher.wait()
+        assert log == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+        assert [p.version for p in publisher.take_finished()] == [1, 2]
+    finally:
+        for event in release.values():
+            event.set()
+        publisher.close()

@@ -42,6 +42,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -296,8 +297,8 @@ class TrajectoryStore:
         return len(self.buffer) >= max(minimum, 1) and self.buffer.eligible() >= questions
 
     def draw(self, questions: int, latest: int) -> str:
-        groups, recent = self.buffer.sample(questions, latest)
-        return json.dumps({"groups": [[t.to_json() for t in group] for group in groups], "recent": recent})
+        groups, recent = self.buffer.sample_json(questions, latest)
+        return json.dumps({"groups": groups, "recent": recent})
 
     def stats(self) -> dict:
         return {
@@ -318,6 +319,80 @@ class TrajectoryStore:
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])
         self.added, self.dropped = state["added"], state["dropped"]
+
+
+def published_after(step: int, published: int, sync_every: int) -> int:
+    """The newest publication once the update of training step ``step`` is done: the trainer
+    publishes after every ``sync_every``-th update (AsyncFinetuneTrainer.train_step), so step
+    + 1 when it is one of them, else ``published``, the newest one now."""
+    return step + 1 if (step + 1) % sync_every == 0 else published
+
+
+class BatchRequest:
+    """One step's batch asked of the store: TrajectoryStore.wait_sample under ``conditions``
+    (questions, latest, now, max_staleness, minimum), asked again every WAIT_SECONDS until the
+    store gives the ``questions`` groups, by a thread of its own that also reads the reply (JSON,
+    the groups ``rows`` selects built as Trajectory records). The trainer asks for the next batch
+    as an update starts and takes it when the update ends (docs/async.md, "The next batch, drawn
+    during the update"); only Ray calls run in the thread, never a collective of the trainer.
+
+    ``result(timeout)`` waits at most ``timeout`` seconds: (reply text, groups read, recent
+    groups), or None while the store cannot give the batch (the request goes on). ``close``
+    cancels the store's wait in progress and ends the thread (within about WAIT_SECONDS)."""
+
+    def __init__(self, store, conditions: tuple, rows: slice = slice(None)):
+        self.store, self.conditions, self.rows = store, tuple(conditions), rows
+        self.answer: tuple[str, list[list[Trajectory]], int] | None = None
+        self.error: BaseException | None = None
+        self.asks, self.read_seconds = 0, 0.0  # the store calls made; seconds spent reading the reply
+        self._ref, self._closed, self._lock = None, threading.Event(), threading.Lock()
+        self.thread = threading.Thread(target=self._fetch, name="stepflow-batch-request", daemon=True)
+        self.thread.start()
+
+    def _fetch(self) -> None:
+        import ray  # the optional extra (extra `distributed`)
+
+        questions = self.conditions[0]
+        try:
+            while not self._closed.is_set():
+                with self._lock:
+                    if self._closed.is_set():
+                        return
+                    self._ref = self.store.wait_sample.remote(*self.conditions, WAIT_SECONDS)
+                    self.asks += 1
+                text = ray.get(self._ref)
+                started = time.monotonic()
+                answer = json.loads(text)
+                if len(answer["groups"]) >= questions:
+                    groups = [
+                        [Trajectory.from_json(obj, "trajectories from the store") for obj in group]
+                        for group in answer["groups"][self.rows]
+                    ]
+                    self.read_seconds += time.monotonic() - started
+                    self.answer = (text, groups, answer["recent"])
+                    return
+        except BaseException as error:  # noqa: BLE001 - raised by result() in the trainer's thread
+            if not self._closed.is_set():  # a cancelled wait raises too: that is the close
+                self.error = error
+
+    def result(self, timeout: float) -> tuple[str, list[list[Trajectory]], int] | None:
+        self.thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+    def close(self) -> None:
+        import ray  # the optional extra (extra `distributed`)
+
+        with self._lock:
+            self._closed.set()
+            ref = self._ref
+        if ref is not None and self.answer is None and self.thread.is_alive():
+            try:
+                ray.cancel(ref)
+            except Exception as error:  # noqa: BLE001 - an actor already gone: its call ends by itself
+                log.debug("async: cancelling the store's wait: %s", error)
+        self.thread.join(WAIT_SECONDS + 10.0)
 
 
 class Searcher:
@@ -550,6 +625,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         self._started_ray = False
         self.placement_group, self.trainer_gpu_ids = None, []  # the run's group; the GPUs Ray reserved for the trainer
         self.published = -1  # the version of the newest publication
+        self._next_batch: BatchRequest | None = None  # the store request in flight (main process)
         self.publish_seconds = 0.0  # spent publishing since the last metrics record
         self._window = (0, 0.0, 0.0, time.monotonic())
 
@@ -694,6 +770,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         import ray  # the optional extra (extra `distributed`)
 
         try:
+            self.close_request()  # a batch asked for a step that does not come
             if self.publisher is not None:
                 self.publisher.close()  # the running publication ends first
             if self.base.is_main and self.weights is not None:
@@ -751,33 +828,73 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         finally:
             self.stop()
 
+    def draw_conditions(self, step: int, published: int) -> tuple:
+        """What the store is asked for training step ``step`` with ``published`` the newest
+        publication: (questions, latest, now, max_staleness, minimum); the first step asks for
+        gfn.async_initial_completions in the buffer."""
+        minimum = self.cfg.async_initial_completions if step == 0 else 0
+        return self.questions, published, step, self.cfg.max_staleness, minimum
+
+    def request_batch(self, step: int, published: int) -> BatchRequest:
+        """Main process: the store asked for step ``step``'s batch, this process's share read (the first)."""
+        share = self.questions // self.sampler.collective.world
+        return BatchRequest(self.store, self.draw_conditions(step, published), slice(0, share))
+
+    def prefetch(self) -> None:
+        """Main process, as the update of the current step starts: ask the store for the next
+        step's batch under the conditions the draw after the update carries (published_after: the
+        publication this step ends with), so the store's wait and draw and the reading of the reply
+        run while the update does. None after the last step, nor before a checkpoint (it holds the
+        buffer as a trainer that draws after the update would leave it)."""
+        following = self.step + 1
+        every = self.cfg.save_every
+        if not self.base.is_main or following >= self.cfg.num_train_steps or (every and following % every == 0):
+            return
+        self.close_request()
+        self._next_batch = self.request_batch(
+            following, published_after(self.step, self.published, self.cfg.sync_every)
+        )
+
+    def close_request(self) -> None:
+        """Cancel the store request in flight, if any, and end its thread."""
+        request, self._next_batch = self._next_batch, None
+        if request is not None:
+            request.close()
+
     def draw_once(self) -> tuple[list[list[Trajectory]] | None, int, float]:
-        """One wait on the store (main process, at most WAIT_SECONDS) for the step's B questions x K
-        completions (the first step asks for gfn.async_initial_completions in the buffer), every
-        process's share sent to it: (this process's B / world groups or None while the store fills up, how many of
+        """One wait (main process, at most WAIT_SECONDS) for the step's B questions x K completions
+        from the store: the request made as the previous update started (prefetch) when its
+        conditions are this step's, else a new one, kept until it answers; every process's share
+        sent to it: (this process's B / world groups or None while the store fills up, how many of
         the batch's groups came from the newest weights (main process; 0 on the others), seconds
         spent). Every process calls it the same number of times."""
-        import ray  # the optional extra (extra `distributed`)
-
         start = time.monotonic()
         collective = self.sampler.collective
-        minimum = self.cfg.async_initial_completions if self.step == 0 else 0
-        text = None
+        text, answer = None, None
         if self.base.is_main:
             self.keep_searching()
-            # returns as soon as the store holds the batch, or empty after WAIT_SECONDS
-            text = ray.get(
-                self.store.wait_sample.remote(
-                    self.questions, self.published, self.step, self.cfg.max_staleness, minimum, WAIT_SECONDS
-                )
-            )
-        answer = json.loads(collective.broadcast_text(text))
-        if len(answer["groups"]) < self.questions:
+            conditions = self.draw_conditions(self.step, self.published)
+            if self._next_batch is not None and self._next_batch.conditions != conditions:
+                self.close_request()
+            if self._next_batch is None:
+                self._next_batch = self.request_batch(self.step, self.published)
+            # the batch as soon as the store holds it, or nothing after WAIT_SECONDS (the request goes on)
+            answer = self._next_batch.result(WAIT_SECONDS)
+            if answer is not None:
+                self._next_batch = None
+            text = answer[0] if answer is not None else EMPTY_DRAW
+        text = collective.broadcast_text(text)
+        if self.base.is_main:
+            if answer is None:
+                return None, 0, time.monotonic() - start
+            return answer[1], answer[2], time.monotonic() - start
+        reply = json.loads(text)
+        if len(reply["groups"]) < self.questions:
             return None, 0, time.monotonic() - start
         share = self.questions // collective.world
-        mine = answer["groups"][collective.rank * share : (collective.rank + 1) * share]
+        mine = reply["groups"][collective.rank * share : (collective.rank + 1) * share]
         groups = [[Trajectory.from_json(obj, "trajectories from the store") for obj in group] for group in mine]
-        return groups, answer["recent"] if self.base.is_main else 0, time.monotonic() - start
+        return groups, 0, time.monotonic() - start
 
     def draw(self) -> tuple[list[list[Trajectory]], int, float]:
         """The step's groups, waiting as long as the store needs: (groups, recent, seconds waited)."""
@@ -805,6 +922,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         step, lr = self.step, self.base.lr
         collective = self.sampler.collective
         groups, recent, waited = self.draw()
+        self.prefetch()  # the next batch is drawn and read while this update runs
         batch = [t for group in groups for t in group]
         totals, grad_norm = self.update(self.objective.plan(batch, 1 / len(batch)))
         self.after_update(step + 1)

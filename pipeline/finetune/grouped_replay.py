@@ -133,6 +133,17 @@ class GroupedReplay:
         published have none until a searcher finishes a round with them, so "newest" is the newest
         version present in that sense, not ``latest`` itself (with ``latest`` alone the recency draw
         would find nothing whenever searchers lag the trainer by a round)."""
+        drawn, recent = self._draw(questions, latest)
+        return [[copy.deepcopy(trajectory) for trajectory in group] for group in drawn], recent
+
+    def sample_json(self, questions: int, latest: int) -> tuple[list[list[dict[str, Any]]], int]:
+        """``sample``'s draw with each completion written as its JSON object (Trajectory.to_json, new
+        objects: no copy of the records is made first), what the store sends the trainer."""
+        drawn, recent = self._draw(questions, latest)
+        return [[trajectory.to_json() for trajectory in group] for group in drawn], recent
+
+    def _draw(self, questions: int, latest: int) -> tuple[list[list[Trajectory]], int]:
+        """``sample``'s groups of the stored completions themselves (not copies)."""
         if questions < 0:
             raise ValueError(f"grouped replay: sample: expected questions >= 0, got {questions}")
         k = self.per_question
@@ -156,7 +167,7 @@ class GroupedReplay:
             left.remove(question)
             if question in recent_left:
                 recent_left.remove(question)
-            drawn.append([copy.deepcopy(pool[int(i)]) for i in chosen])
+            drawn.append([pool[int(i)] for i in chosen])
         return drawn, recent
 
     def newest_complete_version(
