@@ -1199,7 +1199,10 @@ def test_scorer_actors_in_their_own_bundles_give_the_searchers_the_prms_scores(r
     assert [h["step"] for h in history] == list(range(1, 7)) and all(math.isfinite(h["loss"]) for h in history)
     assert not torch.allclose(policy.logits.detach(), torch.zeros_like(policy.logits), atol=1e-3)  # it did train
     trajectories = stored(trainer)
-    assert len(trajectories) >= 32
+    # the store received at least the initial completions; how many it still holds at the end depends on
+    # how many rounds the searcher finished within the staleness bound, which is a matter of timing
+    added = trainer.last_store["added"]
+    assert added >= 32 and trajectories
     expected = WideScorer().log_scores_many([(t.question, t.steps) for t in trajectories])
     assert [
         t.step_log_scores for t in trajectories
@@ -1209,7 +1212,7 @@ def test_scorer_actors_in_their_own_bundles_give_the_searchers_the_prms_scores(r
     assert [s["index"] for s in scorers] == [0, 1] and all(s["calls"] >= 1 for s in scorers), (
         scorers
     )  # round robin: both used
-    assert sum(s["solutions"] for s in scorers) >= len(trajectories)
+    assert sum(s["solutions"] for s in scorers) >= added  # every completion the store received was scored
     searcher = trainer.last_status[0]["placement"]
     groups = {searcher["group"]} | {s["placement"]["group"] for s in scorers}
     assert groups == {trainer.placement_group.id.hex()}

@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator, Sequence
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 ENV = "STEPFLOW_TIME_COLLECTIVES"
 
@@ -84,8 +86,6 @@ class CollectiveClock:
         stages never destroy the group). A DDP module freed after ``destroy_process_group`` drops the
         group's last reference holding the GIL, and gloo's destructor then joins a worker thread
         that may be waiting for the GIL: a deadlock."""
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
         start = time.perf_counter()
         self._last_bucket = start
 
@@ -113,8 +113,6 @@ class CollectiveClock:
 
     def time_fsdp(self, modules: Sequence[torch.nn.Module]) -> None:
         """Every FSDP2 module's all-gather and reduce-scatter: torch's defaults, timed."""
-        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
-
         clock = self
 
         class TimedAllGather(DefaultAllGather):

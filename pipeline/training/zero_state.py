@@ -58,6 +58,7 @@ def _link(zero, masters: list[torch.Tensor]) -> None:
     state yet, so their fragments stay empty; linking again is idempotent (views, no copies)."""
     if not hasattr(zero, "bit16_groups"):  # ZeRO-3 reads the state by partition, nothing to link
         return
+    # deepspeed: a heavy optional dependency, present only where a DeepSpeed launch runs this
     from deepspeed.utils import lazy_init_hp_params_optimizer_state
 
     for params, master in zip(zero.bit16_groups, masters):
@@ -76,6 +77,7 @@ def optimizer_step(engine) -> int:
 def gathered(engine, model: torch.nn.Module, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """(key, whole float32 tensor) for ``keys(names)``, one at a time; every process iterates it
     to its end (each tensor is a collective)."""
+    # deepspeed: a heavy optional dependency, present only where a DeepSpeed launch runs this
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     _link(*_zero_optimizer(engine))
@@ -109,6 +111,7 @@ def _local_partition(param, value: torch.Tensor) -> torch.Tensor:
     tensor cut into equal partitions, the last padded with zeros). deepspeed 0.19.8's
     ``safe_set_full_*`` cut the whole tensor without that padding and fail whenever the size does
     not divide by the number of processes, so the partition is cut here and set with the local API."""
+    # deepspeed: a heavy optional dependency, present only where a DeepSpeed launch runs this
     from deepspeed import comm
 
     size = param.ds_tensor.numel()
@@ -120,6 +123,7 @@ def _local_partition(param, value: torch.Tensor) -> torch.Tensor:
 def load(engine, model: torch.nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], device) -> None:
     """Set every (key, whole tensor) of ``tensors`` (in ``keys`` order, the same on every process)
     into the engine: master weights and moments, and each weight into the model's parameter."""
+    # deepspeed: a heavy optional dependency, present only where a DeepSpeed launch runs this
     from deepspeed.utils import (
         safe_set_full_fp32_param,
         safe_set_full_optimizer_state,
