@@ -294,6 +294,10 @@ def tabular_trainer(
             if self.step == kill_searcher_at:  # SIGKILL of its process: Ray restarts it; training goes on meanwhile
                 self.killed_pid = ray.get(self.searchers[0].status.remote(), timeout=60)["pid"]
                 os.kill(self.killed_pid, signal.SIGKILL)
+                if not rejoin:  # the next steps run only once Ray reports the loop's end (bounded): on busy
+                    # cores Ray took longer to declare the actor dead than 57 tabular steps took to run
+                    done, _ = ray.wait(self.runs[:1], timeout=60)
+                    assert done, "Ray did not report searcher 0's loop ended within 60 s of its SIGKILL"
             if rejoin and kill_searcher_at is not None and self.step > kill_searcher_at and not self.rejoined:
                 # until the restarted searcher has sampled with weights published after its death, each
                 # step waits a second (Ray takes seconds to start a worker); the steps publish as always
