@@ -236,13 +236,14 @@ def write_full(
     folder = Path(directory) / FULL
     index: dict[str, dict] = {}
     bucket: dict[str, torch.Tensor] = {}
-    size = 0
+    size = files = 0
 
     def flush() -> None:
-        nonlocal bucket, size
+        nonlocal bucket, size, files
         if not bucket:
             return
-        name = f"part-{len({entry['file'] for entry in index.values()}) + 1:05d}.safetensors"
+        files += 1
+        name = f"part-{files:05d}.safetensors"
         write_tensors(folder / name, bucket)
         for key, tensor in bucket.items():
             index[key] = {"file": name, "shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch.")}
