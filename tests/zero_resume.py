@@ -1,5 +1,6 @@
-"""One process of a DeepSpeed ZeRO engine on CPU (gloo) saving or resuming whole-tensor checkpoints
-(run by tests/test_distributed_finetune.py, alone or under torchrun; needs deepspeed installed).
+"""One process of a DeepSpeed ZeRO engine saving or resuming whole-tensor checkpoints (run by
+tests/test_distributed_finetune.py on CPU with gloo, alone or under torchrun, and by
+tests/test_gpu.py on one CUDA GPU with DS_ACCELERATOR=cuda; needs deepspeed installed).
 
     python tests/zero_resume.py <zero stage> save|load|load_weights_only <folder>
 
@@ -33,7 +34,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from pipeline.training import checkpoint, zero_state  # noqa: E402
 
 stage, mode, folder = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-deepspeed.init_distributed(dist_backend="gloo")
+deepspeed.init_distributed(dist_backend="gloo" if deepspeed.get_accelerator().device_name() == "cpu" else "nccl")
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
@@ -56,7 +57,7 @@ def engine(seed: int):
 
 def train(e, start: int, stop: int) -> None:
     for step in range(start, stop):
-        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(100 + step))
+        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(100 + step)).to(e.device)
         e.backward(((e(x) - 2 * x[:, :3]) ** 2).mean())
         e.step()
 
