@@ -207,12 +207,17 @@ def test_a_killed_fsdp2_run_resumes_from_its_shards_with_two_or_one_process(worl
         assert log_z[0] == pytest.approx(log_z[1], abs=1e-5) and log_z[0][-1] != 0.0
 
 
+DEEPSPEED_MISSING = (
+    "deepspeed is not installed (pip install -c constraints.txt -e '.[dev]'; docs/scale.md, 'DeepSpeed on CPU')"
+)
+
+
 def deepspeed_skip_reason() -> str | None:
     """Why the DeepSpeed runs cannot be tested here (None: they can): DeepSpeed needs its package
     and, through accelerate 1.15, an Accelerator that is not cpu=True, which the trainers build on
     every CPU-only machine."""
     if importlib.util.find_spec("deepspeed") is None:
-        return "deepspeed is not installed (pip install deepspeed; docs/scale.md, 'DeepSpeed on CPU')"
+        return DEEPSPEED_MISSING
     if torch.cuda.device_count() < 2:
         return (
             "accelerate 1.15 turns DeepSpeed on only for an Accelerator that is not cpu=True, and the trainers build a CPU "
@@ -310,7 +315,7 @@ def test_a_deepspeed_engine_resumes_from_whole_tensors_under_another_number_of_p
     the step only), with the AdamW step count 4; loading its weights without the moments ends more
     than 1e-3 away."""
     if importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("deepspeed is not installed (pip install -c constraints.txt -e '.[dev]' installs it)")
+        pytest.skip(DEEPSPEED_MISSING)
     worker, stages = str(REPO / "tests" / "zero_resume.py"), ["1", "2", "3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
 
