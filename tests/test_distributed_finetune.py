@@ -207,12 +207,17 @@ def test_a_killed_fsdp2_run_resumes_from_its_shards_with_two_or_one_process(worl
         assert log_z[0] == pytest.approx(log_z[1], abs=1e-5) and log_z[0][-1] != 0.0
 
 
+DEEPSPEED_MISSING = (
+    "deepspeed is not installed (pip install -c constraints.txt -e '.[dev]'; docs/scale.md, 'DeepSpeed on CPU')"
+)
+
+
 def deepspeed_skip_reason() -> str | None:
     """Why the DeepSpeed runs cannot be tested here (None: they can): DeepSpeed needs its package
     and, through accelerate 1.15, an Accelerator that is not cpu=True, which the trainers build on
     every CPU-only machine."""
     if importlib.util.find_spec("deepspeed") is None:
-        return "deepspeed is not installed (pip install deepspeed; docs/scale.md, 'DeepSpeed on CPU')"
+        return DEEPSPEED_MISSING
     if torch.cuda.device_count() < 2:
         return (
             "accelerate 1.15 turns DeepSpeed on only for an Accelerator that is not cpu=True, and the trainers build a CPU "
@@ -302,16 +307,16 @@ def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_doe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", ["2", "3"])
-def test_a_deepspeed_engine_resumes_from_whole_tensors_under_another_number_of_processes(tmp_path, zero_stage):
+def test_a_deepspeed_engine_resumes_from_whole_tensors_under_another_number_of_processes(tmp_path):
     """DeepSpeed's own engine (deepspeed.initialize, not through accelerate, which turns DeepSpeed
-    off on CPU) on CPU with gloo (tests/zero_resume.py): a checkpoint written by 2 processes after
-    2 of 4 steps, loaded into another initialisation by 1 process and by 2, ends at the weights of
-    the uninterrupted 2-process run (the batches depend on the step only), with the AdamW step
-    count 4; loading its weights without the moments ends more than 1e-3 away."""
+    off on CPU) on CPU with gloo, ZeRO stages 1, 2 and 3 in turn (tests/zero_resume.py): a
+    checkpoint written by 2 processes after 2 of 4 steps, loaded into another initialisation by 1
+    process and by 2, ends at the weights of the uninterrupted 2-process run (the batches depend on
+    the step only), with the AdamW step count 4; loading its weights without the moments ends more
+    than 1e-3 away."""
     if importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("deepspeed is not installed (docs/scale.md, 'DeepSpeed on CPU': a separate environment)")
-    worker = str(REPO / "tests" / "zero_resume.py")
+        pytest.skip(DEEPSPEED_MISSING)
+    worker, stages = str(REPO / "tests" / "zero_resume.py"), ["1", "2", "3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
 
     def run(processes: int, mode: str) -> None:
@@ -319,14 +324,17 @@ def test_a_deepspeed_engine_resumes_from_whole_tensors_under_another_number_of_p
         if processes > 1:
             port = str(29500 + (os.getpid() + 7) % 1000)
             prefix += ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", port]
-        returncode, out = run_bounded([*prefix, worker, zero_stage, mode, str(tmp_path)], timeout=TIMEOUT_S, env=env)
+        command = [*prefix, worker, ",".join(stages), mode, str(tmp_path)]
+        returncode, out = run_bounded(command, timeout=TIMEOUT_S, env=env)
         assert returncode == 0, out[-4000:]
 
     run(2, "save")
-    for processes, mode in ((1, "load"), (2, "load"), (1, "load_weights_only")):
-        run(processes, mode)
-    found = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("load-1", "load-2")}
-    for name, result in found.items():
-        assert result["written_by"] == 2 and result["optimizer_step"] == 4, (name, result)
-        assert result["max_difference"] <= 1e-6, (name, result)
-    assert json.loads((tmp_path / "load_weights_only-1.json").read_text())["max_difference"] > 1e-3
+    run(1, "load")
+    run(2, "load")
+    for stage in stages:
+        for processes in (1, 2):
+            found = json.loads((tmp_path / f"zero-{stage}" / f"load-{processes}.json").read_text())
+            resumed, weights_only = found["load"], found["load_weights_only"]
+            assert resumed["written_by"] == 2 and resumed["optimizer_step"] == 4, (stage, processes, found)
+            assert resumed["max_difference"] <= 1e-6, (stage, processes, found)
+            assert weights_only["max_difference"] > 1e-3, (stage, processes, found)

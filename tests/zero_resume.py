@@ -1,16 +1,18 @@
-"""One process of a DeepSpeed ZeRO engine saving or resuming whole-tensor checkpoints (run by
+"""Processes of DeepSpeed ZeRO engines saving or resuming whole-tensor checkpoints (run by
 tests/test_distributed_finetune.py on CPU with gloo, alone or under torchrun, and by
-tests/test_gpu.py on one CUDA GPU with DS_ACCELERATOR=cuda; needs deepspeed installed).
+tests/test_gpu.py in one process on a CUDA GPU with DS_ACCELERATOR=cuda and NCCL; needs deepspeed
+installed).
 
-    python tests/zero_resume.py <zero stage> save|load|load_weights_only <folder>
+    python tests/zero_resume.py <zero stages, e.g. 1,2,3> save|load <folder>
 
-A tiny two-layer model with AdamW in two groups (weight decay on matrices only, as the training
-base builds it) trains on batches that depend on the step only, so any number of processes
-computes the same update. save: 2 steps, the checkpoint (pipeline.training.zero_state through
-checkpoint.write_full) into <folder>, 2 more steps, the final weights into <folder>/straight.safetensors.
-load: another initialisation, the checkpoint loaded (load_weights_only: its weights alone), 2
-steps, and <folder>/<mode>-<processes>.json: the largest difference from the straight weights and
-the AdamW step count.
+For each ZeRO stage in turn, in the same processes: a tiny two-layer model with AdamW in two
+groups (weight decay on matrices only, as the training base builds it) trains on batches that
+depend on the step only, so any number of processes computes the same update. save: 2 steps, the
+checkpoint (pipeline.training.zero_state through checkpoint.write_full) into <folder>/zero-<stage>,
+2 more steps, the final weights into <folder>/zero-<stage>/straight.safetensors. load: another
+initialisation, the checkpoint loaded, 2 steps; then a third initialisation given the checkpoint's
+weights alone, 2 steps; and <folder>/zero-<stage>/load-<processes>.json: for each, the largest
+difference from the straight weights and the AdamW step count.
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from pipeline.training import checkpoint, zero_state  # noqa: E402
 
-stage, mode, folder = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+stages, mode, root = [int(s) for s in sys.argv[1].split(",")], sys.argv[2], Path(sys.argv[3])
+# The collectives go through gloo alone: DeepSpeed's CPU backend would otherwise compile its
+# shared-memory all-reduce (C++ with g++ and ninja) when the process group starts, a CPU-only fast
+# path that GPU runs (NCCL) never take, and about 27 s on 2 cores the first time on a machine.
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 deepspeed.init_distributed(dist_backend="gloo" if deepspeed.get_accelerator().device_name() == "cpu" else "nccl")
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
-def engine(seed: int):
+def engine(stage: int, seed: int):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))  # 35 + 7 + 21 + 3
     groups = [
@@ -66,8 +72,8 @@ def weights(e, names: list[str]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in zero_state.gathered(e, e.module, names) if k.startswith("model.")}
 
 
-if mode == "save":
-    e = engine(0)
+def save(stage: int, folder: Path) -> None:
+    e = engine(stage, 0)
     names = [n for n, _ in e.module.named_parameters()]
     train(e, 0, 2)
     meta = {"processes": world, "optimizer_step": zero_state.optimizer_step(e)}
@@ -76,23 +82,35 @@ if mode == "save":
     final = weights(e, names)
     if rank == 0:
         save_file(final, str(folder / "straight.safetensors"))
-else:
-    e = engine(1)  # another initialisation: only the checkpoint can bring the run back
+
+
+def resume(stage: int, folder: Path, seed: int, weights_only: bool) -> dict:
+    """Another initialisation (only the checkpoint can bring the run back), the checkpoint loaded
+    (its weights alone with ``weights_only``), 2 steps: how far from the straight run it ends."""
+    e = engine(stage, seed)
     names = [n for n, _ in e.module.named_parameters()]
     shapes = {k: tuple(getattr(p, "ds_shape", p.shape)) for n, p in e.module.named_parameters() for k in [f"model.{n}"]}
     shapes.update({f"{m}.{n}": shapes[f"model.{n}"] for n in names for m in zero_state.MOMENTS})
     index = checkpoint.read_full_index(folder, shapes, f"ZeRO-{stage}, {world} process(es)")
     zero_state.prepare_state(e, index["optimizer_step"])
-    wanted = [k for k in zero_state.keys(names) if mode == "load" or k.startswith("model.")]
+    wanted = [k for k in zero_state.keys(names) if not weights_only or k.startswith("model.")]
     zero_state.load(e, e.module, checkpoint.iter_full(folder, index, wanted), e.device)
     train(e, 2, 4)
     final, straight = weights(e, names), load_file(str(folder / "straight.safetensors"))
-    if rank == 0:
-        result = {
-            "max_difference": max((final[k] - straight[k]).abs().max().item() for k in straight),
-            "optimizer_step": zero_state.optimizer_step(e),
-            "written_by": index["processes"],
-        }
-        (folder / f"{mode}-{world}.json").write_text(json.dumps(result))
+    return {
+        "max_difference": max((final[k] - straight[k]).abs().max().item() for k in straight),
+        "optimizer_step": zero_state.optimizer_step(e),
+        "written_by": index["processes"],
+    }
+
+
+for stage in stages:
+    folder = root / f"zero-{stage}"
+    if mode == "save":
+        save(stage, folder)
+    else:
+        result = {"load": resume(stage, folder, 1, False), "load_weights_only": resume(stage, folder, 2, True)}
+        if rank == 0:
+            (folder / f"load-{world}.json").write_text(json.dumps(result))
 torch.distributed.barrier()
 torch.distributed.destroy_process_group()
