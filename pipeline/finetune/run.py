@@ -472,11 +472,11 @@ def finetune_policy(
             tokenizer,
             batch_size=config.generation.batch_size,
         )
-        policy.after_update(0, base.full_state_dict)
+        policy.after_update(0, base.iter_full_state)
     elif (
         sampler is not None and config.model.policy_adapter
     ):  # the engine loaded model.policy alone: it samples the adapter's policy
-        policy.after_update(0, base.full_state_dict)
+        policy.after_update(0, base.iter_full_state)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:
         make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
