@@ -153,9 +153,6 @@ class WidePolicy(torch.nn.Module):
     def plain_stream(self, weights):
         return weights  # no LoRA to merge
 
-    def plain_weights(self, state):
-        return state
-
     def load_weights(self, state, version):  # an asynchronous searcher's copy
         self.load_state_dict(dict(state))  # a state dict or a stream of (name, tensor)
 

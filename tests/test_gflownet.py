@@ -104,9 +104,6 @@ class TabularPolicy(torch.nn.Module):
     def plain_stream(self, weights):
         return weights  # no LoRA to merge
 
-    def plain_weights(self, state):
-        return state  # no LoRA to merge
-
     def terminal_distribution(self):
         """Exact distribution of the terminal states with at least one step.
 

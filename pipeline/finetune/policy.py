@@ -120,10 +120,6 @@ class LMPolicy:
         module as they come (pipeline.modeling.iter_merged_lora)."""
         return iter_merged_lora(weights, self.lora_scaling) if self.lora_scaling is not None else weights
 
-    def plain_weights(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``plain_stream`` of a whole state dict, kept whole (an asynchronous publication)."""
-        return dict(self.plain_stream(state.items())) if self.lora_scaling is not None else state
-
     def load_weights(
         self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
