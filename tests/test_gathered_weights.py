@@ -1,6 +1,7 @@
 """The sampler's weights gathered from a sharded policy one tensor at a time
-(pipeline.training.base.gathered_state_dict, what TrainingBase.full_state_dict runs under FSDP2
-and DeepSpeed ZeRO-3).
+(pipeline.training.base.iter_gathered, what TrainingBase.iter_full_state streams under FSDP2 and
+DeepSpeed ZeRO-3, and gathered_state_dict, the stream kept whole), and streamed into a sampler's
+copy through LMPolicy.after_update without a second copy of the model.
 
 DeepSpeed does not run on a CPU (accelerate turns it off with cpu=True), so ZeRO-3's gathering
 context is played here by a stand-in that behaves as GatheredParameters(params, modifier_rank=None)
