@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -120,29 +121,88 @@ def upcast_trainable(model: torch.nn.Module) -> torch.dtype | None:
 _LORA_BASE_SUFFIX = re.compile(r"\.base_layer\.(weight|bias)$")
 
 
-def merge_lora_state_dict(state_dict: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
-    """A peft-LoRA backbone state dict -> the plain backbone's, adapters merged.
+def iter_merged_lora(weights: Iterable[tuple[str, Tensor]], scaling: float) -> Iterator[tuple[str, Tensor]]:
+    """A peft-LoRA backbone's (name, tensor) stream -> the plain backbone's, adapters merged as
+    they come.
 
     Keys ``base_model.model.<m>.base_layer.weight`` + ``<m>.lora_A.<name>.weight`` (r, in) +
     ``<m>.lora_B.<name>.weight`` (out, r) become ``<m>.weight = W + scaling * B @ A``
-    (scaling = lora_alpha / r). Works on a gathered FSDP/DeepSpeed state dict as well as a local
-    one, and never touches the live model.
+    (scaling = lora_alpha / r), yielded once the module's three have come; every other tensor is
+    yielded at once under its plain name. A module's tensors come together in a state dict (its
+    base layer, then lora_A, then lora_B), so what is held at a time is one module's W, A and B.
+    Works on a gathered FSDP/DeepSpeed stream as well as a local state dict's items, and never
+    touches the live model.
     """
-    merged: dict[str, Tensor] = {}
-    lora: dict[str, dict[str, Tensor]] = {}
-    for key, value in state_dict.items():
+    pending: dict[str, dict[str, Tensor]] = {}  # module -> the parts of it come so far ("W", "A", "B")
+    for key, value in weights:
         name = key[len("base_model.model.") :] if key.startswith("base_model.model.") else key
         if ".lora_A." in name or ".lora_B." in name:
             module, which = (name.split(".lora_A.")[0], "A") if ".lora_A." in name else (name.split(".lora_B.")[0], "B")
-            lora.setdefault(module, {})[which] = value
-            continue
-        if ".lora_" in name:  # lora_embedding_*, lora_magnitude_*: not produced by our LoraConfig
+        elif ".lora_" in name:  # lora_embedding_*, lora_magnitude_*: not produced by our LoraConfig
             raise ValueError(f"cannot merge LoRA parameter {key!r}: only Linear lora_A/lora_B adapters are supported")
-        merged[_LORA_BASE_SUFFIX.sub(r".\1", name)] = value
-    for module, pair in lora.items():
-        if set(pair) != {"A", "B"}:
-            raise ValueError(f"LoRA module {module!r} has {sorted(pair)} but needs both lora_A and lora_B")
-        weight = merged[f"{module}.weight"]
-        delta = (pair["B"].float() @ pair["A"].float()) * scaling
-        merged[f"{module}.weight"] = (weight.float() + delta.to(weight.device)).to(weight.dtype)
-    return merged
+        elif name.endswith(".base_layer.weight"):
+            module, which = name[: -len(".base_layer.weight")], "W"
+        else:
+            yield _LORA_BASE_SUFFIX.sub(r".\1", name), value
+            del value  # not held while the next tensor is gathered
+            continue
+        parts = pending.setdefault(module, {})
+        if which in parts:
+            raise ValueError(
+                f"LoRA module {module!r} has more than one {'base weight' if which == 'W' else 'lora_' + which}"
+            )
+        parts[which] = value
+        del value
+        if len(parts) == 3:
+            del pending[module]
+            weight = parts["W"]
+            delta = (parts["B"].float() @ parts["A"].float()) * scaling
+            merged = (weight.float() + delta.to(weight.device)).to(weight.dtype)
+            del parts, weight, delta
+            yield f"{module}.weight", merged
+            del merged
+    for module, parts in pending.items():
+        if set(parts) == {"W"}:  # a wrapped layer without an adapter: its weight as it is
+            yield f"{module}.weight", parts["W"]
+        elif "W" not in parts:
+            raise ValueError(f"LoRA module {module!r} has adapters but no base_layer.weight")
+        else:
+            raise ValueError(
+                f"LoRA module {module!r} has {sorted(set(parts) - {'W'})} but needs both lora_A and lora_B"
+            )
+
+
+def merge_lora_state_dict(state_dict: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
+    """``iter_merged_lora`` of a whole state dict, kept whole: the plain backbone's state dict."""
+    return dict(iter_merged_lora(state_dict.items(), scaling))
+
+
+def copy_weights(
+    module: torch.nn.Module,
+    weights: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
+    *,
+    strict: bool,
+    who: str,
+) -> None:
+    """Copy ``weights`` (a state dict, or a stream of (name, tensor) read one at a time) into
+    ``module``'s own tensors in place, each cast to its dtype and device, without a second copy of
+    the model. A name the module does not hold is refused (a state dict's before anything is
+    copied; a stream's when it comes); ``strict``: so is a name of the module's left out."""
+    own = module.state_dict()
+    if isinstance(weights, Mapping):
+        unknown = sorted(set(weights) - set(own))
+        if unknown:
+            raise ValueError(f"{who}: weights this model does not have: {unknown[:3]}")
+        weights = weights.items()
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, value in weights:
+            target = own.get(name)
+            if target is None:
+                raise ValueError(f"{who}: weights this model does not have: [{name!r}]")
+            target.copy_(value)
+            loaded.add(name)
+            del value
+    missing = [name for name in own if name not in loaded]
+    if strict and missing:
+        raise ValueError(f"{who}: weights missing for this model: {missing[:3]}")

@@ -150,11 +150,11 @@ class WidePolicy(torch.nn.Module):
     def after_update(self, version, weights=None):
         pass  # it samples from its live parameters
 
-    def plain_weights(self, state):
-        return state
+    def plain_stream(self, weights):
+        return weights  # no LoRA to merge
 
     def load_weights(self, state, version):  # an asynchronous searcher's copy
-        self.load_state_dict(state)
+        self.load_state_dict(dict(state))  # a state dict or a stream of (name, tensor)
 
 
 class WideScorer:

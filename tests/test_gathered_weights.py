@@ -1,6 +1,7 @@
 """The sampler's weights gathered from a sharded policy one tensor at a time
-(pipeline.training.base.gathered_state_dict, what TrainingBase.full_state_dict runs under FSDP2
-and DeepSpeed ZeRO-3).
+(pipeline.training.base.iter_gathered, what TrainingBase.iter_full_state streams under FSDP2 and
+DeepSpeed ZeRO-3, and gathered_state_dict, the stream kept whole), and streamed into a sampler's
+copy through LMPolicy.after_update without a second copy of the model.
 
 DeepSpeed does not run on a CPU (accelerate turns it off with cpu=True), so ZeRO-3's gathering
 context is played here by a stand-in that behaves as GatheredParameters(params, modifier_rank=None)
@@ -12,16 +13,20 @@ context under a one-process ZeRO-3 launch."""
 from __future__ import annotations
 
 import contextlib
+import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from pipeline.training.base import gathered_state_dict
+from pipeline.training.base import gathered_state_dict, iter_gathered
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny_llama(tied: bool = True) -> torch.nn.Module:
+def tiny_llama(tied: bool = True, layers: int = 2) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -29,7 +34,7 @@ def tiny_llama(tied: bool = True) -> torch.nn.Module:
         vocab_size=64,
         hidden_size=16,
         intermediate_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=2,
         tie_word_embeddings=tied,
@@ -113,3 +118,143 @@ def test_lora_weights_are_gathered_under_the_peft_names():
     assert any("lora_A" in name for name in state)
     for name, value in expected.items():
         assert torch.equal(state[name], value.to(torch.bfloat16)), name
+
+
+# ---------------------------------------------------------------- streamed into the sampler
+
+
+class MadeTensors(TorchDispatchMode):
+    """Every tensor an operation makes while the mode is on, remembered by a weak reference with
+    its storage (data pointer, bytes): what of it is still alive can be asked at any time."""
+
+    def __init__(self):
+        super().__init__()
+        self.made: list[tuple[weakref.ref, int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in tree_leaves(out):
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                self.made.append((weakref.ref(value), storage.data_ptr(), storage.nbytes()))
+        return out
+
+    def live_bytes(self, exclude: set[int]) -> int:
+        """Bytes of the storages made and still alive, those in ``exclude`` left out."""
+        live = {ptr: size for ref, ptr, size in self.made if ref() is not None and ptr not in exclude}
+        return sum(live.values())
+
+
+class MemoryProbe(StandInZero3):
+    """StandInZero3 that, inside every gather (the whole float32 value just made), measures the
+    bytes of the tensors made during the sync and alive then, beyond the sampler's own weights
+    (which the sync copies into): the gathered tensor itself and whatever the sync still holds of
+    the earlier ones."""
+
+    def start(self, made: MadeTensors, sampler_model: torch.nn.Module) -> None:
+        self.made, self.peak_extra = made, 0
+        self.own = {p.untyped_storage().data_ptr() for p in sampler_model.state_dict().values()}
+
+    @contextlib.contextmanager
+    def __call__(self, params):
+        with super().__call__(params):
+            gathered = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in params}
+            made = self.made.live_bytes(self.own | set(gathered))  # its Python object is gone: counted here
+            self.peak_extra = max(self.peak_extra, made + sum(gathered.values()))
+            yield
+
+
+NO_TOKENIZER = SimpleNamespace(pad_token_id=0)  # the sampler is only loaded here, never generates
+LAYERS = 4  # enough that half the model is several times the largest tensor
+
+
+def trained_and_sampler(kind: str):
+    """(trained model, the sampler's plain bf16 copy with other values, LoRA scaling or None)."""
+    from peft import LoraConfig, get_peft_model
+
+    trained = tiny_llama(tied=kind != "plain", layers=LAYERS)
+    scaling = None
+    if kind == "lora":
+        trained = get_peft_model(trained, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+        scaling = 4 / 2
+        with torch.no_grad():  # B starts at zero: a merge that forgot B A would pass unseen
+            for name, p in trained.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn_like(p))
+    torch.manual_seed(1)
+    sampler_model = tiny_llama(tied=kind != "plain", layers=LAYERS).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in sampler_model.parameters():
+            p.normal_()  # every weight differs from the trained one until the sync
+    return trained, sampler_model, scaling
+
+
+@pytest.mark.parametrize("kind", ["plain", "tied", "lora"])
+def test_the_sampler_takes_the_gathered_weights_one_tensor_at_a_time(kind):
+    """LMPolicy.after_update streams iter_gathered (LoRA merged module by module) into the
+    sampler's copy: while any parameter is gathered, the sync holds at most one more tensor (LoRA:
+    one module's base weight and adapters), never the whole model; the sampler ends with what the
+    whole-dict path gives, bit for bit, each parameter gathered once (tied ones too)."""
+    from pipeline.finetune.policy import LMPolicy
+    from pipeline.generation.hf import HFGenerator
+    from pipeline.modeling import merge_lora_state_dict
+
+    trained, sampler_model, scaling = trained_and_sampler(kind)
+    # the whole-dict path, on a second copy of the same trained weights
+    dict_trained, dict_sampler, _ = trained_and_sampler(kind)
+    dict_state = gathered_state_dict(
+        dict_trained, None if scaling else torch.bfloat16, gather=StandInZero3(dict_trained)
+    )
+    if scaling is not None:
+        dict_state = merge_lora_state_dict(dict_state, scaling)
+    HFGenerator(dict_sampler, NO_TOKENIZER, end_token_ids=[0]).load_weights(dict_state)
+    expected = {name: value.clone() for name, value in dict_sampler.state_dict().items()}
+    if scaling is not None:  # the merge written out: W + alpha/r B A, in float32, then the sampler's bf16
+        params = dict(trained.named_parameters())
+        for layer in range(LAYERS):
+            for proj in ("q_proj", "v_proj"):
+                prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+                base = params[f"{prefix}.base_layer.weight"]
+                delta = params[f"{prefix}.lora_B.default.weight"] @ params[f"{prefix}.lora_A.default.weight"]
+                merged = (base + scaling * delta).to(torch.bfloat16)
+                assert torch.equal(expected[f"model.layers.{layer}.self_attn.{proj}.weight"], merged)
+    del dict_trained, dict_sampler, dict_state
+
+    parameters = {id(p): p for p in trained.parameters()}
+    sizes = sorted(p.numel() * 4 for p in trained.parameters())
+    probe = MemoryProbe(trained)
+    sampler = HFGenerator(sampler_model, NO_TOKENIZER, end_token_ids=[0])
+    policy = LMPolicy(trained, None, sampler=sampler, lora_scaling=scaling)
+    with MadeTensors() as made:
+        probe.start(made, sampler_model)
+        policy.after_update(1, lambda dtype=None: iter_gathered(trained, dtype, gather=probe))
+
+    own = sampler_model.state_dict()
+    assert list(own) == list(expected)
+    for name, value in expected.items():
+        assert torch.equal(own[name], value), name
+    assert sorted(i for ids in probe.gathers for i in ids) == sorted(parameters)  # each once (tied: once)
+    # the gathered float32 tensor and, at most, the previous one in bf16 (LoRA: float32, and a
+    # module's W and A besides)
+    bound = sizes[-1] + (sizes[-2] + sizes[-3] if scaling else sizes[-2] // 2)
+    whole = sum(sizes) // (1 if scaling else 2)  # the whole model in what the sync keeps (bf16; LoRA: float32)
+    assert bound < whole / 2  # a copy of most of the model would not fit under the bound
+    assert 0 < probe.peak_extra <= bound, (probe.peak_extra, bound, whole)
+
+
+def test_a_sampler_that_refuses_a_weight_half_way_still_lets_every_gather_run():
+    """The gathers are collectives: a process whose sampler raises in the middle of the stream
+    gathers the rest before the error is raised, so the other processes are not left waiting."""
+    from pipeline.finetune.policy import LMPolicy
+    from pipeline.generation.hf import HFGenerator
+
+    trained = tiny_llama(tied=False)
+    sampler_model = torch.nn.Module()  # holds the embeddings only: the first layer's weights are refused
+    sampler_model.model = torch.nn.Module()
+    sampler_model.model.embed_tokens = torch.nn.Embedding(64, 16)
+    parameters = {id(p): p for p in trained.parameters()}
+    zero3 = StandInZero3(trained)
+    policy = LMPolicy(trained, None, sampler=HFGenerator(sampler_model, NO_TOKENIZER, end_token_ids=[0]))
+    with pytest.raises(ValueError, match="model.layers.0"):
+        policy.after_update(1, lambda dtype=None: iter_gathered(trained, dtype, gather=zero3))
+    assert sorted(i for ids in zero3.gathers for i in ids) == sorted(parameters)

@@ -99,10 +99,10 @@ class TabularPolicy(torch.nn.Module):
         pass  # it samples from its live parameters
 
     def load_weights(self, state, version):  # an asynchronous searcher's copy, or a reset reference
-        self.load_state_dict(state)
+        self.load_state_dict(dict(state))  # a state dict or a stream of (name, tensor)
 
-    def plain_weights(self, state):
-        return state  # no LoRA to merge
+    def plain_stream(self, weights):
+        return weights  # no LoRA to merge
 
     def terminal_distribution(self):
         """Exact distribution of the terminal states with at least one step.

@@ -9,6 +9,8 @@ near-ties) with a tokenizer trained here on tiny-world text; no downloads.
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +22,8 @@ from pipeline.config_loader import load_config
 from pipeline.generation.base import FINISH_REASONS
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gathering stand-in of test_gathered_weights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -192,6 +196,34 @@ def test_reloaded_weights_serve_the_new_greedy_tokens_and_no_stale_prefix(updata
     after = engine_greedy(updatable_engine, PROMPTS, 12)
     assert after == hf_greedy(model, tokenizer, PROMPTS, 12)
     assert after != before
+
+
+def test_the_engine_reads_a_gathered_stream_one_tensor_at_a_time(updatable_engine, tiny_llama):
+    """The trained weights reach the engine as the stream a sharded trainer gathers
+    (pipeline.training.base.iter_gathered; ZeRO-3's gathering played by the stand-in of
+    tests/test_gathered_weights.py): vLLM's reload_weights reads it as it loads, so while any
+    parameter is gathered the sync holds less than half the model beyond the engine's own weights
+    (a materialised stream would hold all of it), every parameter is gathered once, and the
+    engine then serves the trained model's greedy tokens."""
+    from test_gathered_weights import MadeTensors, MemoryProbe
+
+    from pipeline.training.base import iter_gathered
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, torch_dtype=torch.float32).eval()
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.2 * torch.randn_like(param))
+    expected = hf_greedy(model, updatable_engine.tokenizer, PROMPTS, 12)
+    parameters = {id(p): p for p in model.parameters()}
+    whole = sum(p.numel() * p.element_size() for p in parameters.values())
+    probe = MemoryProbe(model)
+    with MadeTensors() as made:
+        probe.start(made, torch.nn.Module())
+        updatable_engine.load_weights(iter_gathered(model, updatable_engine.weights_dtype, gather=probe))
+    assert engine_greedy(updatable_engine, PROMPTS, 12) == expected
+    assert sorted(i for ids in probe.gathers for i in ids) == sorted(parameters)
+    assert 0 < probe.peak_extra < whole / 2, (probe.peak_extra, whole)
 
 
 @pytest.mark.parametrize(

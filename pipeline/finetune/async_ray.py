@@ -569,7 +569,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
 
     make_sampler: builds a searcher's sampler inside its actor from its index and ``problems``
                   (picklable: a module-level function or functools.partial of one)
-    export:       the trainer's current weights as the searchers load them (plain, LoRA merged)
+    export:       the trainer's current weights as the searchers load them (plain, LoRA merged),
+                  called on every process (gathering may be a collective), used on the main one
     problems:     the training problems as JSON (Problem.to_json): put in Ray's object store once
                   and held by this trainer, so a searcher restarted at any moment reads them again
     make_scorer:  builds the PRM inside each scorer actor (gfn.scorer_actors > 0; picklable); the
@@ -589,7 +590,7 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         objective,
         cfg,
         make_sampler: MakeSampler,
-        export: Callable[[], dict],
+        export: Callable[[], dict | None],
         problems: list | None = None,
         run_name: str = "stepflow",
         progress: bool = True,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -124,8 +125,9 @@ class GFlowNetObjective(torch.nn.Module):
         """The update made at trainer step ``step`` uses beta = kl_coef_at(step)."""
         self.kl_coef = kl_coef_at(step, self.cfg.kl_coef, self.cfg.kl_coef_final, self.cfg.kl_anneal_steps)
 
-    def reset_reference(self, weights: dict, step: int) -> None:
-        """The reference becomes the policy of training step ``step`` (plain weights)."""
+    def reset_reference(self, weights: Iterable[tuple[str, torch.Tensor]], step: int) -> None:
+        """The reference becomes the policy of training step ``step`` (plain weights: (name, tensor)
+        pairs, read one at a time, or a state dict)."""
         if self.reference is None:
             return
         self.reference.load_weights(weights, step)

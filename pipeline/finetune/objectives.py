@@ -20,6 +20,7 @@ callable of its own config section; it never reaches back into the loop.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,8 +63,9 @@ class Objective(Protocol):
     begin_update(step) -> None
         called before the update made at trainer step ``step`` (0-based): a schedule (beta)
     reset_reference(weights, step) -> None
-        the reference policy becomes the plain ``weights`` of training step ``step`` (called
-        every reference_reset_every steps when the config section has that field)
+        the reference policy becomes the plain ``weights`` of training step ``step`` (a stream of
+        (name, tensor), gathered as it is read; called every reference_reset_every steps when the
+        config section has that field)
 
     An off-policy objective also builds micro-batches of any batch, ``plan(batch, weight)``: the
     asynchronous trainer trains on batches drawn from its searchers' buffer.
@@ -84,7 +86,7 @@ class Objective(Protocol):
 
     def begin_update(self, step: int) -> None: ...
 
-    def reset_reference(self, weights: dict, step: int) -> None: ...
+    def reset_reference(self, weights: Iterable[tuple[str, torch.Tensor]], step: int) -> None: ...
 
 
 # config name -> objective class; GFNConfig.loss names the GFlowNet objectives, PPOConfig is "ppo"

@@ -12,15 +12,16 @@ and an asynchronous searcher's copy also through ``load_weights(state, version)`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.scoring import trajectory_logprobs
-from pipeline.modeling import merge_lora_state_dict
+from pipeline.modeling import copy_weights, iter_merged_lora
 from pipeline.steps import encode_prompt, encode_trajectory, split_steps
+from pipeline.training.base import load_streamed
 
 
 @dataclass
@@ -101,27 +102,34 @@ class LMPolicy:
             for outs in outputs
         ]
 
-    def after_update(self, version: int, weights: Callable[[], dict[str, torch.Tensor]]) -> None:
+    def after_update(self, version: int, weights: Callable[..., Iterable[tuple[str, torch.Tensor]]]) -> None:
         """The weights changed (training step ``version`` is done): a sampler holding a copy
-        reloads them (``weights()``: the trained model's full state dict)."""
+        reloads them (``weights(dtype=None)``: the trained model's whole state dict as a stream of
+        (name, tensor), e.g. TrainingBase.iter_full_state, gathered from shards as it is read), one
+        tensor at a time, read to its end on every process (pipeline.training.base.load_streamed)."""
         if self.sampler is not None:
             # gathered straight into the sampler's dtype when the sampler says which (LoRA: merged
-            # first, in the trained dtype)
+            # first, in the trained dtype, one module at a time)
             dtype = getattr(self.sampler, "weights_dtype", None) if self.lora_scaling is None else None
-            self.sampler.load_weights(self.plain_weights(weights(dtype) if dtype is not None else weights()))
+            stream = weights(dtype) if dtype is not None else weights()
+            load_streamed(self.sampler.load_weights, self.plain_stream(stream))
 
-    def plain_weights(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The trained model's state dict as a plain transformers model's: LoRA adapters merged
-        into their base weights (W + alpha/r B A) under the base names."""
-        return merge_lora_state_dict(state, self.lora_scaling) if self.lora_scaling is not None else state
+    def plain_stream(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The trained model's (name, tensor) stream as a plain transformers model's: LoRA
+        adapters merged into their base weights (W + alpha/r B A) under the base names, module by
+        module as they come (pipeline.modeling.iter_merged_lora)."""
+        return iter_merged_lora(weights, self.lora_scaling) if self.lora_scaling is not None else weights
 
-    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Sample from now on with ``state`` (plain weights, published by the trainer after
-        training step ``version``): an asynchronous searcher's copy of the policy."""
+    def load_weights(
+        self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Sample from now on with ``weights`` (plain weights: a state dict, or a stream of
+        (name, tensor) copied in one at a time), published by the trainer after training step
+        ``version``: an asynchronous searcher's copy of the policy, or a reset reference."""
         if self.sampler is not None:
-            self.sampler.load_weights(state)
+            self.sampler.load_weights(weights)
         else:
-            self.module.load_state_dict(state)
+            copy_weights(self.module, weights, strict=True, who="LMPolicy.load_weights")
 
     def _encode(self, prompt: str, steps: Sequence[str]):
         if prompt not in self._prompt_ids:

@@ -13,6 +13,8 @@ before any update, and ``ppo.ppo_epochs`` optimizer steps follow on the same bat
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from pipeline.config import PPOConfig
@@ -72,7 +74,7 @@ class PPOObjective(torch.nn.Module):
     def begin_update(self, step: int) -> None:
         """Nothing of PPO's depends on the training step."""
 
-    def reset_reference(self, weights: dict, step: int) -> None:
+    def reset_reference(self, weights: Iterable[tuple[str, torch.Tensor]], step: int) -> None:
         """PPO's reference stays frozen: its log-probs come with the trajectories (the sampler's),
         and the ppo section has no reference_reset_every."""
 

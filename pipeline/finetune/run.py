@@ -472,14 +472,29 @@ def finetune_policy(
             tokenizer,
             batch_size=config.generation.batch_size,
         )
-        policy.after_update(0, base.full_state_dict)
+        policy.after_update(0, base.iter_full_state)
     elif (
         sampler is not None and config.model.policy_adapter
     ):  # the engine loaded model.policy alone: it samples the adapter's policy
-        policy.after_update(0, base.full_state_dict)
+        policy.after_update(0, base.iter_full_state)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:
         make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
+        publish_dtype = searcher_dtype(config, cfg)
+
+        def export() -> dict[str, torch.Tensor] | None:
+            """The weights to publish: every process reads the gathered stream to its end (its
+            gathers are collectives), in the searchers' dtype unless LoRA is merged first; the main
+            process keeps it whole (the publication plans its buckets from every tensor and packs a
+            snapshot), the others keep nothing."""
+            dtype = publish_dtype if policy.lora_scaling is None else None
+            stream = policy.plain_stream(base.iter_full_state(dtype))
+            if base.is_main:
+                return dict(stream)
+            for _ in stream:
+                pass
+            return None
+
         trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
         trainer = AsyncFinetuneTrainer(
             base,
@@ -487,11 +502,11 @@ def finetune_policy(
             objective,
             cfg,
             make_sampler,
-            export=lambda: policy.plain_weights(base.full_state_dict()),
+            export=export,
             problems=[p.to_json() for p in problems],
             run_name=config.run,
             progress=progress,
-            publish_dtype=searcher_dtype(config, cfg),
+            publish_dtype=publish_dtype,
             make_scorer=make_scorer,
         )
     else:

@@ -25,6 +25,7 @@ from pipeline.finetune.rewards import CORRECT_ANSWER
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.records import Trajectory
 from pipeline.training import TrainingBase
+from pipeline.training.base import load_streamed
 from pipeline.training.collective_clock import CLOCK
 
 
@@ -47,7 +48,7 @@ class FinetuneTrainer:
         state = self.base.resume()
         if state is not None:
             self.load_loop_state(state)
-            self.sampler.policy.after_update(self.step, self.base.full_state_dict)
+            self.sampler.policy.after_update(self.step, self.base.iter_full_state)
         return state is not None
 
     def loop_state(self) -> dict:
@@ -118,10 +119,14 @@ class FinetuneTrainer:
     def after_update(self, step: int) -> None:
         """Training step ``step`` is done: the policy's sampler reloads the weights (vLLM), and
         every gfn.reference_reset_every steps the reference becomes the current policy."""
-        self.sampler.policy.after_update(step, self.base.full_state_dict)
+        policy = self.sampler.policy
+        policy.after_update(step, self.base.iter_full_state)
         every = getattr(self.cfg, "reference_reset_every", 0)
-        if every and step % every == 0:
-            self.objective.reset_reference(self.sampler.policy.plain_weights(self.base.full_state_dict()), step)
+        if every and step % every == 0:  # streamed into the reference, read to its end on every process
+            load_streamed(
+                lambda weights: self.objective.reset_reference(weights, step),
+                policy.plain_stream(self.base.iter_full_state()),
+            )
 
     def update(self, micro_batches: list) -> tuple[dict[str, float], float | None]:
         """The objective's optimizer steps on this process's micro-batches: (its loss terms,

@@ -21,14 +21,14 @@ Sampling is deterministic for a given seed and call (a torch.Generator on the mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from tqdm import tqdm
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory, truncate_at_stop
-from pipeline.modeling import load_causal_lm, load_tokenizer
+from pipeline.modeling import copy_weights, load_causal_lm, load_tokenizer
 from pipeline.steps import encode_prompt, end_token_id
 
 # Decoding positions the cache has room for before its first doubling.
@@ -328,17 +328,13 @@ class HFGenerator:
         """The dtype this generator's copy of the weights is kept in (what ``load_weights`` casts to)."""
         return next(self.model.parameters()).dtype
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Generate from now on with ``state`` (a plain model's whole state dict, e.g. gathered
-        from a sharded trained model after each update): each tensor is copied into this model's
-        own, cast to its dtype and device. Names it does not hold are refused."""
-        own = self.model.state_dict()
-        unknown = sorted(set(state) - set(own))
-        if unknown:
-            raise ValueError(f"HFGenerator.load_weights: weights this model does not have: {unknown[:3]}")
-        with torch.no_grad():
-            for name, value in state.items():
-                own[name].copy_(value)
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Generate from now on with ``weights``: a plain model's whole state dict, or a stream of
+        its (name, tensor) pairs (e.g. gathered from a sharded trained model after each update,
+        pipeline.training.base.iter_gathered), read one at a time. Each tensor is copied into this
+        model's own in place, cast to its dtype and device (pipeline.modeling.copy_weights): no
+        second copy of the model is made. Names it does not hold are refused."""
+        copy_weights(self.model, weights, strict=False, who="HFGenerator.load_weights")
 
     def close(self) -> None:
         """Drop the model (its memory goes back once nothing else holds it); safe to call twice."""

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -363,19 +363,34 @@ class VLLMGenerator:
             destroy_distributed_environment()
         release_memory()
 
+    @property
+    def weights_dtype(self) -> Any:
+        """The torch dtype the engine keeps its weights in (what ``load_weights`` casts to, so the
+        trainer gathers straight into it); None for a quantized engine (its loaders take the
+        checkpoint's own dtype) or an engine that does not say."""
+        model_config = getattr(self.engine, "model_config", None)
+        if model_config is None or getattr(model_config, "quantization", None) is not None:
+            return None
+        return getattr(model_config, "dtype", None)
+
     def _open_engine(self):
         if self.engine is None:
             raise RuntimeError("VLLMGenerator: the engine was closed (close()); build a new generator")
         return self.engine
 
-    def load_weights(self, state: dict[str, Any]) -> None:
-        """Replace the engine's weights with ``state`` (a plain transformers state dict of the
-        served model: names as save_pretrained writes them, LoRA already merged) through vLLM's
-        supported ``reload_weights`` (the model's own load_weights after the engine processed its
-        weights fails: CPU linear layers are repacked, quantized GPU layers too), and drop the
-        prefix cache, whose blocks were computed with the old weights."""
+    def load_weights(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        """Replace the engine's weights with ``weights`` (a plain transformers state dict of the
+        served model, names as save_pretrained writes them, LoRA already merged; or a stream of
+        its (name, tensor) pairs, e.g. gathered from a sharded trained model one tensor at a
+        time) through vLLM's supported ``reload_weights`` (the model's own load_weights after the
+        engine processed its weights fails: CPU linear layers are repacked, quantized GPU layers
+        too), and drop the prefix cache, whose blocks were computed with the old weights. The
+        engine core runs in this process (weight_updates), so the stream reaches the model's
+        weight loaders as it is, read one pair at a time (vLLM's layerwise reload keeps a
+        layer's tensors until that layer's are all in, e.g. q, k and v for qkv_proj)."""
         engine = self._open_engine()
-        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(state.items()))})
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
         engine.reset_prefix_cache()
 
     def generate(

@@ -39,7 +39,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,30 +189,66 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.full_tensor()
 
 
+def iter_gathered(
+    module: torch.nn.Module,
+    dtype: torch.dtype | None = None,
+    gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``module``'s whole state dict as a stream of (name, tensor), gathered one tensor at a time
+    as it is read (a collective: every process must read the whole stream, in order; see
+    ``load_streamed``). A DTensor (FSDP2) is made whole by full_tensor; with ``gather`` (DeepSpeed
+    ZeRO-3: ``GatheredParameters(params, modifier_rank=None)``), ``gather([p])`` makes parameter p
+    whole for the time of a with block, and the tensor yielded is a copy taken inside it (the
+    gathered storage is freed when it ends). Each tensor is cast to ``dtype`` (floating ones; None:
+    each keeps its own) at once, and the stream drops its own reference before it gathers the next,
+    so a process holds what its reader keeps plus one gathered tensor, never a copy of the whole
+    model. No gather is open while a tensor is yielded. Tied weights (embeddings and lm_head) are
+    gathered once and yielded under each of their names, one right after the other."""
+    state = module.state_dict(keep_vars=True)
+    names: dict[int, list[str]] = {}
+    for name, value in state.items():
+        names.setdefault(id(value), []).append(name)
+    for value in state.values():
+        aliases = names.pop(id(value), None)
+        if aliases is None:  # a tied tensor, already yielded under its first name
+            continue
+        gathering = gather is not None and isinstance(value, torch.nn.Parameter)
+        with gather([value]) if gathering else contextlib.nullcontext():
+            full = _full(value.detach())
+            target = dtype if dtype is not None and full.is_floating_point() else full.dtype
+            kept = full.to(target, copy=gathering)
+            del full  # a DTensor's whole float32 value, freed before the next gather
+        for alias in aliases:
+            yield alias, kept
+        del kept
+
+
 def gathered_state_dict(
     module: torch.nn.Module,
     dtype: torch.dtype | None = None,
     gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``module``'s whole state dict, gathered one tensor at a time (a collective: every process
-    calls it, and every process gets the whole state dict). A DTensor (FSDP2) is made whole by
-    full_tensor; with ``gather`` (DeepSpeed ZeRO-3: ``GatheredParameters(params,
-    modifier_rank=None)``), ``gather([p])`` makes parameter p whole for the time of a with block,
-    and the tensor kept is a copy taken inside it (the gathered storage is freed when it ends).
-    Each tensor is cast to ``dtype`` (floating ones; None: each keeps its own) at once, so a
-    process holds the whole model in ``dtype`` plus one gathered tensor, never a float32 copy of
-    the whole model. Tied weights (embeddings and lm_head) stay one tensor, and are gathered once."""
-    gathered: dict[str, torch.Tensor] = {}
-    seen: dict[int, torch.Tensor] = {}
-    for name, value in module.state_dict(keep_vars=True).items():
-        if id(value) not in seen:
-            gathering = gather is not None and isinstance(value, torch.nn.Parameter)
-            with gather([value]) if gathering else contextlib.nullcontext():
-                full = _full(value.detach())
-                target = dtype if dtype is not None and full.is_floating_point() else full.dtype
-                seen[id(value)] = full.to(target, copy=gathering)
-        gathered[name] = seen[id(value)]
-    return gathered
+    """``iter_gathered`` kept whole, in the module's own order: a whole copy of the model in
+    ``dtype`` on every process (what a checkpoint or a publication needs; a sampler takes the
+    stream instead). Tied weights stay one tensor."""
+    gathered = dict(iter_gathered(module, dtype, gather))
+    return {name: gathered[name] for name in module.state_dict(keep_vars=True)}
+
+
+def load_streamed(load: Callable[[Iterator[tuple[str, torch.Tensor]]], Any], weights: Iterable) -> None:
+    """``load(stream)`` over ``weights`` (e.g. ``iter_gathered``), then the rest of the stream read
+    to its end, also when ``load`` raised an Exception (which is then raised): the gathers are
+    collectives, so a process that stopped reading half-way would leave the others waiting in the
+    next one. A stream that itself raised (a failed gather) is over, and nothing more is read."""
+    stream = iter(weights)
+    try:
+        load(stream)
+    except Exception:
+        for _ in stream:
+            pass
+        raise
+    for _ in stream:
+        pass
 
 
 class TrainingBase:
@@ -561,29 +597,46 @@ class TrainingBase:
         params = dict(self.unwrapped.named_parameters())
         return {name: params[name] for name in names}
 
-    def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """The model's whole state dict on EVERY process: what a sampler with its own copy of the
-        weights (a colocated vLLM engine, an HF copy) reloads. Under FSDP2 and DeepSpeed ZeRO-3
-        it is gathered one tensor at a time (``gathered_state_dict``: full_tensor, or
-        GatheredParameters on every process), each cast to ``dtype`` (the sampler's) at once, so a
-        process holds the whole model in the sampler's dtype plus one gathered tensor, never a
-        float32 copy of the whole model; unsharded (DDP, ZeRO-1/2: every process holds the whole
-        weights), the live tensors themselves (no copy)."""
+    def _gathered_from(self) -> tuple[torch.nn.Module, Callable | None] | None:
+        """(module, gather) for ``iter_gathered`` when the weights are sharded (FSDP2, DeepSpeed
+        ZeRO-3); None when every process holds them whole."""
         if self.sharded:
-            return gathered_state_dict(self.model, dtype)
-        distributed = self.accelerator.distributed_type
-        if distributed == DistributedType.FSDP:
-            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+            return self.model, None
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if distributed == DistributedType.DEEPSPEED and plugin.zero_stage == 3:
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED and plugin.zero_stage == 3:
             import deepspeed  # installed wherever accelerate runs DeepSpeed
 
-            return gathered_state_dict(
-                self.unwrapped,
-                dtype,
-                gather=lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None),
-            )
+            return self.unwrapped, lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        return None
+
+    def _whole_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict of weights every process holds whole: the live tensors (no copy)."""
+        if self.accelerator.distributed_type == DistributedType.FSDP:
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         return {name: value.detach() for name, value in self.unwrapped.state_dict().items()}
+
+    def iter_full_state(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model's whole state dict as a stream of (name, tensor) on EVERY process: what a
+        sampler with its own copy of the weights (a colocated vLLM engine, an HF copy) reloads.
+        Under FSDP2 and DeepSpeed ZeRO-3 each tensor is gathered as it is read (``iter_gathered``:
+        full_tensor, or GatheredParameters, a collective: every process reads the whole stream,
+        through ``load_streamed``) and cast to ``dtype`` (the sampler's) at once, so a process holds
+        one gathered tensor beyond what its reader keeps, never a copy of the whole model;
+        unsharded (DDP, ZeRO-1/2: every process holds the whole weights), the live tensors
+        themselves (no copy, ``dtype`` left to the reader)."""
+        source = self._gathered_from()
+        if source is not None:
+            return iter_gathered(source[0], dtype, gather=source[1])
+        return iter(self._whole_state_dict().items())
+
+    def full_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """``iter_full_state`` kept whole (every process calls it): gathered from shards, a whole
+        copy of the model in ``dtype`` on every process, for what needs every tensor at once (a
+        saved model, an asynchronous publication's buckets); unsharded, the live tensors."""
+        source = self._gathered_from()
+        if source is not None:
+            return gathered_state_dict(source[0], dtype, gather=source[1])
+        return self._whole_state_dict()
 
     def final_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's whole state dict for saving it (every process calls this; gathered from
