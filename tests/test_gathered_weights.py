@@ -1,6 +1,7 @@
-"""The sampler's weights gathered from a sharded policy one tensor at a time
+"""The sampler's weights gathered from a sharded policy piece by piece
 (pipeline.training.base.gathered_state_dict, what TrainingBase.full_state_dict runs under FSDP2
-and DeepSpeed ZeRO-3).
+and DeepSpeed ZeRO-3): FSDP2 one unit at a time, in 2 processes (gloo) under torchrun
+(tests/fsdp2_gather_ranks.py); ZeRO-3 one parameter at a time.
 
 DeepSpeed does not run on a CPU (accelerate turns it off with cpu=True), so ZeRO-3's gathering
 context is played here by a stand-in that behaves as GatheredParameters(params, modifier_rank=None)
@@ -12,11 +13,18 @@ context under a one-process ZeRO-3 launch."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from pipeline.training.base import gathered_state_dict
+from processes import run_bounded
+
+TESTS = Path(__file__).resolve().parent
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -113,3 +121,31 @@ def test_lora_weights_are_gathered_under_the_peft_names():
     assert any("lora_A" in name for name in state)
     for name, value in expected.items():
         assert torch.equal(state[name], value.to(torch.bfloat16)), name
+
+
+def test_fsdp2_weights_are_gathered_one_unit_at_a_time_with_one_all_gather_each(tmp_path):
+    """Two processes shard a tiny Llama (2 decoder layers and the root: 3 FSDP2 units) and gather
+    it: every tensor equals the unsharded model's, in bf16 and in the trained dtype, with one
+    all-gather per unit and no per-tensor full_tensor; the tied weights stay one tensor and the
+    model is sharded again afterwards and computes what it did before sharding."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(TESTS / "fsdp2_gather_ranks.py"),
+        str(tmp_path),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    returncode, out = run_bounded(command, env=env, timeout=180)
+    assert returncode == 0, out[-4000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["units"] == 3
+        for label in ("bf16", "own"):
+            gathered = result[label]
+            assert gathered["names"] and gathered["equal"] and gathered["tied_once"], (rank, label, gathered)
+            assert gathered["all_gathers"] == 3 and gathered["full_tensor"] == 0, (rank, label, gathered)
+        assert result["sharded_again"] and result["same_logits"], result

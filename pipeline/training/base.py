@@ -189,21 +189,69 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.full_tensor()
 
 
+def _unit_places(unit: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """(module, attribute) of every parameter an FSDP2 unit manages itself: those of its
+    submodules that no nested unit (a decoder layer under the root) holds; a parameter registered
+    in two modules (tied embeddings and lm_head) appears under each."""
+    places, stack = [], [unit]
+    while stack:
+        module = stack.pop()
+        places.extend((module, name) for name, _ in module.named_parameters(recurse=False))
+        stack.extend(child for child in module.children() if not isinstance(child, FSDPModule))
+    return places
+
+
+def _gathered_by_unit(module: torch.nn.Module, dtype: torch.dtype | None) -> dict[int, torch.Tensor]:
+    """FSDP2: {id(sharded parameter): a copy of its whole value}, each FSDP unit of ``module``
+    (every decoder layer, then the root's own embeddings, norm and head) made whole in turn by its
+    own ``unshard`` (one all-gather of the unit's flat shards, its copies in and out, as in a
+    forward), copied (cast to ``dtype``: floating ones; None keeps each its own) and resharded
+    before the next: a process holds one unit gathered at a time beside the copies. A collective:
+    every process calls it. A parameter the unit gathers in another dtype than the one kept
+    (mixed precision's bf16 when the trained float32 is asked for) is left out: the caller gathers
+    it on its own (``full_tensor``). A unit found whole (not resharded after its forward) is read
+    as it is."""
+    gathered: dict[int, torch.Tensor] = {}
+    units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
+    for unit in reversed(units):  # the layers first, the root's (embeddings) last
+        places = _unit_places(unit)
+        shards = [getattr(owner, name) for owner, name in places]
+        sharded = any(isinstance(shard, DTensor) for shard in shards)
+        if sharded:
+            unit.unshard()
+        try:
+            for (owner, name), shard in zip(places, shards):
+                whole = getattr(owner, name).detach()
+                if id(shard) in gathered or isinstance(whole, DTensor):
+                    continue
+                target = dtype if dtype is not None and whole.is_floating_point() else shard.dtype
+                if whole.dtype in (shard.dtype, target):
+                    gathered[id(shard)] = whole.to(target, copy=True)
+        finally:
+            if sharded:
+                unit.reshard()
+    return gathered
+
+
 def gathered_state_dict(
     module: torch.nn.Module,
     dtype: torch.dtype | None = None,
     gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``module``'s whole state dict, gathered one tensor at a time (a collective: every process
-    calls it, and every process gets the whole state dict). A DTensor (FSDP2) is made whole by
-    full_tensor; with ``gather`` (DeepSpeed ZeRO-3: ``GatheredParameters(params,
-    modifier_rank=None)``), ``gather([p])`` makes parameter p whole for the time of a with block,
-    and the tensor kept is a copy taken inside it (the gathered storage is freed when it ends).
-    Each tensor is cast to ``dtype`` (floating ones; None: each keeps its own) at once, so a
-    process holds the whole model in ``dtype`` plus one gathered tensor, never a float32 copy of
-    the whole model. Tied weights (embeddings and lm_head) stay one tensor, and are gathered once."""
+    """``module``'s whole state dict, gathered piece by piece (a collective: every process calls
+    it, and every process gets the whole state dict). An FSDP2 model is gathered one FSDP unit at
+    a time (``_gathered_by_unit``: one all-gather per decoder layer and one for the root, where a
+    DTensor's full_tensor would be one per tensor); any DTensor left is made whole by full_tensor;
+    with ``gather`` (DeepSpeed ZeRO-3: ``GatheredParameters(params, modifier_rank=None)``),
+    ``gather([p])`` makes parameter p whole for the time of a with block, and the tensor kept is a
+    copy taken inside it (the gathered storage is freed when it ends). Each tensor is cast to
+    ``dtype`` (floating ones; None: each keeps its own) at once, so a process holds the whole
+    model in ``dtype`` plus one gathered unit or tensor, never a float32 copy of the whole model.
+    Tied weights (embeddings and lm_head) stay one tensor, and are gathered once."""
     gathered: dict[str, torch.Tensor] = {}
-    seen: dict[int, torch.Tensor] = {}
+    seen: dict[int, torch.Tensor] = (
+        _gathered_by_unit(module, dtype) if gather is None and isinstance(module, FSDPModule) else {}
+    )
     for name, value in module.state_dict(keep_vars=True).items():
         if id(value) not in seen:
             gathering = gather is not None and isinstance(value, torch.nn.Parameter)
