@@ -4,7 +4,8 @@
 
 Each process builds the same tiny Llama (tied embeddings), shards it with FSDP2 as the training
 base does (each decoder layer, then the root; gloo), gathers its state dict with
-pipeline.training.base.gathered_state_dict in bf16 and in the trained dtype, counting FSDP2's
+pipeline.training.base.gathered_state_dict in bf16 and in the trained dtype (and so a copy sharded
+with bf16 mixed precision, whose units all-gather bf16), counting FSDP2's
 all-gathers and DTensor full_tensor calls, and writes <out folder>/rank<r>.json: whether every
 gathered tensor equals the unsharded model's (cast), the counts, whether the tied weights stayed
 one tensor and whether the model was sharded again and still computes the unsharded logits."""
@@ -23,7 +24,7 @@ sys.path.insert(0, str(TESTS))
 torch.set_num_threads(1)
 
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: E402
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -40,10 +41,6 @@ def main(out: Path) -> None:
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
     counts = {"all_gathers": 0, "full_tensor": 0}
 
     class CountedAllGather(DefaultAllGather):
@@ -51,8 +48,19 @@ def main(out: Path) -> None:
             counts["all_gathers"] += 1
             return super().__call__(*args, **kwargs)
 
-    for unit in units:
-        unit.set_custom_all_gather(CountedAllGather())
+    def shard(module, policy=None):
+        for layer in module.model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy or MixedPrecisionPolicy())
+        fully_shard(module, mesh=mesh, mp_policy=policy or MixedPrecisionPolicy())
+        units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
+        for unit in units:
+            unit.set_custom_all_gather(CountedAllGather())
+        return units
+
+    units = shard(model)
+    # mixed precision: its units all-gather bf16 weights over float32 master shards
+    mixed = tiny_llama()
+    shard(mixed, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     full_tensor = DTensor.full_tensor
 
     def counted_full_tensor(self, *args, **kwargs):
@@ -60,10 +68,15 @@ def main(out: Path) -> None:
         return full_tensor(self, *args, **kwargs)
 
     DTensor.full_tensor = counted_full_tensor
-    result = {"rank": rank, "units": len(units)}
-    for label, dtype in (("bf16", torch.bfloat16), ("own", None)):
+    result = {"rank": rank, "units": len(units), "tensors": len({id(p) for p in model.parameters()})}
+    for label, sharded, dtype in (
+        ("bf16", model, torch.bfloat16),
+        ("own", model, None),
+        ("mixed_bf16", mixed, torch.bfloat16),
+        ("mixed_own", mixed, None),
+    ):
         counts.update(all_gathers=0, full_tensor=0)
-        state = gathered_state_dict(model, dtype)
+        state = gathered_state_dict(sharded, dtype)
         result[label] = {
             **counts,
             "names": list(state) == list(expected),

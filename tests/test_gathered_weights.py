@@ -126,7 +126,8 @@ def test_lora_weights_are_gathered_under_the_peft_names():
 def test_fsdp2_weights_are_gathered_one_unit_at_a_time_with_one_all_gather_each(tmp_path):
     """Two processes shard a tiny Llama (2 decoder layers and the root: 3 FSDP2 units) and gather
     it: every tensor equals the unsharded model's, in bf16 and in the trained dtype, with one
-    all-gather per unit and no per-tensor full_tensor; the tied weights stay one tensor and the
+    all-gather per unit and no per-tensor full_tensor (under bf16 mixed precision, float32 asked
+    for: one tensor at a time by full_tensor); the tied weights stay one tensor and the
     model is sharded again afterwards and computes what it did before sharding."""
     command = [
         sys.executable,
@@ -144,8 +145,12 @@ def test_fsdp2_weights_are_gathered_one_unit_at_a_time_with_one_all_gather_each(
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["units"] == 3
-        for label in ("bf16", "own"):
+        for label in ("bf16", "own", "mixed_bf16", "mixed_own"):
             gathered = result[label]
             assert gathered["names"] and gathered["equal"] and gathered["tied_once"], (rank, label, gathered)
-            assert gathered["all_gathers"] == 3 and gathered["full_tensor"] == 0, (rank, label, gathered)
+        for label in ("bf16", "own", "mixed_bf16"):  # the units gather in the dtype kept
+            assert result[label]["all_gathers"] == 3 and result[label]["full_tensor"] == 0, (rank, result[label])
+        # bf16 mixed precision asked for float32: the first unit's bf16 gather is of no use, so every
+        # tensor is gathered whole in float32 by its own full_tensor, the other units left alone
+        assert result["mixed_own"] == {**result["mixed_own"], "all_gathers": 1, "full_tensor": result["tensors"]}
         assert result["sharded_again"] and result["same_logits"], result

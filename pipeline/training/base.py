@@ -207,16 +207,17 @@ def _gathered_by_unit(module: torch.nn.Module, dtype: torch.dtype | None) -> dic
     own ``unshard`` (one all-gather of the unit's flat shards, its copies in and out, as in a
     forward), copied (cast to ``dtype``: floating ones; None keeps each its own) and resharded
     before the next: a process holds one unit gathered at a time beside the copies. A collective:
-    every process calls it. A parameter the unit gathers in another dtype than the one kept
-    (mixed precision's bf16 when the trained float32 is asked for) is left out: the caller gathers
-    it on its own (``full_tensor``). A unit found whole (not resharded after its forward) is read
-    as it is."""
+    every process calls it (and every process stops at the same unit). Units that gather in
+    another dtype than the one kept (mixed precision's bf16 when the trained float32 is asked for)
+    are left out from the first such unit on: the caller gathers their tensors one by one
+    (``full_tensor``). A unit found whole (not resharded after its forward) is read as it is."""
     gathered: dict[int, torch.Tensor] = {}
     units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
     for unit in reversed(units):  # the layers first, the root's (embeddings) last
         places = _unit_places(unit)
         shards = [getattr(owner, name) for owner, name in places]
         sharded = any(isinstance(shard, DTensor) for shard in shards)
+        other_dtype = False
         if sharded:
             unit.unshard()
         try:
@@ -227,9 +228,13 @@ def _gathered_by_unit(module: torch.nn.Module, dtype: torch.dtype | None) -> dic
                 target = dtype if dtype is not None and whole.is_floating_point() else shard.dtype
                 if whole.dtype in (shard.dtype, target):
                     gathered[id(shard)] = whole.to(target, copy=True)
+                else:
+                    other_dtype = True
         finally:
             if sharded:
                 unit.reshard()
+        if other_dtype:
+            break
     return gathered
 
 
