@@ -23,13 +23,13 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 torch.set_num_threads(1)
 
+from test_gathered_weights import tiny_llama  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from pipeline.training.base import gathered_state_dict  # noqa: E402
-from test_gathered_weights import tiny_llama  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import run_bounded
 
 from pipeline.training.base import gathered_state_dict
-from processes import run_bounded
 
 TESTS = Path(__file__).resolve().parent
 
