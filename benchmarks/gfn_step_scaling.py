@@ -45,10 +45,13 @@ def run(cfg, out_dir: Path) -> dict:
 
 def gfn_overrides(world: Path, run: str, steps: int, threads: int) -> list[str]:
     """`make gfn` on the scaling world: TB-VarGrad, 8 questions x 4 samples a step, ``threads``
-    torch threads per process."""
+    torch threads per process; trained afresh (gfn.retrain=true), so that a second `make bench` in
+    the same run folder measures its own steps instead of finding the first one's model finished
+    and reading its metrics."""
     return [
         f"runs_root={world}",
         f"run={run}",
+        "gfn.retrain=true",
         f"model.policy={world / 'policy'}",
         f"model.prm={world / 'prm'}",
         f"data.train_path={world / 'problems_train.jsonl'}",

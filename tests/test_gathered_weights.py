@@ -1,7 +1,8 @@
-"""The sampler's weights gathered from a sharded policy one tensor at a time
+"""The sampler's weights gathered from a sharded policy piece by piece
 (pipeline.training.base.iter_gathered, what TrainingBase.iter_full_state streams under FSDP2 and
-DeepSpeed ZeRO-3, and gathered_state_dict, the stream kept whole), and streamed into a sampler's
-copy through LMPolicy.after_update without a second copy of the model.
+DeepSpeed ZeRO-3, and gathered_state_dict, the stream kept whole): FSDP2 one unit at a time, in 2
+processes (gloo) under torchrun (tests/fsdp2_gather_ranks.py); ZeRO-3 one parameter at a time;
+streamed into a sampler's copy through LMPolicy.after_update without a second copy of the model.
 
 DeepSpeed does not run on a CPU (accelerate turns it off with cpu=True), so ZeRO-3's gathering
 context is played here by a stand-in that behaves as GatheredParameters(params, modifier_rank=None)
@@ -13,15 +14,22 @@ context under a one-process ZeRO-3 launch."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import sys
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from processes import run_bounded
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from pipeline.training.base import gathered_state_dict, iter_gathered
+
+TESTS = Path(__file__).resolve().parent
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -258,3 +266,36 @@ def test_a_sampler_that_refuses_a_weight_half_way_still_lets_every_gather_run():
     with pytest.raises(ValueError, match="model.layers.0"):
         policy.after_update(1, lambda dtype=None: iter_gathered(trained, dtype, gather=zero3))
     assert sorted(i for ids in zero3.gathers for i in ids) == sorted(parameters)
+
+
+def test_fsdp2_weights_are_gathered_one_unit_at_a_time_with_one_all_gather_each(tmp_path):
+    """Two processes shard a tiny Llama (2 decoder layers and the root: 3 FSDP2 units) and gather
+    it: every tensor equals the unsharded model's, in bf16 and in the trained dtype, with one
+    all-gather per unit and no per-tensor full_tensor (under bf16 mixed precision, float32 asked
+    for: one tensor at a time by full_tensor); the tied weights stay one tensor and the
+    model is sharded again afterwards and computes what it did before sharding."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(TESTS / "fsdp2_gather_ranks.py"),
+        str(tmp_path),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    returncode, out = run_bounded(command, env=env, timeout=180)
+    assert returncode == 0, out[-4000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["units"] == 3
+        for label in ("bf16", "own", "mixed_bf16", "mixed_own"):
+            gathered = result[label]
+            assert gathered["names"] and gathered["equal"] and gathered["tied_once"], (rank, label, gathered)
+        for label in ("bf16", "own", "mixed_bf16"):  # the units gather in the dtype kept
+            assert result[label]["all_gathers"] == 3 and result[label]["full_tensor"] == 0, (rank, result[label])
+        # bf16 mixed precision asked for float32: the first unit's bf16 gather is of no use, so every
+        # tensor is gathered whole in float32 by its own full_tensor, the other units left alone
+        assert result["mixed_own"] == {**result["mixed_own"], "all_gathers": 1, "full_tensor": result["tensors"]}
+        assert result["sharded_again"] and result["same_logits"], result

@@ -189,28 +189,89 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.full_tensor()
 
 
+def _unit_places(unit: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """(module, attribute) of every parameter an FSDP2 unit manages itself: those of its
+    submodules that no nested unit (a decoder layer under the root) holds; a parameter registered
+    in two modules (tied embeddings and lm_head) appears under each."""
+    places, stack = [], [unit]
+    while stack:
+        module = stack.pop()
+        places.extend((module, name) for name, _ in module.named_parameters(recurse=False))
+        stack.extend(child for child in module.children() if not isinstance(child, FSDPModule))
+    return places
+
+
+def _unit_copies(unit: torch.nn.Module, dtype: torch.dtype | None) -> tuple[dict[int, torch.Tensor], bool]:
+    """One FSDP2 unit (a decoder layer, or the root's own embeddings, norm and head) made whole by
+    its own ``unshard`` (one all-gather of the unit's flat shards, its copies in and out, as in a
+    forward), each parameter copied (cast to ``dtype``: floating ones; None keeps each its own),
+    and resharded: ({id(sharded parameter): its whole copy}, whether the unit gathers in another
+    dtype than the one kept, mixed precision's bf16 when the trained float32 is asked for: those
+    parameters are left out). A collective: every process calls it. A unit found whole (not
+    resharded after its forward) is read as it is."""
+    copies: dict[int, torch.Tensor] = {}
+    places = _unit_places(unit)
+    shards = [getattr(owner, name) for owner, name in places]
+    sharded = any(isinstance(shard, DTensor) for shard in shards)
+    other_dtype = False
+    if sharded:
+        unit.unshard()
+    try:
+        for (owner, name), shard in zip(places, shards):
+            whole = getattr(owner, name).detach()
+            if id(shard) in copies or isinstance(whole, DTensor):
+                continue
+            target = dtype if dtype is not None and whole.is_floating_point() else shard.dtype
+            if whole.dtype in (shard.dtype, target):
+                copies[id(shard)] = whole.to(target, copy=True)
+            else:
+                other_dtype = True
+    finally:
+        if sharded:
+            unit.reshard()
+    return copies, other_dtype
+
+
 def iter_gathered(
     module: torch.nn.Module,
     dtype: torch.dtype | None = None,
     gather: Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``module``'s whole state dict as a stream of (name, tensor), gathered one tensor at a time
-    as it is read (a collective: every process must read the whole stream, in order; see
-    ``load_streamed``). A DTensor (FSDP2) is made whole by full_tensor; with ``gather`` (DeepSpeed
-    ZeRO-3: ``GatheredParameters(params, modifier_rank=None)``), ``gather([p])`` makes parameter p
-    whole for the time of a with block, and the tensor yielded is a copy taken inside it (the
-    gathered storage is freed when it ends). Each tensor is cast to ``dtype`` (floating ones; None:
-    each keeps its own) at once, and the stream drops its own reference before it gathers the next,
-    so a process holds what its reader keeps plus one gathered tensor, never a copy of the whole
-    model. No gather is open while a tensor is yielded. Tied weights (embeddings and lm_head) are
-    gathered once and yielded under each of their names, one right after the other."""
+    """``module``'s whole state dict as a stream of (name, tensor), gathered piece by piece as it
+    is read (a collective: every process must read the whole stream, in order; see
+    ``load_streamed``). An FSDP2 model is gathered one FSDP unit at a time (``_unit_copies``: one
+    all-gather per decoder layer, then one for the root, where a DTensor's full_tensor would be one
+    per tensor), its tensors yielded in the module's own order (a LoRA module's weight, lora_A and
+    lora_B together); from the first unit that gathers in another dtype than the one kept (mixed
+    precision), and for anything no unit holds, one tensor at a time: a DTensor made whole by
+    full_tensor; with ``gather`` (DeepSpeed ZeRO-3: ``GatheredParameters(params,
+    modifier_rank=None)``), ``gather([p])`` makes parameter p whole for the time of a with block,
+    and the tensor yielded is a copy taken inside it (the gathered storage is freed when it ends).
+    Each tensor is cast to ``dtype`` (floating ones; None: each keeps its own) at once, and the
+    stream drops its own references as it yields, so a process holds what its reader keeps plus one
+    gathered unit or tensor, never a copy of the whole model. No gather is open while a tensor is
+    yielded. Tied weights (embeddings and lm_head) are gathered once and yielded under each of
+    their names, one right after the other."""
     state = module.state_dict(keep_vars=True)
     names: dict[int, list[str]] = {}
     for name, value in state.items():
         names.setdefault(id(value), []).append(name)
+    if gather is None and isinstance(module, FSDPModule):
+        units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
+        for unit in reversed(units):  # the layers first, the root's (embeddings) last
+            copies, other_dtype = _unit_copies(unit, dtype)
+            for value in state.values():
+                kept = copies.pop(id(value), None)
+                if kept is None:
+                    continue
+                for alias in names.pop(id(value)):
+                    yield alias, kept
+                del kept
+            if other_dtype:  # every process stops at the same unit: the rest one tensor at a time
+                break
     for value in state.values():
         aliases = names.pop(id(value), None)
-        if aliases is None:  # a tied tensor, already yielded under its first name
+        if aliases is None:  # yielded already (by its unit, or under a tied tensor's first name)
             continue
         gathering = gather is not None and isinstance(value, torch.nn.Parameter)
         with gather([value]) if gathering else contextlib.nullcontext():

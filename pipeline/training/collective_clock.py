@@ -7,7 +7,8 @@ while backward goes on computing:
 
 - wait: seconds the training thread is blocked in a collective. A synchronous collective (the
   run's ``Collective``: gathering trajectories, summing counts; the training base's clip-norm
-  reduction and FSDP2 ``full_tensor`` gathers; FSDP2's own all-gathers and reduce-scatters, which
+  reduction and any FSDP2 ``full_tensor`` gather; FSDP2's own all-gathers (the sampler's
+  unit-by-unit gathers among them) and reduce-scatters, which
   on CPU it issues synchronously) counts whole. DDP's all-reduce counts from the moment the last
   gradient bucket is handed to the hook (every gradient is computed then) until ``backward``
   returns: the time the thread waits in DDP's finalize for the reductions still in flight.
