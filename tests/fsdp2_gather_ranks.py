@@ -12,6 +12,7 @@ one tensor and whether the model was sharded again and still computes the unshar
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -90,6 +91,10 @@ def main(out: Path) -> None:
     with torch.no_grad():
         result["same_logits"] = bool(torch.allclose(model(input_ids=ids).logits, logits, atol=1e-6))
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    # both processes done with every collective, and nothing left holding the group, before it goes
+    dist.barrier()
+    del model, mixed, units, state
+    gc.collect()
     dist.destroy_process_group()
 
 
