@@ -52,6 +52,7 @@ from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, re
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
+from pipeline.training.base import load_streamed
 from pipeline.training.distributed import Collective, fsdp_requested
 from pipeline.training.tracking import tracker_names
 
@@ -488,12 +489,11 @@ def finetune_policy(
             process keeps it whole (the publication plans its buckets from every tensor and packs a
             snapshot), the others keep nothing."""
             dtype = publish_dtype if policy.lora_scaling is None else None
-            stream = policy.plain_stream(base.iter_full_state(dtype))
-            if base.is_main:
-                return dict(stream)
-            for _ in stream:
-                pass
-            return None
+            kept: dict[str, torch.Tensor] = {}
+            load_streamed(
+                kept.update if base.is_main else lambda stream: None, policy.plain_stream(base.iter_full_state(dtype))
+            )
+            return kept if base.is_main else None
 
         trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
         trainer = AsyncFinetuneTrainer(
