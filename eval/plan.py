@@ -29,6 +29,7 @@ from pipeline.batches import check_divisible, gradient_accumulation
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError
 from pipeline.finetune.objectives import needs_reference
+from pipeline.generation import VLLM_INSTALL
 from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
 from pipeline.shapes import (
@@ -676,7 +677,7 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
             "only: no process holds the whole policy between forwards",
         )
     if config.generation.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        plan.warn("generation.backend", "vllm is not installed here (pip install -e '.[vllm]' on the GPU machine)")
+        plan.warn("generation.backend", f"vllm is not installed here: {VLLM_INSTALL}")
     fresh = cfg.num_train_steps * cfg.questions_per_step * cfg.samples_per_question
     trained = fresh * (cfg.ppo_epochs if stage == "ppo" else (1 + cfg.replay_fraction if cfg.buffer_size > 0 else 1))
     tokens = config.plan.prompt_tokens + config.generation.max_new_tokens

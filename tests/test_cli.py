@@ -122,6 +122,28 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_in_one_line_before_any_mode
     assert capsys.readouterr().err.splitlines() == [f"error: benchmark file not found: {tmp_path / 'nope.jsonl'}"]
 
 
+def test_a_missing_vllm_is_refused_by_each_stage_in_one_line_naming_the_key_and_make_gpu_env(
+    monkeypatch, tmp_path, capsys
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    monkeypatch.chdir(tmp_path)  # reports/ would go here
+    runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=t"]
+    runs.append(f"model.prm={tmp_path}")  # the fine-tuning stages check their PRM input first
+    for main in (mcts.main, evaluate.main, search.main, train_gfn.main, train_ppo.main):
+        assert run_cli(monkeypatch, main, *runs, "generation.backend=vllm") == 2, main.__module__
+        error = capsys.readouterr().err.splitlines()
+        assert error[0].startswith("error: generation.backend=vllm but vllm is not installed in this environment ("), (
+            main.__module__,
+            error,
+        )
+        assert [line for line in error if not line.startswith("hint: ")] == error[:1]  # one line, no traceback
+        assert "`make gpu-env` builds .venv-vllm" in error[0] and "generation.backend=hf" in error[0]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()  # nothing was created
+
+
 def forbid_model_loads(monkeypatch) -> None:
     """Every way a stage loads a model fails the test if called."""
     import transformers

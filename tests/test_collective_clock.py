@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from processes import run_bounded
 from safetensors.torch import load_file
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 
 def test_the_clock_is_off_unless_the_benchmark_turns_it_on():
@@ -34,6 +37,25 @@ def test_the_clock_is_off_unless_the_benchmark_turns_it_on():
         pass
     wait, in_flight = on.snapshot()
     assert on.calls == 1 and wait == in_flight >= 0.0  # a synchronous collective: its wait is its flight
+
+
+def test_a_torch_without_the_private_fsdp_collectives_breaks_the_clock_alone(monkeypatch):
+    """The private module is read only when the clock times FSDP2: the training base imports in a
+    process whose torch lacks it, and time_fsdp says what is missing and how to train without it."""
+    from pipeline.training import collective_clock
+
+    child = (
+        "import sys, types; import torch.distributed.fsdp; "
+        f"sys.modules[{collective_clock.FSDP_COLLECTIVES!r}] = types.ModuleType('moved'); "
+        "import pipeline.training.base, pipeline.training.collective_clock as c; print('imported')"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr[-2000:]
+    monkeypatch.setitem(sys.modules, collective_clock.FSDP_COLLECTIVES, types.ModuleType("moved"))
+    with pytest.raises(RuntimeError, match=r"STEPFLOW_TIME_COLLECTIVES=1 .* lacks: .*unset STEPFLOW_TIME_COLLECTIVES"):
+        collective_clock.CollectiveClock(True).time_fsdp([])
+    monkeypatch.undo()
+    collective_clock.CollectiveClock(True).time_fsdp([])  # present: nothing to time, no error
 
 
 def test_collective_shares_are_per_process_means_against_the_one_process_step():

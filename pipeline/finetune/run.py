@@ -221,11 +221,6 @@ def preflight(config: Config, stage: str) -> int:
     if backend not in BACKENDS:
         raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
     check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # the sampler's engine serves it
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ValueError(
-            "generation.backend=vllm but vllm is not installed: pip install -e '.[vllm]' (README, \"GPU and vLLM\"), "
-            "or use generation.backend=hf"
-        )
     if backend == "vllm":
         check_vllm_sampler(config)
     tracker_names(config.report_to)

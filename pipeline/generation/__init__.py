@@ -7,12 +7,17 @@ only when asked for). Teacher-forced scoring lives in pipeline.generation.scorin
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 from pipeline.config_loader import ConfigError
 from pipeline.generation.base import Completion, Generator
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, check_servable
 
 BACKENDS = ("hf", "vllm")
+# What installs each backend's engine where it is missing (README, "GPU and vLLM").
+VLLM_INSTALL = "`make gpu-env` builds .venv-vllm with the pinned vLLM, and the make stage targets then run there"
 
 
 def build_generator(
@@ -34,16 +39,36 @@ def build_generator(
     raise ConfigError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
 
 
+def check_backend_installed(config) -> None:
+    """ConfigError in one line, naming generation.backend and the command that installs it, when the
+    backend's engine is not installed in this Python (vLLM lives in its own environment)."""
+    if config.generation.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"generation.backend=vllm but vllm is not installed in this environment ({sys.prefix}): "
+            f"{VLLM_INSTALL}; or use generation.backend=hf"
+        )
+
+
 def check_served_models(config, models: dict[str, str | None]) -> None:
     """Before any model loads: each local model folder that generation.backend's engines will serve
-    ({config key: path}; None and hub ids pass) can be served, else pipeline.model_folders.FolderError in one
-    line naming the key and the file (vLLM: vllm_backend.check_servable; the HF backend's
-    from_pretrained reads only the weight files a folder's model names, and checks them as it loads)."""
+    ({config key: path}; None and hub ids pass) can be served, else pipeline.model_folders.FolderError
+    in one line naming the key and the file (vLLM: vllm_backend.check_servable; the HF backend's
+    from_pretrained reads only the weight files a folder's model names, and checks them as it
+    loads); then the engine is installed (check_backend_installed)."""
     if config.generation.backend != "vllm":
         return
     for key, path in models.items():
         if path:
             check_servable(path, key)
+    check_backend_installed(config)
 
 
-__all__ = ["BACKENDS", "Completion", "Generator", "build_generator", "check_served_models"]
+__all__ = [
+    "BACKENDS",
+    "VLLM_INSTALL",
+    "Completion",
+    "Generator",
+    "build_generator",
+    "check_backend_installed",
+    "check_served_models",
+]

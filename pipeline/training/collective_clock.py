@@ -27,6 +27,7 @@ sampling ops would change the step time the share is taken of.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import statistics
 import threading
@@ -35,7 +36,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+# torch's default FSDP2 collectives live in a private module (tested: torch 2.13): imported only when
+# the benchmark turns the clock on, so a torch that moves them breaks this timing alone, not training.
+FSDP_COLLECTIVES = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 
 ENV = "STEPFLOW_TIME_COLLECTIVES"
 
@@ -114,6 +118,15 @@ class CollectiveClock:
 
     def time_fsdp(self, modules: Sequence[torch.nn.Module]) -> None:
         """Every FSDP2 module's all-gather and reduce-scatter: torch's defaults, timed."""
+        try:
+            collectives = importlib.import_module(FSDP_COLLECTIVES)
+            DefaultAllGather, DefaultReduceScatter = collectives.DefaultAllGather, collectives.DefaultReduceScatter
+        except (ImportError, AttributeError) as error:
+            raise RuntimeError(
+                f"{ENV}=1 times FSDP2's collectives through torch's private {FSDP_COLLECTIVES} "
+                f"(DefaultAllGather, DefaultReduceScatter), which this torch {torch.__version__} lacks: {error}; "
+                f"unset {ENV} to train without the timing"
+            ) from error
         clock = self
 
         class TimedAllGather(DefaultAllGather):
