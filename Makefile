@@ -23,7 +23,7 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test lint test-fast test-vllm gpu-env demo plan bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
+.PHONY: help test lint test-fast test-vllm gpu-env demo plan plan-doc bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
 
 help:
 	@echo "make demo | make test | make gpu-env | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
@@ -76,6 +76,10 @@ test-vllm: $(VLLM_VENV)/.installed
 # checks CONFIG and prints each stage's work, memory per GPU and GPU-hours; loads no model, writes nothing
 plan: $(STAGE_VENV)/.installed
 	$(STAGE).plan --config $(CONFIG) run=$(RUN) $(ARGS)
+
+# docs/real-model.md's make plan outputs, rewritten from the planner (in .venv: the docs say vLLM is not installed)
+plan-doc: $(VENV)
+	$(PY) -m stages.plan_doc docs/real-model.md
 
 bootstrap: $(STAGE_VENV)/.installed
 	$(STAGE).bootstrap --config $(CONFIG) run=$(RUN) $(ARGS)
