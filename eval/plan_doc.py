@@ -23,6 +23,8 @@ import tempfile
 from contextlib import contextmanager
 from unittest import mock
 
+import huggingface_hub.constants
+
 from eval.plan import make_plan, render
 from pipeline.config_loader import ConfigError, load_config
 
@@ -35,8 +37,6 @@ PLAN_BLOCK = re.compile(r"^<!-- make plan (?P<args>--config [^\n]*?) -->\n```\n(
 def empty_hub_cache():
     """The hub cache as an empty folder for the duration (pipeline.shapes reads it through
     huggingface_hub.try_to_load_from_cache, which looks up constants.HF_HUB_CACHE at each call)."""
-    import huggingface_hub.constants
-
     with tempfile.TemporaryDirectory() as empty, mock.patch.object(huggingface_hub.constants, "HF_HUB_CACHE", empty):
         yield
 
