@@ -7,12 +7,15 @@ only when asked for). Teacher-forced scoring lives in pipeline.generation.scorin
 
 from __future__ import annotations
 
+import typing
+
+from pipeline.config import GenerationBackend
 from pipeline.config_loader import ConfigError
 from pipeline.generation.base import Completion, Generator
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, check_servable
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = typing.get_args(GenerationBackend)
 
 
 def build_generator(
