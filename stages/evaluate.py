@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eval.benchmark_sources import check_eval_benchmarks
 from eval.diversity import load_embedder
 from eval.evaluate import reports_dir, run_evaluation, sample_shard
 from eval.model_specs import parse_model_spec
@@ -47,6 +48,7 @@ def load_prm_scores(config):
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("evaluate", argv)
+    check_eval_benchmarks(config)  # before the embedder loads and before reports/<run>/ is made
     set_threads(config, "eval")
     # every model's folder before the first loads: a later model that cannot be served would
     # otherwise stop the evaluation after the earlier ones had run
