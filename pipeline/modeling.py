@@ -106,12 +106,15 @@ def _saved_tokenizer_class(path: str) -> str | None:
         return None
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, check: bool = True):
+def load_tokenizer(
+    path: str, trust_remote_code: bool = False, check: bool = True, model_config: ModelConfig | None = None
+):
     """The tokenizer saved at ``path`` (hub id or folder), with a pad token (eos when it has none).
-    ``check=False`` when the model loaded beside it has checked the folder already."""
+    ``check=False`` when the model loaded beside it has checked the folder already; ``model_config``:
+    the config whose key an error for a hub id that cannot be fetched names (hub_model_errors)."""
     if check:
         check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
-    with hub_model_errors(path):
+    with hub_model_errors(path, model_config):
         if _saved_tokenizer_class(path) in GENERIC_TOKENIZER_CLASSES:
             tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
         else:

@@ -82,7 +82,7 @@ class AdapterScorer(StepScorer):
         kwargs, device = model_kwargs(config.model)
         with hub_model_errors(path, config.model):
             model = cls.auto_class.from_pretrained(path, **kwargs).to(device)
-        return model, load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
+        return model, load_tokenizer(path, trust_remote_code=config.model.trust_remote_code, model_config=config.model)
 
     @classmethod
     def from_pretrained(cls, path: str, config) -> AdapterScorer:

@@ -48,7 +48,6 @@ def load_prm_scores(config):
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("evaluate", argv)
-    check_eval_benchmarks(config)  # before the embedder loads and before reports/<run>/ is made
     set_threads(config, "eval")
     # every model's folder before the first loads: a later model that cannot be served would
     # otherwise stop the evaluation after the earlier ones had run
@@ -59,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
             for name, value in config.eval.models.items()
         },
     )
+    check_eval_benchmarks(config)  # before the embedder loads and before reports/<run>/ is made
     out = reports_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     index, count = parse_shard(config.eval.shard)

@@ -285,7 +285,7 @@ def test_make_plan_stops_at_a_config_error_with_one_line_and_exit_2(monkeypatch,
     runs = f"runs_root={tmp_path / 'runs'}"
     for args, expected in (
         ([runs, "plan.gpu=B200"], "error: command line: plan.gpu must be one of A100-40GB, A100-80GB, H100-80GB, "),
-        ([runs, "mcts.kk=3"], "error: command line: unknown key mcts.kk"),
+        ([runs, "mcts.kk=3"], "error: command line: unknown key 'mcts.kk'"),
         (["--config", str(tmp_path / "nope.yaml")], f"error: {tmp_path / 'nope.yaml'}: config file not found"),
     ):
         assert run_cli(monkeypatch, plan.run, *args) == 2, args
@@ -297,7 +297,8 @@ def test_make_plan_stops_at_a_config_error_with_one_line_and_exit_2(monkeypatch,
     assert run_cli(monkeypatch, plan.run, runs, "prm.batch_size=10", "prm.micro_batch_size=4") == 1
     captured = capsys.readouterr()
     assert "ERROR: prm.batch_size: " in captured.out and captured.err == ""
-    assert run_cli(monkeypatch, plan.run, runs) is None  # no error: cli returns, the process exits 0
+    monkeypatch.setattr(sys, "argv", ["stages/plan.py", runs])
+    cli(plan.run)  # no error: cli returns, the process exits 0
     assert not (tmp_path / "runs").exists()
     # what `make plan` runs: the module's entry point goes through the same wrapper
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -325,13 +326,14 @@ def test_an_unknown_eval_benchmark_is_refused_before_the_embedder_loads_and_anyt
     monkeypatch.setattr(evaluate, "load_embedder", embedder)
     monkeypatch.chdir(tmp_path)  # reports/ would go here
     runs = tmp_path / "elsewhere" / "runs"
-    assert run_cli(monkeypatch, evaluate.main, f"runs_root={runs}", "eval.benchmarks=[gsm8k, nope]") == 2
+    tiny = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={runs}"]
+    assert run_cli(monkeypatch, evaluate.main, *tiny, "eval.benchmarks=[gsm8k, nope]") == 2
     error = capsys.readouterr().err.splitlines()
     assert error[0].startswith("error: eval.benchmarks[1]: unknown benchmark 'nope'; expected one of ")
     assert "gsm8k" in error[0] and "tiny_test" in error[0] and "Traceback" not in "\n".join(error)
     missing = tmp_path / "missing.jsonl"
     benchmark = ["eval.benchmarks=[gsm8k]", f"eval.benchmark_paths={{gsm8k: {missing}}}"]
-    assert run_cli(monkeypatch, evaluate.main, f"runs_root={runs}", *benchmark) == 2
+    assert run_cli(monkeypatch, evaluate.main, *tiny, *benchmark) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"error: benchmark 'gsm8k': file {missing} not found "
         "(eval.benchmark_paths.gsm8k, or the stage that writes it has not run)"
@@ -349,7 +351,7 @@ def run_offline(tmp_path, stage: str, *overrides: str) -> subprocess.CompletedPr
 
 def test_an_unreachable_hub_model_or_dataset_is_one_line_naming_it_the_key_and_what_to_do(tmp_path):
     problems = tmp_path / "problems.jsonl"
-    problems.write_text('{"problem_id": "p0", "question": "1 + 1?", "answer": "2", "source": "t", "meta": {}}\n')
+    problems.write_text('{"problem_id": "p0", "question": "1 + 1?", "answer": "2", "source": "tiny", "meta": {}}\n')
     model = run_offline(tmp_path, "mcts", "model.policy=stepflow-tests/no-such-model", f"data.train_path={problems}")
     assert model.returncode == 2 and "Traceback" not in model.stderr, model.stderr[-3000:]
     error = [line for line in model.stderr.splitlines() if line.startswith("error:")]

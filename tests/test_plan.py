@@ -606,7 +606,7 @@ def test_a_launch_setting_the_trainer_would_not_apply_is_refused_by_make_plan_an
     from pipeline.training.base import make_accelerator
 
     path = accelerate_file(tmp_path, "policy_fsdp_lora.yaml", fsdp=fsdp, **{"mixed_precision": "no", **top})
-    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate={{gfn: {path}}}"))
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.gfn={path}"))
     assert [f.key for f in plan.errors] == ["plan.accelerate.gfn"], render(plan)
     assert plan.errors[0].message.startswith(f"{path}: {key}")
     environ = launched_environment(path)  # what accelerate launch really exports
@@ -618,7 +618,7 @@ def test_a_launch_setting_the_trainer_would_not_apply_is_refused_by_make_plan_an
 
 def test_a_float32_model_refuses_a_launch_in_bf16_and_takes_one_without_mixed_precision(paper_world, tmp_path):
     bf16 = make_plan(
-        paper("llama3.2-3b", "model.dtype=float32", f"plan.accelerate={{gfn: {ACCELERATE / 'policy_fsdp_lora.yaml'}}}")
+        paper("llama3.2-3b", "model.dtype=float32", f"plan.accelerate.gfn={ACCELERATE / 'policy_fsdp_lora.yaml'}")
     )
     assert (
         "mixed_precision: bf16, but the training base trains with no for model.dtype=float32"
@@ -626,8 +626,7 @@ def test_a_float32_model_refuses_a_launch_in_bf16_and_takes_one_without_mixed_pr
     )
     plain = accelerate_file(tmp_path, "policy_fsdp_lora.yaml", mixed_precision="no")
     assert "plan.accelerate.gfn" not in {
-        f.key
-        for f in make_plan(paper("llama3.2-3b", "model.dtype=float32", f"plan.accelerate={{gfn: {plain}}}")).errors
+        f.key for f in make_plan(paper("llama3.2-3b", "model.dtype=float32", f"plan.accelerate.gfn={plain}")).errors
     }
 
 
@@ -637,18 +636,18 @@ def test_an_fsdp_key_accelerate_does_not_know_or_a_key_given_twice_is_refused_na
     path = accelerate_file(
         tmp_path, "policy_fsdp_lora.yaml", fsdp={"fsdp_offload_params": None, "fsdp_cpu_offload": False}
     )
-    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate={{gfn: {path}}}"))
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.gfn={path}"))
     message = {f.key: f.message for f in plan.errors}["plan.accelerate.gfn"]
     assert message.startswith(
         f"{path}: fsdp_config.fsdp_cpu_offload is not an FSDP key accelerate knows (accelerate's is fsdp_offload_params)"
     )
     assert [s.notes[-1] for s in plan.stages if s.name == "gfn"] == [f"launch: fsdp ({path})"]  # still read as FSDP
     unknown = accelerate_file(tmp_path, "ddp.yaml", num_gpus=8)
-    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate={{prm: {unknown}}}"))
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.prm={unknown}"))
     assert f"{unknown}: num_gpus is not a key of accelerate's config files" in [f.message for f in plan.errors]
     twice = tmp_path / "twice.yaml"
     twice.write_text((ACCELERATE / "policy_fsdp_lora.yaml").read_text() + "mixed_precision: 'no'\n")
-    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate={{gfn: {twice}}}"))
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.gfn={twice}"))
     assert any(
         f.message.startswith(f"{twice}:") and "'mixed_precision' is given twice (first on line " in f.message
         for f in plan.errors
@@ -659,7 +658,7 @@ def test_make_plan_takes_fsdp_with_hf_sampling_and_refuses_zero3_with_it_as_the_
     fsdp = make_plan(paper("llama3.2-3b", "generation.backend=hf"))  # policy_fsdp_lora.yaml for gfn and ppo
     assert not [f for f in fsdp.errors if f.key.startswith("plan.accelerate") or f.key == "generation.backend"]
     zero3 = str(ACCELERATE / "deepspeed_zero3.yaml")
-    plan = make_plan(paper("llama3.2-3b", "generation.backend=hf", f"plan.accelerate={{gfn: {zero3}}}"))
+    plan = make_plan(paper("llama3.2-3b", "generation.backend=hf", f"plan.accelerate.gfn={zero3}"))
     message = {f.key: f.message for f in plan.errors}["plan.accelerate.gfn"]
     assert message.startswith(f"{zero3}: DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole")
 
@@ -669,6 +668,6 @@ def test_memory_beyond_the_device_names_the_key_that_shrinks_its_largest_item(pa
     assert "plan.accelerate.prm" in {f.key for f in unsharded.errors}, render(unsharded)
     one = make_plan(paper("qwen2.5-math-1.5b", "prm.lora=false"))  # one process: nothing to shard over
     assert "prm.lora" in {f.key for f in one.errors}, render(one)
-    activations = make_plan(paper("llama3.2-3b", "prm.micro_batch_size=72", "prm.gradient_checkpointing=false"))
+    activations = make_plan(paper("llama3.2-3b", "prm.micro_batch_size=144"))
     prm = [f for f in activations.errors if "make prm: estimated" in f.message]
     assert [f.key for f in prm] == ["prm.micro_batch_size"], render(activations)
