@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pipeline.config import Config
+from pipeline.config_loader import ConfigError
 from pipeline.files import InputNotFound
-from pipeline.problems import HUB, load_benchmark
+from pipeline.problems import BENCHMARK_LOADERS, HUB, HubUnreachable, load_benchmark
 from pipeline.records import Problem
 
 # Evaluation names that are not pipeline.problems benchmark names: name -> (loader, default file).
@@ -38,6 +39,24 @@ def resolve_benchmark(config: Config, name: str) -> BenchmarkSource:
     return BenchmarkSource(loader, config.resolve(path))
 
 
+def check_eval_benchmarks(config: Config) -> None:
+    """Before anything loads or is written: every eval.benchmarks name is a benchmark (a
+    ConfigError naming the key and the names there are otherwise) and a local file named for
+    one exists (InputNotFound, as load_eval_benchmark says it)."""
+    known = sorted({*BENCHMARK_LOADERS, *BENCHMARK_ALIASES})
+    for index, name in enumerate(config.eval.benchmarks):
+        source = resolve_benchmark(config, name)
+        if source.loader not in BENCHMARK_LOADERS:
+            raise ConfigError(
+                f"eval.benchmarks[{index}]: unknown benchmark {name!r}; expected one of {', '.join(known)}"
+            )
+        if source.path not in (None, HUB) and not Path(source.path).exists():
+            raise InputNotFound(
+                f"benchmark {name!r}: file {source.path} not found "
+                f"(eval.benchmark_paths.{name}, or the stage that writes it has not run)"
+            )
+
+
 def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
     """The first eval.max_problems problems of a benchmark; errors name the missing file."""
     source = resolve_benchmark(config, name)
@@ -46,9 +65,12 @@ def load_eval_benchmark(config: Config, name: str) -> list[Problem]:
             f"benchmark {name!r}: file {source.path} not found "
             f"(eval.benchmark_paths.{name}, or the stage that writes it has not run)"
         )
-    problems = load_benchmark(
-        source.loader, path=source.path, limit=config.eval.max_problems, lenient=config.data.lenient
-    )
+    try:
+        problems = load_benchmark(
+            source.loader, path=source.path, limit=config.eval.max_problems, lenient=config.data.lenient
+        )
+    except HubUnreachable as error:
+        raise error.named(f"eval.benchmarks ({name})", f"eval.benchmark_paths.{name}") from None
     if not problems:
         raise ValueError(f"benchmark {name!r} ({source.path or 'hub'}): no problems")
     seen: set[str] = set()

@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import yaml
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from eval.benchmark_sources import resolve_benchmark
 from eval.model_specs import parse_model_spec
 from pipeline.batches import check_divisible, gradient_accumulation
-from pipeline.config import Config
-from pipeline.config_loader import ConfigError
+from pipeline.config import Config, GPUType
+from pipeline.config_loader import ConfigError, check_choice, load_yaml_file
 from pipeline.finetune.objectives import needs_reference
+from pipeline.finetune.run import check_accelerate_launch
 from pipeline.generation import VLLM_INSTALL
 from pipeline.generation.vllm_backend import default_max_model_len
 from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
@@ -42,6 +42,7 @@ from pipeline.shapes import (
     model_shape,
 )
 from pipeline.shards import parse_shard
+from pipeline.training.launch_settings import check_accelerate_file, file_environment, read_accelerate_file
 from prm.formats import is_hub_id
 
 GIB = 1024**3
@@ -52,7 +53,7 @@ class GPU(NamedTuple):
     peak_tflops: float  # dense bf16 tensor-core peak (the vendor's datasheet)
 
 
-GPUS: dict[str, GPU] = {
+GPUS: dict[str, GPU] = {  # plan.gpu's choices (pipeline.config.GPUType) in the same order
     "A100-40GB": GPU(40, 312),
     "A100-80GB": GPU(80, 312),
     "H100-80GB": GPU(80, 989),
@@ -101,6 +102,7 @@ class Launch:
     strategy: str  # single | ddp | zero2 | zero3 | fsdp
     activation_checkpointing: bool
     file: str | None
+    environ: dict | None = None  # what `accelerate launch` exports for the file (None: no file, or the running launch)
 
 
 @dataclass
@@ -342,24 +344,34 @@ def read_launch(plan: Plan, stage: str) -> Launch:
         return Launch("single" if processes == 1 else "ddp", False, None)
     key = f"plan.accelerate.{stage}"
     try:
-        settings = yaml.safe_load(Path(file).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as error:
-        plan.error(key, f"{file}: cannot read it ({error})")
-        return Launch("ddp", False, file)
+        settings = read_accelerate_file(file)
+    except ConfigError as error:
+        plan.error(key, str(error))
+        try:  # a key accelerate does not know, in a file that parses: its strategy still counts
+            settings = load_yaml_file(file) or {}
+        except ConfigError:
+            return Launch("ddp", False, file)
+    else:  # what the training base would not apply, as the trainer refuses it at its start
+        compile = config.prm.compile if stage == "prm" else False
+        try:
+            check_accelerate_file(file, config.model, compile)
+        except ConfigError as error:
+            plan.error(key, str(error))
     if settings.get("num_processes") not in (None, processes):
         plan.error(
             key,
             f"{file} launches num_processes: {settings['num_processes']} but plan.processes = {processes} "
             f"(accelerate launch --num_processes {processes} overrides the file)",
         )
+    environ = file_environment(settings)
     kind = str(settings.get("distributed_type", "NO")).upper()
     if kind == "FSDP":
         fsdp = settings.get("fsdp_config") or {}
-        return Launch("fsdp", bool(fsdp.get("fsdp_activation_checkpointing")), file)
+        return Launch("fsdp", bool(fsdp.get("fsdp_activation_checkpointing")), file, environ)
     if kind == "DEEPSPEED":
         stage_number = int((settings.get("deepspeed_config") or {}).get("zero_stage", 0))
-        return Launch({3: "zero3", 2: "zero2"}.get(stage_number, "ddp"), False, file)
-    return Launch("ddp" if processes > 1 else "single", False, file)
+        return Launch({3: "zero3", 2: "zero2"}.get(stage_number, "ddp"), False, file, environ)
+    return Launch("ddp" if processes > 1 else "single", False, file, environ)
 
 
 def launch_from_environment(environ: dict) -> Launch:
@@ -381,7 +393,10 @@ def check_wrap_class(plan: Plan, stage: str, model: Model) -> None:
     file = plan.config.plan.accelerate.get(stage)
     if file is None or model.shape is None or not Path(file).is_file():
         return
-    fsdp = (yaml.safe_load(Path(file).read_text(encoding="utf-8")) or {}).get("fsdp_config") or {}
+    try:
+        fsdp = (load_yaml_file(file) or {}).get("fsdp_config") or {}
+    except ConfigError:  # read_launch said why
+        return
     named = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
     wanted = WRAP_CLASSES.get(model.shape.model_type)
     if named and wanted and named != wanted:
@@ -470,14 +485,33 @@ def share_key(config: Config, stage: str) -> str:
     return VLLM_SHARE_KEY
 
 
+def training_memory_key(cost: StageCost, stage: str, launch: Launch, lora: bool) -> str:
+    """The key that reduces a training stage's memory the most: its largest item's. The weights,
+    gradients and AdamW state shrink with sharding over several processes (plan.accelerate.<stage>: an
+    FSDP or ZeRO config), else with LoRA (<stage>.lora); activations and logits with <stage>.micro_batch_size."""
+    items = {name: value for name, value in cost.memory.items() if not name.startswith(("CUDA", VLLM_SHARE_ITEM))}
+    largest = max(items, key=items.get, default="")
+    if largest.startswith(("weights", "gradients", "AdamW")):
+        unsharded = launch.strategy in ("single", "ddp") or (
+            launch.strategy == "zero2" and largest.startswith("weights")
+        )
+        if unsharded and cost.processes > 1:
+            return f"plan.accelerate.{stage}"
+        if not lora:
+            return f"{stage}.lora"
+    return f"{stage}.micro_batch_size"
+
+
 def _check_memory(plan: Plan, cost: StageCost, key: str) -> None:
+    """``key``: the setting that reduces the stage's memory (named by an error when it exceeds the
+    device, or when the vLLM share derived beside it is too small)."""
     if plan.config.model.device == "cpu":
         cost.notes.append("model.device is cpu: memory not checked against a GPU")
         return
     cost.memory["CUDA context and buffers (assumed)"] = RUNTIME_RESERVE
     device = plan.gpu.memory_gib * GIB
     if cost.engine_needs:
-        if not _engine_share(plan, cost, device):
+        if not _engine_share(plan, cost, device, key):
             return
     total = sum(cost.memory.values())
     if total > device:
@@ -496,10 +530,11 @@ def _memory_error(plan: Plan, cost: StageCost, key: str, message: str) -> None:
     cost.memory_errors.append(Finding("error", key, message))
 
 
-def _engine_share(plan: Plan, cost: StageCost, device: float) -> bool:
+def _engine_share(plan: Plan, cost: StageCost, device: float, reducer: str) -> bool:
     """The vLLM engines' share of the device beside the stage's other items
     (pipeline.shapes.engine_memory_share: derived when the key is unset, else checked); an error
-    naming the key when it does not fit. Sets cost.engine_share; False after an error."""
+    naming the share's key when a share set does not fit, or ``reducer`` (what shrinks the items
+    beside the engine) when the share derived is too small. Sets cost.engine_share; False after an error."""
     requested = setting(plan.config, cost.share_key)
     beside = {name: value for name, value in cost.memory.items() if name != VLLM_SHARE_ITEM}
     try:
@@ -507,7 +542,8 @@ def _engine_share(plan: Plan, cost: StageCost, device: float) -> bool:
             device, beside, cost.engine_needs, cost.engines, requested, cost.share_key, f"make {cost.name}"
         )
     except ValueError as error:
-        _memory_error(plan, cost, cost.share_key, str(error))
+        key = cost.share_key if requested is not None or reducer in (VLLM_SHARE_KEY, SEARCHER_SHARE_KEY) else reducer
+        _memory_error(plan, cost, key, str(error))
         return False
     cost.engine_share = share
     cost.memory = {**beside, VLLM_SHARE_ITEM: share * device * cost.engines}
@@ -655,7 +691,7 @@ def prm_stage(plan: Plan, backbone: Model) -> StageCost:
         tokens / _tokens_per_second(plan, shape.parameters(False), config.plan.training_mfu, flops),
     ) * 2
     cost.notes.append(f"launch: {launch.strategy}" + (f" ({launch.file})" if launch.file else ""))
-    _check_memory(plan, cost, "prm.micro_batch_size")
+    _check_memory(plan, cost, training_memory_key(cost, "prm", launch, cfg.lora))
     return cost
 
 
@@ -670,12 +706,11 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
         check_divisible(cfg.questions_per_step, processes, f"{stage}.questions_per_step")
     except ValueError as error:
         plan.error(f"{stage}.questions_per_step", str(error))
-    if launch.strategy in ("fsdp", "zero3") and config.generation.backend != "vllm" and cfg.mode != "async":
-        plan.error(
-            "generation.backend",
-            f"make {stage} under {launch.strategy} ({launch.file}) samples with generation.backend=vllm "
-            "only: no process holds the whole policy between forwards",
-        )
+    if launch.environ is not None:  # the trainer's own rule for the launch it runs under
+        try:
+            check_accelerate_launch(stage, cfg, config.generation.backend, processes, launch.environ)
+        except ValueError as error:
+            plan.error(f"plan.accelerate.{stage}", f"{launch.file}: {error}")
     if config.generation.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         plan.warn("generation.backend", f"vllm is not installed here: {VLLM_INSTALL}")
     fresh = cfg.num_train_steps * cfg.questions_per_step * cfg.samples_per_question
@@ -726,7 +761,7 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     )
     cost.gpu_seconds = (seconds, seconds)
     cost.notes.append(f"launch: {launch.strategy}" + (f" ({launch.file})" if launch.file else ""))
-    _check_memory(plan, cost, VLLM_SHARE_KEY if cost.engine_needs else f"{stage}.micro_batch_size")
+    _check_memory(plan, cost, training_memory_key(cost, stage, launch, cfg.lora))
     _warn_queued(plan, cost)
     return cost
 
@@ -855,8 +890,7 @@ def scorer_stage(plan: Plan, stage: str, prm: Model) -> StageCost:
 def make_plan(config: Config, config_path: str = "") -> Plan:
     """Resolve, check and estimate every stage of ``config`` (module docstring); loads no model."""
     gpu_name = config.plan.gpu
-    if gpu_name not in GPUS:
-        raise ValueError(f"plan.gpu = {gpu_name!r}: expected one of {', '.join(GPUS)}")
+    check_choice(gpu_name, GPUType, "plan.gpu")  # the loader checked it; a Config built in code may not be
     gpu = GPUS[gpu_name]
     if config.plan.gpu_memory_gb is not None:
         gpu = GPU(config.plan.gpu_memory_gb, gpu.peak_tflops)

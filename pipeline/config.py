@@ -102,6 +102,14 @@ TinyStrategy = Literal["running_total", "gains_losses", "containers_first"]  # t
 PRMLabels = Literal[
     "soft", "hard"
 ]  # prm.labels: the BCE targets, the MC value or MC > prm.hard_label_threshold (prm/train.py)
+ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]  # model.dtype (pipeline/modeling.py DTYPES)
+GenerationBackend = Literal["hf", "vllm"]  # generation.backend (pipeline/generation)
+Schedule = Literal["cosine", "linear", "constant"]  # prm.scheduler, gfn.scheduler, ppo.scheduler (training/schedule.py)
+BufferPriority = Literal["softmax", "proportional"]  # gfn.buffer_priority (pipeline/finetune/replay_buffer.py)
+GPUType = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200", "L40S"]  # plan.gpu (eval/plan.py GPUS)
+# model.device: auto | cpu | cuda | cuda:<N> (an index is no closed list: check_ranges matches this pattern)
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:<N>"
 PRM_FORMATS = typing.get_args(PRMFormat)
 # The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
@@ -130,8 +138,8 @@ class ModelConfig:
     # token_classification (TRL's PRMTrainer) | math_shepherd | qwen_prm (docs/prm.md, "Other PRMs")
     prm_format: PRMFormat = "auto"
     trust_remote_code: bool = False  # never on unless you trust the repository
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (DEVICE_PATTERN)
+    dtype: ModelDtype = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16
     attn_implementation: str | None = None  # None = transformers' default; "eager" is faster for tiny CPU models
     torch_threads: int = bounded(0, ge=0)  # 0 = leave torch's default
 
@@ -140,7 +148,7 @@ class ModelConfig:
 class GenerationConfig:
     """The generation backend shared by every stage that samples."""
 
-    backend: str = "hf"  # hf | vllm
+    backend: GenerationBackend = "hf"  # hf | vllm
     batch_size: int = bounded(256, ge=1)  # HF backend: sequences decoded together (prompts x n)
     max_new_tokens: int = bounded(160, ge=1)  # a whole solution
     max_step_tokens: int = bounded(48, ge=1)  # one step (step-level search)
@@ -313,7 +321,7 @@ class PRMConfig:
     epochs: float = bounded(2.0, gt=0)  # paper: 1; fractions allowed
     torch_threads: int = bounded(0, ge=0)  # threads while training (0 = model.torch_threads / torch's default)
     warmup_ratio: float = bounded(0.05, ge=0, le=1)  # share of optimizer steps with linear warmup
-    scheduler: str = "cosine"  # cosine | linear | constant (after warmup)
+    scheduler: Schedule = "cosine"  # cosine | linear | constant (after warmup)
     max_grad_norm: float = bounded(1.0, ge=0)  # gradient clipping (0: none)
     max_length: int = bounded(512, ge=2)  # tokens; labels of steps ending beyond it are dropped (and counted)
     group_by_length: bool = (
@@ -355,7 +363,7 @@ class StepTrainingConfig:
     Each objective reads only its own section (gfn or ppo)."""
 
     lr: float = bounded(5e-4, gt=0)  # paper: 5e-6
-    scheduler: str = "cosine"  # cosine | linear | constant, after warmup
+    scheduler: Schedule = "cosine"  # cosine | linear | constant, after warmup
     warmup_steps: int = bounded(5, ge=0)
     weight_decay: float = bounded(0.0, ge=0)
     grad_clip: float = bounded(1.0, ge=0)  # paper: 1.0 (0: no clipping)
@@ -411,7 +419,7 @@ class GFNConfig(StepTrainingConfig):
     learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
     log_z_lr: float = bounded(1e-2, gt=0)
     buffer_size: int = bounded(1000, ge=0)  # paper: 1000
-    buffer_priority: str = "softmax"  # softmax | proportional
+    buffer_priority: BufferPriority = "softmax"  # softmax | proportional
     buffer_temperature: float = bounded(1.0, gt=0)
     recency_fraction: float = bounded(0.5, ge=0, le=1)  # TBA's m
     replay_fraction: float = bounded(0.5, ge=0)  # replayed trajectories per fresh one in each batch (sync mode)
@@ -578,7 +586,7 @@ class PlanConfig:
     """The machine `make plan` checks the config against (stages/plan.py, docs/real-model.md)."""
 
     processes: int = bounded(1, ge=1)  # processes of make prm / gfn / ppo (accelerate launch); one GPU each
-    gpu: str = "A100-80GB"  # a GPU type of eval.plan.GPUS: its memory and peak bf16 FLOP/s
+    gpu: GPUType = "A100-80GB"  # a GPU type of eval.plan.GPUS: its memory and peak bf16 FLOP/s
     gpu_memory_gb: float | None = bounded(None, gt=0)  # GiB per GPU; None: the GPU type's
     # stage (prm, gfn, ppo) -> the accelerate config file it is launched with; a stage not named
     # runs as DDP (one whole copy per process), or as one plain process when processes is 1

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from pipeline.codec import FieldError, value_codec
-from pipeline.config import SOURCE_FILTERED_DATA, Config, choices_of, declared_range
+from pipeline.config import DEVICE_CHOICES, DEVICE_PATTERN, SOURCE_FILTERED_DATA, Config, choices_of, declared_range
 from pipeline.files import write_text_atomic
 from pipeline.shards import parse_shard
 
@@ -87,10 +87,19 @@ def _show(value: Any) -> str:
     return _SHOW.repr(value)
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class DuplicateKey(yaml.YAMLError):
+    """A mapping that gives a key twice (a section written twice): YAML keeps the last silently."""
+
+    def __init__(self, key: Any, line: int, first_line: int):
+        super().__init__(f"line {line}: {_show(key)} is given twice (first on line {first_line}); give each key once")
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _ConfigYamlLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses aliases when it meets one, before anything is expanded: a
     409-byte file of nested aliases ("billion laughs") would otherwise expand to 10^9 values in
-    every consumer that walks them (the type check, repr, save_config). A config never needs one."""
+    every consumer that walks them (the type check, repr, save_config). A config never needs one.
+    A key given twice in one mapping is refused too (DuplicateKey), where PyYAML keeps the last."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -104,14 +113,49 @@ class _NoAliasLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in first_lines:
+                        raise DuplicateKey(key, key_node.start_mark.line + 1, first_lines[key])
+                    first_lines[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    break
+        return super().construct_mapping(node, deep)
+
 
 def _yaml_load(text: str) -> Any:
-    """yaml.safe_load without aliases; RecursionError (nesting deeper than the parser's stack)
-    becomes a YAMLError."""
+    """yaml.safe_load without aliases or keys given twice; RecursionError (nesting deeper than the
+    parser's stack) becomes a YAMLError."""
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
+        return yaml.load(text, Loader=_ConfigYamlLoader)  # a SafeLoader subclass
     except RecursionError:
         raise yaml.YAMLError("nested too deeply") from None
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """A YAML file the project reads (a config, an accelerate config), parsed by the config loader's
+    rules (no aliases, no key given twice, at most MAX_CONFIG_BYTES); a ConfigError naming the file,
+    and the line where the parser knows it, otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size} bytes; a config file may hold at most {MAX_CONFIG_BYTES}")
+    try:
+        return _yaml_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except DuplicateKey as exc:
+        raise ConfigError(
+            f"{path}:{exc.line}: {_show(exc.key)} is given twice (first on line {exc.first_line}); give each key once"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc)[:500]}") from None
 
 
 def _type_name(tp: Any) -> str:
@@ -210,6 +254,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = _yaml_load(raw) if raw.strip() != "" else ""
     except yaml.composer.ComposerError as exc:  # an alias: refused, not read as a string
         raise ConfigError(f"command line: {key}: {exc.problem}") from None
+    except DuplicateKey as exc:
+        raise ConfigError(f"command line: {key}: {_show(exc.key)} is given twice; give each key once") from None
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -238,6 +284,8 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
                     fail(key, f"{shown} is out of range: expected {allowed}")
 
     walk(config, "")
+    if not re.fullmatch(DEVICE_PATTERN, config.model.device):
+        fail("model.device", f"must be one of {DEVICE_CHOICES}, got {_show(config.model.device)}")
     if config.tinyworld.min_ops > config.tinyworld.max_ops:
         fail(
             "tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}"
@@ -286,15 +334,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {size} bytes; a config file may hold at most {MAX_CONFIG_BYTES}")
-        try:
-            data = _yaml_load(path.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {str(exc)[:500]}") from None
+        data = load_yaml_file(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         _apply(config, data, "", str(path), sources)

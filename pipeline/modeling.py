@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from pipeline.config import ModelConfig
+from pipeline.files import InputNotFound
 from pipeline.model_folders import check_model_folder
 
 # What save_pretrained writes as tokenizer_class for a tokenizer built from a `tokenizers`
@@ -60,6 +62,40 @@ def model_kwargs(model_config: ModelConfig, device: torch.device | str | None = 
     return kwargs, device
 
 
+class HubModelUnreachable(InputNotFound):
+    """A model named by hub id that cannot be loaded (offline mode and not in the cache, no network,
+    no such repository, gated): one line naming it, the config key and what to do."""
+
+
+MODEL_KEYS = ("policy", "prm_backbone", "prm", "policy_adapter")  # ModelConfig's models, for an error's key
+
+
+@contextmanager
+def hub_model_errors(path: str | Path, model_config: ModelConfig | None = None):
+    """Inside: transformers', peft's and huggingface_hub's error for a model ``path`` that is no
+    local folder (a hub id they could not fetch) becomes HubModelUnreachable; a local folder's
+    errors pass unchanged. The key is the ModelConfig field naming ``path`` when there is one."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, InputNotFound) or Path(path).exists():
+            raise
+        key = next(
+            (
+                f"model.{name}"
+                for name in MODEL_KEYS
+                if model_config is not None and getattr(model_config, name) == path
+            ),
+            "the config key naming it",
+        )
+        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        raise HubModelUnreachable(
+            f"{key}: hub model {path} cannot be loaded ({type(error).__name__}: {reason[:200]}). Run where the hub "
+            f"is reachable (with HF_HUB_OFFLINE=1 only a model already in the cache loads; `hf download {path}` "
+            f"fetches it), check the name, or set {key} to a local folder"
+        ) from None
+
+
 def _saved_tokenizer_class(path: str) -> str | None:
     config_file = Path(path) / "tokenizer_config.json"
     if not config_file.is_file():
@@ -70,15 +106,19 @@ def _saved_tokenizer_class(path: str) -> str | None:
         return None
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, check: bool = True):
+def load_tokenizer(
+    path: str, trust_remote_code: bool = False, check: bool = True, model_config: ModelConfig | None = None
+):
     """The tokenizer saved at ``path`` (hub id or folder), with a pad token (eos when it has none).
-    ``check=False`` when the model loaded beside it has checked the folder already."""
+    ``check=False`` when the model loaded beside it has checked the folder already; ``model_config``:
+    the config whose key an error for a hub id that cannot be fetched names (hub_model_errors)."""
     if check:
         check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
-    if _saved_tokenizer_class(path) in GENERIC_TOKENIZER_CLASSES:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with hub_model_errors(path, model_config):
+        if _saved_tokenizer_class(path) in GENERIC_TOKENIZER_CLASSES:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
             raise ValueError(
@@ -96,9 +136,11 @@ def load_causal_lm(path: str, model_config: ModelConfig, adapter: str | None = N
     """
     check_model_folder(path)  # a damaged local file is named here, not deep inside transformers
     kwargs, device = model_kwargs(model_config)
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+    with hub_model_errors(path, model_config):
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
     if adapter:
-        model = PeftModel.from_pretrained(model, adapter, is_trainable=is_trainable).to(device)
+        with hub_model_errors(adapter, model_config):
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=is_trainable).to(device)
     model.eval()
     return model
 

@@ -282,6 +282,28 @@ class NeedsHub(Exception):
         self.hub_id = hub_id
 
 
+class HubUnreachable(InputNotFound):
+    """A hub dataset that cannot be read (offline mode, no network, no such dataset): one line naming
+    it, why (the hub library's own first line) and what to do; ``named`` adds the config key."""
+
+    def __init__(self, label: str, reason: str, key: str | None = None, local_key: str | None = None):
+        self.label, self.reason, self.key, self.local_key = label, reason, key, local_key
+        where = f"{key}: " if key else ""
+        local = f"set {local_key} to a local file" if local_key else "give it a local file"
+        super().__init__(
+            f"{where}hub dataset {label} cannot be read ({reason}). Run where the hub is reachable (with "
+            f"HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1 only a dataset already in the cache loads), or {local}"
+        )
+
+    def named(self, key: str, local_key: str) -> HubUnreachable:
+        return HubUnreachable(self.label, self.reason, key, local_key)
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    text = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 _HUB_FORBIDDEN: contextvars.ContextVar[bool] = contextvars.ContextVar("hub_forbidden", default=False)
 
 
@@ -302,8 +324,11 @@ def _read_hub(hub_id: str, config: str | None, split: str, *, streaming: bool = 
         raise NeedsHub(hub_id, config, split)
     import datasets  # heavy (pyarrow): only a hub read needs it
 
-    rows = datasets.load_dataset(hub_id, config, split=split, streaming=streaming)
     label = f"hf://{hub_id}" + (f"[{config}]" if config else "") + f"/{split}"
+    try:
+        rows = datasets.load_dataset(hub_id, config, split=split, streaming=streaming)
+    except (OSError, ValueError) as error:  # datasets' and huggingface_hub's: offline, not found, no connection
+        raise HubUnreachable(label, f"{type(error).__name__}: {_first_line(error)}") from None
     for i, row in enumerate(rows):
         yield f"{label}: row {i}", dict(row), None
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForTokenClassification
 
-from pipeline.modeling import load_tokenizer, model_kwargs
+from pipeline.modeling import hub_model_errors, load_tokenizer, model_kwargs
 from pipeline.steps import encode_prompt
 from prm.data import pad_token_id
 from prm.scorer import Solution, StepScorer, batched_step_logits
@@ -80,8 +80,9 @@ class AdapterScorer(StepScorer):
         """(model, tokenizer) of a checkpoint: ``cls.auto_class`` with config.model's dtype, device,
         attention and trust_remote_code."""
         kwargs, device = model_kwargs(config.model)
-        model = cls.auto_class.from_pretrained(path, **kwargs).to(device)
-        return model, load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
+        with hub_model_errors(path, config.model):
+            model = cls.auto_class.from_pretrained(path, **kwargs).to(device)
+        return model, load_tokenizer(path, trust_remote_code=config.model.trust_remote_code, model_config=config.model)
 
     @classmethod
     def from_pretrained(cls, path: str, config) -> AdapterScorer:

@@ -17,6 +17,7 @@ from transformers.utils import cached_file
 
 from pipeline.config import PRM_FORMATS
 from pipeline.files import InputNotFound
+from pipeline.modeling import hub_model_errors
 from prm.adapters import ADAPTERS
 from prm.model import PRM_CONFIG_NAME
 from prm.scorer import PRMScorer, StepScorer
@@ -38,9 +39,10 @@ def detect_format(path: str, prm_format: str = "auto") -> str:
         return prm_format
     if (Path(path) / PRM_CONFIG_NAME).is_file():
         return "stepflow"
-    config_file = cached_file(
-        path, "config.json", _raise_exceptions_for_missing_entries=False
-    )  # a hub id: that file only
+    with hub_model_errors(path):
+        config_file = cached_file(
+            path, "config.json", _raise_exceptions_for_missing_entries=False
+        )  # a hub id: that file only
     architectures = []
     if config_file:
         architectures = json.loads(Path(config_file).read_text(encoding="utf-8")).get("architectures") or []

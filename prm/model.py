@@ -51,7 +51,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATIO
 from pipeline.config import FormatConfig
 from pipeline.files import InputNotFound
 from pipeline.model_folders import check_model_folder
-from pipeline.modeling import merge_lora_state_dict, model_kwargs, resolve_device, resolve_dtype
+from pipeline.modeling import hub_model_errors, merge_lora_state_dict, model_kwargs, resolve_device, resolve_dtype
 from prm.model_card import write_model_card
 
 log = logging.getLogger("stepflow.prm")
@@ -379,7 +379,8 @@ def load_backbone(path: str, model_config, device: torch.device | str | None = N
     """
     check_model_folder(path)
     kwargs, device = model_kwargs(model_config, device)
-    return AutoModel.from_pretrained(path, **kwargs).to(device)
+    with hub_model_errors(path, model_config):
+        return AutoModel.from_pretrained(path, **kwargs).to(device)
 
 
 def new_prm(

@@ -26,7 +26,7 @@ from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.launcher import WorkerFailed
 from pipeline.locks import LockError, acquire_stage_lock, held_locks, launch_id
 from pipeline.model_folders import FolderError, verify_manifest
-from pipeline.problems import load_benchmark, question_places
+from pipeline.problems import HubUnreachable, load_benchmark, question_places
 from pipeline.records import RecordError
 from pipeline.shards import SettingsMismatch, ShardError
 from pipeline.training.base import CHECKPOINTS
@@ -359,13 +359,16 @@ def training_problems(config: Config):
     data.problem_sources: the config refuses a filter data.train's loader cannot apply), refused
     when one shares its question with a file data.disjoint_from lists (``refuse_overlap``)."""
     filters = {"problem_sources": config.data.problem_sources} if config.data.problem_sources else {}
-    problems = load_benchmark(
-        config.data.train,
-        path=config.resolve(config.data.train_path),
-        limit=config.data.train_limit,
-        lenient=config.data.lenient,
-        **filters,
-    )
+    try:
+        problems = load_benchmark(
+            config.data.train,
+            path=config.resolve(config.data.train_path),
+            limit=config.data.train_limit,
+            lenient=config.data.lenient,
+            **filters,
+        )
+    except HubUnreachable as error:
+        raise error.named(f"data.train={config.data.train}", "data.train_path") from None
     refuse_overlap(config, problems)
     return problems
 
@@ -402,9 +405,12 @@ def refuse_overlap(config: Config, problems) -> None:
 
 def validation_problems(config: Config):
     """Held-out problems of the training distribution (config.data.validation*)."""
-    return load_benchmark(
-        config.data.validation,
-        path=config.resolve(config.data.validation_path),
-        limit=config.data.validation_limit,
-        lenient=config.data.lenient,
-    )
+    try:
+        return load_benchmark(
+            config.data.validation,
+            path=config.resolve(config.data.validation_path),
+            limit=config.data.validation_limit,
+            lenient=config.data.lenient,
+        )
+    except HubUnreachable as error:
+        raise error.named(f"data.validation={config.data.validation}", "data.validation_path") from None

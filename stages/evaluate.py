@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eval.benchmark_sources import check_eval_benchmarks
 from eval.diversity import load_embedder
 from eval.evaluate import reports_dir, run_evaluation, sample_shard
 from eval.model_specs import parse_model_spec
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
             for name, value in config.eval.models.items()
         },
     )
+    check_eval_benchmarks(config)  # before the embedder loads and before reports/<run>/ is made
     out = reports_dir(config)
     out.mkdir(parents=True, exist_ok=True)
     index, count = parse_shard(config.eval.shard)

@@ -3,6 +3,8 @@
 Reads:  the config, the local files and model folders it names (config.json only), the hub cache
 Writes: nothing. Prints the resolved models and data (which need the hub), per stage the work,
         the memory of one GPU and GPU-hours, then every error and warning; exits 1 on an error.
+        A config that cannot be planned at all (a bad key or value, an unknown plan.gpu) stops the
+        report: one ``error:`` line and exit 2, as every stage (stages.common.cli).
 The machine is part of the config: plan.processes, plan.gpu (or plan.gpu_memory_gb) and
 plan.accelerate.<stage> (the accelerate config make prm / gfn / ppo is launched with).
 """
@@ -12,10 +14,11 @@ from __future__ import annotations
 import sys
 
 from eval.plan import make_plan, render
-from stages.common import parse_args
+from stages.common import cli, parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The report on stdout; 1 when it holds an error, else 0."""
     argv = sys.argv[1:] if argv is None else argv
     config = parse_args("plan", argv)
     config_path = argv[argv.index("--config") + 1] if "--config" in argv else "configs/tiny.yaml"
@@ -24,5 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if plan.errors else 0
 
 
+def run(argv: list[str]) -> None:
+    """main, its status the process's (cli turns a user's mistake into one line and status 2)."""
+    status = main(argv)
+    if status:
+        raise SystemExit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli(run)

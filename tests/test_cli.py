@@ -299,3 +299,90 @@ def test_print_config_prints_the_resolved_config_and_writes_nothing(monkeypatch,
     assert not (tmp_path / "runs").exists()
     assert run_cli(monkeypatch, mcts.main, *args[:-1], "print_config=maybe") == 2
     assert capsys.readouterr().err.startswith("error: command line: print_config expects true or false, got 'maybe'")
+
+
+def test_make_plan_stops_at_a_config_error_with_one_line_and_exit_2(monkeypatch, tmp_path, capsys):
+    from stages import plan
+
+    runs = f"runs_root={tmp_path / 'runs'}"
+    for args, expected in (
+        ([runs, "plan.gpu=B200"], "error: command line: plan.gpu must be one of A100-40GB, A100-80GB, H100-80GB, "),
+        ([runs, "mcts.kk=3"], "error: command line: unknown key 'mcts.kk'"),
+        (["--config", str(tmp_path / "nope.yaml")], f"error: {tmp_path / 'nope.yaml'}: config file not found"),
+    ):
+        assert run_cli(monkeypatch, plan.run, *args) == 2, args
+        captured = capsys.readouterr()
+        error = captured.err.splitlines()
+        assert error[0].startswith(expected) and len(error) == 2 and error[1].startswith("hint: python -m stages.plan")
+        assert captured.out == ""  # no report
+    # a config that plans, with errors in its report: the report and exit 1
+    assert run_cli(monkeypatch, plan.run, runs, "prm.batch_size=10", "prm.micro_batch_size=4") == 1
+    captured = capsys.readouterr()
+    assert "ERROR: prm.batch_size: " in captured.out and captured.err == ""
+    monkeypatch.setattr(sys, "argv", ["stages/plan.py", runs])
+    cli(plan.run)  # no error: cli returns, the process exits 0
+    assert not (tmp_path / "runs").exists()
+    # what `make plan` runs: the module's entry point goes through the same wrapper
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.run(
+        [sys.executable, "-m", "stages.plan", runs, "plan.gpu=B200"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert process.returncode == 2 and process.stdout == "", process.stderr[-2000:]
+    assert process.stderr.splitlines()[0].startswith("error: command line: plan.gpu must be one of A100-40GB")
+    assert len(process.stderr.splitlines()) == 2
+
+
+def test_an_unknown_eval_benchmark_is_refused_before_the_embedder_loads_and_anything_is_written(
+    monkeypatch, tmp_path, capsys
+):
+    forbid_model_loads(monkeypatch)
+
+    def embedder(*args, **kwargs):
+        raise AssertionError("the embedder was loaded before the benchmarks were checked")
+
+    monkeypatch.setattr(evaluate, "load_embedder", embedder)
+    monkeypatch.chdir(tmp_path)  # reports/ would go here
+    runs = tmp_path / "elsewhere" / "runs"
+    tiny = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={runs}"]
+    assert run_cli(monkeypatch, evaluate.main, *tiny, "eval.benchmarks=[gsm8k, nope]") == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error[0].startswith("error: eval.benchmarks[1]: unknown benchmark 'nope'; expected one of ")
+    assert "gsm8k" in error[0] and "tiny_test" in error[0] and "Traceback" not in "\n".join(error)
+    missing = tmp_path / "missing.jsonl"
+    benchmark = ["eval.benchmarks=[gsm8k]", f"eval.benchmark_paths={{gsm8k: {missing}}}"]
+    assert run_cli(monkeypatch, evaluate.main, *tiny, *benchmark) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: benchmark 'gsm8k': file {missing} not found "
+        "(eval.benchmark_paths.gsm8k, or the stage that writes it has not run)"
+    ]
+    assert list(tmp_path.iterdir()) == []  # no reports/ here, no run folder under the absolute runs_root
+
+
+def run_offline(tmp_path, stage: str, *overrides: str) -> subprocess.CompletedProcess:
+    """python -m stages.<stage> on the tiny config with the hub off (HF_HUB_OFFLINE=1: fails at once, no network)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env["HF_HOME"] = str(tmp_path / "hf_home")  # an empty cache: nothing of the hub is here
+    command = [sys.executable, "-m", f"stages.{stage}", f"runs_root={tmp_path / 'runs'}", "data.disjoint_from=[]"]
+    return subprocess.run([*command, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_an_unreachable_hub_model_or_dataset_is_one_line_naming_it_the_key_and_what_to_do(tmp_path):
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text('{"problem_id": "p0", "question": "1 + 1?", "answer": "2", "source": "tiny", "meta": {}}\n')
+    model = run_offline(tmp_path, "mcts", "model.policy=stepflow-tests/no-such-model", f"data.train_path={problems}")
+    assert model.returncode == 2 and "Traceback" not in model.stderr, model.stderr[-3000:]
+    error = [line for line in model.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and error[0].startswith(
+        "error: model.policy: hub model stepflow-tests/no-such-model cannot be loaded ("
+    ), model.stderr[-3000:]
+    assert "HF_HUB_OFFLINE=1" in error[0] and "set model.policy to a local folder" in error[0]
+    data = run_offline(tmp_path, "mcts", "data.train=gsm8k", "data.train_path=hub")
+    assert data.returncode == 2 and "Traceback" not in data.stderr, data.stderr[-3000:]
+    error = [line for line in data.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and error[0].startswith("error: data.train=gsm8k: hub dataset hf://openai/gsm8k"), error
+    assert "set data.train_path to a local file" in error[0]

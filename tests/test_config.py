@@ -1,4 +1,5 @@
 import functools
+import typing
 from pathlib import Path
 
 import pytest
@@ -278,7 +279,8 @@ def test_every_numeric_field_declares_a_range_and_every_default_is_in_it():
                 continue
             hint = typing.get_type_hints(type(obj))[spec.name]
             names = str(hint)
-            if any(t in names for t in ("int", "float")) and "str" not in names:
+            choice = typing.get_origin(hint) is typing.Literal  # names like "float32" are no numbers
+            if any(t in names for t in ("int", "float")) and "str" not in names and not choice:
                 yield f"{prefix}{spec.name}", spec.metadata.get("range")
 
     fields = dict(walk(Config(), ""))
@@ -380,6 +382,13 @@ def test_every_choice_field_refuses_a_value_outside_its_literal_naming_key_value
         "gfn.async_priority",
         "search.strategies",
         "search.aggregation",
+        "model.dtype",
+        "generation.backend",
+        "prm.scheduler",
+        "gfn.scheduler",
+        "ppo.scheduler",
+        "gfn.buffer_priority",
+        "plan.gpu",
     } <= keys
     for key, choices, is_list in fields:
         good = [choices[-1]] if is_list else choices[-1]
@@ -408,3 +417,49 @@ def test_help_lists_the_choices_of_a_choice_field():
         and line.endswith("(one of step_best_of_k, beam, best_of_n, weighted_vote, majority)")
         for line in lines
     )
+
+
+def test_the_libraries_take_their_names_from_the_choice_fields():
+    from eval.plan import GPUS
+    from pipeline.config import BufferPriority, GenerationBackend, GPUType, ModelDtype, Schedule
+    from pipeline.generation import BACKENDS
+    from pipeline.modeling import DTYPES
+    from pipeline.training.schedule import SCHEDULES
+
+    assert tuple(GPUS) == typing.get_args(GPUType)
+    assert BACKENDS == typing.get_args(GenerationBackend)
+    assert SCHEDULES == typing.get_args(Schedule)
+    assert ("auto", *DTYPES) == typing.get_args(ModelDtype)
+    assert typing.get_args(BufferPriority) == ("softmax", "proportional")  # pipeline.finetune.replay_buffer's
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
+def test_model_device_takes_auto_cpu_cuda_or_cuda_n(device):
+    assert load_config(None, [f"model.device={device}"]).model.device == device
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:-1", "cuda:x", "gpu", "CPU", "cuda:0,1"])
+def test_another_model_device_is_refused_at_load_naming_the_file_and_the_choices(tmp_path, device):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"model.device={device}"])
+    assert str(info.value) == f"command line: model.device must be one of auto, cpu, cuda, cuda:<N>, got {device!r}"
+    path = tmp_path / "device.yaml"
+    path.write_text(f"model:\n  device: '{device}'\n")
+    with pytest.raises(ConfigError, match=f"^{path}: model.device must be one of"):
+        load_config(path)
+
+
+def test_a_section_or_key_given_twice_is_an_error_naming_the_file_and_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("run: a\ngfn:\n  lr: 1.0e-4\nmcts:\n  k: 4\ngfn:\n  loss: tb\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}:6: 'gfn' is given twice (first on line 2); give each key once"
+    path.write_text("mcts:\n  k: 4\n  temperature: 0.5\n  k: 8\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4: 'k' is given twice \(first on line 2\)"):
+        load_config(path)
+    path.write_text("eval:\n  models: {a: x, b: y, a: z}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2: 'a' is given twice"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^command line: eval.models: 'a' is given twice"):
+        load_config(None, ["eval.models={a: x, a: y}"])

@@ -479,6 +479,7 @@ def accelerate_launch(
     args: list[str],
     script: Path | None = None,
     kill_when: Path | None = None,
+    float32: bool = False,
 ) -> subprocess.CompletedProcess | None:
     """`accelerate launch --config_file <config> --num_processes 1 -m stages.train_<stage> <args>`
     (or `<script> <args>`), bounded in time, its process group killed however it ends; with
@@ -491,6 +492,8 @@ def accelerate_launch(
         str(REPO / "configs" / "accelerate" / accelerate_config),
         "--num_processes",
         "1",
+        # the files say bf16; a float32 run trains without autocast, which the trainer requires the launch to say
+        *(["--mixed_precision", "no"] if float32 or "model.dtype=float32" in args else []),
         *([str(script)] if script is not None else ["-m", f"stages.train_{stage}"]),
         *args,
     ]
@@ -701,7 +704,7 @@ def test_deepspeed_zero3_gathers_the_samplers_weights_one_parameter_at_a_time(ra
     def body() -> dict:
         start = time.monotonic()
         result = accelerate_launch(
-            "deepspeed_zero3.yaml", "", [str(random_tiny_world / "policy"), str(tmp_path)], script=script
+            "deepspeed_zero3.yaml", "", [str(random_tiny_world / "policy"), str(tmp_path)], script=script, float32=True
         )
         verdict = tmp_path / "verdict.json"
         return {

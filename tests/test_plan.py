@@ -20,7 +20,7 @@ from pipeline.config_loader import load_config
 from pipeline.shapes import lora_parameters, shape_from_config
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER = ["llama3.2-3b", "llama3.1-8b", "qwen2.5-math-1.5b"]
+PAPER = sorted(path.stem for path in (REPO / "configs" / "paper").glob("*.yaml"))  # every paper config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -299,9 +299,8 @@ def test_a_stage_whose_estimated_memory_exceeds_its_gpu_is_refused_before_any_mo
 
     qwen = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")
     full = load_config(qwen, ["prm.lora=false"])  # a 7B backbone's full fine-tuning on one GPU: what make plan refuses
-    with pytest.raises(
-        ConfigError, match=r"prm.micro_batch_size: make prm: estimated .* GiB per GPU exceeds the GPU's 80 GiB"
-    ):
+    # (named by prm.lora: the AdamW state dominates, and one process has nothing to shard it over)
+    with pytest.raises(ConfigError, match=r"prm.lora: make prm: estimated .* GiB per GPU exceeds the GPU's 80 GiB"):
         device_memory(full, "train_prm", {}, device_bytes=80 * GIB)
     device_memory(load_config(qwen, []), "train_prm", {}, device_bytes=80 * GIB)  # with LoRA it fits
     hf = paper("llama3.2-3b", "generation.backend=hf")  # no engine: the trainer's own memory is still checked
@@ -330,7 +329,8 @@ def test_memory_beyond_the_device_is_refused_and_the_stage_exits_non_zero(paper_
     config = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")
     assert plan_stage.main(["--config", config, "prm.lora=false"]) == 1  # a 7B backbone's full fine-tuning on one GPU
     out = capsys.readouterr().out
-    assert "ERROR: prm.micro_batch_size: make prm: estimated" in out and "exceeds the A100-80GB's 80 GiB" in out
+    # the AdamW state of the 7B backbone dominates on one process: LoRA shrinks it, a smaller micro-batch would not
+    assert "ERROR: prm.lora: make prm: estimated" in out and "exceeds the A100-80GB's 80 GiB" in out
     assert plan_stage.main(["--config", config]) == 0
 
 
@@ -554,3 +554,120 @@ def test_the_logits_term_is_the_peak_of_the_log_softmax_backward():
     logits_kept = 4 * sequences * positions * shape.vocab_size
     estimate = kept - logits_kept + shapes.logits_bytes(shape, sequences, positions)
     assert abs(peak - estimate) <= 0.02 * peak, (peak, estimate, kept)
+
+
+ACCELERATE = REPO / "configs" / "accelerate"
+
+
+def accelerate_file(tmp_path, base: str, name: str = "changed.yaml", fsdp: dict | None = None, **top) -> Path:
+    """configs/accelerate/<base> with fsdp_config entries and top-level keys changed (None: removed)."""
+    settings = yaml.safe_load((ACCELERATE / base).read_text())
+    for section, changes in (("fsdp_config", fsdp or {}), (None, top)):
+        target = settings.setdefault(section, {}) if section else settings
+        for key, value in changes.items():
+            target.pop(key, None) if value is None else target.__setitem__(key, value)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+def test_the_projects_accelerate_files_hold_only_keys_accelerate_knows_and_values_the_trainer_applies():
+    from pipeline.training.launch_settings import check_accelerate_file, read_accelerate_file
+
+    model = paper("llama3.2-3b").model
+    for path in sorted(ACCELERATE.glob("*.yaml")):
+        read_accelerate_file(path)
+        check_accelerate_file(path, model)
+
+
+def launched_environment(path: Path) -> dict[str, str]:
+    """What `accelerate launch --config_file path` exports to each process (accelerate's own code)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import prepare_multi_gpu_env
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "train.py"]))
+    return prepare_multi_gpu_env(args)
+
+
+@pytest.mark.parametrize(
+    ("fsdp", "top", "key"),
+    [
+        ({"fsdp_offload_params": True}, {}, "fsdp_config.fsdp_offload_params: true is not applied"),
+        ({"fsdp_state_dict_type": "SHARDED_STATE_DICT"}, {}, "fsdp_config.fsdp_state_dict_type: sharded_state_dict"),
+        ({"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP"}, {}, "fsdp_config.fsdp_auto_wrap_policy: size_based_wrap"),
+        ({}, {"mixed_precision": "fp16"}, "mixed_precision: fp16, but the training base trains with "),
+        ({}, {"dynamo_config": {"dynamo_backend": "INDUCTOR"}}, "dynamo_config.dynamo_backend: inductor"),
+    ],
+)
+def test_a_launch_setting_the_trainer_would_not_apply_is_refused_by_make_plan_and_at_the_trainers_start(
+    paper_world, tmp_path, monkeypatch, fsdp, top, key
+):
+    from pipeline.config_loader import ConfigError
+    from pipeline.training.base import make_accelerator
+
+    path = accelerate_file(tmp_path, "policy_fsdp_lora.yaml", fsdp=fsdp, **{"mixed_precision": "no", **top})
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.gfn={path}"))
+    assert [f.key for f in plan.errors] == ["plan.accelerate.gfn"], render(plan)
+    assert plan.errors[0].message.startswith(f"{path}: {key}")
+    environ = launched_environment(path)  # what accelerate launch really exports
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"^the accelerate config: {key}"):
+        make_accelerator(paper("llama3.2-3b", "model.device=cpu").model)  # refused before accelerate starts
+
+
+def test_a_float32_model_refuses_a_launch_in_bf16_and_takes_one_without_mixed_precision(paper_world, tmp_path):
+    bf16 = make_plan(
+        paper("llama3.2-3b", "model.dtype=float32", f"plan.accelerate.gfn={ACCELERATE / 'policy_fsdp_lora.yaml'}")
+    )
+    assert (
+        "mixed_precision: bf16, but the training base trains with no for model.dtype=float32"
+        in ({f.key: f.message for f in bf16.errors}["plan.accelerate.gfn"])
+    )
+    plain = accelerate_file(tmp_path, "policy_fsdp_lora.yaml", mixed_precision="no")
+    assert "plan.accelerate.gfn" not in {
+        f.key for f in make_plan(paper("llama3.2-3b", "model.dtype=float32", f"plan.accelerate.gfn={plain}")).errors
+    }
+
+
+def test_an_fsdp_key_accelerate_does_not_know_or_a_key_given_twice_is_refused_naming_file_and_key(
+    paper_world, tmp_path
+):
+    path = accelerate_file(
+        tmp_path, "policy_fsdp_lora.yaml", fsdp={"fsdp_offload_params": None, "fsdp_cpu_offload": False}
+    )
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.gfn={path}"))
+    message = {f.key: f.message for f in plan.errors}["plan.accelerate.gfn"]
+    assert message.startswith(
+        f"{path}: fsdp_config.fsdp_cpu_offload is not an FSDP key accelerate knows (accelerate's is fsdp_offload_params)"
+    )
+    assert [s.notes[-1] for s in plan.stages if s.name == "gfn"] == [f"launch: fsdp ({path})"]  # still read as FSDP
+    unknown = accelerate_file(tmp_path, "ddp.yaml", num_gpus=8)
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.prm={unknown}"))
+    assert f"{unknown}: num_gpus is not a key of accelerate's config files" in [f.message for f in plan.errors]
+    twice = tmp_path / "twice.yaml"
+    twice.write_text((ACCELERATE / "policy_fsdp_lora.yaml").read_text() + "mixed_precision: 'no'\n")
+    plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.gfn={twice}"))
+    assert any(
+        f.message.startswith(f"{twice}:") and "'mixed_precision' is given twice (first on line " in f.message
+        for f in plan.errors
+    ), render(plan)
+
+
+def test_make_plan_takes_fsdp_with_hf_sampling_and_refuses_zero3_with_it_as_the_trainer_does(paper_world):
+    fsdp = make_plan(paper("llama3.2-3b", "generation.backend=hf"))  # policy_fsdp_lora.yaml for gfn and ppo
+    assert not [f for f in fsdp.errors if f.key.startswith("plan.accelerate") or f.key == "generation.backend"]
+    zero3 = str(ACCELERATE / "deepspeed_zero3.yaml")
+    plan = make_plan(paper("llama3.2-3b", "generation.backend=hf", f"plan.accelerate.gfn={zero3}"))
+    message = {f.key: f.message for f in plan.errors}["plan.accelerate.gfn"]
+    assert message.startswith(f"{zero3}: DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole")
+
+
+def test_memory_beyond_the_device_names_the_key_that_shrinks_its_largest_item(paper_world):
+    unsharded = make_plan(paper("llama3.2-3b", "plan.accelerate={}"))  # 8 DDP processes: each a whole 7B AdamW state
+    assert "plan.accelerate.prm" in {f.key for f in unsharded.errors}, render(unsharded)
+    one = make_plan(paper("qwen2.5-math-1.5b", "prm.lora=false"))  # one process: nothing to shard over
+    assert "prm.lora" in {f.key for f in one.errors}, render(one)
+    activations = make_plan(paper("llama3.2-3b", "prm.micro_batch_size=144"))
+    prm = [f for f in activations.errors if "make prm: estimated" in f.message]
+    assert [f.key for f in prm] == ["prm.micro_batch_size"], render(activations)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import typing
 
+from pipeline.config import GenerationBackend
 from pipeline.config_loader import ConfigError
 from pipeline.generation.base import Completion, Generator
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, check_servable
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = typing.get_args(GenerationBackend)
 # What installs each backend's engine where it is missing (README, "GPU and vLLM").
 VLLM_INSTALL = "`make gpu-env` builds .venv-vllm with the pinned vLLM, and the make stage targets then run there"
 

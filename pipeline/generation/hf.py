@@ -243,7 +243,7 @@ class HFGenerator:
         decodes faster than one with LoRA layers in the loop.
         """
         path = model_path or config.resolve(config.model.policy)
-        tokenizer = load_tokenizer(path, trust_remote_code=config.model.trust_remote_code)
+        tokenizer = load_tokenizer(path, trust_remote_code=config.model.trust_remote_code, model_config=config.model)
         model = load_causal_lm(path, config.model, adapter=adapter)
         if adapter:
             model = model.merge_and_unload()

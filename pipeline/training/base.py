@@ -64,6 +64,7 @@ from pipeline.modeling import resolve_device
 from pipeline.training import checkpoint, zero_state
 from pipeline.training.collective_clock import CLOCK
 from pipeline.training.distributed import fsdp_requested
+from pipeline.training.launch_settings import check_launch_environment
 from pipeline.training.metrics import MetricsLog
 from pipeline.training.schedule import check_schedule, learning_rate
 from pipeline.training.tracking import Tracking
@@ -111,6 +112,8 @@ def make_accelerator(
     ``accelerate launch`` gets its own GPU). ``tracking``: its trackers become ``log_with``
     (pass the same object to TrainingBase, which starts them)."""
     device = resolve_device(model_config.device)
+    # what an accelerate config file set and the base would not apply is refused, not ignored
+    check_launch_environment(model_config, os.environ, compile, applied=mixed_precision(model_config))
     return Accelerator(
         mixed_precision=mixed_precision(model_config),
         cpu=device.type == "cpu",

@@ -11,8 +11,11 @@ the whole run's progress step / total, so the last step's rate is base_lr * m wh
 from __future__ import annotations
 
 import math
+import typing
 
-SCHEDULES = ("cosine", "linear", "constant")
+from pipeline.config import Schedule
+
+SCHEDULES = typing.get_args(Schedule)
 
 
 def check_schedule(name: str, key: str = "scheduler") -> None:
