@@ -425,8 +425,10 @@ class GFNConfig(StepTrainingConfig):
     replay_fraction: float = bounded(0.5, ge=0)  # replayed trajectories per fresh one in each batch (sync mode)
     # asynchronous mode (mode=async; TBA, Bartoldson et al.; docs/async.md): searcher actors sample questions_per_step
     # questions x samples_per_question (S) completions each round with the newest published weights, into one buffer
-    # (buffer_size completions, FIFO); each trainer step draws async_questions (B) questions x async_samples_used (K)
-    # distinct completions, a question's group from the newest weights' completions with probability recency_fraction (m)
+    # (buffer_per_question completions per question, its newest, and buffer_size in all, FIFO); each trainer step draws
+    # async_questions (B) questions x async_samples_used (K) distinct completions, a question's group from the newest
+    # weights' completions with probability recency_fraction (m). Refused before Ray starts unless the buffer can hold a
+    # batch: buffer_size >= (B - 1) x buffer_per_question + K, and B distinct training problems (docs/async.md, "The buffer")
     searchers: int = bounded(2, ge=1)  # searcher actors
     sync_every: int = bounded(1, ge=1)  # trainer steps between weight publications (TBA's k)
     async_questions: int | None = bounded(None, ge=1)  # B, questions per trainer step (None: questions_per_step)
@@ -436,9 +438,12 @@ class GFNConfig(StepTrainingConfig):
     async_initial_completions: int = bounded(
         0, ge=0
     )  # the first step waits until the buffer holds this many (paper: 500)
-    async_priority: AsyncPriority = (
-        "softmax"  # softmax (p ~ exp(log_reward / buffer_temperature)) | uniform: a question's K completions
-    )
+    # how a question's K completions are drawn: uniform (TBA's Table 2; inverse temperature 0 in its code) | softmax
+    # (p ~ exp(priority / buffer_temperature), priority = the trained reward without the prior; docs/async.md says why not)
+    async_priority: AsyncPriority = "uniform"
+    # most completions the buffer keeps per question, its newest (TBA: max_capacity_per_query = 100); None: S, the
+    # completions of the question's newest round, so that buffer_size >= (B - 1) x S + K holds a batch (docs/async.md)
+    buffer_per_question: int | None = bounded(None, ge=1)
     searcher_rounds_per_version: int | None = bounded(
         None, ge=1
     )  # rounds a searcher samples per published version (None: no limit)

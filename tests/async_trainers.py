@@ -16,14 +16,13 @@ class DeadlineTrainer(AsyncFinetuneTrainer):
     deadline_seconds = 120.0
 
     def draw(self):
-        deadline, waited = time.monotonic() + self.deadline_seconds, 0.0
-        while True:
-            groups, recent, seconds = self.draw_once()
-            waited += seconds
-            if groups is not None:
-                return groups, recent, waited
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"no batch within {self.deadline_seconds} s at step {self.step}: "
-                    f"{ray.get(self.store.stats.remote())}"
-                )
+        self.deadline = time.monotonic() + self.deadline_seconds
+        return super().draw()  # the production wait, which ends a wait that cannot end with its own error
+
+    def draw_once(self):
+        groups, recent, seconds = super().draw_once()
+        if groups is None and time.monotonic() > self.deadline:
+            raise TimeoutError(
+                f"no batch within {self.deadline_seconds} s at step {self.step}: {ray.get(self.store.stats.remote())}"
+            )
+        return groups, recent, seconds

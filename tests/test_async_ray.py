@@ -719,6 +719,66 @@ def test_every_tb_vargrad_batch_has_k_distinct_completions_per_question(local_ra
     assert assert_recorded_logprobs_are_the_published_weights(trainer, stored(trainer)) > 0
 
 
+def boundary_run(cfg, out: Path, given: list[dict] = (), questions: int = 12) -> list[dict]:
+    """Three steps of the wide environment (no repeats among a question's samples) under ``cfg``,
+    two searchers; the metrics records."""
+    trainer, _ = tabular_trainer(
+        cfg,
+        out,
+        policy=WidePolicy(),
+        questions=questions,
+        given=given,
+        wait_seconds=60.0,
+        make_sampler=functools.partial(wide_sampler, cfg, questions=questions),
+    )
+    trainer.train()
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_smallest_legal_buffer_trains(local_ray, tmp_path):
+    """B = 4, S = 4, K = 3: a buffer of (B - 1) x S + K = 15 completions (a round is 16) trains;
+    one fewer is refused before Ray is asked for anything, naming the key and the arithmetic."""
+    from pipeline.config_loader import ConfigError
+    from pipeline.finetune.async_ray import check_async_settings, smallest_buffer
+
+    cfg = wide_config(mode="async", searchers=2, num_train_steps=3, async_samples_used=3, max_staleness=None)
+    cfg.buffer_size = smallest_buffer(cfg)
+    assert cfg.buffer_size == 15
+    records = boundary_run(cfg, tmp_path)
+    assert [r["questions"] for r in records] == [4, 4, 4] and all(r["trained"] == 12 for r in records)
+    assert max(r["buffer_size"] for r in records) <= 15 and records[-1]["evicted"] > 0  # it ran full
+    cfg.buffer_size = 14
+    with pytest.raises(ConfigError, match=r"gfn\.buffer_size = 14 cannot hold .*\(4 - 1\) x 4 \+ 3 = 15"):
+        check_async_settings(cfg)
+
+
+def test_as_many_problems_as_a_batch_trains(local_ray, tmp_path):
+    """4 training problems for B = 4 (two searchers, shares of 2, rounds of 4 questions that repeat
+    them): every step trains all 4; 3 problems are refused before Ray starts, naming the key."""
+    from pipeline.config_loader import ConfigError
+
+    given = [{"problem_id": f"q{i}", "question": f"{i}", "answer": "1"} for i in range(4)]
+    cfg = wide_config(mode="async", searchers=2, num_train_steps=3, async_samples_used=3, max_staleness=None)
+    records = boundary_run(cfg, tmp_path, given=given, questions=4)
+    assert [r["questions"] for r in records] == [4, 4, 4] and all(r["trained"] == 12 for r in records)
+    with pytest.raises(ConfigError, match=r"gfn\.questions_per_step = 4 exceeds the 3 training problems"):
+        tabular_trainer(cfg, tmp_path / "three", policy=WidePolicy(), given=given[:3])
+    assert ray.is_initialized()  # the fixture's instance: refused in the trainer's constructor, nothing started
+
+
+def test_a_wait_no_round_can_end_stops_the_run_naming_the_cause(local_ray, tmp_path):
+    """One searcher, one round per weights version, K = S = 8 on the tabular environment, whose 8
+    samples of a question repeat: the round leaves fewer than 4 questions with 8 distinct
+    completions and the searcher then waits for weights the trainer publishes only after it trains.
+    The trainer's wait ends with an error naming the key, not a warning every 60 s."""
+    cfg = tabular_config(
+        searchers=1, searcher_rounds_per_version=1, async_samples_used=8, num_train_steps=3, max_staleness=0
+    )
+    trainer, _ = tabular_trainer(cfg, tmp_path, wait_seconds=30.0, rejoin=False)
+    with pytest.raises(RuntimeError, match=r"step 0 cannot get 4 questions x 8 .*searcher_rounds_per_version = 1"):
+        trainer.train()
+
+
 @pytest.mark.slow
 def test_a_searcher_that_keeps_dying_stops_the_run_naming_the_restart_bound(local_ray, tmp_path):
     cfg = tabular_config(num_train_steps=60, searcher_max_restarts=0)
@@ -834,6 +894,8 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
         ("gfn.async_samples_used=9", "gfn.async_samples_used"),  # K > S = 8
         ("gfn.async_samples_used=1", "gfn.async_samples_used"),  # K < 2 with TB-VarGrad
         ("gfn.async_initial_completions=2000", "gfn.async_initial_completions"),  # > buffer_size
+        ("gfn.buffer_size=63", "gfn.buffer_size"),  # below (B - 1) x S + K = 7 x 8 + 8
+        ("gfn.buffer_per_question=7", "gfn.buffer_per_question"),  # below K = 8
         ("gfn.max_staleness=1", "gfn.max_staleness"),  # below sync_every - 1 = 2
         ("gfn.searcher_cores=[4096]", "gfn.searcher_cores"),  # a core the machine lacks
         ("gfn.trainer_cores=[4096]", "gfn.trainer_cores"),
@@ -898,6 +960,28 @@ def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_que
     assert (
         json.loads(store.sample(5, latest=0, now=0, max_staleness=None))["groups"] == []
     )  # 4 questions hold completions
+
+
+def test_a_store_that_nothing_more_can_reach_says_why_and_one_still_filling_does_not():
+    """Two searchers, one round per weights version (gfn.searcher_rounds_per_version = 1): once both
+    have sent their round of the newest version and the buffer cannot give the batch, the store
+    names the cause; while a searcher's round of that version is missing, or the batch can be
+    given, it does not."""
+    from pipeline.finetune.async_ray import TrajectoryStore
+
+    store = TrajectoryStore({"capacity": 100, "per_question": 2, "seed": 0})
+    trajectories, _ = tabular_sampler(tabular_config(), 0).sample(0, version=3)  # 4 questions x 8 samples
+    conditions = dict(questions=5, now=3, max_staleness=None, minimum=0, version=3, rounds=1, searchers=2)
+    store.add(json.dumps([t.to_json() for t in trajectories]), searcher=0, version=3)
+    assert store.stalled(**conditions) is None  # searcher 1's round of version 3 may still come
+    store.add(json.dumps([]), searcher=1, version=2)  # an older version's round (all its samples dropped)
+    assert store.stalled(**conditions) is None
+    store.add(json.dumps([]), searcher=1, version=3)
+    cause = store.stalled(**conditions)
+    assert "gfn.searcher_rounds_per_version = 1 rounds of weights version 3" in cause
+    assert f"holds {store.stats()['size']} completions" in cause and "5 needed" in cause
+    assert store.stalled(**{**conditions, "questions": 2}) is None  # 4 eligible: the batch can be given
+    assert store.stalled(**{**conditions, "rounds": 2}) is None  # a second round each may still come
 
 
 @pytest.mark.slow
@@ -1080,7 +1164,7 @@ def test_too_many_searchers_are_refused_before_any_model_loads_and_ray_is_shut_d
             f"model.policy={tmp_path / 'no-such-policy'}",
         ],
     )
-    problems = [Problem("p0", "1 + 1?", "2", "tiny")]
+    problems = [Problem(f"p{i}", "1 + 1?", "2", "tiny") for i in range(searchers)]  # a share for every searcher
     try:
         with pytest.raises(ValueError, match=rf"gfn\.searchers={searchers} needs {searchers} CPUs"):
             finetune_policy(config, "gfn", problems, lambda: None, tmp_path / "gfn", progress=False)

@@ -10,10 +10,10 @@ Who does what (docs/async.md):
   version, to the store;
 - scorer actors (gfn.scorer_actors of them, default none): each holds the PRM and scores the rounds
   searchers send it (PooledScorer: a round to one actor, the actors in turn);
-- the store actor: TBA's buffer (pipeline.finetune.grouped_replay): every completion kept up to
-  gfn.buffer_size (FIFO), drawn as B questions x K distinct completions, a question's group from
-  the newest weights' completions with probability m; it drops completions of weights older than
-  gfn.max_staleness trainer steps;
+- the store actor: TBA's buffer (pipeline.finetune.grouped_replay): a question's newest
+  gfn.buffer_per_question completions kept, gfn.buffer_size in all (FIFO), drawn as B questions x K
+  distinct completions, a question's group from the newest weights' completions with probability m;
+  it drops completions of weights older than gfn.max_staleness trainer steps;
 - the weights actor: the newest published weights version (with the object store, the
   references of its buckets; with gfn.weight_transport=collective the buckets go over one NCCL
   or gloo group of the trainer and every searcher: pipeline.finetune.publication), a stop flag,
@@ -53,6 +53,7 @@ from pipeline.config_loader import ConfigError
 from pipeline.finetune import ray_cluster
 from pipeline.finetune.grouped_replay import GroupedReplay
 from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
+from pipeline.finetune.rewards import StateLogRewards
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.finetune.weight_transport import backend_for, check_transport
@@ -121,10 +122,32 @@ def async_shape(cfg) -> tuple[int, int]:
     return cfg.async_questions or cfg.questions_per_step, cfg.async_samples_used or cfg.samples_per_question
 
 
+def question_capacity(cfg) -> int:
+    """The most completions the buffer keeps per question: gfn.buffer_per_question, default S."""
+    return cfg.buffer_per_question or cfg.samples_per_question
+
+
+def batch_key(cfg, section: str = "gfn") -> str:
+    """The key B is read from: async_questions when set, else questions_per_step."""
+    return f"{section}.async_questions" if cfg.async_questions else f"{section}.questions_per_step"
+
+
+def smallest_buffer(cfg) -> int:
+    """The smallest buffer_size that holds a batch whatever the order of the searchers' rounds:
+    (B - 1) x c + K, c = question_capacity. A searcher adds a round question by question, S
+    completions each, and the buffer keeps the newest; a question holds at most c of them, and
+    only the oldest question in the buffer can hold fewer than its newest visit gave (>= K with
+    S >= K and c >= K). So B questions with K completions each fit exactly when the B - 1 newest
+    hold c each and the oldest K (docs/async.md, "The buffer")."""
+    questions, used = async_shape(cfg)
+    return (questions - 1) * question_capacity(cfg) + used
+
+
 def check_async_settings(cfg, section: str = "gfn") -> None:
     """The asynchronous settings that only make sense together, checked before Ray starts;
     raises ConfigError naming the key."""
     questions, used = async_shape(cfg)
+    capacity = question_capacity(cfg)
     if not 0.0 <= cfg.recency_fraction <= 1.0:
         raise ConfigError(f"{section}.recency_fraction = {cfg.recency_fraction}: expected m in [0, 1]")
     if used > cfg.samples_per_question:
@@ -142,9 +165,19 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
             f"{section}.async_initial_completions = {cfg.async_initial_completions} exceeds {section}.buffer_size = "
             f"{cfg.buffer_size}: training would never start"
         )
-    if cfg.buffer_size < questions * used:
+    if capacity < used:
         raise ConfigError(
-            f"{section}.buffer_size = {cfg.buffer_size} is below one batch ({questions} questions x {used})"
+            f"{section}.buffer_per_question = {capacity} is below {section}.async_samples_used = {used}: no question "
+            "could hold a group of K distinct completions"
+        )
+    if cfg.buffer_size < smallest_buffer(cfg):
+        raise ConfigError(
+            f"{section}.buffer_size = {cfg.buffer_size} cannot hold a batch of {questions} questions "
+            f"({batch_key(cfg, section)}) x {used} distinct completions: a searcher adds its round question by question, "
+            f"{cfg.samples_per_question} completions each ({cfg.questions_per_step} x {cfg.samples_per_question} = "
+            f"{cfg.questions_per_step * cfg.samples_per_question} at once), a question keeps up to {capacity} "
+            f"({section}.buffer_per_question, default S) and the buffer the newest, so it needs "
+            f"({questions} - 1) x {capacity} + {used} = {smallest_buffer(cfg)}"
         )
     if cfg.max_staleness is not None and cfg.max_staleness < cfg.sync_every - 1:
         raise ConfigError(
@@ -163,6 +196,62 @@ def check_async_settings(cfg, section: str = "gfn") -> None:
         raise ConfigError(
             f"{section}.kl_coef_final = {cfg.kl_coef_final}: an annealed beta runs from {section}.kl_coef > 0 to a "
             f"value > 0 (got kl_coef = {cfg.kl_coef})"
+        )
+
+
+def share_sizes(problems: int, searchers: int) -> list[int]:
+    """How many problems each searcher's share holds (searcher_share: positions i, i + N, ...)."""
+    return [len(range(index, problems, searchers)) for index in range(searchers)]
+
+
+def check_async_problems(cfg, problems: int, section: str = "gfn") -> None:
+    """The asynchronous settings against the number of training problems, checked before Ray
+    starts; raises ConfigError naming the key. A batch holds B distinct questions (the synchronous
+    mode's cycle repeats questions within a step; a draw cannot), each searcher walks its own share,
+    and with gfn.searcher_rounds_per_version = r the searchers sample r rounds of the first weights
+    and then wait for the trainer's next ones: those rounds must hold a batch and the initial
+    completions (every completion assumed distinct; repeats are found at run time)."""
+    questions, used = async_shape(cfg)
+    samples, per_round, capacity = cfg.samples_per_question, cfg.questions_per_step, question_capacity(cfg)
+    if problems < cfg.searchers:
+        raise ConfigError(
+            f"{section}.searchers = {cfg.searchers} exceeds the {problems} training problems: each searcher walks its own "
+            "share of them"
+        )
+    if problems < questions:
+        raise ConfigError(
+            f"{batch_key(cfg, section)} = {questions} exceeds the {problems} training problems: an asynchronous batch "
+            f"holds {questions} distinct questions (the synchronous mode's cycle repeats questions within a step, a draw "
+            "from the buffer cannot), so the trainer would wait for ever"
+        )
+    if cfg.async_initial_completions > problems * capacity:
+        raise ConfigError(
+            f"{section}.async_initial_completions = {cfg.async_initial_completions} exceeds what the buffer can hold of "
+            f"{problems} problems: {problems} x {capacity} ({section}.buffer_per_question, default S) = "
+            f"{problems * capacity}; training would never start"
+        )
+    rounds = cfg.searcher_rounds_per_version
+    if rounds is None:
+        return
+    picks = rounds * per_round  # questions a searcher samples with one weights version
+    shares = share_sizes(problems, cfg.searchers)
+    distinct = sum(min(share, picks) for share in shares)
+    if distinct < questions:
+        raise ConfigError(
+            f"{section}.searcher_rounds_per_version = {rounds}: with the first weights the searchers sample "
+            f"{rounds} x {per_round} questions each of their shares of {shares} problems, {distinct} distinct in all, "
+            f"and then wait for weights the trainer publishes only after training on a batch of {questions} "
+            f"({batch_key(cfg, section)})"
+        )
+    held = 0
+    for share in shares:  # a question sampled v times holds min(c, v x S)
+        cycles, rest = divmod(picks, share)
+        held += rest * min(capacity, (cycles + 1) * samples) + (share - rest) * min(capacity, cycles * samples)
+    if min(held, cfg.buffer_size) < cfg.async_initial_completions:
+        raise ConfigError(
+            f"{section}.async_initial_completions = {cfg.async_initial_completions} exceeds the {min(held, cfg.buffer_size)} "
+            f"completions the buffer holds after the first weights' {section}.searcher_rounds_per_version = {rounds} "
+            "rounds of every searcher, after which they wait for weights the trainer publishes only once it has trained"
         )
 
 
@@ -244,14 +333,25 @@ class TrajectoryStore:
     def __init__(self, buffer_kwargs: dict):
         self.buffer = GroupedReplay(**buffer_kwargs)
         self.added, self.dropped, self.evicted, self.per_searcher, self.restarts = 0, 0, 0, {}, 0
+        self.rounds: dict[int, tuple[int | None, int]] = {}  # searcher -> (weights version, rounds of it sent)
         self.searcher_idle = self.searcher_loading = 0.0
         self.started = time.monotonic()
         self.changes = Changes()
 
-    def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
+    def add(
+        self,
+        payload: str,
+        searcher: int,
+        idle_seconds: float = 0.0,
+        loading_seconds: float = 0.0,
+        version: int | None = None,
+    ) -> int:
         """A searcher's round, how long it waited for new weights before it and how long it spent
-        taking weights in (fetching, loading them into its policy); returns the buffer's size."""
+        taking weights in (fetching, loading them into its policy), the weights version it sampled
+        with (counted per searcher: ``stalled``); returns the buffer's size."""
         objects = json.loads(payload)
+        last, count = self.rounds.get(searcher, (None, 0))
+        self.rounds[searcher] = (version, count + 1 if version == last else 1)
         # each record built and checked once, by the buffer
         self.evicted += self.buffer.add_json(objects, f"trajectories from searcher {searcher}")
         self.added += len(objects)
@@ -295,6 +395,33 @@ class TrajectoryStore:
         if max_staleness is not None:
             self.dropped += self.buffer.forget_before(now - max_staleness)
         return len(self.buffer) >= max(minimum, 1) and self.buffer.eligible() >= questions
+
+    def stalled(
+        self,
+        questions: int,
+        now: int,
+        max_staleness: int | None,
+        minimum: int,
+        version: int,
+        rounds: int,
+        searchers: int,
+    ) -> str | None:
+        """Why the draw under these conditions can never be served, or None: every one of the
+        ``searchers`` has sent its ``rounds`` rounds of weights ``version`` (gfn.searcher_rounds_per_version)
+        and waits for newer ones, which the trainer publishes only after it trains, and the buffer
+        cannot give the batch. Checked in one actor call, so no round arrives in between."""
+        if self.can_draw(questions, now, max_staleness, minimum):
+            return None
+        sent = [self.rounds.get(index, (None, 0)) for index in range(searchers)]
+        if any(sent_version != version or count < rounds for sent_version, count in sent):
+            return None
+        return (
+            f"every searcher has sent its gfn.searcher_rounds_per_version = {rounds} rounds of weights version {version} "
+            f"and waits for newer ones, which the trainer publishes only after this step; the buffer holds "
+            f"{len(self.buffer)} completions (at least {minimum} needed) and {self.buffer.eligible()} questions with "
+            f"{self.buffer.per_question} distinct completions ({questions} needed) after dropping those older than "
+            f"step {now} - gfn.max_staleness = {max_staleness}"
+        )
 
     def draw(self, questions: int, latest: int) -> str:
         groups, recent = self.buffer.sample_json(questions, latest)
@@ -498,7 +625,11 @@ class Searcher:
                 continue
             trajectories, _ = self.sampler.sample(rounds, version=self.version)
             # waiting for the store's answer bounds how far a searcher runs ahead of it
-            ray.get(self.store.add.remote(json.dumps([t.to_json() for t in trajectories]), self.index, idle, loading))
+            ray.get(
+                self.store.add.remote(
+                    json.dumps([t.to_json() for t in trajectories]), self.index, idle, loading, version=self.version
+                )
+            )
             self.sampled_version = self.version
             rounds, rounds_of_version, idle, loading = rounds + 1, rounds_of_version + 1, 0.0, 0.0
 
@@ -611,11 +742,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         self.scorers: list = []
         self.problems, self.problems_ref = list(problems or []), None
         check_async_settings(cfg)
-        if 0 < len(self.problems) < cfg.searchers:
-            raise ConfigError(
-                f"gfn.searchers = {cfg.searchers} exceeds the {len(self.problems)} training problems: each searcher "
-                "walks its own share of them"
-            )
+        if self.problems:
+            check_async_problems(cfg, len(self.problems))
         self.questions, self.per_question = async_shape(cfg)
         check_divisible(self.questions, sampler.collective.world)
         check_transport(cfg.weight_transport)
@@ -649,6 +777,8 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                 "temperature": self.cfg.buffer_temperature,
                 "recency": self.cfg.recency_fraction,
                 "seed": self.cfg.seed,
+                "question_capacity": question_capacity(self.cfg),
+                "reward": StateLogRewards.of(self.cfg),  # the priority: the trained reward without the prior
             }
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
             # Searchers read the problems through the weights actor, by a reference this process holds:
@@ -898,17 +1028,26 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
         return groups, 0, time.monotonic() - start
 
     def draw(self) -> tuple[list[list[Trajectory]], int, float]:
-        """The step's groups, waiting as long as the store needs: (groups, recent, seconds waited)."""
-        waited, warned = 0.0, 0.0
+        """The step's groups, waiting as long as the store can still give them: (groups, recent,
+        seconds waited). A wait that cannot end (no searcher loop running; every searcher waiting for
+        weights the trainer publishes only after this step while the buffer cannot give the batch)
+        ends the run with a RuntimeError naming the cause, on every process."""
+        waited, warned = 0.0, False
         while True:
             groups, recent, seconds = self.draw_once()
             waited += seconds
             if groups is not None:
                 return groups, recent, waited
-            if waited - warned > 60:  # a store that cannot fill: too few distinct completions per question, too stale
+            cause = self.sampler.collective.broadcast_text(self.stall_cause() if self.base.is_main else None)
+            if cause:
+                raise RuntimeError(
+                    f"async: step {self.step} cannot get {self.questions} questions x {self.per_question} distinct "
+                    f"completions: {cause}"
+                )
+            if waited > 60 and not warned:  # a wait that can end: searchers still send rounds (repeats, drops)
                 import ray  # the optional extra (extra `distributed`)
 
-                warned = waited
+                warned = True
                 log.warning(
                     "async: step %d has waited %.0f s for %d questions x %d distinct completions; the store: %s",
                     self.step,
@@ -917,6 +1056,24 @@ class AsyncFinetuneTrainer(FinetuneTrainer):
                     self.per_question,
                     ray.get(self.store.stats.remote()) if self.base.is_main else "(read by the main process)",
                 )
+
+    def stall_cause(self) -> str:
+        """Main process: why the store can never give this step's batch, or "" while it still can."""
+        import ray  # the optional extra (extra `distributed`)
+
+        done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=0)
+        if self.runs and len(done) == len(
+            self.runs
+        ):  # a loop ends before the stop only with an error, raised by keep_searching
+            return "no searcher loop is running"
+        rounds = self.cfg.searcher_rounds_per_version
+        if rounds is None:
+            return ""
+        questions, _, now, max_staleness, minimum = self.draw_conditions(self.step, self.published)
+        cause = self.store.stalled.remote(
+            questions, now, max_staleness, minimum, self.published, rounds, self.cfg.searchers
+        )
+        return ray.get(cause) or ""
 
     def train_step(self) -> dict:
         start = self.start_step()

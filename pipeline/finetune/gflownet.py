@@ -114,6 +114,7 @@ class GFlowNetObjective(torch.nn.Module):
             temperature=cfg.buffer_temperature,
             recency_fraction=cfg.recency_fraction,
             seed=cfg.seed,
+            reward=reward,
         )
         self.log_z = torch.nn.Parameter(torch.zeros(())) if cfg.loss == "tb" and cfg.learn_log_z else None
         self.lr = cfg.log_z_lr

@@ -8,16 +8,19 @@ a draw is a list of groups, one per question, each of K distinct completions.
 Rules (docs/async.md, "The buffer"):
 - identity: (problem_id, tuple(steps)); a completion seen again replaces the stored one (it carries
   the newer policy_version) and counts as just added;
-- capacity: every completion is kept until the buffer holds more than ``capacity``; then the
-  oldest (first added) go (FIFO);
+- capacity, per question then overall: after every ``add``, a question holding more than
+  ``question_capacity`` completions keeps its newest (TBA keeps a buffer per question); then,
+  beyond ``capacity`` completions in all, the oldest (first added) go (FIFO);
 - a question is eligible once it holds K = ``per_question`` distinct completions;
 - ``sample(questions, latest)``: up to ``questions`` distinct eligible questions. For each, with
   probability m = ``recency`` the question and its K completions are taken from the completions
-  sampled by the weights of version ``latest`` (the most recent publication): a question with K
-  of them, uniformly, and K of them uniformly without replacement. Otherwise (or when no such
-  question is left) a question is taken uniformly among the eligible ones left and its K
-  completions without replacement with probability
-      softmax: p_i ~ exp(log_reward_i / temperature)     uniform: p_i = 1 / n
+  sampled by the newest weights that gave some question K completions: a question with K of them,
+  uniformly, and K of them uniformly without replacement. Otherwise (or when no such question is
+  left) a question is taken uniformly among the eligible ones left and its K completions one after
+  another without replacement (Plackett-Luce), each with probability among those left
+      softmax: p_i ~ exp(priority_i / temperature)     uniform: p_i = 1 / n
+  where priority_i is the trained reward without the prior (``StateLogRewards.priorities``),
+  drawn by Gumbel-top-k on the logits (never exponentiated: rewards hundreds of nats apart draw);
 - ``forget_before(version)`` drops completions sampled by weights older than ``version`` (the
   staleness bound);
 - ``state_dict()`` is plain JSON data (records in order, the numpy generator's state).
@@ -35,21 +38,34 @@ import numpy as np
 from pipeline.config import AsyncPriority
 from pipeline.config_loader import check_choice
 from pipeline.finetune.replay_buffer import _checked_copy, _identity, _jsonable
+from pipeline.finetune.rewards import StateLogRewards
 from pipeline.records import Trajectory
 
-__all__ = ["GroupedReplay"]
+__all__ = ["GroupedReplay", "draw_without_replacement"]
 STATE_VERSION = 1
+
+
+def draw_without_replacement(rng: np.random.Generator, logits: np.ndarray, k: int) -> np.ndarray:
+    """k distinct indices of ``logits`` (n,), drawn one after another with probability
+    softmax(logits) among those not yet drawn (Plackett-Luce), in the order drawn: Gumbel-top-k,
+    the k largest of logits + independent Gumbel(0, 1) noise in decreasing order (Kool et al.,
+    2019). Nothing is exponentiated, so logits hundreds of nats apart give a valid draw where
+    softmax weights would underflow to zero. Needs 1 <= k <= n and finite logits."""
+    keys = np.asarray(logits, dtype=np.float64) + rng.gumbel(size=len(logits))
+    return np.argsort(-keys, kind="stable")[:k]
 
 
 class GroupedReplay:
     """Completions per question; draws of B questions x K distinct completions (module docstring).
 
-    capacity:     most completions kept (FIFO beyond)
+    capacity:     most completions kept in all (FIFO beyond)
     per_question: K, the completions drawn per question (>= 1)
-    priority:     "softmax" (p ~ exp(log_reward / temperature)) or "uniform", within a question
+    priority:     "softmax" (p ~ exp(priority / temperature)) or "uniform", within a question
     temperature:  softmax temperature (> 0)
     recency:      m in [0, 1], the probability that a question's group comes from the newest weights' completions
     seed:         seed of the buffer's numpy Generator (draws are deterministic)
+    question_capacity: most completions kept per question, its newest (None: no bound but ``capacity``)
+    reward:       the trained reward's shaping, whose ``priorities`` rank a question's completions
     """
 
     def __init__(
@@ -60,6 +76,8 @@ class GroupedReplay:
         temperature: float = 1.0,
         recency: float = 0.0,
         seed: int = 0,
+        question_capacity: int | None = None,
+        reward: StateLogRewards | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"grouped replay: capacity: expected >= 1, got {capacity}")
@@ -70,17 +88,25 @@ class GroupedReplay:
             raise ValueError(f"grouped replay: temperature: expected > 0, got {temperature}")
         if not 0.0 <= recency <= 1.0:
             raise ValueError(f"grouped replay: recency: expected in [0, 1], got {recency}")
+        if question_capacity is not None and question_capacity < per_question:
+            raise ValueError(
+                f"grouped replay: question_capacity: expected >= per_question = {per_question}, got {question_capacity}"
+            )
         self.capacity, self.per_question = int(capacity), int(per_question)
+        self.question_capacity = capacity if question_capacity is None else int(question_capacity)
+        self.reward = reward if reward is not None else StateLogRewards()
         self.priority, self.temperature, self.recency = priority, float(temperature), float(recency)
         self.rng = np.random.default_rng(seed)
         self._items: dict[tuple[str, tuple[str, ...]], Trajectory] = {}  # dict order: oldest first
+        self._priority: dict[tuple[str, tuple[str, ...]], float] = {}  # the reward.priorities of each item
 
     def __len__(self) -> int:
         return len(self._items)
 
     def add(self, trajectories: Iterable[Trajectory]) -> int:
         """Insert checked copies (a repeat replaces the stored completion and counts as new), then
-        drop the oldest beyond capacity; returns how many were dropped."""
+        drop the oldest beyond each question's capacity and beyond the capacity; returns how many
+        were dropped."""
         return self._insert([_checked_copy(trajectory) for trajectory in trajectories])
 
     def add_json(self, objects: list, where: str) -> int:
@@ -92,20 +118,31 @@ class GroupedReplay:
         return self._insert([Trajectory.from_json(obj, where) for obj in objects])
 
     def _insert(self, checked: list[Trajectory]) -> int:
-        for trajectory in checked:
+        for trajectory, priority in zip(checked, self.reward.priorities(checked)):
             key = _identity(trajectory)
             self._items.pop(key, None)
             self._items[key] = trajectory
+            self._priority[key] = priority
+        held = Counter(problem_id for problem_id, _ in self._items)
+        over = {q: n - self.question_capacity for q, n in held.items() if n > self.question_capacity}
+        dropped = []
+        for key in self._items:  # oldest first: a question keeps its newest
+            if over.get(key[0], 0) > 0:
+                over[key[0]] -= 1
+                dropped.append(key)
+        self._drop(dropped)
         excess = max(0, len(self._items) - self.capacity)
-        for key in list(self._items)[:excess]:
-            del self._items[key]
-        return excess
+        self._drop(list(self._items)[:excess])
+        return len(dropped) + excess
+
+    def _drop(self, keys: Iterable[tuple[str, tuple[str, ...]]]) -> None:
+        for key in keys:
+            del self._items[key], self._priority[key]
 
     def forget_before(self, version: int) -> int:
         """Drop completions sampled by weights older than ``version``; returns how many."""
         stale = [key for key, trajectory in self._items.items() if trajectory.policy_version < version]
-        for key in stale:
-            del self._items[key]
+        self._drop(stale)
         return len(stale)
 
     def questions(self) -> dict[str, list[Trajectory]]:
@@ -119,12 +156,11 @@ class GroupedReplay:
         """How many questions hold at least K distinct completions."""
         return sum(len(group) >= self.per_question for group in self.questions().values())
 
-    def _weights(self, group: list[Trajectory]) -> np.ndarray:
+    def _logits(self, group: list[Trajectory]) -> np.ndarray:
+        """The priority draw's logits of a question's completions: priority / temperature, or zeros (uniform)."""
         if self.priority == "uniform":
-            return np.full(len(group), 1.0 / len(group))
-        logits = np.array([t.log_reward for t in group], dtype=np.float64) / self.temperature
-        weights = np.exp(logits - logits.max())
-        return weights / weights.sum()
+            return np.zeros(len(group))
+        return np.array([self._priority[_identity(t)] for t in group], dtype=np.float64) / self.temperature
 
     def sample(self, questions: int, latest: int) -> tuple[list[list[Trajectory]], int]:
         """(groups, recent): at most ``questions`` groups of K distinct completions, one group per
@@ -158,12 +194,12 @@ class GroupedReplay:
             if recent_left and self.rng.random() < self.recency:
                 question = recent_left[int(self.rng.integers(len(recent_left)))]
                 pool = fresh[question]
-                chosen = self.rng.choice(len(pool), size=k, replace=False)
+                chosen = draw_without_replacement(self.rng, np.zeros(len(pool)), k)
                 recent += 1
             else:
                 question = left[int(self.rng.integers(len(left)))]
                 pool = groups[question]
-                chosen = self.rng.choice(len(pool), size=k, replace=False, p=self._weights(pool))
+                chosen = draw_without_replacement(self.rng, self._logits(pool), k)
             left.remove(question)
             if question in recent_left:
                 recent_left.remove(question)
@@ -201,5 +237,5 @@ class GroupedReplay:
             items[_identity(trajectory)] = trajectory
         bit_generator = getattr(np.random, state["rng"]["bit_generator"])()
         bit_generator.state = state["rng"]
-        self._items, self.rng = {}, np.random.Generator(bit_generator)
+        self._items, self._priority, self.rng = {}, {}, np.random.Generator(bit_generator)
         self.add(items.values())

@@ -120,14 +120,7 @@ def build_objective(
     """
     if objective_name(cfg) == "ppo":
         return PPOObjective(cfg, policy, StepRewards(cfg.step_reward, cfg.unfinished_reward), hidden_size, collective)
-    reward = StateLogRewards(
-        reward_temperature=cfg.reward_temperature,
-        unfinished_log_reward=cfg.unfinished_log_reward,
-        outcome_coef=cfg.outcome_coef,
-        outcome_floor=cfg.outcome_floor,
-        reference_prior_coef=cfg.reference_prior_coef,
-    )
-    return GFlowNetObjective(cfg, policy, reward, collective, reference=reference)
+    return GFlowNetObjective(cfg, policy, StateLogRewards.of(cfg), collective, reference=reference)
 
 
 @dataclass(frozen=True)

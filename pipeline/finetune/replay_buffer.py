@@ -9,14 +9,17 @@ checkpoint stays valid when either changes.
 Rules (docs/losses.md, "Replay buffer", has the reasons):
 - identity: (problem_id, tuple(steps)); adding a duplicate keeps the stored record and only marks
   it as the most recent;
-- capacity: after every `add`, the buffer keeps the `capacity` items with the highest log_reward,
+- priority: the trained reward without the prior (``StateLogRewards.priorities``: PRM log-scores,
+  the unfinished-state penalty and the outcome term over the reward temperature), computed once
+  when an item is added, by the function the asynchronous buffer ranks by too;
+- capacity: after every `add`, the buffer keeps the `capacity` items with the highest priority,
   ties going to the more recent (so the item dropped is the lowest-priority, oldest one -- which may
   be one just added);
 - `sample(n)`: with replacement; a fraction `recency_fraction` of the draws (stochastic rounding
   of recency_fraction * n) is uniform over the `recency_window` most recently added or refreshed
   items, the rest is drawn with probability
-      softmax:      p_i = exp(log_reward_i / temperature) / sum_j exp(log_reward_j / temperature)
-      proportional: p_i = exp(log_reward_i) / sum_j exp(log_reward_j)   (= R_i / sum R; temperature unused)
+      softmax:      p_i = exp(priority_i / temperature) / sum_j exp(priority_j / temperature)
+      proportional: p_i = exp(priority_i) / sum_j exp(priority_j)   (= R_i / sum R; temperature unused)
 - `state_dict()` is plain JSON data (records, recency order, the numpy generator's state).
 """
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.finetune.rewards import StateLogRewards
 from pipeline.records import Trajectory
 
 __all__ = ["ReplayBuffer"]
@@ -59,6 +63,7 @@ class ReplayBuffer:
     seed:             seed of the buffer's own numpy Generator (sampling is deterministic)
     recency_window:   how many of the most recently added/refreshed items count as recent;
                       default max(1, capacity // 10)
+    reward:           the trained reward's shaping, whose ``priorities`` rank the items
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class ReplayBuffer:
         recency_fraction: float = 0.0,
         seed: int = 0,
         recency_window: int | None = None,
+        reward: StateLogRewards | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"replay buffer: capacity: expected >= 1, got {capacity}")
@@ -86,6 +92,8 @@ class ReplayBuffer:
         self.recency_fraction = float(recency_fraction)
         self.recency_window = int(recency_window) if recency_window is not None else max(1, self.capacity // 10)
         self.rng = np.random.default_rng(seed)
+        self.reward = reward if reward is not None else StateLogRewards()
+        self._priority: dict[tuple[str, tuple[str, ...]], float] = {}  # the reward.priorities of each item
         # key -> (stamp, trajectory); dict order is recency order (oldest first), because a
         # refreshed item is moved to the end. stamp = insertion counter, the eviction tie-break.
         self._items: dict[tuple[str, tuple[str, ...]], tuple[int, Trajectory]] = {}
@@ -96,12 +104,13 @@ class ReplayBuffer:
 
     def add(self, trajectories: Iterable[Trajectory]) -> None:
         """Insert trajectories (duplicates refresh recency), then evict down to capacity."""
-        for trajectory in trajectories:
-            checked = _checked_copy(trajectory)
-            key = _identity(checked)
+        checked = [_checked_copy(trajectory) for trajectory in trajectories]
+        for trajectory, priority in zip(checked, self.reward.priorities(checked)):
+            key = _identity(trajectory)
             stored = self._items.pop(key, None)
-            kept = stored[1] if stored is not None else checked
+            kept = stored[1] if stored is not None else trajectory
             self._items[key] = (self._counter, kept)
+            self._priority.setdefault(key, priority)  # the kept record's
             self._counter += 1
         self._evict()
 
@@ -110,21 +119,21 @@ class ReplayBuffer:
         staleness bound); returns how many were dropped."""
         stale = [key for key, (_, trajectory) in self._items.items() if trajectory.policy_version < version]
         for key in stale:
-            del self._items[key]
+            del self._items[key], self._priority[key]
         return len(stale)
 
     def _evict(self) -> None:
         excess = len(self._items) - self.capacity
         if excess <= 0:
             return
-        lowest = heapq.nsmallest(excess, self._items.items(), key=lambda item: (item[1][1].log_reward, item[1][0]))
+        lowest = heapq.nsmallest(excess, self._items.items(), key=lambda item: (self._priority[item[0]], item[1][0]))
         for key, _ in lowest:
-            del self._items[key]
+            del self._items[key], self._priority[key]
 
     def probabilities(self) -> np.ndarray:
         """Priority-draw probability of each stored item, in recency order (oldest first)."""
-        log_rewards = np.array([traj.log_reward for _, traj in self._items.values()], dtype=np.float64)
-        logits = log_rewards / self.temperature if self.priority == "softmax" else log_rewards
+        priorities = np.array([self._priority[key] for key in self._items], dtype=np.float64)
+        logits = priorities / self.temperature if self.priority == "softmax" else priorities
         logits = logits - logits.max()
         weights = np.exp(logits)
         return weights / weights.sum()
@@ -175,6 +184,7 @@ class ReplayBuffer:
         bit_generator = getattr(np.random, state["rng"]["bit_generator"])()
         bit_generator.state = state["rng"]
         self._items = items
+        self._priority = dict(zip(items, self.reward.priorities([traj for _, traj in items.values()])))
         self._counter = int(state["counter"])
         self.rng = np.random.Generator(bit_generator)
         self._evict()

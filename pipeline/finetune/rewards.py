@@ -111,6 +111,47 @@ class StateLogRewards:
         )
         return log_r, mask
 
+    @classmethod
+    def of(cls, cfg) -> StateLogRewards:
+        """The shaping of a gfn config section (reward_temperature, unfinished_log_reward,
+        outcome_coef, outcome_floor, reference_prior_coef)."""
+        return cls(
+            reward_temperature=cfg.reward_temperature,
+            unfinished_log_reward=cfg.unfinished_log_reward,
+            outcome_coef=cfg.outcome_coef,
+            outcome_floor=cfg.outcome_floor,
+            reference_prior_coef=cfg.reference_prior_coef,
+        )
+
+    def priorities(self, trajectories: Sequence) -> list[float]:
+        """The replay priority of each trajectory: log R(s_n) of its last state as the objective
+        trains it (PRM log-scores, the unfinished-state penalty, the outcome term, all over the
+        reward temperature), without the appendix-F prior, in float64. Both replay buffers rank by
+        it (pipeline.finetune.replay_buffer, pipeline.finetune.grouped_replay). The prior is left
+        out: an asynchronous searcher holds no reference log-probs (the trainer scores them), and a
+        reference reset would leave every stored priority stale.
+
+        Example: steps with log-scores [-0.5, -0.5] and answer flags [-1, 1], temperature 0.25:
+        (-0.5 - 0.5) / 0.25 = -4.0; the same steps with flags [-1, -1] (no answer) and
+        unfinished_log_reward -10: (-1.0 - 10) / 0.25 = -44.0."""
+        if not trajectories:
+            return []
+        width = max(len(t.steps) for t in trajectories)
+        mask = pad_rows([[1.0] * len(t.steps) for t in trajectories], width).bool()
+        scores = pad_rows([t.step_log_scores for t in trajectories], width, dtype=torch.float64)
+        flags = pad_rows([t.answer_flags for t in trajectories], width, value=NO_ANSWER, dtype=torch.long)
+        log_r = shaped_log_rewards(
+            scores,
+            flags,
+            mask,
+            reward_temperature=self.reward_temperature,
+            unfinished_log_reward=self.unfinished_log_reward,
+            outcome_coef=self.outcome_coef,
+            outcome_floor=self.outcome_floor,
+        )  # no ref_step_logprobs: the prior is left out
+        last = torch.tensor([len(t.steps) for t in trajectories])
+        return log_r[torch.arange(len(trajectories)), last].tolist()
+
 
 STEP_REWARDS = ("score", "log_score")
 

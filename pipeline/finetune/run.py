@@ -34,6 +34,7 @@ from pipeline.finetune import ray_cluster
 from pipeline.finetune.async_ray import (
     AsyncFinetuneTrainer,
     PooledScorer,
+    check_async_problems,
     check_async_settings,
     pin_process,
     searcher_config,
@@ -386,6 +387,8 @@ def finetune_policy(
     preflight(config, stage)
     cfg = getattr(config, stage)
     asynchronous = cfg.mode == "async"
+    if asynchronous:
+        check_async_problems(cfg, len(problems))  # before Ray starts
     # the main process alone talks to Ray (AsyncFinetuneTrainer); the others never connect
     drives_ray = asynchronous and PartialState().is_main_process
     if drives_ray and not ray_cluster.connected():
