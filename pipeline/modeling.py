@@ -187,7 +187,8 @@ def copy_weights(
     """Copy ``weights`` (a state dict, or a stream of (name, tensor) read one at a time) into
     ``module``'s own tensors in place, each cast to its dtype and device, without a second copy of
     the model. A name the module does not hold is refused (a state dict's before anything is
-    copied; a stream's when it comes); ``strict``: so is a name of the module's left out."""
+    copied; a stream's when it comes); ``strict``: so is a name of the module's left out, named
+    once the stream has ended (a tied name counts as given when its twin was: they share storage)."""
     own = module.state_dict()
     if isinstance(weights, Mapping):
         unknown = sorted(set(weights) - set(own))
@@ -203,6 +204,7 @@ def copy_weights(
             target.copy_(value)
             loaded.add(name)
             del value
-    missing = [name for name in own if name not in loaded]
+    written = {own[name].data_ptr() for name in loaded}
+    missing = [name for name in own if name not in loaded and own[name].data_ptr() not in written]
     if strict and missing:
         raise ValueError(f"{who}: weights missing for this model: {missing[:3]}")

@@ -250,6 +250,28 @@ def test_the_sampler_takes_the_gathered_weights_one_tensor_at_a_time(kind):
     assert 0 < probe.peak_extra <= bound, (probe.peak_extra, bound, whole)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_weights_that_leave_a_tensor_out_are_refused_naming_it_and_tied_twins_count_once(tied):
+    """HFGenerator.load_weights of a stream without one of the model's tensors: an error naming it
+    (left as it was, the sampler would sample from a mix of two policies); a tied model's stream
+    may give the embeddings under one name only (lm_head shares their storage)."""
+    from pipeline.generation.hf import HFGenerator
+
+    trained, sampler_model = tiny_llama(tied=tied), tiny_llama(tied=tied)
+    with torch.no_grad():
+        for p in sampler_model.parameters():
+            p.normal_()  # every weight differs from the trained one until it is loaded
+    stream = [(name, value) for name, value in trained.state_dict().items() if "layers.1.mlp.up_proj" not in name]
+    with pytest.raises(
+        ValueError, match=r"HFGenerator.load_weights: weights missing .*layers\.1\.mlp\.up_proj\.weight"
+    ):
+        HFGenerator(sampler_model, NO_TOKENIZER, end_token_ids=[0]).load_weights(iter(stream))
+    whole = [(name, value) for name, value in trained.state_dict().items() if not (tied and name == "lm_head.weight")]
+    HFGenerator(sampler_model, NO_TOKENIZER, end_token_ids=[0]).load_weights(iter(whole))
+    for name, value in sampler_model.state_dict().items():
+        assert torch.equal(value, trained.state_dict()[name]), name
+
+
 def test_a_sampler_that_refuses_a_weight_half_way_still_lets_every_gather_run():
     """The gathers are collectives: a process whose sampler raises in the middle of the stream
     gathers the rest before the error is raised, so the other processes are not left waiting."""
