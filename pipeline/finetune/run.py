@@ -48,7 +48,14 @@ from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
 from pipeline.model_folders import commit_folder, staging_folder
-from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
+from pipeline.modeling import (
+    load_causal_lm,
+    load_tokenizer,
+    lora_fan_in_fan_out,
+    resolve_device,
+    resolve_dtype,
+    upcast_trainable,
+)
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
@@ -456,6 +463,7 @@ def finetune_policy(
         optimizer_settings(cfg, updates),
         out_dir,
         objective=objective,
+        lora_fan_in_fan_out=lora_fan_in_fan_out(model),
         objective_lr=objective.lr,
         save_every=cfg.save_every,
         updates_per_record=updates,
