@@ -152,6 +152,9 @@ class GenerationConfig:
     vllm_max_model_len: int | None = bounded(None, ge=1)
     vllm_enable_prefix_caching: bool = True
     vllm_enforce_eager: bool = False  # true: no torch.compile at engine start (~35 s on 2 CPU cores for the tiny model)
+    # vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, set before every engine starts): a prompt's samples do not depend
+    # on the rest of the engine's batch; vLLM 0.32: CUDA GPUs of compute capability 8-10, ROCm, XPU; slower (pipeline/generation/base.py)
+    vllm_batch_invariant: bool = False
 
 
 @dataclass
