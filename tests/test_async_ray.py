@@ -1384,6 +1384,11 @@ def test_the_next_batch_is_asked_for_while_the_update_runs_under_the_conditions_
 
     trainer.update, trainer.record = gated_update, recording
     try:
+    # the off-policy correction scores what the engine sampled teacher-forced, as the trainer does: a copy beside it
+    config.gfn.importance_correction = True
+    monkeypatch.setattr(run, "load_causal_lm", lambda path, model_config: torch.nn.Linear(1, 1))
+    sampler = run.searcher_sampler(config, "gfn", make_scorer, 1, problems)
+    assert isinstance(sampler.policy.model, torch.nn.Linear) and len(engines) == 3
         for _ in range(steps):
             trainer.train_step()
         pending = trainer._next_batch

@@ -130,8 +130,16 @@ class LMPolicy:
     ) -> None:
         """Sample from now on with ``weights`` (plain weights: a state dict, or a stream of
         (name, tensor) copied in one at a time), published by the trainer after training step
-        ``version``: an asynchronous searcher's copy of the policy, or a reset reference."""
+        ``version``: an asynchronous searcher's copy of the policy, or a reset reference. A searcher
+        whose engine samples and whose model scores (gfn.importance_correction) loads both: the
+        weights must then be a state dict (a stream is read once)."""
         if self.sampler is not None:
+            if self.module is not None:
+                if not isinstance(weights, Mapping):
+                    raise ValueError(
+                        "LMPolicy.load_weights: an engine and a model to load need a state dict, not a stream"
+                    )
+                copy_weights(self.module, weights, strict=True, who="LMPolicy.load_weights")
             self.sampler.load_weights(weights)
         else:
             copy_weights(self.module, weights, strict=True, who="LMPolicy.load_weights")

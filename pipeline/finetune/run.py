@@ -278,7 +278,8 @@ def searcher_sampler(
 ) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
     policy (the trainer publishes plain weights, LoRA merged) for HF generate, or its own vLLM engine
-    (gfn.searcher_vllm_memory_share of its GPU) and no transformers copy; the PRM (``make_scorer``),
+    (gfn.searcher_vllm_memory_share of its GPU) and no transformers copy unless gfn.importance_correction
+    needs one to score what it sampled (beside the engine, in model.dtype); the PRM (``make_scorer``),
     or with gfn.scorer_actors > 0 the scorer actors (PooledScorer) and no PRM; its own question
     cycle. No reference: the trainer scores the reference itself.
 
@@ -294,6 +295,8 @@ def searcher_sampler(
             config.generation, vllm_gpu_memory_utilization=cfg.searcher_vllm_memory_share
         )
         model, sampler = None, VLLMGenerator(policy_path, engine_config, weight_updates=True)
+        if cfg.importance_correction:  # log pi(tau) of what it sampled, teacher-forced as the trainer scores it
+            model = load_causal_lm(policy_path, config.model).requires_grad_(False)
     else:
         model, sampler = load_causal_lm(policy_path, config.model), None
         model.requires_grad_(False)
