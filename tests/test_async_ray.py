@@ -939,11 +939,14 @@ def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
 
     paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn
     assert (paper.mode, paper.loss, paper.recency_fraction, paper.sync_every) == ("async", "tb_vargrad", 0.95, 2)
-    assert (paper.samples_per_question, paper.async_samples_used, paper.async_initial_completions, paper.kl_coef) == (
-        24,
-        20,
-        500,
-        0.012,
+    # TBA's MATH settings (Table 4): 32 prompts x 16 completions, beta 0.005, a reset every 50 steps, temperature 1,
+    # the importance correction clipped to [0, 8]
+    assert (paper.async_questions, paper.samples_per_question, paper.async_samples_used) == (32, 16, 16)
+    assert (paper.kl_coef, paper.kl_coef_final, paper.reference_reset_every, paper.temperature) == (
+        0.005,
+        None,
+        50,
+        1.0,
     )
     tiny = load_config(REPO / "configs" / "tiny-async.yaml").gfn
     assert (tiny.mode, tiny.loss, tiny.recency_fraction, tiny.sync_every) == ("async", "tb_vargrad", 0.95, 2)
