@@ -323,6 +323,18 @@ def searcher_dtype(config: Config, cfg: GFNConfig) -> torch.dtype:
     return resolve_dtype(config.model.dtype, device)
 
 
+def published_weights(policy: LMPolicy, base: TrainingBase, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """What the asynchronous trainer publishes (its ``export``): every process reads the gathered
+    stream (``base.iter_full_state``) to its end (its gathers are collectives), in the searchers'
+    ``dtype`` unless LoRA is merged first (``policy.plain_stream``, in the trained dtype); the main
+    process keeps it whole (the publication plans its buckets from every tensor and packs a
+    snapshot, cast to ``dtype``), the others keep nothing (None)."""
+    kept: dict[str, torch.Tensor] = {}
+    stream = base.iter_full_state(dtype if policy.lora_scaling is None else None)
+    load_streamed(kept.update if base.is_main else lambda stream: None, policy.plain_stream(stream))
+    return kept if base.is_main else None
+
+
 def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> list[str]:
     """The asynchronous searchers against the Ray cluster this process has joined: refused when
     the cluster lacks the CPUs or GPUs to run them all at once beside the trainer's GPUs (one per
@@ -451,6 +463,7 @@ def finetune_policy(
         autocast_dtype=half_dtype,
         sampler=sampler,
         lora_scaling=trained_lora_scaling(model),
+        lora_fan_in_fan_out=lora_fan_in_fan_out(model),
     )
     objective = build_objective(
         cfg,
@@ -466,7 +479,6 @@ def finetune_policy(
         optimizer_settings(cfg, updates),
         out_dir,
         objective=objective,
-        lora_fan_in_fan_out=lora_fan_in_fan_out(model),
         objective_lr=objective.lr,
         save_every=cfg.save_every,
         updates_per_record=updates,
@@ -494,18 +506,6 @@ def finetune_policy(
         make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
         publish_dtype = searcher_dtype(config, cfg)
 
-        def export() -> dict[str, torch.Tensor] | None:
-            """The weights to publish: every process reads the gathered stream to its end (its
-            gathers are collectives), in the searchers' dtype unless LoRA is merged first; the main
-            process keeps it whole (the publication plans its buckets from every tensor and packs a
-            snapshot), the others keep nothing."""
-            dtype = publish_dtype if policy.lora_scaling is None else None
-            kept: dict[str, torch.Tensor] = {}
-            load_streamed(
-                kept.update if base.is_main else lambda stream: None, policy.plain_stream(base.iter_full_state(dtype))
-            )
-            return kept if base.is_main else None
-
         trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
         trainer = AsyncFinetuneTrainer(
             base,
@@ -513,7 +513,7 @@ def finetune_policy(
             objective,
             cfg,
             make_sampler,
-            export=export,
+            export=functools.partial(published_weights, policy, base, publish_dtype),
             problems=[p.to_json() for p in problems],
             run_name=config.run,
             progress=progress,
