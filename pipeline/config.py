@@ -160,6 +160,9 @@ class GenerationConfig:
     vllm_max_model_len: int | None = bounded(None, ge=1)
     vllm_enable_prefix_caching: bool = True
     vllm_enforce_eager: bool = False  # true: no torch.compile at engine start (~35 s on 2 CPU cores for the tiny model)
+    # vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, set before every engine starts): a prompt's samples do not depend
+    # on the rest of the engine's batch; vLLM 0.32: CUDA GPUs of compute capability 8-10, ROCm, XPU; slower (pipeline/generation/base.py)
+    vllm_batch_invariant: bool = False
 
 
 @dataclass
@@ -416,6 +419,12 @@ class GFNConfig(StepTrainingConfig):
     reference_reset_every: int = bounded(
         0, ge=0
     )  # rho: every rho updates the reference becomes the current policy (0: never; TBA': 50)
+    # TBA's off-policy correction (appendix D; docs/async.md, "The off-policy correction"): each trajectory's loss times
+    # sg(clip(pi_theta(tau) / pi_sampled(tau), importance_clip_low, importance_clip_high)), pi_sampled the weights that
+    # sampled it (the sampler records log pi(tau) teacher-forced, one more forward per trajectory); off: every weight is 1
+    importance_correction: bool = False
+    importance_clip_low: float = bounded(0.0, ge=0, le=1)  # TBA, Table 4 (MATH): 0 (CISPO-style: no lower clip)
+    importance_clip_high: float = bounded(8.0, ge=1)  # TBA, Table 4 (MATH): 8
     learn_log_z: bool = True  # TB: a learned log Z per run; ignored by subtb / tb_vargrad
     log_z_lr: float = bounded(1e-2, gt=0)
     buffer_size: int = bounded(1000, ge=0)  # paper: 1000

@@ -163,13 +163,18 @@ def upcast_trainable(model: torch.nn.Module) -> torch.dtype | None:
 _LORA_BASE_SUFFIX = re.compile(r"\.base_layer\.(weight|bias)$")
 
 
-def iter_merged_lora(weights: Iterable[tuple[str, Tensor]], scaling: float) -> Iterator[tuple[str, Tensor]]:
+def iter_merged_lora(
+    weights: Iterable[tuple[str, Tensor]], scaling: float, fan_in_fan_out: bool = False
+) -> Iterator[tuple[str, Tensor]]:
     """A peft-LoRA backbone's (name, tensor) stream -> the plain backbone's, adapters merged as
     they come.
 
     Keys ``base_model.model.<m>.base_layer.weight`` + ``<m>.lora_A.<name>.weight`` (r, in) +
     ``<m>.lora_B.<name>.weight`` (out, r) become ``<m>.weight = W + scaling * B @ A``
-    (scaling = lora_alpha / r), yielded once the module's three have come; every other tensor is
+    (scaling = lora_alpha / r); with ``fan_in_fan_out`` (peft's setting for GPT-2's Conv1D layers,
+    whose weight is stored (in, out)) ``W + scaling * (B @ A)^T``. A merged weight of another shape
+    than its base weight is refused naming the module (a Conv1D adapter merged as a Linear one). The
+    merged weight is yielded once the module's three have come; every other tensor is
     yielded at once under its plain name. A module's tensors come together in a state dict (its
     base layer, then lora_A, then lora_B), so what is held at a time is one module's W, A and B.
     Works on a gathered FSDP/DeepSpeed stream as well as a local state dict's items, and never
@@ -199,6 +204,13 @@ def iter_merged_lora(weights: Iterable[tuple[str, Tensor]], scaling: float) -> I
             del pending[module]
             weight = parts["W"]
             delta = (parts["B"].float() @ parts["A"].float()) * scaling
+            if fan_in_fan_out:
+                delta = delta.t()
+            if delta.shape != weight.shape:
+                raise ValueError(
+                    f"LoRA module {module!r}: B @ A is {tuple(delta.shape)} but its base weight {tuple(weight.shape)}"
+                    f"{' (fan_in_fan_out: the base weight is stored (in, out))' if not fan_in_fan_out else ''}"
+                )
             merged = (weight.float() + delta.to(weight.device)).to(weight.dtype)
             del parts, weight, delta
             yield f"{module}.weight", merged
@@ -214,9 +226,18 @@ def iter_merged_lora(weights: Iterable[tuple[str, Tensor]], scaling: float) -> I
             )
 
 
-def merge_lora_state_dict(state_dict: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
+def merge_lora_state_dict(
+    state_dict: dict[str, Tensor], scaling: float, fan_in_fan_out: bool = False
+) -> dict[str, Tensor]:
     """``iter_merged_lora`` of a whole state dict, kept whole: the plain backbone's state dict."""
-    return dict(iter_merged_lora(state_dict.items(), scaling))
+    return dict(iter_merged_lora(state_dict.items(), scaling, fan_in_fan_out))
+
+
+def lora_fan_in_fan_out(model) -> bool:
+    """Whether a peft model's LoRA adapters sit on layers whose weight is stored (in, out) (GPT-2's
+    Conv1D: peft sets fan_in_fan_out on its config when it wraps one), so a merge transposes B A."""
+    settings = getattr(model, "peft_config", {}).get("default")
+    return bool(getattr(settings, "fan_in_fan_out", False))
 
 
 def copy_weights(
@@ -229,7 +250,8 @@ def copy_weights(
     """Copy ``weights`` (a state dict, or a stream of (name, tensor) read one at a time) into
     ``module``'s own tensors in place, each cast to its dtype and device, without a second copy of
     the model. A name the module does not hold is refused (a state dict's before anything is
-    copied; a stream's when it comes); ``strict``: so is a name of the module's left out."""
+    copied; a stream's when it comes); ``strict``: so is a name of the module's left out, named
+    once the stream has ended (a tied name counts as given when its twin was: they share storage)."""
     own = module.state_dict()
     if isinstance(weights, Mapping):
         unknown = sorted(set(weights) - set(own))
@@ -245,6 +267,7 @@ def copy_weights(
             target.copy_(value)
             loaded.add(name)
             del value
-    missing = [name for name in own if name not in loaded]
+    written = {own[name].data_ptr() for name in loaded}
+    missing = [name for name in own if name not in loaded and own[name].data_ptr() not in written]
     if strict and missing:
         raise ValueError(f"{who}: weights missing for this model: {missing[:3]}")

@@ -251,6 +251,8 @@ class Trajectory(Record):
     reference_step_logprobs:  log pi_ref(s_k | s_{k-1}) per step, when a reference policy is used
     reference_stop_logprob:   log pi_ref(s_f | s_n), when a reference policy is used
     policy_version:           the number of policy updates before it was sampled
+    sampling_logprob:         log pi(tau) (steps and stop, teacher-forced) under the weights that sampled
+                              it, for the off-policy correction (gfn.importance_correction); None: not recorded
     """
 
     problem_id: str = field(metadata=rules(non_empty=True))
@@ -264,6 +266,7 @@ class Trajectory(Record):
     reference_step_logprobs: list[float] | None = None
     reference_stop_logprob: float | None = None
     policy_version: int = field(default=0, metadata=rules(minimum=0))
+    sampling_logprob: float | None = field(default=None, metadata=rules(finite=True))
 
     def check(self) -> None:
         n = len(self.steps)

@@ -51,7 +51,14 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATIO
 from pipeline.config import FormatConfig
 from pipeline.files import InputNotFound
 from pipeline.model_folders import check_model_folder
-from pipeline.modeling import hub_model_errors, merge_lora_state_dict, model_kwargs, resolve_device, resolve_dtype
+from pipeline.modeling import (
+    hub_model_errors,
+    lora_fan_in_fan_out,
+    merge_lora_state_dict,
+    model_kwargs,
+    resolve_device,
+    resolve_dtype,
+)
 from prm.model_card import write_model_card
 
 log = logging.getLogger("stepflow.prm")
@@ -182,6 +189,7 @@ class ProcessRewardModel(nn.Module):
         )
         self.backbone = get_peft_model(self.backbone, lora_config)
         self.info.extra["lora_scaling"] = alpha / r
+        self.info.extra["lora_fan_in_fan_out"] = lora_fan_in_fan_out(self.backbone)  # peft's, for Conv1D layers
 
     @property
     def has_lora(self) -> bool:
@@ -213,7 +221,9 @@ class ProcessRewardModel(nn.Module):
             k[len("head.") :]: v.detach().float().cpu().contiguous() for k, v in full.items() if k.startswith("head.")
         }
         if any(".lora_" in k for k in backbone_sd):
-            backbone_sd = merge_lora_state_dict(backbone_sd, self.info.extra["lora_scaling"])
+            backbone_sd = merge_lora_state_dict(
+                backbone_sd, self.info.extra["lora_scaling"], self.info.extra.get("lora_fan_in_fan_out", False)
+            )
         backbone_sd = {
             k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().to("cpu").contiguous()
             for k, v in backbone_sd.items()

@@ -157,6 +157,39 @@ class WidePolicy(torch.nn.Module):
         self.load_state_dict(dict(state))  # a state dict or a stream of (name, tensor)
 
 
+class LinearWidePolicy(WidePolicy):
+    """WidePolicy whose logits are a Linear layer's weight (logits at depth d = table.weight[:, d]),
+    so that peft can put a LoRA adapter on it, as on a language model's projections."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.table = torch.nn.Linear(WIDE_DEPTH, len(LETTERS) + 1, bias=False)
+        torch.nn.init.zeros_(self.table.weight)
+        offset = torch.zeros(WIDE_DEPTH, len(LETTERS) + 1)
+        offset[0, -1] = -30.0
+        self.register_buffer("offset", offset)
+
+    def dist(self, depth: int) -> torch.Tensor:
+        if depth == WIDE_DEPTH:
+            return torch.tensor([-math.inf] * len(LETTERS) + [0.0])
+        onehot = torch.nn.functional.one_hot(torch.tensor(depth), WIDE_DEPTH).float()
+        return torch.log_softmax(self.table(onehot) + self.offset[depth], dim=-1)
+
+
+def lora_wide_policy():
+    """A LinearWidePolicy with a LoRA adapter on its table (r = 2, alpha = 4), the same adapter
+    initialisation every time; its B made non-zero, so a publication that forgot B A is seen."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(11)
+    model = get_peft_model(LinearWidePolicy(), LoraConfig(r=2, lora_alpha=4, target_modules=["table"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    return model
+
+
 class WideScorer:
     """Later letters score higher: U(letter) in [0.3, 0.95]."""
 
@@ -196,6 +229,20 @@ def wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12, record
         "tiny",
         searcher_config(cfg, index),
         reference=policy if record_own_logprobs else None,
+        extract=every_step_answers,
+        grade=all_correct,
+    )
+
+
+def linear_wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12):
+    """A searcher's sampler holding a plain LinearWidePolicy: it loads the published weights (LoRA
+    merged) by name, strictly."""
+    return TrajectorySampler(
+        LinearWidePolicy(),
+        WideScorer(),
+        searcher_problems(given, questions),
+        "tiny",
+        searcher_config(cfg, index),
         extract=every_step_answers,
         grade=all_correct,
     )
@@ -250,12 +297,15 @@ def tabular_trainer(
     export=None,
     publish_dtype: torch.dtype | None = None,
     make_scorer=None,
+    stage_export: bool = False,
 ):
     """The asynchronous trainer around a tabular policy (TabularPolicy unless ``policy``), keeping
     every published state (``published``: version -> weights) and the store's last contents.
     given: the problems the searchers start from (through Ray's object store); kill_searcher_at: the
     step at which searcher 0's process is SIGKILLed; rejoin: the test waits for it to come back;
-    export: what is published (the policy's state dict unless given); make_scorer: what each scorer
+    export: what is published (the policy's state dict unless given); stage_export: what the stage
+    publishes instead (pipeline.finetune.run.published_weights: the training base's stream, LoRA
+    merged by LMPolicy.plain_stream, in publish_dtype or float32); make_scorer: what each scorer
     actor (gfn.scorer_actors) builds its PRM with. Under torchrun, every process of the group is one
     of the trainer's."""
     from pipeline.training.distributed import Collective
@@ -313,6 +363,15 @@ def tabular_trainer(
                 self.last_store = ray.get(self.store.state_dict.remote(), timeout=60)
             super().stop()
 
+    if stage_export:
+        from pipeline.finetune.policy import LMPolicy
+        from pipeline.finetune.run import published_weights, trained_lora_scaling
+        from pipeline.modeling import lora_fan_in_fan_out
+
+        stage_policy = LMPolicy(
+            policy, None, lora_scaling=trained_lora_scaling(policy), lora_fan_in_fan_out=lora_fan_in_fan_out(policy)
+        )
+        export = functools.partial(published_weights, stage_policy, base, publish_dtype or torch.float32)
     export = export or (lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()})
     make_sampler = make_sampler or functools.partial(tabular_sampler, cfg, questions=questions)
     return Trainer(
@@ -489,7 +548,10 @@ def answering(searcher) -> dict | None:
 def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ray_with_four_cpus, tmp_path, transport):
     """Three searchers, weights cast to bfloat16 in buckets of 96 bytes (several), one publication
     for all; then searcher 0 is SIGKILLed: its new process takes the current weights (the object
-    store's when it starts; the collective's at the next publication, in a new group of all three)."""
+    store's when it starts; the collective's at the next publication, in a new group of all three).
+    Then what the stage publishes (pipeline.finetune.run.published_weights: a LoRA model's stream,
+    the adapter merged, cast to bfloat16), another layout (the collective forms a new group for it):
+    every searcher loads exactly the trainer's merged weights cast to bfloat16."""
     folder = tmp_path / "received"
     folder.mkdir()
     cfg = tabular_config(
@@ -511,10 +573,11 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
         make_sampler=functools.partial(recording_sampler, cfg, folder),
     )
 
-    def published_as(version: int, pids_before: dict[int, int], searchers=range(3)) -> dict[int, int]:
-        """Each of ``searchers`` loaded ``state`` in bfloat16, bit for bit, as ``version`` (from a new
-        process where it had one before); returns searcher -> process id."""
-        expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+    def published_as(version: int, pids_before: dict[int, int], searchers=range(3), source=None) -> dict[int, int]:
+        """Each of ``searchers`` loaded ``source`` (default ``state``) in bfloat16, bit for bit, as
+        ``version`` (from a new process where it had one before); returns searcher -> process id."""
+        source = state if source is None else source
+        expected = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in source.items()}
         pids = {}
         for index in searchers:
             copies = wait_for(
@@ -559,6 +622,33 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
         [publication] = trainer.publisher.take_finished()
         assert publication.searchers == (3 if transport == "collective" else None)  # a new group with the restarted one
         published_as(2, {0: pids[0]})
+        trainer.keep_searching()
+
+        from pipeline.finetune.policy import LMPolicy
+        from pipeline.finetune.run import published_weights, trained_lora_scaling
+
+        lora = lora_wide_policy()
+        stage_base = TrainingBase(
+            make_accelerator(ModelConfig(device="cpu", dtype="float32")),
+            lora,
+            optimizer_settings(cfg, 1),
+            tmp_path / "stage",
+            progress=False,
+        )
+        stage_policy = LMPolicy(lora, None, lora_scaling=trained_lora_scaling(lora))
+        trainer.export = functools.partial(published_weights, stage_policy, stage_base, torch.bfloat16)
+        params = {k.removeprefix("base_model.model.table."): v.detach() for k, v in lora.named_parameters()}
+        merged = {  # W + alpha / r B A in float32 (the trainer's), cast by published_as to bfloat16
+            "offset": lora.offset,
+            "table.weight": params["base_layer.weight"]
+            + (4 / 2) * (params["lora_B.default.weight"] @ params["lora_A.default.weight"]),
+        }
+        trainer.base.step = 3
+        trainer.publish()
+        trainer.publisher.wait()
+        [publication] = trainer.publisher.take_finished()
+        assert publication.searchers == (3 if transport == "collective" else None)
+        published_as(3, {}, source=merged)
         trainer.keep_searching()
     finally:
         trainer.stop()
@@ -631,10 +721,12 @@ def wide_config(**overrides) -> GFNConfig:
 def test_async_lockstep_equals_sync(local_ray, tmp_path):
     """One searcher, one round per published version, sync period 1, staleness 0, recency 1: the
     trainer trains at step t on the round sampled with the weights of step t, the questions and
-    seeds of the synchronous trainer's step t (docs/async.md, "Lockstep equals sync")."""
+    seeds of the synchronous trainer's step t (docs/async.md, "Lockstep equals sync"). Both train a
+    LoRA adapter; the asynchronous trainer publishes what the stage publishes
+    (pipeline.finetune.run.published_weights: the training base's stream with the adapter merged,
+    float32, over the object store) and the searcher loads it into a plain policy by name."""
     sync_cfg = wide_config()
-    torch.manual_seed(0)
-    sync_policy = WidePolicy()
+    sync_policy = lora_wide_policy()
     objective = build_objective(sync_cfg, sync_policy, hidden_size=8)
     base = TrainingBase(
         make_accelerator(ModelConfig(device="cpu", dtype="float32")),
@@ -654,7 +746,11 @@ def test_async_lockstep_equals_sync(local_ray, tmp_path):
         mode="async", searchers=1, sync_every=1, max_staleness=0, recency_fraction=1.0, searcher_rounds_per_version=1
     )
     trainer, async_policy = tabular_trainer(
-        async_cfg, tmp_path / "async", policy=WidePolicy(), make_sampler=functools.partial(wide_sampler, async_cfg)
+        async_cfg,
+        tmp_path / "async",
+        policy=lora_wide_policy(),
+        make_sampler=functools.partial(linear_wide_sampler, async_cfg),
+        stage_export=True,
     )
     lockstep = trainer.train()
     assert [h["questions"] for h in lockstep] == [4] * 6 and all(h["recent_questions"] == 4 for h in lockstep)
@@ -662,10 +758,13 @@ def test_async_lockstep_equals_sync(local_ray, tmp_path):
     # the same rows in the same order (the objective sorts them) through the same float operations
     assert [h["avg_log_reward"] for h in lockstep] == pytest.approx([h["avg_log_reward"] for h in sync], rel=1e-12)
     assert [h["loss"] for h in lockstep] == pytest.approx([h["loss"] for h in sync], rel=1e-6)
-    torch.testing.assert_close(async_policy.logits.detach(), sync_policy.logits.detach(), rtol=0, atol=1e-6)
-    assert not torch.allclose(
-        sync_policy.logits.detach(), torch.zeros_like(sync_policy.logits), atol=1e-3
-    )  # it did train
+    trained = {k: v for k, v in sync_policy.named_parameters() if v.requires_grad}
+    assert sorted(trained) == sorted(k for k, v in async_policy.named_parameters() if v.requires_grad)
+    lora = dict(async_policy.named_parameters())
+    for name, value in trained.items():  # the adapters (the base weight is frozen)
+        torch.testing.assert_close(lora[name].detach(), value.detach(), rtol=0, atol=1e-6)
+    untrained = dict(lora_wide_policy().named_parameters())
+    assert all(not torch.allclose(value, untrained[name], atol=1e-3) for name, value in trained.items())  # it trained
 
 
 @pytest.mark.slow
@@ -1023,12 +1122,17 @@ def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
 
     paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn
     assert (paper.mode, paper.loss, paper.recency_fraction, paper.sync_every) == ("async", "tb_vargrad", 0.95, 2)
-    assert (paper.samples_per_question, paper.async_samples_used, paper.async_initial_completions, paper.kl_coef) == (
-        24,
-        20,
-        500,
-        0.012,
+    # TBA's MATH settings (Table 4): 32 prompts x 16 completions, beta 0.005, a reset every 50 steps, temperature 1,
+    # the importance correction clipped to [0, 8]
+    assert (paper.async_questions, paper.samples_per_question, paper.async_samples_used) == (32, 16, 16)
+    assert (paper.kl_coef, paper.kl_coef_final, paper.reference_reset_every, paper.temperature) == (
+        0.005,
+        None,
+        50,
+        1.0,
     )
+    assert (paper.importance_correction, paper.importance_clip_low, paper.importance_clip_high) == (True, 0.0, 8.0)
+    assert paper.async_initial_completions == 500
     tiny = load_config(REPO / "configs" / "tiny-async.yaml").gfn
     assert (tiny.mode, tiny.loss, tiny.recency_fraction, tiny.sync_every) == ("async", "tb_vargrad", 0.95, 2)
     assert async_shape(tiny)[1] < tiny.samples_per_question
@@ -1364,6 +1468,11 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
     config.gfn.scorer_actors = 0
     sampler = run.searcher_sampler(config, "gfn", make_scorer, 1, problems)
     assert isinstance(sampler.scorer, WideScorer) and built == [1]
+    # the off-policy correction scores what the engine sampled teacher-forced, as the trainer does: a copy beside it
+    config.gfn.importance_correction = True
+    monkeypatch.setattr(run, "load_causal_lm", lambda path, model_config: torch.nn.Linear(1, 1))
+    sampler = run.searcher_sampler(config, "gfn", make_scorer, 1, problems)
+    assert isinstance(sampler.policy.model, torch.nn.Linear) and len(engines) == 3
 
 
 def test_gpu_vllm_searchers_without_a_memory_share_outside_a_stage_are_refused():

@@ -250,6 +250,28 @@ def test_the_sampler_takes_the_gathered_weights_one_tensor_at_a_time(kind):
     assert 0 < probe.peak_extra <= bound, (probe.peak_extra, bound, whole)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_weights_that_leave_a_tensor_out_are_refused_naming_it_and_tied_twins_count_once(tied):
+    """HFGenerator.load_weights of a stream without one of the model's tensors: an error naming it
+    (left as it was, the sampler would sample from a mix of two policies); a tied model's stream
+    may give the embeddings under one name only (lm_head shares their storage)."""
+    from pipeline.generation.hf import HFGenerator
+
+    trained, sampler_model = tiny_llama(tied=tied), tiny_llama(tied=tied)
+    with torch.no_grad():
+        for p in sampler_model.parameters():
+            p.normal_()  # every weight differs from the trained one until it is loaded
+    stream = [(name, value) for name, value in trained.state_dict().items() if "layers.1.mlp.up_proj" not in name]
+    with pytest.raises(
+        ValueError, match=r"HFGenerator.load_weights: weights missing .*layers\.1\.mlp\.up_proj\.weight"
+    ):
+        HFGenerator(sampler_model, NO_TOKENIZER, end_token_ids=[0]).load_weights(iter(stream))
+    whole = [(name, value) for name, value in trained.state_dict().items() if not (tied and name == "lm_head.weight")]
+    HFGenerator(sampler_model, NO_TOKENIZER, end_token_ids=[0]).load_weights(iter(whole))
+    for name, value in sampler_model.state_dict().items():
+        assert torch.equal(value, trained.state_dict()[name]), name
+
+
 def test_a_sampler_that_refuses_a_weight_half_way_still_lets_every_gather_run():
     """The gathers are collectives: a process whose sampler raises in the middle of the stream
     gathers the rest before the error is raised, so the other processes are not left waiting."""
@@ -299,3 +321,34 @@ def test_fsdp2_weights_are_gathered_one_unit_at_a_time_with_one_all_gather_each(
         # tensor is gathered whole in float32 by its own full_tensor, the other units left alone
         assert result["mixed_own"] == {**result["mixed_own"], "all_gathers": 1, "full_tensor": result["tensors"]}
         assert result["sharded_again"] and result["same_logits"], result
+
+
+@pytest.mark.parametrize("targets", [["c_attn"], ["c_proj"]])
+def test_a_conv1d_lora_adapter_is_merged_transposed_as_peft_merges_it(targets):
+    """GPT-2's Conv1D layers store their weight (in, out): peft sets fan_in_fan_out and merges
+    W + s (B A)^T. The stream's merge gives peft's merge_and_unload weights (c_attn: 16 x 48;
+    c_proj: attention's 16 x 16, square, where a merge without the transpose has the right shape
+    and the wrong values, and the MLP's 64 x 16); told nothing of fan_in_fan_out, c_attn is refused
+    naming its module."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from pipeline.modeling import iter_merged_lora, lora_fan_in_fan_out
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=targets))
+    with torch.no_grad():  # B starts at zero: a merge that forgot B A would pass unseen
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p))
+    assert lora_fan_in_fan_out(model)
+    stream = list(model.state_dict().items())
+    merged = dict(iter_merged_lora(stream, 4 / 2, lora_fan_in_fan_out(model)))
+    expected = model.merge_and_unload().state_dict()
+    assert sorted(merged) == sorted(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(merged[name], value, rtol=1e-6, atol=1e-6, msg=name)
+    if targets == ["c_attn"]:
+        with pytest.raises(ValueError, match=r"'transformer.h.0.attn.c_attn'.*fan_in_fan_out"):
+            dict(iter_merged_lora(stream, 4 / 2))

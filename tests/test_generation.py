@@ -645,3 +645,35 @@ def test_the_hf_backend_serves_a_folder_with_a_file_beside_the_weights(tmp_path,
         ValueError, match=r"\(model.policy\): holds 2 \*.safetensors files .* value_head.safetensors would make"
     ):
         check_served_models(config, {"model.policy": str(folder)})
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_vllm_batch_invariance_is_set_from_the_config_before_the_engine_starts(monkeypatch, invariant):
+    """generation.vllm_batch_invariant=true: VLLM_BATCH_INVARIANT=1 is in the environment when
+    vllm.LLM is built (vLLM reads it at its engine's start; a stand-in engine records it); off, the
+    variable is left as it was."""
+    from pipeline.generation import vllm_backend
+
+    seen = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            import os
+
+            seen.append(os.environ.get("VLLM_BATCH_INVARIANT"))
+
+        def get_tokenizer(self):
+            return None
+
+    fake = SimpleNamespace(LLM=LLM, SamplingParams=dict)
+    platforms = SimpleNamespace(current_platform=SimpleNamespace(is_cpu=lambda: True))
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setattr(vllm_backend, "check_servable", lambda path: None)
+    config_of_model = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2)
+    monkeypatch.setattr(vllm_backend.AutoConfig, "from_pretrained", lambda *args, **kwargs: config_of_model)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    config = Config()
+    config.generation.vllm_batch_invariant = invariant
+    VLLMGenerator("m", config)
+    assert seen == (["1"] if invariant else [None])

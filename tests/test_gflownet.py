@@ -348,3 +348,59 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_to_the_same_policy(tmp_p
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]  # the killed run's step 5 was dropped and redone
     assert torch.allclose(straight.logits, resumed.logits, atol=1e-6)
+
+
+def test_the_importance_correction_weights_each_trajectory_by_its_clipped_ratio_to_the_weights_that_sampled_it():
+    """The sampler records log pi(tau) under the weights that sampled it; after an update the
+    objective's TB-VarGrad losses are the uncorrected ones times min(max(pi / pi_sampled, 0), 8)."""
+    import dataclasses
+
+    policy = TabularPolicy()
+    cfg = GFNConfig(
+        loss="tb_vargrad", questions_per_step=2, samples_per_question=6, temperature=1.0, importance_correction=True
+    )
+    problems = [TrainProblem(f"p{i}", "q", "q", "1") for i in range(2)]
+    every_step, all_true = (lambda step, kind: step), (lambda texts, golds, kind: [True] * len(texts))
+    sampler = TrajectorySampler(policy, KnownScorer(), problems, "tiny", cfg, extract=every_step, grade=all_true)
+    batch, _ = sampler.sample(0)
+    with torch.no_grad():
+        lp = policy.logprobs(None, [t.steps for t in batch], with_grad=False)
+    sampled = [
+        float(lp.step_logprobs[i, : len(t.steps)].sum() + lp.termination_logprobs[i, len(t.steps)])
+        for i, t in enumerate(batch)
+    ]
+    assert [t.sampling_logprob for t in batch] == pytest.approx(sampled, abs=1e-6)
+    off = dataclasses.replace(cfg, importance_correction=False)
+    plain = TrajectorySampler(policy, KnownScorer(), problems, "tiny", off, extract=every_step, grade=all_true)
+    assert all(t.sampling_logprob is None for t in plain.sample(0)[0])
+
+    # the policy moves on; one trajectory's sampler was far less likely to sample it (clipped at 8)
+    with torch.no_grad():
+        policy.logits.add_(torch.randn(policy.logits.shape, generator=torch.Generator().manual_seed(5)))
+    batch[0] = dataclasses.replace(batch[0], sampling_logprob=batch[0].sampling_logprob - 30.0)
+    corrected, extras = build_objective(cfg, policy, hidden_size=HIDDEN).trajectory_losses(batch)
+    uncorrected, _ = build_objective(off, policy, hidden_size=HIDDEN).trajectory_losses(batch)
+    now = extras["log_pi"].tolist()
+    weights = [min(max(math.exp(new - t.sampling_logprob), 0.0), 8.0) for new, t in zip(now, batch)]
+    assert weights[0] == 8.0 and len(set(weights)) > 2
+    expected = [w * float(loss) for w, loss in zip(weights, uncorrected.detach())]
+    assert corrected.detach().tolist() == pytest.approx(expected, rel=1e-6)  # the float32 losses, weighted
+    assert corrected.requires_grad
+
+    batch[1] = dataclasses.replace(batch[1], sampling_logprob=None)
+    with pytest.raises(ValueError, match="gfn.importance_correction: trajectories of \\['p"):
+        build_objective(cfg, policy, hidden_size=HIDDEN).trajectory_losses(batch)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("gfn.importance_clip_low=1.5", "gfn.importance_clip_low"),
+        ("gfn.importance_clip_high=0.9", "gfn.importance_clip_high"),
+    ],
+)
+def test_an_importance_clip_that_excludes_one_is_refused_at_config_load_naming_the_key(override, key):
+    from pipeline.config_loader import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
+        load_config(overrides=[override])

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from pipeline.finetune.losses import (
+    clipped_importance_ratio,
     gae,
+    importance_weighted_losses,
     ppo_loss,
     subtb_loss,
     subtb_pair_residuals,
@@ -279,6 +281,55 @@ def test_reference_prior_needs_both_log_ref_and_kl_coef():
         tb_vargrad_loss(*batch, group, kl_coef=0.1)
     with pytest.raises(ValueError, match="group_ids"):
         tb_vargrad_loss(*batch, group[:-1])
+
+
+# ----------------------------------------------------------------------------- off-policy correction
+
+
+def brute_importance_weighted(losses, log_pi, log_pi_sampled, low, high):
+    """Lists in, floats out: min(max(exp(log pi - log pi_old), low), high) x loss, one trajectory at a time."""
+    out = []
+    for loss, new, old in zip(losses, log_pi, log_pi_sampled):
+        difference = new - old
+        ratio = math.inf if difference > 709.0 else math.exp(difference)  # math.exp raises past float64's range
+        out.append(min(max(ratio, low), high) * loss)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("low, high", [(0.0, 8.0), (0.0, 1.0), (1.0, 1.0), (0.5, 2.0), (1.0, 1e9)])
+def test_clipped_importance_weights_match_brute_force(low, high):
+    """TB-VarGrad's per-trajectory losses on a padded batch, weighted by ratios from far below the
+    lower bound to past float64's exp (log-ratios -800 .. +800), at the paper's bounds and the edges."""
+    log_pf, log_pterm, log_r, mask = make_batch()
+    log_pf.requires_grad_(True)
+    losses = tb_vargrad_loss(log_pf, log_pterm, log_r, mask, GROUPS)
+    log_pi = trajectory_logprob(log_pf, log_pterm, mask)
+    offsets = torch.tensor([-800.0, -3.0, -0.1, 0.0, 0.7, 2.5, 800.0], dtype=torch.float64)
+    log_pi_sampled = log_pi.detach() - offsets
+    weighted = importance_weighted_losses(losses, log_pi, log_pi_sampled, low, high)
+    expected = brute_importance_weighted(
+        losses.detach().tolist(), log_pi.detach().tolist(), log_pi_sampled.tolist(), low, high
+    )
+    torch.testing.assert_close(weighted.detach(), expected, rtol=1e-12, atol=1e-12)
+    ratio = clipped_importance_ratio(log_pi, log_pi_sampled, low, high)
+    assert not ratio.requires_grad and float(ratio.min()) >= low and float(ratio.max()) <= high
+    # a stop-gradient weight: the gradient is the weighted sum of each loss term's own gradient
+    (grad,) = torch.autograd.grad(weighted.sum(), log_pf, retain_graph=True)
+    (unweighted,) = torch.autograd.grad((losses * ratio.detach()).sum(), log_pf)
+    torch.testing.assert_close(grad, unweighted, rtol=1e-12, atol=1e-12)
+
+
+def test_importance_weights_in_float32_come_back_in_float32_and_refuse_bad_bounds():
+    losses = torch.tensor([1.0, 2.0], dtype=torch.float32)
+    log_pi = torch.tensor([-5.0, -7.0], dtype=torch.float32)
+    weighted = importance_weighted_losses(losses, log_pi, torch.tensor([-5.0, -6.0]))
+    assert weighted.dtype == torch.float32
+    torch.testing.assert_close(weighted, torch.tensor([1.0, 2.0 * math.exp(-1.0)]))
+    for low, high in ((1.5, 8.0), (0.0, 0.5), (-0.1, 8.0)):
+        with pytest.raises(ValueError, match="clip_low, clip_high"):
+            clipped_importance_ratio(log_pi, log_pi, low, high)
+    with pytest.raises(ValueError, match="log_pi_sampled"):
+        clipped_importance_ratio(log_pi, log_pi[:1], 0.0, 8.0)
 
 
 # ----------------------------------------------------------------------------- PPO baseline

@@ -59,12 +59,22 @@ def test_buckets_give_back_every_tensor_bit_for_bit_in_the_samplers_dtype(dtype,
     assert torch.equal(layout.unpack(buckets)["embed.weight"], expected["embed.weight"])
 
 
-def test_a_bucket_holds_as_many_tensors_as_fit_and_a_layout_is_reused_only_for_the_same_shapes():
+def test_a_bucket_holds_as_many_tensors_as_fit_and_a_layout_is_reused_only_for_the_same_shapes_and_dtypes():
     state = {f"w{i}": torch.zeros(4) for i in range(5)}  # 16 bytes each
     layout = BucketLayout.plan(state, dtype=None, bucket_bytes=40)
     assert layout.sizes == (32, 32, 16) and [s.bucket for s in layout.slots] == [0, 0, 1, 1, 2]
-    assert layout.matches({f"w{i}": torch.ones(4) for i in range(5)})
-    assert not layout.matches({f"w{i}": torch.ones(5) for i in range(5)})
+    assert layout.matches({f"w{i}": torch.ones(4) for i in range(5)}, dtype=None)
+    assert not layout.matches({f"w{i}": torch.ones(5) for i in range(5)}, dtype=None)
+    # the same names and shapes in another dtype take other bytes: the layout is not reused
+    assert not layout.matches({f"w{i}": torch.ones(4, dtype=torch.bfloat16) for i in range(5)}, dtype=None)
+    assert not layout.matches(state, dtype=torch.bfloat16)
+    halves = BucketLayout.plan(state, dtype=torch.bfloat16, bucket_bytes=40)
+    assert halves.matches(state, dtype=torch.bfloat16)  # float32 weights published in bfloat16, as planned
+    assert halves.matches({k: v.to(torch.bfloat16) for k, v in state.items()}, dtype=torch.bfloat16)
+    steps = {"step": torch.tensor(3, dtype=torch.int64)}  # not floating: keeps its own dtype whatever is asked
+    assert not BucketLayout.plan(steps, dtype=None, bucket_bytes=40).matches(
+        {"step": torch.tensor(3, dtype=torch.int32)}, dtype=torch.bfloat16
+    )
     with pytest.raises(ValueError, match="unknown dtype 'complex_thing'"):
         BucketLayout.from_json({"slots": [["w", [1], "complex_thing", 0, 0]], "sizes": [8]})
     with pytest.raises(ValueError, match="do not match the layout"):
@@ -235,3 +245,22 @@ def test_the_next_publication_starts_only_after_the_previous_one_ended(monkeypat
         for event in release.values():
             event.set()
         publisher.close()
+
+
+def test_a_publisher_forms_a_new_group_when_the_layout_changes_as_when_its_members_do(monkeypatch):
+    """Over the collective, members receive into buckets of the layout they were given when the
+    group formed: a publication with another layout (here a tensor's dtype changed) forms a new group."""
+    from pipeline.finetune.publication import WeightPublisher
+
+    monkeypatch.setattr(WeightPublisher, "_run", lambda self, buckets, version, searchers, start: None)  # no send
+    publisher = WeightPublisher(transport="collective", weights=None, dtype=None, bucket_bytes=64)
+    members = {0: 101, 1: 102}
+    publisher.publish({"w": torch.ones(8), "steps": torch.tensor(1)}, 1, [])
+    publisher.group, publisher.members, publisher.group_layout = object(), dict(members), publisher.layout  # formed
+    assert not publisher.needs_new_group(members)
+    assert publisher.needs_new_group({0: 101, 1: 999})  # a searcher restarted
+    publisher.publish({"w": torch.ones(8), "steps": torch.tensor(2)}, 2, [])  # same layout: the group serves it
+    assert not publisher.needs_new_group(members)
+    publisher.publish({"w": torch.ones(8, dtype=torch.float64), "steps": torch.tensor(3)}, 3, [])
+    assert publisher.needs_new_group(members)
+    publisher.close()

@@ -23,7 +23,14 @@ import torch
 
 from pipeline.config import GFlowNetLoss, GFNConfig
 from pipeline.config_loader import check_choice
-from pipeline.finetune.losses import subtb_loss, tb_vargrad_loss, trajectory_balance_loss, trajectory_logprob
+from pipeline.finetune.losses import (
+    clipped_importance_ratio,
+    importance_weighted_losses,
+    subtb_loss,
+    tb_vargrad_loss,
+    trajectory_balance_loss,
+    trajectory_logprob,
+)
 from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.rewards import StateLogRewards, pad_rows
 from pipeline.records import Trajectory
@@ -247,12 +254,30 @@ class GFlowNetObjective(torch.nn.Module):
                 log_pf, log_pterm, log_r, mask, [t.problem_id for t in batch], log_ref=log_ref, kl_coef=self.kl_coef
             )
         lengths = mask.sum(1)
-        extras = {
-            "log_pi": trajectory_logprob(log_pf.detach(), log_pterm.detach(), mask),
+        log_pi = trajectory_logprob(log_pf.detach(), log_pterm.detach(), mask)
+        extras = {}
+        if self.cfg.importance_correction:
+            sampled = self.sampling_logprobs(batch, log_pi.device)
+            low, high = self.cfg.importance_clip_low, self.cfg.importance_clip_high
+            loss = importance_weighted_losses(loss, log_pi, sampled, low, high)
+            extras["importance_ratio"] = clipped_importance_ratio(log_pi, sampled, low, high)
+        extras |= {
+            "log_pi": log_pi,
             "terminal_log_r": log_r.gather(1, lengths[:, None]).squeeze(1),
             "terminal_log_pterm": log_pterm.detach().gather(1, lengths[:, None]).squeeze(1),
         }
         return loss, extras
+
+    def sampling_logprobs(self, batch: list[Trajectory], device) -> torch.Tensor:
+        """(B,) log pi(tau) under the weights that sampled each trajectory, as its sampler recorded it
+        (the off-policy correction's denominator, TBA appendix D)."""
+        missing = [t.problem_id for t in batch if t.sampling_logprob is None]
+        if missing:
+            raise ValueError(
+                f"gfn.importance_correction: trajectories of {sorted(set(missing))[:3]} carry no sampling_logprob "
+                "(sampled, or stored, with the correction off)"
+            )
+        return torch.tensor([t.sampling_logprob for t in batch], dtype=torch.float64, device=device)
 
     def loss(self, micro: tuple[list[Trajectory], float]) -> tuple[torch.Tensor, dict]:
         """Weight times the sum of the micro-batch's trajectory losses (the micro-batches'
@@ -266,6 +291,8 @@ class GFlowNetObjective(torch.nn.Module):
                     for name in ("log_pi", "terminal_log_r", "terminal_log_pterm"):
                         update[name].append(float(extras[name][i]))
                     update["ids"].append(t.problem_id)
+            if "importance_ratio" in extras:  # every trained row's, fresh or replayed
+                update.setdefault("importance_ratio", []).extend(extras["importance_ratio"].tolist())
         return losses.sum() * weight, {"loss": float(losses.detach().sum()) * weight}
 
     def summary(self) -> dict:
@@ -277,11 +304,22 @@ class GFlowNetObjective(torch.nn.Module):
             counts[problem_id] = counts.get(problem_id, 0) + 1
         questions = 0 if math.isnan(gap) else sum(n > 1 for n in counts.values())  # those the gap averages over
         pterm = update["terminal_log_pterm"]
+        ratios = update.get("importance_ratio", [])
+        high = self.cfg.importance_clip_high
         totals = self.collective.sum(
             torch.tensor(
-                [gap * questions if questions else 0.0, float(questions), float(sum(pterm)), float(len(pterm))],
+                [gap * questions if questions else 0.0, float(questions), float(sum(pterm)), float(len(pterm))]
+                + [float(sum(ratios)), float(sum(r >= high for r in ratios)), float(len(ratios))],
                 dtype=torch.float64,
             )
+        )
+        importance = (
+            {
+                "importance_ratio_mean": float(totals[4] / totals[6]) if totals[6] else float("nan"),
+                "importance_clipped_fraction": float(totals[5] / totals[6]) if totals[6] else float("nan"),
+            }
+            if self.cfg.importance_correction
+            else {}
         )
         return {
             "proportionality_gap": float(totals[0] / totals[1]) if totals[1] else float("nan"),
@@ -290,6 +328,7 @@ class GFlowNetObjective(torch.nn.Module):
             "buffer_size": len(self.buffer),
             **({"kl_coef": self.kl_coef, "reference_version": self.reference_version} if self.cfg.kl_coef > 0 else {}),
             **({"log_z": float(self.log_z)} if self.log_z is not None else {}),
+            **importance,
         }
 
     # ------------------------------------------------------------------ the buffer in state_dict

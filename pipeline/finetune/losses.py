@@ -29,6 +29,8 @@ __all__ = [
     "trajectory_balance_loss",
     "vargrad_log_z",
     "tb_vargrad_loss",
+    "clipped_importance_ratio",
+    "importance_weighted_losses",
     "gae",
     "ppo_loss",
 ]
@@ -306,6 +308,47 @@ def tb_vargrad_loss(
     target = _vargrad_target(log_r.to(f64), lengths, log_ref, kl_coef)
     residual = log_z + _trajectory_logprob(log_pf.to(f64), log_pterm.to(f64), mask, lengths) - target
     return residual.square().to(_working_dtype(log_pf, log_pterm, log_r))
+
+
+# ----------------------------------------------------------------------------- off-policy correction (TBA, appendix D)
+
+
+def clipped_importance_ratio(log_pi: Tensor, log_pi_sampled: Tensor, clip_low: float, clip_high: float) -> Tensor:
+    """The importance ratio of the trained policy to the one that sampled each trajectory, clipped, without gradient.
+
+    log_pi:         (B,) log pi_theta(tau) under the policy being trained (`trajectory_logprob`)
+    log_pi_sampled: (B,) log pi_old(tau) under the weights that sampled tau, steps + termination
+    clip_low, clip_high: 0 <= clip_low <= 1 <= clip_high (TBA, Table 4: 0 and 8)
+    returns: (B,) float64, sg(clip(exp(log_pi - log_pi_sampled), clip_low, clip_high))
+    """
+    if tuple(log_pi_sampled.shape) != tuple(log_pi.shape) or log_pi.dim() != 1:
+        raise ValueError(
+            f"log_pi, log_pi_sampled: expected two (B,) tensors, got {tuple(log_pi.shape)} and {tuple(log_pi_sampled.shape)}"
+        )
+    if not 0.0 <= clip_low <= 1.0 <= clip_high:
+        raise ValueError(f"clip_low, clip_high: expected 0 <= clip_low <= 1 <= clip_high, got {clip_low}, {clip_high}")
+    with torch.no_grad():
+        # float64: a trajectory's log-ratio is a sum over hundreds of tokens; exp overflows to inf, which the clip bounds
+        ratio = torch.exp(log_pi.detach().to(torch.float64) - log_pi_sampled.detach().to(torch.float64))
+        return ratio.clamp(min=clip_low, max=clip_high)
+
+
+def importance_weighted_losses(
+    losses: Tensor, log_pi: Tensor, log_pi_sampled: Tensor, clip_low: float = 0.0, clip_high: float = 8.0
+) -> Tensor:
+    """Each trajectory's loss weighted by its clipped importance ratio, CISPO-style: the ratio is a
+    stop-gradient weight, so the gradient is the loss term's own, scaled (TBA, appendix D).
+
+    losses:         (B,) per-trajectory loss (`tb_vargrad_loss`, `trajectory_balance_loss`, `subtb_loss`)
+    log_pi:         (B,) log pi_theta(tau) under the policy being trained (its gradient is not used)
+    log_pi_sampled: (B,) log pi_old(tau) under the weights that sampled tau
+    clip_low, clip_high: as `clipped_importance_ratio`
+    returns: (B,) sg(clip(pi_theta(tau) / pi_old(tau), clip_low, clip_high)) * losses, in losses' dtype
+    """
+    if tuple(losses.shape) != tuple(log_pi.shape):
+        raise ValueError(f"losses: expected shape (B,)={tuple(log_pi.shape)}, got {tuple(losses.shape)}")
+    ratio = clipped_importance_ratio(log_pi, log_pi_sampled, clip_low, clip_high)
+    return losses * ratio.to(device=losses.device, dtype=losses.dtype)
 
 
 # ----------------------------------------------------------------------------- PPO baseline

@@ -45,6 +45,7 @@ class LMPolicy:
                a plain copy when the trained model is sharded), which ``after_update`` refreshes
     lora_scaling: alpha / r of the model's LoRA adapters (merged into the weights a vLLM
                sampler is given), None without LoRA
+    lora_fan_in_fan_out: the adapters sit on (in, out) weights (GPT-2's Conv1D): merged transposed
     """
 
     def __init__(
@@ -57,6 +58,7 @@ class LMPolicy:
         autocast_dtype: torch.dtype | None = None,
         sampler=None,
         lora_scaling: float | None = None,
+        lora_fan_in_fan_out: bool = False,
     ):
         self.model = model
         self.module = model
@@ -67,6 +69,7 @@ class LMPolicy:
         self.generation_batch_size = generation_batch_size
         self.sampler = sampler
         self.lora_scaling = lora_scaling
+        self.lora_fan_in_fan_out = lora_fan_in_fan_out
         self._prompt_ids: dict[str, list[int]] = {}
 
     def prepared(self, wrapped, module) -> None:
@@ -118,15 +121,25 @@ class LMPolicy:
         """The trained model's (name, tensor) stream as a plain transformers model's: LoRA
         adapters merged into their base weights (W + alpha/r B A) under the base names, module by
         module as they come (pipeline.modeling.iter_merged_lora)."""
-        return iter_merged_lora(weights, self.lora_scaling) if self.lora_scaling is not None else weights
+        if self.lora_scaling is None:
+            return weights
+        return iter_merged_lora(weights, self.lora_scaling, self.lora_fan_in_fan_out)
 
     def load_weights(
         self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Sample from now on with ``weights`` (plain weights: a state dict, or a stream of
         (name, tensor) copied in one at a time), published by the trainer after training step
-        ``version``: an asynchronous searcher's copy of the policy, or a reset reference."""
+        ``version``: an asynchronous searcher's copy of the policy, or a reset reference. A searcher
+        whose engine samples and whose model scores (gfn.importance_correction) loads both: the
+        weights must then be a state dict (a stream is read once)."""
         if self.sampler is not None:
+            if self.module is not None:
+                if not isinstance(weights, Mapping):
+                    raise ValueError(
+                        "LMPolicy.load_weights: an engine and a model to load need a state dict, not a stream"
+                    )
+                copy_weights(self.module, weights, strict=True, who="LMPolicy.load_weights")
             self.sampler.load_weights(weights)
         else:
             copy_weights(self.module, weights, strict=True, who="LMPolicy.load_weights")

@@ -83,6 +83,7 @@ class WeightPublisher:
         self.layout: BucketLayout | None = None
         self.group: WeightGroup | None = None
         self.members: dict[int, int] = {}  # the group's ranks 1..: searcher index -> its process id
+        self.group_layout: BucketLayout | None = None  # the layout the group's members were given when it formed
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.finished: list[Publication] = []
@@ -98,7 +99,7 @@ class WeightPublisher:
         has ended (its error, if any, is raised here). Returns when the snapshot is packed."""
         self.wait()
         start = time.monotonic()
-        if self.layout is None or not self.layout.matches(state):
+        if self.layout is None or not self.layout.matches(state, dtype=self.dtype):
             self.layout = BucketLayout.plan(state, dtype=self.dtype, bucket_bytes=self.bucket_bytes)
         buckets = self.layout.pack(state, self.device)
         if self.device == "cuda":
@@ -129,8 +130,7 @@ class WeightPublisher:
             self.wait()
         except RuntimeError as error:
             log.warning("%s", error)
-        self.group = None
-        self.members = {}
+        self.group, self.members, self.group_layout = None, {}, None
 
     def _run(self, buckets: list[torch.Tensor], version: int, searchers: list, start: float) -> None:
         try:
@@ -152,6 +152,13 @@ class WeightPublisher:
         refs = [ray.put(bucket.numpy()) for bucket in buckets]
         ray.get(self.weights.publish.remote(version, refs, self.layout.to_json()))
         return None
+
+    def needs_new_group(self, live: dict[int, int]) -> bool:
+        """Whether this publication forms a new group: none yet, other members (``live``: searcher
+        index -> process id), or another layout than the members were given when the group formed
+        (they receive into buckets of the layout's sizes and read the tensors back by it: over the
+        old group they would wait for the wrong bytes or misread them)."""
+        return self.group is None or live != self.members or self.group_layout != self.layout
 
     def _live(self, searchers: list, first: bool) -> dict[int, int]:
         """The searchers that answer a status call: index -> process id (a searcher restarted by
@@ -184,9 +191,9 @@ class WeightPublisher:
         self.weights.publish.remote(version, None, None)  # searchers learn the version; the weights come over the group
         for attempt in range(2):
             live = self._live(searchers, first=not self.finished_any)
-            fresh = self.group is None or live != self.members
+            fresh = self.needs_new_group(live)
             if fresh:
-                self.group, self.members = None, live
+                self.group, self.members, self.group_layout = None, live, self.layout
                 if not live:
                     log.warning("async: no searcher answers; version %d reaches them at a later publication", version)
                     return 0

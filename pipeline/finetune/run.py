@@ -49,7 +49,14 @@ from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
 from pipeline.model_folders import commit_folder, staging_folder
-from pipeline.modeling import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
+from pipeline.modeling import (
+    load_causal_lm,
+    load_tokenizer,
+    lora_fan_in_fan_out,
+    resolve_device,
+    resolve_dtype,
+    upcast_trainable,
+)
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
@@ -267,7 +274,8 @@ def searcher_sampler(
 ) -> TrajectorySampler:
     """What an asynchronous searcher samples with, built inside its actor: a plain copy of the
     policy (the trainer publishes plain weights, LoRA merged) for HF generate, or its own vLLM engine
-    (gfn.searcher_vllm_memory_share of its GPU) and no transformers copy; the PRM (``make_scorer``),
+    (gfn.searcher_vllm_memory_share of its GPU) and no transformers copy unless gfn.importance_correction
+    needs one to score what it sampled (beside the engine, in model.dtype); the PRM (``make_scorer``),
     or with gfn.scorer_actors > 0 the scorer actors (PooledScorer) and no PRM; its own question
     cycle. No reference: the trainer scores the reference itself.
 
@@ -283,6 +291,8 @@ def searcher_sampler(
             config.generation, vllm_gpu_memory_utilization=cfg.searcher_vllm_memory_share
         )
         model, sampler = None, VLLMGenerator(policy_path, engine_config, weight_updates=True)
+        if cfg.importance_correction:  # log pi(tau) of what it sampled, teacher-forced as the trainer scores it
+            model = load_causal_lm(policy_path, config.model).requires_grad_(False)
     else:
         model, sampler = load_causal_lm(policy_path, config.model), None
         model.requires_grad_(False)
@@ -307,6 +317,18 @@ def searcher_dtype(config: Config, cfg: GFNConfig) -> torch.dtype:
     the GPUs from an actor that asks for none), e.g. bfloat16 on a GPU, float32 on a CPU."""
     device = config.model.device if config.model.device != "auto" else ("cuda" if cfg.searcher_gpus else "cpu")
     return resolve_dtype(config.model.dtype, device)
+
+
+def published_weights(policy: LMPolicy, base: TrainingBase, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """What the asynchronous trainer publishes (its ``export``): every process reads the gathered
+    stream (``base.iter_full_state``) to its end (its gathers are collectives), in the searchers'
+    ``dtype`` unless LoRA is merged first (``policy.plain_stream``, in the trained dtype); the main
+    process keeps it whole (the publication plans its buckets from every tensor and packs a
+    snapshot, cast to ``dtype``), the others keep nothing (None)."""
+    kept: dict[str, torch.Tensor] = {}
+    stream = base.iter_full_state(dtype if policy.lora_scaling is None else None)
+    load_streamed(kept.update if base.is_main else lambda stream: None, policy.plain_stream(stream))
+    return kept if base.is_main else None
 
 
 def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> list[str]:
@@ -439,6 +461,7 @@ def finetune_policy(
         autocast_dtype=half_dtype,
         sampler=sampler,
         lora_scaling=trained_lora_scaling(model),
+        lora_fan_in_fan_out=lora_fan_in_fan_out(model),
     )
     objective = build_objective(
         cfg,
@@ -481,18 +504,6 @@ def finetune_policy(
         make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
         publish_dtype = searcher_dtype(config, cfg)
 
-        def export() -> dict[str, torch.Tensor] | None:
-            """The weights to publish: every process reads the gathered stream to its end (its
-            gathers are collectives), in the searchers' dtype unless LoRA is merged first; the main
-            process keeps it whole (the publication plans its buckets from every tensor and packs a
-            snapshot), the others keep nothing."""
-            dtype = publish_dtype if policy.lora_scaling is None else None
-            kept: dict[str, torch.Tensor] = {}
-            load_streamed(
-                kept.update if base.is_main else lambda stream: None, policy.plain_stream(base.iter_full_state(dtype))
-            )
-            return kept if base.is_main else None
-
         trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
         trainer = AsyncFinetuneTrainer(
             base,
@@ -500,7 +511,7 @@ def finetune_policy(
             objective,
             cfg,
             make_sampler,
-            export=export,
+            export=functools.partial(published_weights, policy, base, publish_dtype),
             problems=[p.to_json() for p in problems],
             run_name=config.run,
             progress=progress,

@@ -136,7 +136,13 @@ class TrajectorySampler:
         flags = answer_flags_for(
             [s.steps for _, s in kept], [p.answer for p, _ in kept], self.kind, self.extract, self.grade
         )
-        reference = self._reference_logprobs(kept)
+        reference = self._logprobs(self.reference, kept)
+        # the off-policy correction's denominator: log pi(tau) under the weights that sampled it (these)
+        sampled = (
+            [float(sum(steps) + stop) for steps, stop in self._logprobs(self.policy, kept)]
+            if getattr(self.cfg, "importance_correction", False)
+            else [None] * len(kept)
+        )
         trajectories = [
             Trajectory(
                 problem_id=p.problem_id,
@@ -150,21 +156,25 @@ class TrajectorySampler:
                 reference_step_logprobs=ref_steps,
                 reference_stop_logprob=ref_stop,
                 policy_version=step if version is None else version,
+                sampling_logprob=sampled_logprob,
             )
-            for (p, s), scores, f, (ref_steps, ref_stop) in zip(kept, log_scores, flags, reference)
+            for (p, s), scores, f, (ref_steps, ref_stop), sampled_logprob in zip(
+                kept, log_scores, flags, reference, sampled
+            )
         ]
         return trajectories, {"sampled": len(kept) + empty, "empty_solutions": empty}
 
-    def _reference_logprobs(self, kept: list) -> list[tuple[list[float] | None, float | None]]:
-        """(log pi_ref(s_k|s_{k-1}) per step, log pi_ref(s_f|s_n)) of each kept solution, from the
-        frozen reference in micro-batches; (None, None) each when there is no reference."""
-        if self.reference is None:
+    def _logprobs(self, policy, kept: list) -> list[tuple[list[float] | None, float | None]]:
+        """(log pi(s_k|s_{k-1}) per step, log pi(s_f|s_n)) of each kept solution under ``policy``
+        (the frozen reference, or the sampling policy itself), teacher-forced in micro-batches;
+        (None, None) each when ``policy`` is None."""
+        if policy is None:
             return [(None, None)] * len(kept)
         out = []
         size = max(1, self.cfg.micro_batch_size)
         for start in range(0, len(kept), size):
             chunk = kept[start : start + size]
-            lp = self.reference.logprobs([p.prompt for p, _ in chunk], [s.steps for _, s in chunk], with_grad=False)
+            lp = policy.logprobs([p.prompt for p, _ in chunk], [s.steps for _, s in chunk], with_grad=False)
             steps, stops = lp.step_logprobs.float().cpu(), lp.termination_logprobs.float().cpu()
             for row, (_, solution) in enumerate(chunk):
                 n = len(solution.steps)

@@ -25,6 +25,11 @@ def aligned(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
+def published_dtype(value: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``value`` is published in: ``dtype`` for a floating tensor (None: its own), its own otherwise."""
+    return dtype if dtype is not None and value.is_floating_point() else value.dtype
+
+
 @dataclasses.dataclass(frozen=True)
 class Slot:
     """Where one tensor lives: bucket index and byte offset, its shape and dtype name."""
@@ -67,7 +72,7 @@ class BucketLayout:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         slots, sizes, used = [], [], 0
         for name, value in state.items():
-            target = dtype if dtype is not None and value.is_floating_point() else value.dtype
+            target = published_dtype(value, dtype)
             nbytes = value.numel() * target.itemsize
             offset = aligned(used)
             if not sizes or (used > 0 and offset + nbytes > bucket_bytes):
@@ -82,10 +87,15 @@ class BucketLayout:
     def total_bytes(self) -> int:
         return sum(self.sizes)
 
-    def matches(self, state: dict[str, torch.Tensor]) -> bool:
-        """Whether ``state`` has this layout's names and shapes, in its order (the layout can be reused)."""
+    def matches(self, state: dict[str, torch.Tensor], *, dtype: torch.dtype | None) -> bool:
+        """Whether ``state``, published in ``dtype`` (as ``plan``), has this layout's names, shapes and
+        dtypes, in its order (the layout can be reused: a tensor whose dtype changed takes another
+        number of bytes, and a receiver would read it back in the old one)."""
         pairs = zip(state.items(), self.slots)
-        return len(state) == len(self.slots) and all(k == s.name and tuple(v.shape) == s.shape for (k, v), s in pairs)
+        return len(state) == len(self.slots) and all(
+            k == s.name and tuple(v.shape) == s.shape and published_dtype(v, dtype) == s.torch_dtype
+            for (k, v), s in pairs
+        )
 
     def pack(self, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> list[torch.Tensor]:
         """``state`` cast and copied into new uint8 buckets on ``device`` (a snapshot: the state may change after)."""

@@ -2,9 +2,27 @@
 
 ``generate(prompts, n, temperature, top_p, max_new_tokens, stop, seed)`` returns, for each
 prompt in order, ``n`` Completions. ``seed`` is an int (one seed for the call) or one seed per
-prompt (prompt i's sample j then draws from seed[i] + j only: the same samples whatever else is
-in the call, e.g. on whichever process of a multi-process run the prompt lands). Both backends
-follow vLLM's conventions:
+prompt (prompt i's sample j then draws from seed[i] + j only).
+
+When a prompt's samples depend on the batch (the other prompts of the call, the chunk or engine
+step it is decoded in, the process it lands on):
+
+- with one seed for the call, always: the draws are consumed in batch order (HF) or by position (vLLM);
+- with per-prompt seeds, the random draws are the prompt's own, but the logits they are applied
+  to are computed in a batch whose size, padding (HF: the chunk's left padding and prefix) and
+  composition (vLLM: continuous batching, chunked prefill, prefix-cache hits) depend on the rest
+  of the call. Matrix kernels pick their reduction order by shape, so a logit can round
+  differently in another batch, and a sample whose draw falls within that rounding of a token
+  boundary changes from that token on. In float32 on one CPU thread this was not seen (the
+  launcher test's workers write byte-equal samples); in bfloat16 on a GPU it happens in rare
+  cases (docs/evaluation.md).
+- vLLM promises samples independent of the batch only in its opt-in batch-invariant mode
+  (``VLLM_BATCH_INVARIANT=1``; vLLM 0.32 implements it on CUDA GPUs of compute capability 8.x,
+  9.x and 10.x, ROCm and XPU, not in its CPU build), with a seed per request, at a cost in speed:
+  ``generation.vllm_batch_invariant=true`` sets it before the engine starts
+  (pipeline.generation.vllm_backend.engine_environment). The HF backend has no such mode.
+
+Both backends follow vLLM's conventions:
 
 - ``text`` is the generated text; it ends with the stop string when generation stopped on one
   (and is cut right after it) and never contains the end token.

