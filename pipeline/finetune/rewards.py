@@ -89,15 +89,19 @@ class StateLogRewards:
     reference_prior_coef: float = 0.0
 
     def __call__(self, trajectories: Sequence) -> tuple[Tensor, Tensor]:
+        return self._shaped(trajectories, prior=True, dtype=torch.float32)
+
+    def _shaped(self, trajectories: Sequence, prior: bool, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(log R(s_i) (B, T+1), mask (B, T)) in ``dtype``, with the appendix-F prior when ``prior``."""
         width = max(len(t.steps) for t in trajectories)
         mask = pad_rows([[1.0] * len(t.steps) for t in trajectories], width).bool()
-        scores = pad_rows([t.step_log_scores for t in trajectories], width)
+        scores = pad_rows([t.step_log_scores for t in trajectories], width, dtype=dtype)
         flags = pad_rows([t.answer_flags for t in trajectories], width, value=NO_ANSWER, dtype=torch.long)
         reference = None
-        if self.reference_prior_coef:
+        if prior and self.reference_prior_coef:
             if any(t.reference_step_logprobs is None for t in trajectories):
                 raise ValueError("gfn.reference_prior_coef > 0: the trajectories carry no reference log-probs")
-            reference = pad_rows([t.reference_step_logprobs for t in trajectories], width)
+            reference = pad_rows([t.reference_step_logprobs for t in trajectories], width, dtype=dtype)
         log_r = shaped_log_rewards(
             scores,
             flags,
@@ -107,7 +111,7 @@ class StateLogRewards:
             outcome_coef=self.outcome_coef,
             outcome_floor=self.outcome_floor,
             ref_step_logprobs=reference,
-            reference_prior_coef=self.reference_prior_coef,
+            reference_prior_coef=self.reference_prior_coef if prior else 0.0,
         )
         return log_r, mask
 
@@ -136,19 +140,7 @@ class StateLogRewards:
         unfinished_log_reward -10: (-1.0 - 10) / 0.25 = -44.0."""
         if not trajectories:
             return []
-        width = max(len(t.steps) for t in trajectories)
-        mask = pad_rows([[1.0] * len(t.steps) for t in trajectories], width).bool()
-        scores = pad_rows([t.step_log_scores for t in trajectories], width, dtype=torch.float64)
-        flags = pad_rows([t.answer_flags for t in trajectories], width, value=NO_ANSWER, dtype=torch.long)
-        log_r = shaped_log_rewards(
-            scores,
-            flags,
-            mask,
-            reward_temperature=self.reward_temperature,
-            unfinished_log_reward=self.unfinished_log_reward,
-            outcome_coef=self.outcome_coef,
-            outcome_floor=self.outcome_floor,
-        )  # no ref_step_logprobs: the prior is left out
+        log_r, _ = self._shaped(trajectories, prior=False, dtype=torch.float64)
         last = torch.tensor([len(t.steps) for t in trajectories])
         return log_r[torch.arange(len(trajectories)), last].tolist()
 
