@@ -359,18 +359,19 @@ def training_problems(config: Config):
     data.problem_sources: the config refuses a filter data.train's loader cannot apply), refused
     when one shares its question with a file data.disjoint_from lists (``refuse_overlap``)."""
     filters = {"problem_sources": config.data.problem_sources} if config.data.problem_sources else {}
-    try:
-        problems = load_benchmark(
-            config.data.train,
-            path=config.resolve(config.data.train_path),
-            limit=config.data.train_limit,
-            lenient=config.data.lenient,
-            **filters,
-        )
-    except HubUnreachable as error:
-        raise error.named(f"data.train={config.data.train}", "data.train_path") from None
+    data = config.data
+    problems = _data_problems(config, "train", data.train, data.train_path, data.train_limit, **filters)
     refuse_overlap(config, problems)
     return problems
+
+
+def _data_problems(config: Config, key: str, name: str, path: str | None, limit: int | None, **filters):
+    """The problems of data.<key> (its loader ``name``, file ``path``, ``limit``); a hub dataset that
+    cannot be fetched is one line naming data.<key> and data.<key>_path."""
+    try:
+        return load_benchmark(name, path=config.resolve(path), limit=limit, lenient=config.data.lenient, **filters)
+    except HubUnreachable as error:
+        raise error.named(f"data.{key}={name}", f"data.{key}_path") from None
 
 
 def refuse_overlap(config: Config, problems) -> None:
@@ -405,12 +406,5 @@ def refuse_overlap(config: Config, problems) -> None:
 
 def validation_problems(config: Config):
     """Held-out problems of the training distribution (config.data.validation*)."""
-    try:
-        return load_benchmark(
-            config.data.validation,
-            path=config.resolve(config.data.validation_path),
-            limit=config.data.validation_limit,
-            lenient=config.data.lenient,
-        )
-    except HubUnreachable as error:
-        raise error.named(f"data.validation={config.data.validation}", "data.validation_path") from None
+    data = config.data
+    return _data_problems(config, "validation", data.validation, data.validation_path, data.validation_limit)
