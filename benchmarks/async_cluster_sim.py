@@ -275,10 +275,17 @@ def timed_store_class():
             self.sampled_rows = 0
             self.arrivals: dict[int, list[float]] = {}  # weights version -> when each of its rounds arrived
 
-        def add(self, payload: str, searcher: int, idle_seconds: float = 0.0, loading_seconds: float = 0.0) -> int:
+        def add(
+            self,
+            payload: str,
+            searcher: int,
+            idle_seconds: float = 0.0,
+            loading_seconds: float = 0.0,
+            version: int | None = None,
+        ) -> int:
             start = time.perf_counter()
             try:
-                return super().add(payload, searcher, idle_seconds, loading_seconds)
+                return super().add(payload, searcher, idle_seconds, loading_seconds, version=version)
             finally:
                 self.add_seconds += time.perf_counter() - start
                 version = VERSION_FIELD.search(payload)  # a round's trajectories share one version
