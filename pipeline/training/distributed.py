@@ -103,6 +103,8 @@ class Collective:
         payload = text.encode("utf-8") if self.rank == 0 else b""
         length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
         torch.distributed.broadcast(length, 0)
+        if int(length[0]) == 0:  # "" (torch.frombuffer refuses an empty buffer): nothing more to send
+            return ""
         buffer = torch.zeros(int(length[0]), dtype=torch.uint8, device=self.device)
         if self.rank == 0:
             buffer.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
