@@ -258,12 +258,12 @@ def test_the_priority_draw_never_raises_with_rewards_hundreds_of_nats_apart():
     buffer.add(
         make_trajectory("q0", (name,), log_reward=value) for name, value in {"a": -0.1, "b": -80.0, "c": -80.0}.items()
     )
-    seconds = Counter()
+    second_place = Counter()
     for _ in range(400):
         group = buffer.sample(1, latest=-1)[0][0]
         assert group[0].steps == ["a"] and group[1].steps != ["a"]
-        seconds[group[1].steps[0]] += 1
-    assert seconds["b"] > 150 and seconds["c"] > 150  # the two equal ones, each about half the time
+        second_place[group[1].steps[0]] += 1
+    assert second_place["b"] > 150 and second_place["c"] > 150  # the two equal ones, each about half the time
     far = GroupedReplay(capacity=100, per_question=4, priority="softmax", temperature=1.0, seed=14)
     far.add(make_trajectory("q0", (f"s{i}",), log_reward=-300.0 * i) for i in (3, 1, 0, 2))
     for _ in range(50):
