@@ -39,17 +39,22 @@ def resolve_benchmark(config: Config, name: str) -> BenchmarkSource:
     return BenchmarkSource(loader, config.resolve(path))
 
 
+def known_benchmark(config: Config, key: str, name: str) -> BenchmarkSource:
+    """resolve_benchmark(config, name), or a ConfigError naming ``key`` and the benchmarks there are
+    when ``name`` is none of them."""
+    source = resolve_benchmark(config, name)
+    if source.loader not in BENCHMARK_LOADERS:
+        known = sorted({*BENCHMARK_LOADERS, *BENCHMARK_ALIASES})
+        raise ConfigError(f"{key}: unknown benchmark {name!r}; expected one of {', '.join(known)}")
+    return source
+
+
 def check_eval_benchmarks(config: Config) -> None:
     """Before anything loads or is written: every eval.benchmarks name is a benchmark (a
     ConfigError naming the key and the names there are otherwise) and a local file named for
     one exists (InputNotFound, as load_eval_benchmark says it)."""
-    known = sorted({*BENCHMARK_LOADERS, *BENCHMARK_ALIASES})
     for index, name in enumerate(config.eval.benchmarks):
-        source = resolve_benchmark(config, name)
-        if source.loader not in BENCHMARK_LOADERS:
-            raise ConfigError(
-                f"eval.benchmarks[{index}]: unknown benchmark {name!r}; expected one of {', '.join(known)}"
-            )
+        source = known_benchmark(config, f"eval.benchmarks[{index}]", name)
         if source.path not in (None, HUB) and not Path(source.path).exists():
             raise InputNotFound(
                 f"benchmark {name!r}: file {source.path} not found "

@@ -19,11 +19,11 @@ from stages.common import cli, log, parse_args, require_finished, stage_dir, tim
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("augment", argv)
-    out = stage_dir(config, "augment")
     shards = config.stage_dir("mcts") / "shards"
     if not committed_shards(shards):
         raise SystemExit(f"missing input {shards}: run `make mcts` first (same CONFIG and RUN)")
     require_finished(config, "mcts")
+    out = stage_dir(config, "augment")  # after the input checks: a stage that cannot start writes nothing
     cfg = config.augment
     with timed("augment"):
         start = time.monotonic()

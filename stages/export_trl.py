@@ -21,13 +21,15 @@ from stages.common import cli, log, parse_args, require, stage_dir, timed
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("export_trl", argv)
-    out = stage_dir(config, "export") / "trl"
     stats = {}
     with timed("export_trl"):
-        for name, source in (("prm_train", config.prm.train_path), ("prm_val", config.prm.val_path)):
-            records = read_training_records(
-                require(config.resolve(source), "augment"), config.prm.prm800k_neutral_label
-            )
+        # both inputs read before the run folder is made: a stage that cannot start writes nothing
+        inputs = {
+            name: read_training_records(require(config.resolve(source), "augment"), config.prm.prm800k_neutral_label)
+            for name, source in (("prm_train", config.prm.train_path), ("prm_val", config.prm.val_path))
+        }
+        out = stage_dir(config, "export") / "trl"
+        for name, records in inputs.items():
             stats[name] = write_stepwise_dataset(records, out / f"{name}.jsonl", config.format.separator)
         write_json_atomic(out / "stats.json", stats)
         log.info("export_trl: %s -> %s", stats, out)

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(config, "mcts")
     check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # before any model loads
     shard_index, shard_count = parse_shard(config.mcts.shard)
+    problems = training_problems(config)  # before the run folder is made: a stage that cannot start writes nothing
+    if config.mcts.max_problems is not None:
+        problems = problems[: config.mcts.max_problems]
     # One process per shard: `mcts.shard=i/n` runs n processes on this folder by design.
     out = stage_dir(config, "mcts", lock=f".lock-shard-{shard_index}of{shard_count}")
     other_splits = [h for h in held_locks(out, ".lock-shard-*") if not h["path"].endswith(f"of{shard_count}")]
@@ -41,9 +44,6 @@ def main(argv: list[str] | None = None) -> dict:
         )
     shards = out / "shards"
     with timed("mcts"):
-        problems = training_problems(config)
-        if config.mcts.max_problems is not None:
-            problems = problems[: config.mcts.max_problems]
         mine = [p for i, p in enumerate(problems) if i % shard_count == shard_index]
         check_settings(
             shards, mcts_settings(config), "the MCTS run", others_running=bool(held_locks(out, ".lock-shard-*"))

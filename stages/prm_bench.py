@@ -85,7 +85,6 @@ def hub_cases(spec: str, hub_id: str, hub_config: str | None, split: str) -> lis
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("prm_bench", argv)
     set_threads(config, "prm_bench")
-    out = stage_dir(config, "prm_bench")
     cfg = config.prm_bench
     with timed("prm_bench"):
         sets, sources = {}, {}
@@ -117,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "prm_bench: nothing to score: set prm_bench.processbench_paths, prm_bench.prm800k_path or "
                 "prm_bench.policy_problems (with problems of a kind that has exact step labels)"
             )
+        out = stage_dir(config, "prm_bench")  # after the input checks: a stage that cannot start writes nothing
         results = {
             name: {
                 "source": sources[name],

@@ -31,7 +31,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from eval.benchmark_sources import resolve_benchmark
+from eval.benchmark_sources import known_benchmark
 from pipeline.files import path_fingerprint, write_json_atomic, write_records_atomic, write_text_atomic
 from pipeline.generation import build_generator, check_served_models
 from pipeline.locks import held_locks
@@ -53,13 +53,10 @@ def search_problems(config):
     finds that benchmark (eval.benchmark_sources.resolve_benchmark: "tiny_test" is the bootstrap stage's
     held-out file)."""
     name, path = config.search.benchmark, config.resolve(config.search.benchmark_path)
-    if path is not None:
-        problems = load_benchmark("problems" if name == "tiny_test" else name, path, lenient=config.data.lenient)
-    else:
-        source = resolve_benchmark(config, name)
-        if name == "tiny_test":
-            require(source.path, "bootstrap")
-        problems = load_benchmark(source.loader, source.path, lenient=config.data.lenient)
+    source = known_benchmark(config, "search.benchmark", name)
+    if path is None and name == "tiny_test":
+        require(source.path, "bootstrap")
+    problems = load_benchmark(source.loader, path or source.path, lenient=config.data.lenient)
     if config.search.max_problems is not None:
         problems = problems[: config.search.max_problems]
     if not problems:
@@ -207,6 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # before any model loads
     index, count = parse_shard(config.search.shard)
     worker = count > 1
+    problems = search_problems(config)  # before the run folder is made: a stage that cannot start writes nothing
     out = stage_dir(config, "search", lock=f".lock-shard-{index}of{count}" if worker else ".lock", save=not worker)
     others = [h for h in held_locks(out, ".lock*") if not (worker and h["path"].endswith(f"of{count}"))]
     if others:
@@ -216,7 +214,6 @@ def main(argv: list[str] | None = None) -> dict:
         )
     shards = out / "shards"
     with timed("search" if not worker else f"search shard {index}/{count}"):
-        problems = search_problems(config)
         kinds = {p.kind for p in problems}
         if len(kinds) != 1:
             raise SystemExit(f"search: problems mix answer kinds {sorted(kinds)}; run one benchmark at a time")

@@ -39,16 +39,17 @@ def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     set_threads(config, stage)
     prm_path = require_prm(config.resolve(config.model.prm))
     preflight(config, stage)  # before any model is loaded
+    require_finished(config, "prm")
+    problems = training_problems(config)  # before the run folder is made: a stage that cannot start writes nothing
     out = stage_dir(config, stage)
     cfg = getattr(config, stage)
     if finished_model(out, stage, cfg.retrain, dataclasses.asdict(cfg)) is not None:
         return MetricsLog(out / "metrics.jsonl").read()
-    require_finished(config, "prm")
     # each process (or asynchronous searcher) builds its own frozen PRM, on its own device: ours or
     # another format (model.prm_format)
     make_scorer = functools.partial(load_scorer, prm_path, config)
     with timed(stage):
-        return finetune_policy(config, stage, training_problems(config), make_scorer, out)
+        return finetune_policy(config, stage, problems, make_scorer, out)
 
 
 if __name__ == "__main__":

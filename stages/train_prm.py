@@ -30,6 +30,7 @@ from stages.common import (
     finished_model,
     log,
     parse_args,
+    require,
     require_finished,
     require_prm,
     require_records,
@@ -77,17 +78,20 @@ def exact_check_samples(config, kind: str) -> list[PolicySample] | None:
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args("train_prm", argv)
     set_threads(config, "prm")
-    out = stage_dir(config, "prm")
     require_finished(config, "augment")
     cfg = config.prm
     # our records (make augment) or PRM800K-format human labels, whichever each file holds
     read = functools.partial(read_training_records, neutral_label=cfg.prm800k_neutral_label)
+    # the inputs before the run folder is made: a stage that cannot start writes nothing
+    val_records = require_records(config.resolve(cfg.val_path), read, "augment")
+    if cfg.eval_only:
+        model_dir = require_prm(config.resolve(config.model.prm))
+    else:
+        require(config.resolve(cfg.train_path), "augment")
+    out = stage_dir(config, "prm")
     with timed("prm"):
-        val_records = require_records(config.resolve(cfg.val_path), read, "augment")
         result: dict = {}
-        if cfg.eval_only:
-            model_dir = require_prm(config.resolve(config.model.prm))
-        else:
+        if not cfg.eval_only:
             model_dir = out / "model"
             settings = dataclasses.asdict(cfg)
             finished = None if cfg.retrain else finished_model(out, "prm", False, settings)

@@ -386,3 +386,37 @@ def test_an_unreachable_hub_model_or_dataset_is_one_line_naming_it_the_key_and_w
     error = [line for line in data.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and error[0].startswith("error: data.train=gsm8k: hub dataset hf://openai/gsm8k"), error
     assert "set data.train_path to a local file" in error[0]
+
+
+@pytest.mark.parametrize(
+    "stage, args, first_words",
+    [
+        ("mcts", [], "error: benchmark file not found: "),
+        ("augment", [], "error: missing input "),
+        ("train_prm", [], "error: missing input "),
+        ("train_prm", ["prm.eval_only=true"], "error: missing input "),
+        ("train_gfn", [], "error: missing input "),
+        ("train_ppo", [], "error: missing input "),
+        ("search", [], "error: missing input "),
+        ("search", ["search.benchmark=nope"], "error: search.benchmark: unknown benchmark 'nope'; expected one of "),
+        ("export_trl", [], "error: missing input "),
+        ("prm_bench", [], "error: missing input "),
+        ("rollout_temperature", [], "error: benchmark file not found: "),
+        ("evaluate", ["eval.benchmarks=[nope]"], "error: eval.benchmarks[0]: unknown benchmark 'nope'"),
+    ],
+)
+def test_a_stage_whose_inputs_are_missing_stops_in_one_line_and_creates_no_folder(
+    monkeypatch, tmp_path, capsys, stage, args, first_words
+):
+    """Every stage checks its inputs before it makes runs/<run>/<stage>/ (or reports/<run>/): a run
+    started too early, or with a wrong name, leaves nothing behind to mistake for a partial run."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)  # reports/ would go here
+    main = importlib.import_module(f"stages.{stage}").main
+    runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}", "run=early"]
+    assert run_cli(monkeypatch, main, *runs, *args) == 2
+    error = capsys.readouterr().err.splitlines()
+    assert error[0].startswith(first_words), error
+    assert "Traceback" not in "\n".join(error)
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # no runs/, no reports/

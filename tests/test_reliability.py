@@ -172,10 +172,12 @@ def hold(lock: Path) -> subprocess.Popen:
 def test_a_second_process_on_a_stage_stops_at_once_and_writes_nothing(run):
     tmp_path, config, _ = run
     for stage, module, lock in (
-        ("prm", train_prm, ".lock"),
         ("augment", augment, ".lock"),
         ("mcts", mcts, ".lock-shard-0of1"),
+        ("prm", train_prm, ".lock"),
     ):
+        if stage == "prm":
+            augment.main(args(tmp_path))  # its inputs: a stage whose inputs are missing stops before its lock
         folder = config.stage_dir(stage)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.yaml").unlink(missing_ok=True)
