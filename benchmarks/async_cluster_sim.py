@@ -62,19 +62,14 @@ import torch
 from matplotlib.figure import Figure
 
 from benchmarks.common import machine_description
-from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import (
-    WAIT_SECONDS,
-    BatchRequest,
-    Searcher,
-    TrajectoryStore,
-    WeightStore,
-    published_after,
-    searcher_config,
-)
 from pipeline.finetune.policy import SampledSolution
-from pipeline.finetune.publication import WeightPublisher, WeightReceiver, bucket_bytes
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.tba import ray_cluster
+from pipeline.finetune.tba.drawing import BatchRequest, published_after
+from pipeline.finetune.tba.publication import WeightPublisher, WeightReceiver, bucket_bytes
+from pipeline.finetune.tba.searcher import Searcher
+from pipeline.finetune.tba.settings import searcher_config
+from pipeline.finetune.tba.stores import WAIT_SECONDS, TrajectoryStore, WeightStore
 from stages.common import parse_args
 
 log = logging.getLogger("stepflow.bench")
