@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.finetune.async_ray import pin_process
+from pipeline.finetune.tba.cores import pin_process
 
 
 class NotRunHere(RuntimeError):

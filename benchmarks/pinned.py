@@ -3,8 +3,8 @@ what each process of the weak-scaling benchmark runs.
 
     python -m benchmarks.pinned <module> [args...]
 
-The core is pipeline.finetune.async_ray.core_for(LOCAL_RANK) of those this process may use; every thread of
-the process is pinned there (pipeline.finetune.async_ray.pin_process) before the module runs as
+The core is pipeline.finetune.tba.cores.core_for(LOCAL_RANK) of those this process may use; every thread of
+the process is pinned there (pipeline.finetune.tba.cores.pin_process) before the module runs as
 __main__ with ``args``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import runpy
 import sys
 
-from pipeline.finetune.async_ray import core_for, pin_process
+from pipeline.finetune.tba.cores import core_for, pin_process
 
 
 def main(argv: list[str]) -> None:

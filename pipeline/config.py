@@ -90,8 +90,8 @@ PRMFormat = Literal[
     "auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"
 ]  # docs/prm.md, "Other PRMs"
 TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
-WeightTransport = Literal["object_store", "collective"]  # gfn.weight_transport (pipeline/finetune/weight_transport.py)
-AsyncPriority = Literal["softmax", "uniform"]  # gfn.async_priority (pipeline/finetune/grouped_replay.py)
+WeightTransport = Literal["object_store", "collective"]  # gfn.weight_transport (finetune/tba/weight_transport.py)
+AsyncPriority = Literal["softmax", "uniform"]  # gfn.async_priority (pipeline/finetune/tba/grouped_replay.py)
 GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
 SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority"]  # prm/search.py
 Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)

@@ -6,7 +6,7 @@ import time
 
 import ray
 
-from pipeline.finetune.async_ray import AsyncFinetuneTrainer
+from pipeline.finetune.tba.trainer import AsyncFinetuneTrainer
 
 
 class DeadlineTrainer(AsyncFinetuneTrainer):

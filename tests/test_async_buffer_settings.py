@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from pipeline.config import GFNConfig
 from pipeline.config_loader import ConfigError
-from pipeline.finetune.async_ray import (
-    TrajectoryStore,
+from pipeline.finetune.policy import SampledSolution
+from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.tba.settings import (
     async_shape,
     check_async_problems,
     check_async_settings,
@@ -31,8 +32,7 @@ from pipeline.finetune.async_ray import (
     share_sizes,
     smallest_buffer,
 )
-from pipeline.finetune.policy import SampledSolution
-from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.tba.stores import TrajectoryStore
 
 
 class DistinctPolicy:

@@ -1,4 +1,4 @@
-"""benchmarks/async_cluster_sim.py: the ideal throughput's arithmetic, and a short simulated run
+"""benchmarks/async_cluster_sim/: the ideal throughput's arithmetic, and a short simulated run
 (a local Ray instance, 1 and 2 searchers, round and update times of tens of milliseconds) whose
 counts agree: what the store took is what the searchers sent, what the trainer trained came from it."""
 
@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import async_cluster_sim as sim
+from benchmarks.async_cluster_sim import measure
+from benchmarks.async_cluster_sim.arithmetic import ideal_rate, percentile
+from benchmarks.async_cluster_sim.report import breakdown_table, markdown_table
+from benchmarks.async_cluster_sim.settings import NO_REPLAY, Calibration, SimSettings, config_policy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +52,7 @@ def test_ideal_rate_is_the_generation_rate_capped_by_the_trainer():
         for _ in range(20)
     ]
     for searchers, round_seconds, per_round, update_seconds, rows in cases:
-        ideal = sim.ideal_rate(
+        ideal = ideal_rate(
             searchers,
             round_seconds=round_seconds,
             trajectories_per_round=per_round,
@@ -64,10 +67,10 @@ def test_ideal_rate_is_the_generation_rate_capped_by_the_trainer():
 
 
 def test_percentile_interpolates_between_ranks():
-    assert sim.percentile([3, 1, 2, 4], 50) == 2.5
-    assert sim.percentile([0, 10], 90) == 9.0
-    assert sim.percentile([7], 90) == 7
-    assert math.isnan(sim.percentile([], 50))
+    assert percentile([3, 1, 2, 4], 50) == 2.5
+    assert percentile([0, 10], 90) == 9.0
+    assert percentile([7], 90) == 7
+    assert math.isnan(percentile([], 50))
 
 
 @pytest.mark.slow
@@ -76,7 +79,7 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
     from pipeline.config_loader import load_config
 
     cfg = load_config(REPO / "configs" / "tiny.yaml")
-    calibration = sim.Calibration(
+    calibration = Calibration(
         round_seconds=0.04,
         trajectories_per_round=16,
         update_seconds=0.05,
@@ -84,20 +87,18 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
         tokens_per_trajectory=2,
         source="test",
     )
-    settings = sim.SimSettings(
+    settings = SimSettings(
         searcher_counts=(1, 2),
-        policies=(sim.config_policy(cfg.gfn), sim.NO_REPLAY),
+        policies=(config_policy(cfg.gfn), NO_REPLAY),
         warmup_updates=1,
         measured_updates=3,
         problems=8,  # 2 searchers of 4 questions per round: independent question cycles would meet at once
         sweep_payload_parameters=1000,
         draw_timeout=60.0,
     )
-    row = sim.measure(
-        cfg, tmp_path, settings=settings, calibration=calibration, full_payload=False
-    )  # Ray shut down inside
+    row = measure(cfg, tmp_path, settings=settings, calibration=calibration, full_payload=False)  # Ray shut down inside
     assert (tmp_path / "async_cluster_sim.json").exists() and (tmp_path / "async_cluster_sim.png").exists()
-    for table in (sim.markdown_table(row), sim.breakdown_table(row)):  # the docs' tables: a line per point
+    for table in (markdown_table(row), breakdown_table(row)):  # the docs' tables: a line per point
         assert len(table.splitlines()) == 2 + len(row["points"])
     expected = [("config", 1), ("config", 2), ("no_replay", 1), ("no_replay", 2)]
     assert [(p["policy"], p["searchers"]) for p in row["points"]] == expected
@@ -113,13 +114,13 @@ def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
         # the trainer trained whole batches, of trajectories the searchers sent
         assert point["trained_rows"] == (settings.warmup_updates + settings.measured_updates) * point["rows_per_update"]
         assert 0 < point["trained_distinct"] <= min(point["added"], point["trained_rows"])
-        assert point["ideal_per_s"] == sim.ideal_rate(
+        assert point["ideal_per_s"] == ideal_rate(
             n, round_seconds=0.04, trajectories_per_round=16, update_seconds=0.05, rows_per_update=n * per_round
         )
         assert point["fraction_of_ideal"] == point["trained_per_s"] / point["ideal_per_s"]
         assert point["shared_question_groups"] == 0  # the searchers sample disjoint shares of the problems
     for point in row["points"]:
         if point["policy"] == "no_replay":
-            assert point["staleness_max"] <= sim.NO_REPLAY.max_staleness
+            assert point["staleness_max"] <= NO_REPLAY.max_staleness
             # one round per searcher per version: the searchers sent no more rounds than the versions published
             assert point["rounds"] <= point["searchers"] * (settings.warmup_updates + settings.measured_updates + 1)

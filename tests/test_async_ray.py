@@ -33,12 +33,12 @@ from processes import run_bounded  # noqa: E402
 
 from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig  # noqa: E402
 from pipeline.config_loader import load_config  # noqa: E402
-from pipeline.finetune import ray_cluster  # noqa: E402
-from pipeline.finetune.async_ray import searcher_config  # noqa: E402
 from pipeline.finetune.objectives import build_objective  # noqa: E402
 from pipeline.finetune.policy import SampledSolution  # noqa: E402
 from pipeline.finetune.run import optimizer_settings  # noqa: E402
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler  # noqa: E402
+from pipeline.finetune.tba import ray_cluster  # noqa: E402
+from pipeline.finetune.tba.settings import searcher_config  # noqa: E402
 from pipeline.finetune.trainer import FinetuneTrainer  # noqa: E402
 from pipeline.tinyworld.problems import generate_splits  # noqa: E402
 from pipeline.training import TrainingBase, checkpoint, make_accelerator  # noqa: E402
@@ -251,7 +251,7 @@ def linear_wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12)
 def pooled_wide_sampler(cfg, index, given: list[dict] = (), questions: int = 12):
     """A searcher's sampler on the wide environment with no scorer of its own: it scores through the
     scorer actors (PooledScorer), as pipeline.finetune.run.searcher_sampler builds it with gfn.scorer_actors > 0."""
-    from pipeline.finetune.async_ray import PooledScorer
+    from pipeline.finetune.tba.scorers import PooledScorer
 
     return TrajectorySampler(
         WidePolicy(),
@@ -838,7 +838,7 @@ def test_the_smallest_legal_buffer_trains(local_ray, tmp_path):
     """B = 4, S = 4, K = 3: a buffer of (B - 1) x S + K = 15 completions (a round is 16) trains;
     one fewer is refused before Ray is asked for anything, naming the key and the arithmetic."""
     from pipeline.config_loader import ConfigError
-    from pipeline.finetune.async_ray import check_async_settings, smallest_buffer
+    from pipeline.finetune.tba.settings import check_async_settings, smallest_buffer
 
     cfg = wide_config(mode="async", searchers=2, num_train_steps=3, async_samples_used=3, max_staleness=None)
     cfg.buffer_size = smallest_buffer(cfg)
@@ -908,7 +908,7 @@ def test_searchers_walk_disjoint_shares_of_the_problems_and_one_searcher_walks_t
     """Two searchers never sample a question at the same time, so the rounds of one weights version
     fill a batch of searchers x questions_per_step distinct questions (docs/async.md, "Who does what")."""
     from pipeline.config_loader import ConfigError
-    from pipeline.finetune.async_ray import searcher_share
+    from pipeline.finetune.tba.settings import searcher_share
 
     given = [{"problem_id": f"q{i}", "question": f"{i}", "answer": "1"} for i in range(10)]
     for searchers in (1, 3, 10):
@@ -1016,7 +1016,7 @@ def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override,
 def test_a_pinned_process_runs_every_thread_on_the_given_cores():
     """pin_process moves every thread of the process (a thread started before it too), not only
     the calling one; a core the machine lacks is an error naming the key."""
-    from pipeline.finetune.async_ray import pin_process
+    from pipeline.finetune.tba.cores import pin_process
 
     before = os.sched_getaffinity(0)
     core = min(before)
@@ -1038,7 +1038,7 @@ def test_a_pinned_process_runs_every_thread_on_the_given_cores():
 
 def test_recency_outside_zero_one_is_refused_naming_the_key():
     from pipeline.config_loader import ConfigError, load_config
-    from pipeline.finetune.async_ray import check_async_settings
+    from pipeline.finetune.tba.settings import check_async_settings
 
     with pytest.raises(ConfigError, match=r"gfn\.recency_fraction"):
         load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.recency_fraction=1.5"])
@@ -1047,7 +1047,7 @@ def test_recency_outside_zero_one_is_refused_naming_the_key():
 
 
 def test_the_store_waits_for_the_initial_completions_and_for_enough_eligible_questions():
-    from pipeline.finetune.async_ray import TrajectoryStore
+    from pipeline.finetune.tba.stores import TrajectoryStore
 
     store = TrajectoryStore({"capacity": 100, "per_question": 2, "seed": 0})
     batch = tabular_sampler(tabular_config(), 0)
@@ -1066,7 +1066,7 @@ def test_a_store_that_nothing_more_can_reach_says_why_and_one_still_filling_does
     have sent their round of the newest version and the buffer cannot give the batch, the store
     names the cause; while a searcher's round of that version is missing, or the batch can be
     given, it does not."""
-    from pipeline.finetune.async_ray import TrajectoryStore
+    from pipeline.finetune.tba.stores import TrajectoryStore
 
     store = TrajectoryStore({"capacity": 100, "per_question": 2, "seed": 0})
     trajectories, _ = tabular_sampler(tabular_config(), 0).sample(0, version=3)  # 4 questions x 8 samples
@@ -1091,7 +1091,7 @@ def test_waits_on_the_weights_and_the_store_return_what_arrives_while_waiting_an
     stop wakes it, and a wait with nothing new ends empty-handed after its bound; the trainer waiting
     for a batch gets it once a round fills the store, and no groups after its bound. The publish and
     the add reach the actors while a wait is in progress (async actors: a wait holds no call up)."""
-    from pipeline.finetune.async_ray import TrajectoryStore, WeightStore
+    from pipeline.finetune.tba.stores import TrajectoryStore, WeightStore
 
     weights = ray.remote(num_cpus=0)(WeightStore).remote()
     waiting = weights.wait_newer.remote(-1, 60.0)
@@ -1118,7 +1118,7 @@ def test_waits_on_the_weights_and_the_store_return_what_arrives_while_waiting_an
 
 def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
     from pipeline.config_loader import load_config
-    from pipeline.finetune.async_ray import async_shape, check_async_settings
+    from pipeline.finetune.tba.settings import async_shape, check_async_settings
 
     paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn
     assert (paper.mode, paper.loss, paper.recency_fraction, paper.sync_every) == ("async", "tb_vargrad", 0.95, 2)
@@ -1366,7 +1366,7 @@ def test_scorer_actors_in_their_own_bundles_give_the_searchers_the_prms_scores(r
     """gfn.scorer_actors=2: the searcher has no scorer of its own and sends each round to one actor,
     the two in turn; every stored trajectory carries exactly the scores the PRM (WideScorer) gives its
     steps, and the run trains. The trainer, the searcher and each scorer actor hold their own bundle and GPU."""
-    from pipeline.finetune.async_ray import scorer_name
+    from pipeline.finetune.tba.scorers import scorer_name
 
     cfg = wide_config(
         mode="async",
@@ -1424,7 +1424,7 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
     transformers model; with gfn.scorer_actors > 0 it builds no PRM and scores through the actors, in
     turn from its own index; with none it builds the PRM once. (vLLM and the models are stand-ins here.)"""
     from pipeline.finetune import run
-    from pipeline.finetune.async_ray import PooledScorer
+    from pipeline.finetune.tba.scorers import PooledScorer
     from pipeline.records import Problem
 
     engines = []

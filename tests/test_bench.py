@@ -120,10 +120,10 @@ def test_a_row_run_alone_writes_its_file_and_its_line_and_a_full_run_writes_ever
 
 
 def test_pinned_processes_take_the_core_of_their_rank(tmp_path):
-    """core_for (pipeline.finetune.async_ray) picks the rank-th core (wrapping around); pinned_to pins a child
+    """core_for (pipeline.finetune.tba.cores) picks the rank-th core (wrapping around); pinned_to pins a child
     before it starts; `python -m benchmarks.pinned` pins a torchrun worker by its LOCAL_RANK."""
     from benchmarks.common import pinned_to
-    from pipeline.finetune.async_ray import core_for
+    from pipeline.finetune.tba.cores import core_for
 
     assert [core_for(rank, {5, 2, 9}) for rank in range(4)] == [2, 5, 9, 2]
     cores = sorted(os.sched_getaffinity(0))
@@ -370,7 +370,7 @@ def test_the_equal_work_settings_train_the_same_rows_in_both_modes():
     asynchronous settings pass the checks the stage runs before Ray starts."""
     from benchmarks.gfn_async_speedup import equal_work_overrides
     from pipeline.config_loader import load_config
-    from pipeline.finetune.async_ray import async_shape, check_async_settings
+    from pipeline.finetune.tba.settings import async_shape, check_async_settings
 
     sync = load_config("configs/tiny.yaml", equal_work_overrides("sync", 4, 4, (0, 1))).gfn
     asynchronous = load_config("configs/tiny.yaml", equal_work_overrides("async", 4, 4, (0, 1))).gfn

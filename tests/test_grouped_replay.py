@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from pipeline.finetune.grouped_replay import GroupedReplay
+from pipeline.finetune.tba.grouped_replay import GroupedReplay
 from pipeline.records import Trajectory
 
 CHI2_DF3_P001 = 16.266  # chi-square critical value, 3 degrees of freedom, p = 0.001

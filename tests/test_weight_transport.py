@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from pipeline.finetune.weight_buckets import ALIGN, BucketLayout
-from pipeline.finetune.weight_transport import PeerGone, WeightGroup, check_transport
+from pipeline.finetune.tba.weight_buckets import ALIGN, BucketLayout
+from pipeline.finetune.tba.weight_transport import PeerGone, WeightGroup, check_transport
 
 SHORT = datetime.timedelta(seconds=5)
 
@@ -181,7 +181,7 @@ def test_transport_names_are_checked():
 def blocking_sends(monkeypatch) -> tuple[dict[int, threading.Event], list, dict[int, list[torch.Tensor]]]:
     """WeightPublisher's object-store send replaced by one that records it and blocks until the
     test releases its version: (release events by version, the ordered log, the buckets each got)."""
-    from pipeline.finetune.publication import WeightPublisher
+    from pipeline.finetune.tba.publication import WeightPublisher
 
     release = {version: threading.Event() for version in (1, 2)}
     log, sent = [], {}
@@ -199,7 +199,7 @@ def blocking_sends(monkeypatch) -> tuple[dict[int, threading.Event], list, dict[
 def test_a_publication_is_sent_in_the_background_from_a_snapshot_of_the_weights(monkeypatch):
     """publish returns while the send is still blocked (the trainer's next update goes on), and what
     is sent is the weights as they were when publish was called, not as training changes them."""
-    from pipeline.finetune.publication import WeightPublisher
+    from pipeline.finetune.tba.publication import WeightPublisher
 
     release, log, sent = blocking_sends(monkeypatch)
     publisher = WeightPublisher(transport="object_store", weights=None, dtype=torch.bfloat16, bucket_bytes=64)
@@ -222,7 +222,7 @@ def test_a_publication_is_sent_in_the_background_from_a_snapshot_of_the_weights(
 
 
 def test_the_next_publication_starts_only_after_the_previous_one_ended(monkeypatch):
-    from pipeline.finetune.publication import WeightPublisher
+    from pipeline.finetune.tba.publication import WeightPublisher
 
     release, log, _ = blocking_sends(monkeypatch)
     publisher = WeightPublisher(transport="object_store", weights=None, dtype=None, bucket_bytes=64)
@@ -250,7 +250,7 @@ def test_the_next_publication_starts_only_after_the_previous_one_ended(monkeypat
 def test_a_publisher_forms_a_new_group_when_the_layout_changes_as_when_its_members_do(monkeypatch):
     """Over the collective, members receive into buckets of the layout they were given when the
     group formed: a publication with another layout (here a tensor's dtype changed) forms a new group."""
-    from pipeline.finetune.publication import WeightPublisher
+    from pipeline.finetune.tba.publication import WeightPublisher
 
     monkeypatch.setattr(WeightPublisher, "_run", lambda self, buckets, version, searchers, start: None)  # no send
     publisher = WeightPublisher(transport="collective", weights=None, dtype=None, bucket_bytes=64)

@@ -131,7 +131,7 @@ class StateLogRewards:
         """The replay priority of each trajectory: log R(s_n) of its last state as the objective
         trains it (PRM log-scores, the unfinished-state penalty, the outcome term, all over the
         reward temperature), without the appendix-F prior, in float64. Both replay buffers rank by
-        it (pipeline.finetune.replay_buffer, pipeline.finetune.grouped_replay). The prior is left
+        it (pipeline.finetune.replay_buffer, pipeline.finetune.tba.grouped_replay). The prior is left
         out: an asynchronous searcher holds no reference log-probs (the trainer scores them), and a
         reference reset would leave every stored priority stale.
 

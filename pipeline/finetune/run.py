@@ -30,21 +30,17 @@ from pipeline.batches import check_divisible
 from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode
 from pipeline.config_loader import ConfigError, check_choice, config_checks
 from pipeline.files import write_json_atomic
-from pipeline.finetune import ray_cluster
-from pipeline.finetune.async_ray import (
-    AsyncFinetuneTrainer,
-    PooledScorer,
-    check_async_problems,
-    check_async_settings,
-    pin_process,
-    searcher_config,
-)
 from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling
 from pipeline.finetune.objectives import build_objective, needs_reference, regularized_target
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.tba import ray_cluster
+from pipeline.finetune.tba.cores import pin_process
+from pipeline.finetune.tba.scorers import PooledScorer
+from pipeline.finetune.tba.settings import check_async_problems, check_async_settings, searcher_config
+from pipeline.finetune.tba.trainer import AsyncFinetuneTrainer
+from pipeline.finetune.tba.weight_transport import check_transport
 from pipeline.finetune.trainer import FinetuneTrainer
-from pipeline.finetune.weight_transport import check_transport
 from pipeline.generation import BACKENDS, check_served_models
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling

@@ -1,13 +1,13 @@
 """Weight publication of the asynchronous mode: the trainer's weights to every searcher at once, in the background.
 
 ``WeightPublisher`` (trainer, main process) casts a state dict to the sampler's dtype and packs it
-into byte buckets of ``gfn.publish_bucket_mb`` (pipeline.finetune.weight_buckets): that copy is
+into byte buckets of ``gfn.publish_bucket_mb`` (pipeline.finetune.tba.weight_buckets): that copy is
 the snapshot, taken before ``publish`` returns, so training goes on while a thread sends it:
 - ``object_store``: one ``ray.put`` per bucket; the weights actor hands the same references and
   the layout to every searcher, which reads them when it next asks for newer weights (a searcher
   restarted by Ray reads the newest ones when it starts);
 - ``collective``: one process group of the trainer and every searcher that answers
-  (pipeline.finetune.weight_transport), one broadcast per bucket. A searcher restarted by Ray has
+  (pipeline.finetune.tba.weight_transport), one broadcast per bucket. A searcher restarted by Ray has
   no group: the transfer is called off for all, a new group of every live searcher is formed and
   the weights sent again in the same publication; a searcher still starting joins at a later one.
 The next publication waits for the previous one. ``WeightReceiver`` is the searcher's end.
@@ -27,8 +27,8 @@ import warnings
 
 import torch
 
-from pipeline.finetune.weight_buckets import BucketLayout
-from pipeline.finetune.weight_transport import TIMEOUT, PeerGone, WeightGroup
+from pipeline.finetune.tba.weight_buckets import BucketLayout
+from pipeline.finetune.tba.weight_transport import TIMEOUT, PeerGone, WeightGroup
 
 log = logging.getLogger("stepflow.async")
 
@@ -56,7 +56,7 @@ class WeightPublisher:
     """Publishes a state dict to every searcher at once, in the background.
 
     transport:    "object_store" | "collective" (gfn.weight_transport)
-    weights:      the run's weights actor (async_ray.WeightStore): it hands out the newest version
+    weights:      the run's weights actor (pipeline.finetune.tba.stores.WeightStore): it hands out the newest version
     dtype:        the sampler's dtype, floating tensors are cast to it (None: each keeps its own)
     bucket_bytes: the largest bucket (a larger tensor gets one of its own)
     backend:      the collective's, "gloo" | "nccl" (the buckets are packed on the GPU for NCCL)

@@ -2,7 +2,7 @@
 
 One process group holds the trainer (rank 0) and every searcher it reaches (ranks 1..n): NCCL
 between GPUs, gloo otherwise; a publication is one broadcast per bucket
-(pipeline.finetune.weight_buckets), received by every searcher at once. The group is built from
+(pipeline.finetune.tba.weight_buckets), received by every searcher at once. The group is built from
 its own TCPStore, outside torch.distributed's global state, so a trainer that is itself one
 process of an accelerate group can hold it, and a new group (new port) replaces it when its
 membership changes (a searcher restarted by Ray).
