@@ -106,7 +106,7 @@ ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]  # model.dtype (p
 GenerationBackend = Literal["hf", "vllm"]  # generation.backend (pipeline/generation)
 Schedule = Literal["cosine", "linear", "constant"]  # prm.scheduler, gfn.scheduler, ppo.scheduler (training/schedule.py)
 BufferPriority = Literal["softmax", "proportional"]  # gfn.buffer_priority (pipeline/finetune/replay_buffer.py)
-GPUType = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200", "L40S"]  # plan.gpu (eval/plan.py GPUS)
+GPUType = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200", "L40S"]  # plan.gpu (planner/plan.py GPUS)
 # model.device: auto | cpu | cuda | cuda:<N> (an index is no closed list: check_ranges matches this pattern)
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:<N>"
@@ -600,7 +600,7 @@ class PlanConfig:
     """The machine `make plan` checks the config against (stages/plan.py, docs/real-model.md)."""
 
     processes: int = bounded(1, ge=1)  # processes of make prm / gfn / ppo (accelerate launch); one GPU each
-    gpu: GPUType = "A100-80GB"  # a GPU type of eval.plan.GPUS: its memory and peak bf16 FLOP/s
+    gpu: GPUType = "A100-80GB"  # a GPU type of planner.plan.GPUS: its memory and peak bf16 FLOP/s
     gpu_memory_gb: float | None = bounded(None, gt=0)  # GiB per GPU; None: the GPU type's
     # stage (prm, gfn, ppo) -> the accelerate config file it is launched with; a stage not named
     # runs as DDP (one whole copy per process), or as one plain process when processes is 1

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
-from eval.plan import MEMORY_STAGES, share_key, stage_memory, unresolvable_model
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.files import InputNotFound
@@ -31,6 +30,8 @@ from pipeline.records import RecordError
 from pipeline.shards import SettingsMismatch, ShardError
 from pipeline.training.base import CHECKPOINTS
 from pipeline.training.checkpoint import CheckpointError
+from planner.resolve import unresolvable_model
+from planner.runtime import MEMORY_STAGES, share_key, stage_memory
 from prm.formats import is_hub_id
 from prm.validation import FIRST_ERROR_LABELLERS
 
@@ -126,7 +127,7 @@ MISSING_OK = ("eval.",)
 def check_models(config: Config, stage: str) -> None:
     """Before any model loads: every model the stage loads (STAGE_MODELS) is a local folder or a
     hub id of the hub's form (not looked up), else a ConfigError in one line naming the key
-    (eval.plan.unresolvable_model, the rule make plan applies). A path a stage of this run makes is
+    (planner.resolve.unresolvable_model, the rule make plan applies). A path a stage of this run makes is
     required where it is read (require: which target makes it); of an eval.models entry
     "model::adapter", the model."""
     for key, raw in STAGE_MODELS.get(stage, lambda c: [])(config):
@@ -168,7 +169,7 @@ def check_served_adapters(config: Config, stage: str) -> None:
 
 def device_memory(config: Config, stage: str, environ: dict | None = None, device_bytes: int | None = None) -> None:
     """A stage on a GPU, before any model loads: make plan's memory estimate of the stage on this
-    device under the running launch (eval.plan.stage_memory), refused as a ConfigError naming the
+    device under the running launch (planner.runtime.stage_memory), refused as a ConfigError naming the
     key, with the arithmetic, when the device cannot hold it; with generation.backend=vllm, each
     engine's share of the device (generation.vllm_gpu_memory_utilization; an asynchronous run's
     searchers': gfn.searcher_vllm_memory_share) derived from what shares it, or the share set

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from eval.plan import make_plan, render
+from planner.make import make_plan
+from planner.render import render
 from stages.common import cli, parse_args
 
 

@@ -1,4 +1,4 @@
-"""make plan-doc: rewrite the `make plan` outputs a doc quotes from the planner (eval/plan_doc.py).
+"""make plan-doc: rewrite the `make plan` outputs a doc quotes from the planner (planner/doc.py).
 
     python -m stages.plan_doc docs/real-model.md            # rewrites the file's make plan blocks
     python -m stages.plan_doc docs/real-model.md --check    # one error line and exit 2 if any is stale
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eval.plan_doc import refresh
 from pipeline.files import write_text_atomic
+from planner.doc import refresh
 from stages.common import cli
 
 

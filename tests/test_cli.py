@@ -166,8 +166,8 @@ def forbid_model_loads(monkeypatch) -> None:
 def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_key_before_any_model_loads(
     monkeypatch, tmp_path, capsys
 ):
-    from eval.plan import make_plan
     from pipeline.config_loader import ConfigError
+    from planner.make import make_plan
     from stages import launch, prm_bench
 
     forbid_model_loads(monkeypatch)

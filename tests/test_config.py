@@ -420,11 +420,11 @@ def test_help_lists_the_choices_of_a_choice_field():
 
 
 def test_the_libraries_take_their_names_from_the_choice_fields():
-    from eval.plan import GPUS
     from pipeline.config import BufferPriority, GenerationBackend, GPUType, ModelDtype, Schedule
     from pipeline.generation import BACKENDS
     from pipeline.modeling import DTYPES
     from pipeline.training.schedule import SCHEDULES
+    from planner.plan import GPUS
 
     assert tuple(GPUS) == typing.get_args(GPUType)
     assert BACKENDS == typing.get_args(GenerationBackend)

@@ -14,7 +14,7 @@ $OUT set, every check writes its figures, or the error that stopped it, into $OU
    for (plan.prompt_tokens prompt tokens + generation.max_new_tokens solution tokens, steps of
    at most generation.max_step_tokens): what is measured is the training update (the teacher-forced
    forwards, backward, optimizer step, replay), its peak GPU memory beside make plan's estimate of
-   the same items (eval.plan.finetune_stage under a one-process launch), both reported unadjusted.
+   the same items (planner.costs.finetune_stage under a one-process launch), both reported unadjusted.
 2. DeepSpeed ZeRO-2 through `accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml
    --num_processes 1` of the stages on the tiny world's random-init models: TB with a learned log Z,
    and PPO; a TB run killed after a checkpoint (whole tensors per parameter) and resumed, against an
@@ -264,10 +264,13 @@ def plan_shaped_trajectories(config, stage: str, tokenizer):
 
 def plan_memory(config, stage: str, device_bytes: float) -> dict[str, float]:
     """make plan's memory items of ``stage`` on one GPU under a one-process launch (what
-    eval.plan.stage_memory sums for the stage at its start)."""
+    planner.runtime.stage_memory sums for the stage at its start)."""
     import copy
 
-    from eval.plan import GIB, GPU, Plan, finetune_stage, launch_from_environment, resolve_model
+    from planner.costs import finetune_stage
+    from planner.launch import launch_from_environment
+    from planner.plan import GIB, GPU, Plan
+    from planner.resolve import resolve_model
 
     config = copy.deepcopy(config)
     config.plan.processes = 1

@@ -130,5 +130,5 @@ def test_the_installed_packages_are_the_library_without_benchmarks_or_tests():
         find_namespace_packages if find.get("namespaces", True) else find_packages
     )  # setuptools' default for packages.find
     installed = finder(where=str(REPO), include=find["include"], exclude=find.get("exclude", ()))
-    assert {name.split(".")[0] for name in installed} == {"pipeline", "prm", "eval", "stages"}
+    assert {name.split(".")[0] for name in installed} == {"pipeline", "prm", "eval", "planner", "stages"}
     assert (REPO / "benchmarks" / "__init__.py").exists() and "benchmarks" not in installed

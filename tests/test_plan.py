@@ -13,11 +13,13 @@ import torch
 import transformers
 import yaml
 
-from eval.plan import GIB, make_plan, render
 from pipeline import shapes
 from pipeline.batches import gradient_accumulation
 from pipeline.config_loader import load_config
 from pipeline.shapes import lora_parameters, shape_from_config
+from planner.make import make_plan
+from planner.plan import GIB
+from planner.render import render
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = sorted(path.stem for path in (REPO / "configs" / "paper").glob("*.yaml"))  # every paper config

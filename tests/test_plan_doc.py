@@ -1,4 +1,4 @@
-"""The make plan outputs docs/real-model.md quotes are the planner's own (eval/plan_doc.py, make
+"""The make plan outputs docs/real-model.md quotes are the planner's own (planner/doc.py, make
 plan-doc): a committed block that differs from what the planner prints now fails here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.plan_doc import PLAN_BLOCK, plan_output, refresh
+from planner.doc import PLAN_BLOCK, plan_output, refresh
 from stages import plan_doc
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ on one H100"): the three fine-tuning updates tests/test_gpu.py ran at the paper 
 
 The measured peaks are constants here, each also checked against the sentence of docs/scale.md
 that reports it, so the page, this test and the planner cannot drift apart. The planner's items are
-computed as make plan computes them (eval.plan.finetune_stage under a one-process launch, the
+computed as make plan computes them (planner.costs.finetune_stage under a one-process launch, the
 published shapes, the hub cache read as empty): a change to the memory model that moves an
 estimate fails here, with the figure docs/scale.md prints beside it. The estimate may exceed the
 peak (it assumes padded micro-batches and keeps a residual of about 8h bytes per layer and token
@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from eval.plan import GIB, GPU, Plan, finetune_stage, launch_from_environment, resolve_model
-from eval.plan_doc import empty_hub_cache
 from pipeline.config_loader import load_config
+from planner.costs import finetune_stage
+from planner.doc import empty_hub_cache
+from planner.launch import launch_from_environment
+from planner.plan import GIB, GPU, Plan
+from planner.resolve import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 SCALE = (REPO / "docs" / "scale.md").read_text()
@@ -57,7 +60,7 @@ CASES = {
 
 def planned_training_bytes(config_path: str, overrides: list[str]) -> float:
     """make plan's training items (weights, gradients, AdamW state, activations, logits) of make gfn
-    on one GPU under a one-process launch, as eval.plan.stage_memory sums them at the stage's start."""
+    on one GPU under a one-process launch, as planner.runtime.stage_memory sums them at the stage's start."""
     config = load_config(REPO / config_path, overrides)
     config = copy.deepcopy(config)
     config.plan.processes = 1

@@ -214,7 +214,7 @@ def preflight(config: Config, stage: str) -> int:
             raise ConfigError(
                 "gfn.searcher_vllm_memory_share is unset with GPU searchers (gfn.searcher_gpus="
                 f"{cfg.searcher_gpus:g}): the stage (python -m stages.train_gfn) derives it from what shares a "
-                "searcher's GPU before anything loads (eval.plan.searcher_stage); outside a stage, set it"
+                "searcher's GPU before anything loads (planner.searchers.searcher_stage); outside a stage, set it"
             )
     check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
     cores = os.cpu_count() or 1

@@ -252,7 +252,7 @@ def engine_kwargs(
     elif gen.vllm_gpu_memory_utilization is None:
         raise ValueError(
             "generation.vllm_gpu_memory_utilization is unset: a stage (python -m stages.<name>) derives it from what "
-            "shares the GPU before anything loads (eval.plan.stage_memory); outside a stage, set it"
+            "shares the GPU before anything loads (planner.runtime.stage_memory); outside a stage, set it"
         )
     else:
         kwargs["gpu_memory_utilization"] = gen.vllm_gpu_memory_utilization

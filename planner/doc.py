@@ -25,8 +25,9 @@ from unittest import mock
 
 import huggingface_hub.constants
 
-from eval.plan import make_plan, render
 from pipeline.config_loader import ConfigError, load_config
+from planner.make import make_plan
+from planner.render import render
 
 __all__ = ["PLAN_BLOCK", "plan_output", "refresh"]
 
