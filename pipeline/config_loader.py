@@ -16,6 +16,10 @@ Loading is bounded and checked before anything is written (docs/reliability.md):
   an error naming the key, the value, the range and the file (or "command line") that set it;
 - ``run`` is one plain folder name and ``runs_root`` a relative path that stays below the
   working folder, unless it is given as an absolute path (the user's explicit choice).
+
+A file may overlay another (``overlays: tiny.yaml``, relative to its own folder): the file it names
+is read first and this one's sections merge into it field by field, so a variant holds its
+difference only (configs/tiny-async.yaml) and cannot drift from its base (``config_files``).
 """
 
 from __future__ import annotations
@@ -209,7 +213,7 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: 
 def _apply_override(config: Config, keys: list[str], value: Any, sources: dict[str, str]) -> None:
     """One ``a.b.c=value`` override. A key inside a mapping field changes that entry only
     (``eval.models.base=X`` keeps the other models; a new name adds one); the field itself
-    (``eval.models={base: X}``) is replaced whole, as a YAML file replaces it."""
+    (``eval.models={base: X}``) is replaced whole, as a YAML file (an overlay too) replaces it."""
     where = "command line"
     obj, prefix = config, ""
     for depth, name in enumerate(keys):
@@ -325,19 +329,63 @@ def check_run_location(config: Config, sources: dict[str, str] | None = None) ->
         )
 
 
+OVERLAYS = "overlays"  # the top-level key naming the file a config overlays ("base" names a model here)
+
+
+def _key_line(path: Path, key: str) -> int:
+    """The line of the top-level ``key`` of a config file that has been read without error."""
+    document = yaml.compose(path.read_text(encoding="utf-8"), Loader=_ConfigYamlLoader)
+    return next(name.start_mark.line + 1 for name, _ in document.value if name.value == key)
+
+
+def config_files(path: Path) -> list[tuple[Path, dict]]:
+    """The config file ``path`` and the files it overlays, each as (file, its mapping without the
+    ``overlays`` key), the first base first, in the order load_config applies them:
+
+        config_files(Path("configs/tiny-async.yaml"))
+            -> [(configs/tiny.yaml, {"run": "demo", ...}), (configs/tiny-async.yaml, {"gfn": {"mode": "async", ...}})]
+
+    A base may overlay another. ConfigError "<file>:<line>: ..." for an ``overlays`` that is not a
+    path, names no file, or closes a cycle."""
+    chain: list[tuple[Path, dict]] = []
+    while True:
+        data = load_yaml_file(path) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        chain.append((path, data))
+        if OVERLAYS not in data:
+            return chain[::-1]
+        base, where = data.pop(OVERLAYS), f"{path}:{_key_line(path, OVERLAYS)}"
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(
+                f"{where}: {OVERLAYS} expects the path of the config file this one overlays, "
+                f"got {_show(base)} ({type(base).__name__})"
+            )
+        base_path = path.parent / base
+        if not base_path.is_file():
+            raise ConfigError(
+                f"{where}: {OVERLAYS} = {_show(base)}: file not found: {base_path} (relative to {path.parent})"
+            )
+        if base_path.resolve() in {file.resolve() for file, _ in chain}:
+            cycle = " -> ".join(str(file) for file, _ in chain)
+            raise ConfigError(f"{where}: {OVERLAYS} = {_show(base)} closes a cycle: {cycle} -> {base_path}")
+        path = base_path
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults, then the YAML file, then ``key=value`` overrides, all type- and range-checked. A
-    section's ``seed`` that neither sets is the top-level ``seed``: ``seed=3`` reseeds the whole pipeline."""
+    """Defaults, then the YAML file (after the files it overlays: config_files), then ``key=value``
+    overrides, all type- and range-checked. Each file merges into what came before it as the
+    command line's ``section={key: value}`` does: a section field by field, a field's value (a
+    number, text, list or a mapping field such as eval.models) replaced whole. A section's ``seed``
+    that none sets is the top-level ``seed``: ``seed=3`` reseeds the whole pipeline."""
     config = Config()
     sources: dict[str, str] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found")
-        data = load_yaml_file(path) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        _apply(config, data, "", str(path), sources)
+        for file, data in config_files(path):
+            _apply(config, data, "", str(file), sources)
     for text in overrides or []:
         keys, value = parse_override(text)
         _apply_override(config, keys, value, sources)
