@@ -29,8 +29,7 @@ from pipeline.model_folders import FolderError, verify_manifest
 from pipeline.problems import HubUnreachable, load_benchmark, question_places
 from pipeline.records import RecordError
 from pipeline.shards import SettingsMismatch, ShardError
-from pipeline.training.base import CHECKPOINTS
-from pipeline.training.checkpoint import CheckpointError
+from pipeline.training.checkpoint_io import CHECKPOINTS, CheckpointError
 from prm.formats import is_hub_id
 from prm.validation import FIRST_ERROR_LABELLERS
 
