@@ -25,13 +25,14 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from eval.benchmark_sources import resolve_benchmark
 from eval.model_specs import parse_model_spec
 from pipeline.batches import check_divisible, gradient_accumulation
+from pipeline.benchmark_copies import NeedsHub, hub_forbidden
+from pipeline.benchmark_loaders import BENCHMARK_LOADERS, load_benchmark
 from pipeline.config import Config, GPUType
 from pipeline.config_loader import ConfigError, check_choice, load_yaml_file
 from pipeline.finetune.objectives import needs_reference
 from pipeline.finetune.run import check_accelerate_launch
 from pipeline.generation import VLLM_INSTALL
 from pipeline.generation.vllm_backend import default_max_model_len
-from pipeline.problems import BENCHMARK_LOADERS, NeedsHub, hub_forbidden, load_benchmark
 from pipeline.shapes import (
     ModelShape,
     activation_bytes,
