@@ -22,9 +22,9 @@ from pathlib import Path
 
 from math_verify import parse, verify
 
+from pipeline.benchmark_copies import benchmarks_dir
 from pipeline.files import read_records
 from pipeline.grading import answers_equal, extract_answer
-from pipeline.problems import benchmarks_dir
 from pipeline.records import Problem, Sample
 
 REPO = Path(__file__).resolve().parents[1]

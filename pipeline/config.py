@@ -111,7 +111,7 @@ GPUType = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200", "L40S"]  # plan
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:<N>"
 PRM_FORMATS = typing.get_args(PRMFormat)
-# The data.train loaders (pipeline.problems) that take data.problem_sources: the other sources
+# The data.train loaders (pipeline.benchmark_loaders) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
 SOURCE_FILTERED_DATA = ("openmathinstruct2",)
 
@@ -179,7 +179,7 @@ class FormatConfig:
 class DataConfig:
     """Problems the training stages (mcts, gfn, ppo) draw from."""
 
-    train: str = "problems"  # a pipeline.problems benchmark name (paper: openmathinstruct2)
+    train: str = "problems"  # a pipeline.benchmark_loaders benchmark name (paper: openmathinstruct2)
     # a *_path: a file; null: the repository's copy (data/benchmarks/), else the hub's; "hub": the hub's
     # (the tiny world: the reinforcement-learning split, problems the bootstrap never trained on)
     train_path: str | None = "{run_dir}/bootstrap/problems_rl.jsonl"
@@ -507,7 +507,7 @@ class PPOConfig(StepTrainingConfig):
 class EvalConfig:
     """Accuracy and diversity evaluation (paper 5, Tables 2 and 4)."""
 
-    benchmarks: list[str] = field(default_factory=lambda: ["tiny_test"])  # names in pipeline.problems / tiny
+    benchmarks: list[str] = field(default_factory=lambda: ["tiny_test"])  # names in pipeline.benchmark_loaders / tiny
     benchmark_paths: dict[str, str] = field(
         default_factory=dict
     )  # name -> local file (or "hub"); absent: the repository's copy

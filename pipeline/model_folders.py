@@ -7,7 +7,7 @@ moment absent or whole, so a killed retrain leaves the model it was replacing.
 
 ``check_model_folder`` runs before a folder is loaded: against its manifest where it has one,
 else (a hub download) every safetensors header against the file size and every JSON file parsed;
-a damaged file raises FolderError naming it. Training checkpoints (pipeline.training.checkpoint)
+a damaged file raises FolderError naming it. Training checkpoints (pipeline.training.checkpoint_io)
 are such folders too.
 
 A folder holding ``model.safetensors`` and ``config.json`` gets this manifest::

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.benchmark_copies import read_hub_rows
 from pipeline.files import read_jsonl
-from pipeline.problems import _read_hub
 from pipeline.records import Problem, RecordError
 from pipeline.stats import bootstrap_statistic
 from prm.validation import load_prm800k
@@ -128,7 +128,7 @@ def processbench_source(spec: str) -> tuple[str, str | None, str] | None:
 def read_processbench_hub(hub_id: str, config: str | None, split: str) -> list[FirstErrorCase]:
     """The cases of a ProcessBench-format split on the hub (Qwen/ProcessBench: gsm8k, math,
     olympiadbench, omnimath), each checked as a file's record is; a bad one names its row."""
-    return [processbench_case(row, where) for where, row, _ in _read_hub(hub_id, config, split)]
+    return [processbench_case(row, where) for where, row, _ in read_hub_rows(hub_id, config, split)]
 
 
 def prm800k_cases(path: str | Path) -> list[FirstErrorCase]:

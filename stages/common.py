@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 
 from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
+from pipeline.benchmark_copies import HubUnreachable
+from pipeline.benchmark_loaders import load_benchmark
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.files import InputNotFound
@@ -25,11 +27,10 @@ from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.launcher import WorkerFailed
 from pipeline.locks import LockError, acquire_stage_lock, held_locks, launch_id
 from pipeline.model_folders import FolderError, verify_manifest
-from pipeline.problems import HubUnreachable, load_benchmark, question_places
+from pipeline.problems import question_places
 from pipeline.records import RecordError
 from pipeline.shards import SettingsMismatch, ShardError
-from pipeline.training.base import CHECKPOINTS
-from pipeline.training.checkpoint import CheckpointError
+from pipeline.training.checkpoint_io import CHECKPOINTS, CheckpointError
 from planner.resolve import unresolvable_model
 from planner.runtime import MEMORY_STAGES, share_key, stage_memory
 from prm.formats import is_hub_id

@@ -32,10 +32,10 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from eval.benchmark_sources import known_benchmark
+from pipeline.benchmark_loaders import load_benchmark
 from pipeline.files import path_fingerprint, write_json_atomic, write_records_atomic, write_text_atomic
 from pipeline.generation import build_generator, check_served_models
 from pipeline.locks import held_locks
-from pipeline.problems import load_benchmark
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import SearchRecord
 from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream

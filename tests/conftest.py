@@ -23,8 +23,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def benchmarks_dir() -> Path:
     """The benchmark files the repository carries (data/benchmarks/, or $STEPFLOW_BENCHMARKS), each
     checked against data/benchmarks/SOURCES.md first."""
-    from pipeline.problems import benchmarks_dir as folder
-    from pipeline.problems import recorded_files, shipped_file
+    from pipeline.benchmark_copies import benchmarks_dir as folder
+    from pipeline.benchmark_copies import recorded_files, shipped_file
 
     for name in recorded_files():
         shipped_file(name)

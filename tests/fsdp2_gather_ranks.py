@@ -4,7 +4,7 @@
 
 Each process builds the same tiny Llama (tied embeddings), shards it with FSDP2 as the training
 base does (each decoder layer, then the root; gloo), gathers its state dict with
-pipeline.training.base.gathered_state_dict in bf16 and in the trained dtype (and so a copy sharded
+pipeline.training.gathering.gathered_state_dict in bf16 and in the trained dtype (and so a copy sharded
 with bf16 mixed precision, whose units all-gather bf16), counting FSDP2's
 all-gathers and DTensor full_tensor calls, and writes <out folder>/rank<r>.json: whether every
 gathered tensor equals the unsharded model's (cast), the counts, whether the tied weights stayed
@@ -30,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from pipeline.training.base import gathered_state_dict  # noqa: E402
+from pipeline.training.gathering import gathered_state_dict  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -41,7 +41,7 @@ from pipeline.finetune.tba import ray_cluster  # noqa: E402
 from pipeline.finetune.tba.settings import searcher_config  # noqa: E402
 from pipeline.finetune.trainer import FinetuneTrainer  # noqa: E402
 from pipeline.tinyworld.problems import generate_splits  # noqa: E402
-from pipeline.training import TrainingBase, checkpoint, make_accelerator  # noqa: E402
+from pipeline.training import TrainingBase, checkpoint_io, make_accelerator  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -894,7 +894,7 @@ def test_a_restarted_trainer_resumes_with_its_buffer(local_ray, tmp_path):
     first, _ = tabular_trainer(cfg, tmp_path, interrupt_at=6)
     with pytest.raises(KeyboardInterrupt):
         first.train()
-    saved = checkpoint.read_state(tmp_path / "checkpoints" / "step-00000004", "trainer")["loop"]["store"]
+    saved = checkpoint_io.read_state(tmp_path / "checkpoints" / "step-00000004", "trainer")["loop"]["store"]
     assert len(saved["buffer"]["items"]) > 0  # the buffer is persisted with the checkpoint (JSON)
     second, _ = tabular_trainer(cfg, tmp_path)
     history = second.train()

@@ -102,8 +102,8 @@ def test_a_problem_filter_that_data_train_cannot_apply_is_refused_at_load():
 def test_the_loaders_that_take_a_problem_filter_are_the_ones_the_config_allows_it_for():
     import inspect
 
+    from pipeline.benchmark_loaders import BENCHMARK_LOADERS
     from pipeline.config import SOURCE_FILTERED_DATA
-    from pipeline.problems import BENCHMARK_LOADERS
 
     takes = {
         name for name, loader in BENCHMARK_LOADERS.items() if "problem_sources" in inspect.signature(loader).parameters

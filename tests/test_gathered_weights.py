@@ -1,5 +1,5 @@
 """The sampler's weights gathered from a sharded policy piece by piece
-(pipeline.training.base.iter_gathered, what TrainingBase.iter_full_state streams under FSDP2 and
+(pipeline.training.gathering.iter_gathered, what TrainingBase.iter_full_state streams under FSDP2 and
 DeepSpeed ZeRO-3, and gathered_state_dict, the stream kept whole): FSDP2 one unit at a time, in 2
 processes (gloo) under torchrun (tests/fsdp2_gather_ranks.py); ZeRO-3 one parameter at a time;
 streamed into a sampler's copy through LMPolicy.after_update without a second copy of the model.
@@ -27,7 +27,7 @@ from processes import run_bounded
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from pipeline.training.base import gathered_state_dict, iter_gathered
+from pipeline.training.gathering import gathered_state_dict, iter_gathered
 
 TESTS = Path(__file__).resolve().parent
 

@@ -626,7 +626,7 @@ def test_a_killed_deepspeed_zero2_run_resumes_from_whole_tensors_to_the_uninterr
 def test_a_deepspeed_engine_on_a_gpu_resumes_from_whole_tensors(tmp_path):
     """DeepSpeed's own engine on one CUDA GPU (tests/zero_resume.py, NCCL, 1 process), ZeRO-2 and
     ZeRO-3 in turn: a checkpoint written after 2 of 4 steps (pipeline.training.zero_state through
-    checkpoint.write_full), loaded into another initialisation, ends at the uninterrupted run's
+    checkpoint_io.write_full), loaded into another initialisation, ends at the uninterrupted run's
     weights with the AdamW step count 4; its weights loaded without the moments end more than 1e-3
     away. Under ZeRO-3 this is the resume path a policy run takes (whose stage samples with vLLM,
     absent from the GPU machine)."""

@@ -605,7 +605,7 @@ def test_a_launch_setting_the_trainer_would_not_apply_is_refused_by_make_plan_an
     paper_world, tmp_path, monkeypatch, fsdp, top, key
 ):
     from pipeline.config_loader import ConfigError
-    from pipeline.training.base import make_accelerator
+    from pipeline.training.accelerator import make_accelerator
 
     path = accelerate_file(tmp_path, "policy_fsdp_lora.yaml", fsdp=fsdp, **{"mixed_precision": "no", **top})
     plan = make_plan(paper("llama3.2-3b", f"plan.accelerate.gfn={path}"))

@@ -19,7 +19,7 @@ from pipeline.problems import write_problems_jsonl
 from pipeline.records import PRMExample, Problem, RecordError
 from pipeline.stats import mann_whitney_auc
 from pipeline.tinyworld.problems import corrected_step, generate_splits
-from pipeline.training import checkpoint
+from pipeline.training import checkpoint_io
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.scorer import PRMScorer
@@ -353,8 +353,8 @@ def test_interrupted_training_resumes_to_the_same_model(tokenizer, tmp_path, mon
                 tokenizer=tokenizer,
                 progress=False,
             )
-    last = checkpoint.latest(tmp_path / "resumed" / "checkpoints")
-    assert last.name == "step-00000004" and checkpoint.read_state(last, "trainer")["step"] == 4
+    last = checkpoint_io.latest(tmp_path / "resumed" / "checkpoints")
+    assert last.name == "step-00000004" and checkpoint_io.read_state(last, "trainer")["step"] == 4
     resumed = train_prm(
         config,
         train,

@@ -11,24 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.model_folders import FolderError
-from pipeline.problems import (
-    SHIPPED_DIR,
+from pipeline.benchmark_copies import SHIPPED_DIR, recorded_files, shipped_file
+from pipeline.benchmark_fields import math_final_answer, parse_options_list, parse_options_string
+from pipeline.benchmark_loaders import (
     load_benchmark,
     load_gsm8k,
     load_math,
     load_math500,
     load_math_level5,
     load_openmathinstruct2,
-    load_problems_jsonl,
     load_sat_math,
-    math_final_answer,
-    parse_options_list,
-    parse_options_string,
-    recorded_files,
-    shipped_file,
-    write_problems_jsonl,
 )
+from pipeline.model_folders import FolderError
+from pipeline.problems import load_problems_jsonl, write_problems_jsonl
 from pipeline.records import Problem, RecordError, answer_kind
 
 FILES = {

@@ -23,7 +23,7 @@ from pipeline.locks import LockError, release_stage_locks
 from pipeline.model_folders import commit_folder, staging_folder, verify_manifest
 from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary, Problem
 from pipeline.shards import SettingsMismatch, ShardError, ShardWriter, check_settings
-from pipeline.training import checkpoint
+from pipeline.training import checkpoint_io
 from stages import augment, mcts, train_gfn, train_prm
 from stages.common import cli, finished_model
 
@@ -233,7 +233,7 @@ def test_a_finished_stage_is_recognised_and_retrains_only_when_asked(tmp_path, c
     assert not (out / "model").exists() and len(list(out.glob("model.set-aside-*"))) == 1
     fake_model(out)
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
-    checkpoint.commit(checkpoint.staging_dir(out / "checkpoints", 2), 2)
+    checkpoint_io.commit(checkpoint_io.staging_dir(out / "checkpoints", 2), 2)
     assert finished_model(out, "gfn", True, {"lr": 1.0}) is None  # retrain: afresh, without the old checkpoints
     assert not (out / "checkpoints").exists()
     assert (
@@ -276,13 +276,13 @@ def test_a_killed_retrain_leaves_the_model_it_was_replacing(random_tiny_world, t
     try:
         deadline = time.monotonic() + 240
         while (
-            not checkpoint.committed(model.parent / "checkpoints")
+            not checkpoint_io.committed(model.parent / "checkpoints")
             and process.poll() is None
             and time.monotonic() < deadline
         ):
             time.sleep(0.05)
         assert process.poll() is None, f"the retrain ended before it was killed: {log.read_text()[-3000:]}"
-        assert checkpoint.committed(model.parent / "checkpoints"), "the retrain made no checkpoint in time"
+        assert checkpoint_io.committed(model.parent / "checkpoints"), "the retrain made no checkpoint in time"
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

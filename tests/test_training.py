@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from pipeline.config import ModelConfig
-from pipeline.training import OptimizerSettings, TrainingBase, checkpoint, learning_rate, make_accelerator
+from pipeline.training import (
+    OptimizerSettings,
+    TrainingBase,
+    checkpoint_io,
+    checkpoint_state,
+    learning_rate,
+    make_accelerator,
+)
 
 CPU = ModelConfig(device="cpu", dtype="float32")
 
@@ -48,12 +55,12 @@ def test_nested_state_round_trips_without_pickle(tmp_path):
     optimizer.step()
     state = {
         "optimizer": optimizer.state_dict(),
-        "rng": checkpoint.rng_state(),
+        "rng": checkpoint_state.rng_state(),
         "python": random.Random(3).getstate(),
         "mixed": {1: [1.5, None, "x", True], "t": (1, 2)},
     }
-    checkpoint.write_state(tmp_path, "state", state)
-    back = checkpoint.read_state(tmp_path, "state")
+    checkpoint_io.write_state(tmp_path, "state", state)
+    back = checkpoint_io.read_state(tmp_path, "state")
     assert back["python"] == state["python"] and back["mixed"] == state["mixed"]
     assert back["optimizer"]["param_groups"] == [dict(g, betas=(0.9, 0.95)) for g in state["optimizer"]["param_groups"]]
     for key, value in state["optimizer"]["state"][0].items():
@@ -61,34 +68,34 @@ def test_nested_state_round_trips_without_pickle(tmp_path):
     assert np.array_equal(back["rng"]["numpy"]["state"]["key"], state["rng"]["numpy"]["state"]["key"])
     assert b"pickle" not in (tmp_path / "state.json").read_bytes()
     with pytest.raises(TypeError, match="without pickling"):
-        checkpoint.flatten_state({"fn": print})
+        checkpoint_io.flatten_state({"fn": print})
 
 
 def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, caplog):
     root = tmp_path / "checkpoints"
     for step in (2, 4, 6):
-        staging = checkpoint.staging_dir(root, step)
-        checkpoint.write_state(staging, "trainer", {"step": step})
-        checkpoint.commit(staging, step, keep=3)
-    assert [p.name for p in checkpoint.committed(root)] == ["step-00000002", "step-00000004", "step-00000006"]
+        staging = checkpoint_io.staging_dir(root, step)
+        checkpoint_io.write_state(staging, "trainer", {"step": step})
+        checkpoint_io.commit(staging, step, keep=3)
+    assert [p.name for p in checkpoint_io.committed(root)] == ["step-00000002", "step-00000004", "step-00000006"]
     (root / "step-00000006" / "trainer.safetensors").write_bytes(b"")  # truncated by a kill or a full disk
     (root / "step-00000004" / "manifest.json").unlink()
-    checkpoint.staging_dir(root, 8)  # a commit that never happened
+    checkpoint_io.staging_dir(root, 8)  # a commit that never happened
     with caplog.at_level(logging.WARNING):
-        assert checkpoint.latest(root).name == "step-00000002"
+        assert checkpoint_io.latest(root).name == "step-00000002"
     assert (
         "step-00000006: trainer.safetensors has 0 bytes" in caplog.text
         and "step-00000004: no readable manifest.json" in caplog.text
     )
     # keep=2 prunes the oldest
-    staging = checkpoint.staging_dir(root, 10)
-    checkpoint.write_state(staging, "trainer", {"step": 10})
-    checkpoint.commit(staging, 10, keep=2)
-    assert [p.name for p in checkpoint.committed(root)] == ["step-00000006", "step-00000010"]
+    staging = checkpoint_io.staging_dir(root, 10)
+    checkpoint_io.write_state(staging, "trainer", {"step": 10})
+    checkpoint_io.commit(staging, 10, keep=2)
+    assert [p.name for p in checkpoint_io.committed(root)] == ["step-00000006", "step-00000010"]
 
 
 def test_whole_tensor_checkpoints_are_written_in_buckets_by_one_process_and_read_back_one_at_a_time(tmp_path):
-    """The DeepSpeed layout (checkpoint.write_full / read_full_index / iter_full), without DeepSpeed:
+    """The DeepSpeed layout (checkpoint_io.write_full / read_full_index / iter_full), without DeepSpeed:
     every process drives the gathering to its end, only the writer keeps and writes the tensors."""
     from pipeline.training import zero_state
 
@@ -111,55 +118,55 @@ def test_whole_tensor_checkpoints_are_written_in_buckets_by_one_process_and_read
             yield key, value
 
     meta = {"processes": 2, "written_under": "DeepSpeed ZeRO-2, 2 process(es)", "optimizer_step": 7}
-    checkpoint.write_full(tmp_path / "other_rank", gathered(), meta, write=False, bucket_bytes=100)
+    checkpoint_io.write_full(tmp_path / "other_rank", gathered(), meta, write=False, bucket_bytes=100)
     assert driven == list(tensors) and not (tmp_path / "other_rank").exists()
-    checkpoint.write_full(tmp_path, gathered(), meta, write=True, bucket_bytes=100)  # 96 bytes a matrix
-    parts = sorted(p.name for p in (tmp_path / checkpoint.FULL).iterdir())
+    checkpoint_io.write_full(tmp_path, gathered(), meta, write=True, bucket_bytes=100)  # 96 bytes a matrix
+    parts = sorted(p.name for p in (tmp_path / checkpoint_io.FULL).iterdir())
     assert parts == ["index.json", "part-00001.safetensors", "part-00002.safetensors", "part-00003.safetensors"]
-    assert checkpoint.is_full(tmp_path)
+    assert checkpoint_io.is_full(tmp_path)
     expected = {key: tuple(value.shape) for key, value in tensors.items()}
-    index = checkpoint.read_full_index(tmp_path, expected, "DeepSpeed ZeRO-3, 1 process(es)")
+    index = checkpoint_io.read_full_index(tmp_path, expected, "DeepSpeed ZeRO-3, 1 process(es)")
     assert index["optimizer_step"] == 7 and index["tensors"]["model.layer.bias"]["dtype"] == "float32"
     order = list(reversed(tensors))  # any order the reader asks for
-    back = list(checkpoint.iter_full(tmp_path, index, order))
+    back = list(checkpoint_io.iter_full(tmp_path, index, order))
     assert [key for key, _ in back] == order
     assert all(torch.equal(value, tensors[key]) for key, value in back)
 
 
 def test_a_whole_tensor_checkpoint_of_another_model_is_refused_naming_both(tmp_path):
     meta = {"processes": 2, "written_under": "DeepSpeed ZeRO-2, 2 process(es)"}
-    checkpoint.write_full(tmp_path, iter([("model.w", torch.zeros(3, 2))]), meta, write=True)
+    checkpoint_io.write_full(tmp_path, iter([("model.w", torch.zeros(3, 2))]), meta, write=True)
     here = "DeepSpeed ZeRO-3, 1 process(es)"
     with pytest.raises(
-        checkpoint.CheckpointMismatch,
+        checkpoint_io.CheckpointMismatch,
         match=r"model\.w has shape \[3, 2\] in the checkpoint \(written by 2 process\(es\) under DeepSpeed ZeRO-2, "
         r"2 process\(es\)\) and \[2, 3\] in this run \(DeepSpeed ZeRO-3, 1 process\(es\)\)",
     ):
-        checkpoint.read_full_index(tmp_path, {"model.w": (2, 3)}, here)
-    with pytest.raises(checkpoint.CheckpointMismatch, match=r"missing \['model\.v'\], unexpected \['model\.w'\]"):
-        checkpoint.read_full_index(tmp_path, {"model.v": (3, 2)}, here)
-    (tmp_path / checkpoint.FULL / checkpoint.FULL_INDEX).write_text("{")
-    with pytest.raises(checkpoint.CheckpointError, match=r"cannot read full/index\.json"):
-        checkpoint.read_full_index(tmp_path, {"model.w": (3, 2)}, here)
+        checkpoint_io.read_full_index(tmp_path, {"model.w": (2, 3)}, here)
+    with pytest.raises(checkpoint_io.CheckpointMismatch, match=r"missing \['model\.v'\], unexpected \['model\.w'\]"):
+        checkpoint_io.read_full_index(tmp_path, {"model.v": (3, 2)}, here)
+    (tmp_path / checkpoint_io.FULL / checkpoint_io.FULL_INDEX).write_text("{")
+    with pytest.raises(checkpoint_io.CheckpointError, match=r"cannot read full/index\.json"):
+        checkpoint_io.read_full_index(tmp_path, {"model.w": (3, 2)}, here)
 
 
 def test_a_deepspeed_checkpoint_is_refused_not_skipped_by_a_run_without_deepspeed(tmp_path):
     """Skipping it as damaged would restart from step 0 and let the new run's checkpoints replace it."""
     base = make_base(tmp_path)
-    staging = checkpoint.staging_dir(base.checkpoint_root, 4)
+    staging = checkpoint_io.staging_dir(base.checkpoint_root, 4)
     names = [n for n, p in base.unwrapped.named_parameters()]
     params = dict(base.unwrapped.named_parameters())
     from pipeline.training import zero_state
 
     items = ((key, params[zero_state.split_key(key)[1]].detach()) for key in zero_state.keys(names))
-    checkpoint.write_full(staging, items, {"processes": 2, "written_under": "DeepSpeed ZeRO-2, 2 process(es)"}, True)
-    checkpoint.write_state(staging, "trainer", {"step": 4, "processes": 2, "loop": None})
-    checkpoint.commit(staging, 4)
+    checkpoint_io.write_full(staging, items, {"processes": 2, "written_under": "DeepSpeed ZeRO-2, 2 process(es)"}, True)
+    checkpoint_io.write_state(staging, "trainer", {"step": 4, "processes": 2, "loop": None})
+    checkpoint_io.commit(staging, 4)
     with pytest.raises(
-        checkpoint.CheckpointMismatch, match=r"written under DeepSpeed ZeRO.*this run is unsharded, 1 process"
+        checkpoint_io.CheckpointMismatch, match=r"written under DeepSpeed ZeRO.*this run is unsharded, 1 process"
     ):
         make_base(tmp_path).resume()
-    assert [p.name for p in checkpoint.committed(base.checkpoint_root)] == ["step-00000004"]
+    assert [p.name for p in checkpoint_io.committed(base.checkpoint_root)] == ["step-00000004"]
 
 
 def test_a_deepspeed_run_refuses_a_checkpoint_written_without_deepspeed_naming_both(tmp_path, monkeypatch):
@@ -169,7 +176,7 @@ def test_a_deepspeed_run_refuses_a_checkpoint_written_without_deepspeed_naming_b
     monkeypatch.setattr(TrainingBase, "_zero", property(lambda self: True))  # the DeepSpeed branch, on CPU
     monkeypatch.setattr(TrainingBase, "_layout", lambda self: "DeepSpeed ZeRO-2, 2 process(es)")
     with pytest.raises(
-        checkpoint.CheckpointMismatch,
+        checkpoint_io.CheckpointMismatch,
         match=r"step-00000002: written by a run without DeepSpeed \(1 process\(es\); one whole copy\), and this run "
         r"is DeepSpeed ZeRO-2, 2 process\(es\)",
     ):
@@ -296,7 +303,7 @@ def test_a_checkpoint_of_another_model_is_refused_with_a_clear_error(tmp_path):
     other = TrainingBase(
         make_accelerator(CPU), torch.nn.Linear(5, 1), OptimizerSettings(lr=0.1, total_steps=4), tmp_path, progress=False
     )
-    with pytest.raises(checkpoint.CheckpointError, match="written by another model or config"):
+    with pytest.raises(checkpoint_io.CheckpointError, match="written by another model or config"):
         other.resume()
 
 
@@ -314,7 +321,7 @@ def test_when_no_checkpoint_is_usable_training_restarts_from_step_0_and_says_so(
             lambda model, batch: (_ for _ in ()).throw(KeyboardInterrupt) if killed.step == 9 else mse(model, batch),
         )
     root = tmp_path / "killed" / "checkpoints"
-    for directory in checkpoint.committed(root):  # every checkpoint damaged (a full disk, a bad copy)
+    for directory in checkpoint_io.committed(root):  # every checkpoint damaged (a full disk, a bad copy)
         (directory / "optimizer.safetensors").write_bytes(b"\0" * 8)
     resumed = make_base(tmp_path / "killed", save_every=4)
     with caplog.at_level(logging.WARNING):
@@ -329,15 +336,15 @@ def test_a_checkpoint_whose_manifest_checks_out_but_cannot_be_read_falls_back(tm
     x, y = regression_data()
     base = make_base(tmp_path, save_every=4)
     base.fit(batches(x, y, 16, stop=9), mse)
-    assert [p.name for p in checkpoint.committed(tmp_path / "checkpoints")] == ["step-00000004", "step-00000008"]
-    real = checkpoint.read_state
+    assert [p.name for p in checkpoint_io.committed(tmp_path / "checkpoints")] == ["step-00000004", "step-00000008"]
+    real = checkpoint_io.read_state
 
     def unreadable_newest(directory, name):
         if directory.name == "step-00000008" and name == "optimizer":
-            raise checkpoint.CheckpointError(f"{directory}: cannot read {name} (simulated)")
+            raise checkpoint_io.CheckpointError(f"{directory}: cannot read {name} (simulated)")
         return real(directory, name)
 
-    monkeypatch.setattr(checkpoint, "read_state", unreadable_newest)
+    monkeypatch.setattr(checkpoint_io, "read_state", unreadable_newest)
     resumed = make_base(tmp_path, save_every=4)
     with caplog.at_level(logging.WARNING):
         assert resumed.resume() == {} and resumed.step == 4
@@ -362,7 +369,7 @@ def test_nothing_in_a_run_folder_is_ever_unpickled(tmp_path):
     namespace: dict = {}
     exec(PAYLOAD.format(marker=marker), namespace)
     bomb = pickle.dumps(namespace["Bomb"]())
-    newest = checkpoint.committed(tmp_path / "checkpoints")[-1]
+    newest = checkpoint_io.committed(tmp_path / "checkpoints")[-1]
     for name in ("optimizer.pkl", "trainer.pkl", "rng_state.pth", "pytorch_model.bin"):  # planted beside the real files
         (newest / name).write_bytes(bomb)
     planted = tmp_path / "checkpoints" / "step-99999999"  # and a whole fake newer checkpoint

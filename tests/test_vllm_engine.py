@@ -200,14 +200,14 @@ def test_reloaded_weights_serve_the_new_greedy_tokens_and_no_stale_prefix(updata
 
 def test_the_engine_reads_a_gathered_stream_one_tensor_at_a_time(updatable_engine, tiny_llama):
     """The trained weights reach the engine as the stream a sharded trainer gathers
-    (pipeline.training.base.iter_gathered; ZeRO-3's gathering played by the stand-in of
+    (pipeline.training.gathering.iter_gathered; ZeRO-3's gathering played by the stand-in of
     tests/test_gathered_weights.py): vLLM's reload_weights reads it as it loads, so while any
     parameter is gathered the sync holds less than half the model beyond the engine's own weights
     (a materialised stream would hold all of it), every parameter is gathered once, and the
     engine then serves the trained model's greedy tokens."""
     from test_gathered_weights import MadeTensors, MemoryProbe
 
-    from pipeline.training.base import iter_gathered
+    from pipeline.training.gathering import iter_gathered
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, torch_dtype=torch.float32).eval()
     torch.manual_seed(2)

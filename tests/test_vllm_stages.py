@@ -261,6 +261,7 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
     import transformers
     from async_trainers import DeadlineTrainer
 
+    from pipeline.benchmark_loaders import load_benchmark
     from pipeline.config_loader import load_config
     from pipeline.finetune.objectives import build_objective
     from pipeline.finetune.policy import LMPolicy
@@ -268,7 +269,6 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
     from pipeline.finetune.sampling import TrajectorySampler
     from pipeline.generation.hf import HFGenerator
     from pipeline.modeling import load_causal_lm, load_tokenizer
-    from pipeline.problems import load_benchmark
     from pipeline.training import TrainingBase, make_accelerator
 
     config = load_config(

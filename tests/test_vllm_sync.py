@@ -147,8 +147,8 @@ def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_s
 
     from peft import LoraConfig, get_peft_model
 
+    from pipeline.benchmark_loaders import load_benchmark
     from pipeline.finetune import run
-    from pipeline.problems import load_benchmark
 
     base_model = load_causal_lm(str(random_tiny_world / "policy"), ModelConfig(device="cpu", dtype="float32"))
     tuned = get_peft_model(

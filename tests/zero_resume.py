@@ -8,7 +8,7 @@ installed).
 For each ZeRO stage in turn, in the same processes: a tiny two-layer model with AdamW in two
 groups (weight decay on matrices only, as the training base builds it) trains on batches that
 depend on the step only, so any number of processes computes the same update. save: 2 steps, the
-checkpoint (pipeline.training.zero_state through checkpoint.write_full) into <folder>/zero-<stage>,
+checkpoint (pipeline.training.zero_state through checkpoint_io.write_full) into <folder>/zero-<stage>,
 2 more steps, the final weights into <folder>/zero-<stage>/straight.safetensors. load: another
 initialisation, the checkpoint loaded, 2 steps; then a third initialisation given the checkpoint's
 weights alone, 2 steps; and <folder>/zero-<stage>/load-<processes>.json: for each, the largest
@@ -33,7 +33,7 @@ os.environ.setdefault("LOCAL_RANK", "0")
 import deepspeed  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from pipeline.training import checkpoint, zero_state  # noqa: E402
+from pipeline.training import checkpoint_io, zero_state  # noqa: E402
 
 stages, mode, root = [int(s) for s in sys.argv[1].split(",")], sys.argv[2], Path(sys.argv[3])
 # The collectives go through gloo alone: DeepSpeed's CPU backend would otherwise compile its
@@ -77,7 +77,7 @@ def save(stage: int, folder: Path) -> None:
     names = [n for n, _ in e.module.named_parameters()]
     train(e, 0, 2)
     meta = {"processes": world, "optimizer_step": zero_state.optimizer_step(e)}
-    checkpoint.write_full(folder, zero_state.gathered(e, e.module, names), meta, write=rank == 0)
+    checkpoint_io.write_full(folder, zero_state.gathered(e, e.module, names), meta, write=rank == 0)
     train(e, 2, 4)
     final = weights(e, names)
     if rank == 0:
@@ -91,10 +91,10 @@ def resume(stage: int, folder: Path, seed: int, weights_only: bool) -> dict:
     names = [n for n, _ in e.module.named_parameters()]
     shapes = {k: tuple(getattr(p, "ds_shape", p.shape)) for n, p in e.module.named_parameters() for k in [f"model.{n}"]}
     shapes.update({f"{m}.{n}": shapes[f"model.{n}"] for n in names for m in zero_state.MOMENTS})
-    index = checkpoint.read_full_index(folder, shapes, f"ZeRO-{stage}, {world} process(es)")
+    index = checkpoint_io.read_full_index(folder, shapes, f"ZeRO-{stage}, {world} process(es)")
     zero_state.prepare_state(e, index["optimizer_step"])
     wanted = [k for k in zero_state.keys(names) if not weights_only or k.startswith("model.")]
-    zero_state.load(e, e.module, checkpoint.iter_full(folder, index, wanted), e.device)
+    zero_state.load(e, e.module, checkpoint_io.iter_full(folder, index, wanted), e.device)
     train(e, 2, 4)
     final, straight = weights(e, names), load_file(str(folder / "straight.safetensors"))
     return {

@@ -21,7 +21,7 @@ from pipeline.generation.hf import HFGenerator
 from pipeline.generation.scoring import trajectory_logprobs
 from pipeline.modeling import copy_weights, iter_merged_lora
 from pipeline.steps import encode_prompt, encode_trajectory, split_steps
-from pipeline.training.base import load_streamed
+from pipeline.training.gathering import load_streamed
 
 
 @dataclass
@@ -109,7 +109,7 @@ class LMPolicy:
         """The weights changed (training step ``version`` is done): a sampler holding a copy
         reloads them (``weights(dtype=None)``: the trained model's whole state dict as a stream of
         (name, tensor), e.g. TrainingBase.iter_full_state, gathered from shards as it is read), one
-        tensor at a time, read to its end on every process (pipeline.training.base.load_streamed)."""
+        tensor at a time, read to its end on every process (pipeline.training.gathering.load_streamed)."""
         if self.sampler is not None:
             # gathered straight into the sampler's dtype when the sampler says which (LoRA: merged
             # first, in the trained dtype, one module at a time)

@@ -56,8 +56,8 @@ from pipeline.modeling import (
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
-from pipeline.training.base import load_streamed
 from pipeline.training.distributed import Collective, fsdp_requested
+from pipeline.training.gathering import load_streamed
 from pipeline.training.tracking import tracker_names
 
 STAGES = ("gfn", "ppo")

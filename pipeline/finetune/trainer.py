@@ -25,8 +25,8 @@ from pipeline.finetune.rewards import CORRECT_ANSWER
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.records import Trajectory
 from pipeline.training import TrainingBase
-from pipeline.training.base import load_streamed
 from pipeline.training.collective_clock import CLOCK
+from pipeline.training.gathering import load_streamed
 
 
 class FinetuneTrainer:

@@ -331,7 +331,7 @@ class HFGenerator:
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Generate from now on with ``weights``: a plain model's whole state dict, or a stream of
         its (name, tensor) pairs (e.g. gathered from a sharded trained model after each update,
-        pipeline.training.base.iter_gathered), read one at a time. Each tensor is copied into this
+        pipeline.training.gathering.iter_gathered), read one at a time. Each tensor is copied into this
         model's own in place, cast to its dtype and device (pipeline.modeling.copy_weights): no
         second copy of the model is made. Names it does not hold are refused, and so are weights
         that leave one of its tensors out (named once the stream has ended: left as it was, that

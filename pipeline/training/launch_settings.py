@@ -4,7 +4,7 @@
 (ACCELERATE_MIXED_PRECISION, ACCELERATE_DYNAMO_BACKEND, ACCELERATE_USE_FSDP, FSDP_OFFLOAD_PARAMS,
 ...). The launcher's keys (num_processes, machine_rank, gpu_ids, ...) and the DeepSpeed section
 are accelerate's to read. The training base builds its Accelerator itself (mixed precision from
-model.dtype, torch.compile from prm.compile) and applies FSDP2 itself (pipeline.training.base.
+model.dtype, torch.compile from prm.compile) and applies FSDP2 itself (pipeline.training.sharding.
 shard_model), so of the rest it honours only some values; any other value is refused when it
 differs from accelerate's default, naming the key:
 
@@ -30,7 +30,7 @@ from pipeline.config_loader import ConfigError, load_yaml_file
 FSDP_SECTION = "fsdp_config"
 DYNAMO_SECTION = "dynamo_config"
 
-# fsdp_config keys the training base applies (pipeline.training.base.shard_model), with the values it
+# fsdp_config keys the training base applies (pipeline.training.sharding.shard_model), with the values it
 # applies (None: any); every other FSDP key accelerate knows is refused unless it keeps accelerate's default
 HONOURED_FSDP = {
     "fsdp_version": None,  # 2 only: pipeline.finetune.run.check_accelerate_launch and shard_model refuse another
@@ -104,7 +104,7 @@ def dynamo_settings(compile: bool) -> list[LaunchSetting]:
 
 
 def applied_mixed_precision(dtype: str, on_gpu: bool = True) -> str:
-    """The mixed precision the training base gives accelerate (pipeline.training.base.mixed_precision):
+    """The mixed precision the training base gives accelerate (pipeline.training.accelerator.mixed_precision):
     bf16 autocast on a GPU unless model.dtype is float32, none on CPU."""
     return "bf16" if on_gpu and dtype != "float32" else "no"
 

@@ -4,7 +4,7 @@ Saving: every trainable parameter's float32 master weight and its two AdamW mome
 exp_avg_sq) are gathered whole, one parameter at a time, through deepspeed.utils'
 ``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state`` (collectives under ZeRO: every
 process calls them, in the order of the model's named parameters), and the main process writes
-them as safetensors (``checkpoint.write_full``); the AdamW step count goes into the JSON index.
+them as safetensors (``checkpoint_io.write_full``); the AdamW step count goes into the JSON index.
 Loading: the base AdamW's state is created on the flat float32 partitions DeepSpeed steps (as
 torch creates it at a first step, with the saved step count) and linked to the parameters the way
 DeepSpeed links it after its first step, then every tensor is set back with

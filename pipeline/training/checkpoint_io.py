@@ -21,6 +21,8 @@ parameter and moment (``write_full``; gathered one parameter at a time by
 ``index.json`` beside them. Whole tensors carry no sharding: such a checkpoint loads under any
 number of processes. A sound checkpoint of another model, layout or config is refused with
 ``CheckpointMismatch`` naming both (it is not skipped as damaged, so it is never overwritten).
+
+What a trainer writes into a checkpoint and how it resumes from one: ``pipeline.training.checkpoint_state``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -47,6 +48,7 @@ from pipeline.model_folders import STAGING_PREFIX, FolderError, staging_folder, 
 
 log = logging.getLogger("stepflow.checkpoint")
 
+CHECKPOINTS = "checkpoints"  # a run's checkpoint folders: <out_dir>/checkpoints/step-<step>/
 PREFIX = "step-"
 STAGING = STAGING_PREFIX
 
@@ -128,22 +130,6 @@ def tensor_paths(skeleton: Any) -> set[str]:
     if isinstance(skeleton, list):
         return set().union(*(tensor_paths(value) for value in skeleton)) if skeleton else set()
     return set()
-
-
-def rng_state() -> dict:
-    """Python's, numpy's and torch's (CPU and CUDA) global generator states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(legacy=False), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ----------------------------------------------------------------------------- files
