@@ -7,10 +7,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from pipeline.batches import check_divisible, gradient_accumulation
+from pipeline.batches import gradient_accumulation
 from pipeline.config import Config
 from pipeline.finetune.objectives import needs_reference
-from pipeline.finetune.run import check_accelerate_launch
+from pipeline.finetune.setup import FinetuneLaunch, SetupError, resolve
 from pipeline.generation import VLLM_INSTALL
 from pipeline.shapes import activation_bytes, logits_bytes, lora_parameters
 from pipeline.shards import parse_shard
@@ -134,15 +134,13 @@ def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     launch = read_launch(plan, stage)
     check_wrap_class(plan, stage, policy)
     cost = StageCost(stage, processes)
-    try:
-        check_divisible(cfg.questions_per_step, processes, f"{stage}.questions_per_step")
-    except ValueError as error:
-        plan.error(f"{stage}.questions_per_step", str(error))
-    if launch.environ is not None:  # the trainer's own rule for the launch it runs under
-        try:
-            check_accelerate_launch(stage, cfg, config.generation.backend, processes, launch.environ)
-        except ValueError as error:
+    try:  # the trainer's own choices and refusals under the launch it runs under (pipeline.finetune.setup)
+        resolve(config, stage, FinetuneLaunch(processes, launch.environ or {}))
+    except SetupError as error:
+        if error.key is None:  # the launch itself: its accelerate file
             plan.error(f"plan.accelerate.{stage}", f"{launch.file}: {error}")
+        else:
+            plan.error(error.key, str(error))
     if config.generation.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         plan.warn("generation.backend", f"vllm is not installed here: {VLLM_INSTALL}")
     fresh = cfg.num_train_steps * cfg.questions_per_step * cfg.samples_per_question

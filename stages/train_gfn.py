@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from pipeline.finetune.run import finetune_policy, preflight
+from pipeline.finetune.run import finetune_policy
+from pipeline.finetune.setup import preflight
 from pipeline.training.metrics import MetricsLog
 from prm.formats import load_scorer
 from stages.common import (

@@ -304,7 +304,7 @@ def tabular_trainer(
     given: the problems the searchers start from (through Ray's object store); kill_searcher_at: the
     step at which searcher 0's process is SIGKILLed; rejoin: the test waits for it to come back;
     export: what is published (the policy's state dict unless given); stage_export: what the stage
-    publishes instead (pipeline.finetune.run.published_weights: the training base's stream, LoRA
+    publishes instead (pipeline.finetune.tba.publication.published_weights: the training base's stream, LoRA
     merged by LMPolicy.plain_stream, in publish_dtype or float32); make_scorer: what each scorer
     actor (gfn.scorer_actors) builds its PRM with. Under torchrun, every process of the group is one
     of the trainer's."""
@@ -365,7 +365,8 @@ def tabular_trainer(
 
     if stage_export:
         from pipeline.finetune.policy import LMPolicy
-        from pipeline.finetune.run import published_weights, trained_lora_scaling
+        from pipeline.finetune.publication import published_weights
+        from pipeline.finetune.run import trained_lora_scaling
         from pipeline.modeling import lora_fan_in_fan_out
 
         stage_policy = LMPolicy(
@@ -549,7 +550,7 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
     """Three searchers, weights cast to bfloat16 in buckets of 96 bytes (several), one publication
     for all; then searcher 0 is SIGKILLed: its new process takes the current weights (the object
     store's when it starts; the collective's at the next publication, in a new group of all three).
-    Then what the stage publishes (pipeline.finetune.run.published_weights: a LoRA model's stream,
+    Then what the stage publishes (pipeline.finetune.tba.publication.published_weights: a LoRA model's stream,
     the adapter merged, cast to bfloat16), another layout (the collective forms a new group for it):
     every searcher loads exactly the trainer's merged weights cast to bfloat16."""
     folder = tmp_path / "received"
@@ -625,7 +626,8 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
         trainer.keep_searching()
 
         from pipeline.finetune.policy import LMPolicy
-        from pipeline.finetune.run import published_weights, trained_lora_scaling
+        from pipeline.finetune.publication import published_weights
+        from pipeline.finetune.run import trained_lora_scaling
 
         lora = lora_wide_policy()
         stage_base = TrainingBase(
@@ -723,7 +725,7 @@ def test_async_lockstep_equals_sync(local_ray, tmp_path):
     trainer trains at step t on the round sampled with the weights of step t, the questions and
     seeds of the synchronous trainer's step t (docs/async.md, "Lockstep equals sync"). Both train a
     LoRA adapter; the asynchronous trainer publishes what the stage publishes
-    (pipeline.finetune.run.published_weights: the training base's stream with the adapter merged,
+    (pipeline.finetune.tba.publication.published_weights: the training base's stream with the adapter merged,
     float32, over the object store) and the searcher loads it into a plain policy by name."""
     sync_cfg = wide_config()
     sync_policy = lora_wide_policy()
@@ -925,7 +927,7 @@ def test_searchers_walk_disjoint_shares_of_the_problems_and_one_searcher_walks_t
 
 def test_ppo_is_refused_in_async_mode():
     from pipeline.config_loader import load_config
-    from pipeline.finetune.run import preflight
+    from pipeline.finetune.setup import preflight
 
     with pytest.raises(ValueError, match="PPO is on-policy"):
         preflight(load_config(REPO / "configs" / "tiny.yaml", ["ppo.mode=async"]), "ppo")
@@ -1003,7 +1005,7 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
 )
 def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
     from pipeline.config_loader import ConfigError, load_config
-    from pipeline.finetune.run import preflight
+    from pipeline.finetune.setup import preflight
 
     config = load_config(
         REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.samples_per_question=8", "gfn.sync_every=3", override]
@@ -1193,23 +1195,24 @@ def test_auto_without_a_cluster_says_how_to_start_one(tmp_path, monkeypatch):
 
 
 def test_async_under_several_trainer_processes_needs_a_cluster_address(monkeypatch):
-    from pipeline.finetune import run
+    from pipeline.finetune import setup
 
-    monkeypatch.setattr(run, "process_count", lambda model_config: 2)  # as under `accelerate launch --num_processes 2`
+    # as under `accelerate launch --num_processes 2`
+    monkeypatch.setattr(setup, "process_count", lambda model_config: 2)
     with pytest.raises(
         ValueError, match=r"gfn.mode=async under 2 trainer processes needs gfn\.ray_address.*`ray start --head`"
     ):
-        run.preflight(
+        setup.preflight(
             load_config(REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.questions_per_step=2"]), "gfn"
         )
-    run.preflight(
+    setup.preflight(
         load_config(
             REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "gfn.questions_per_step=2", "gfn.ray_address=auto"]
         ),
         "gfn",
     )
     with pytest.raises(ValueError, match=r"gfn\.questions_per_step=3 must be a positive multiple"):
-        run.preflight(load_config(REPO / "configs" / "tiny.yaml", ["gfn.questions_per_step=3"]), "gfn")
+        setup.preflight(load_config(REPO / "configs" / "tiny.yaml", ["gfn.questions_per_step=3"]), "gfn")
 
 
 def test_searchers_are_checked_against_what_the_cluster_offers(caplog):
@@ -1423,6 +1426,7 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
     generation.backend=vllm it starts its own engine with gfn.searcher_vllm_memory_share and loads no
     transformers model; with gfn.scorer_actors > 0 it builds no PRM and scores through the actors, in
     turn from its own index; with none it builds the PRM once. (vLLM and the models are stand-ins here.)"""
+    from pipeline import generation
     from pipeline.finetune import run
     from pipeline.finetune.tba.scorers import PooledScorer
     from pipeline.records import Problem
@@ -1430,7 +1434,7 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
     engines = []
 
     class Engine:
-        def __init__(self, path, config, weight_updates=False):
+        def __init__(self, path, config, weight_updates=False, **options):
             engines.append((path, config.generation.vllm_gpu_memory_utilization, weight_updates))
 
     def no_model(*args, **kwargs):
@@ -1442,7 +1446,7 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
         built.append(1)
         return WideScorer()
 
-    monkeypatch.setattr(run, "VLLMGenerator", Engine)
+    monkeypatch.setattr(generation, "VLLMGenerator", Engine)
     monkeypatch.setattr(run, "load_causal_lm", no_model)
     monkeypatch.setattr(run, "load_tokenizer", lambda path, trust_remote_code: None)
     problems = [Problem(f"p{i}", f"{i} + 1?", str(i + 1), "tiny").to_json() for i in range(3)]
@@ -1477,7 +1481,7 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
 
 def test_gpu_vllm_searchers_without_a_memory_share_outside_a_stage_are_refused():
     from pipeline.config_loader import ConfigError
-    from pipeline.finetune.run import preflight
+    from pipeline.finetune.setup import preflight
 
     config = load_config(
         REPO / "configs" / "tiny.yaml", ["gfn.mode=async", "generation.backend=vllm", "gfn.searcher_gpus=1"]

@@ -553,7 +553,7 @@ def test_a_fine_tuning_sampler_vllm_cannot_keep_on_the_trained_weights_is_refuse
     import importlib.util
 
     from pipeline.config_loader import load_config
-    from pipeline.finetune.run import preflight
+    from pipeline.finetune.setup import preflight
 
     adapter = write_adapter(tmp_path / "adapter", rank_pattern={"q_proj": 8})
     real_find_spec = importlib.util.find_spec

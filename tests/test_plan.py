@@ -421,7 +421,9 @@ def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_a
         r"of the device",
     ):
         device_memory(packed, "train_gfn", FSDP_LAUNCH, device_bytes=80 * GIB)
-    plan = make_plan(paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1"))
+    plan = make_plan(
+        paper("llama3.2-3b", *async_run, "gfn.scorer_actors=1", "gfn.scorer_gpus=1", "gfn.ray_address=auto")
+    )
     assert plan.errors == [] and [s.name for s in plan.stages if s.name.startswith("gfn")] == [
         "gfn",
         "gfn searchers",
@@ -663,6 +665,30 @@ def test_make_plan_takes_fsdp_with_hf_sampling_and_refuses_zero3_with_it_as_the_
     plan = make_plan(paper("llama3.2-3b", "generation.backend=hf", f"plan.accelerate.gfn={zero3}"))
     message = {f.key: f.message for f in plan.errors}["plan.accelerate.gfn"]
     assert message.startswith(f"{zero3}: DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole")
+
+
+def test_make_plan_applies_the_trainers_setup_rules_with_the_stages_message(paper_world, monkeypatch):
+    """make plan resolves each fine-tuning stage as the trainer does (pipeline.finetune.setup.resolve)
+    under the accelerate file it names: FSDP2 with HF sampling is what the trainer runs (an HF copy
+    of the policy), and an asynchronous run of several trainer processes without gfn.ray_address is
+    refused with the stage's own message."""
+    from pipeline.config_loader import ConfigError
+    from pipeline.finetune import setup
+    from pipeline.training.launch_settings import file_environment, read_accelerate_file
+
+    fsdp = paper("llama3.2-3b", "generation.backend=hf")
+    assert not [f for f in make_plan(fsdp).errors if f.key.startswith(("plan.accelerate", "gfn.", "ppo."))]
+    environ = file_environment(read_accelerate_file(fsdp.plan.accelerate["gfn"]))
+    assert setup.resolve(fsdp, "gfn", setup.FinetuneLaunch(8, environ)).sampler == "hf_copy"
+
+    unjoined = paper("llama3.2-3b-async", "gfn.ray_address=null")
+    refused = {f.key: f.message for f in make_plan(unjoined).errors}
+    assert refused["gfn.ray_address"].startswith("gfn.mode=async under 8 trainer processes needs gfn.ray_address")
+    monkeypatch.setattr(setup, "process_count", lambda model_config: 8)  # the stage under accelerate launch
+    with pytest.raises(ConfigError) as stage:
+        setup.preflight(unjoined, "gfn")
+    assert str(stage.value) == refused["gfn.ray_address"]
+    assert "gfn.ray_address" not in {f.key for f in make_plan(paper("llama3.2-3b-async")).errors}
 
 
 def test_memory_beyond_the_device_names_the_key_that_shrinks_its_largest_item(paper_world):

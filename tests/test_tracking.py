@@ -14,7 +14,7 @@ import pytest
 from test_prm import arithmetic_records, make_prm, make_tokenizer, tiny_config
 
 from pipeline.config_loader import ConfigError, load_config
-from pipeline.finetune.run import preflight
+from pipeline.finetune.setup import preflight
 from pipeline.tinyworld.bootstrap import build_base_policy
 from pipeline.training import tracking as tracking_module
 from pipeline.training.tracking import Tracking, flat_config, tracker_names

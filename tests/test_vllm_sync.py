@@ -147,6 +147,7 @@ def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_s
 
     from peft import LoraConfig, get_peft_model
 
+    from pipeline import generation
     from pipeline.benchmark_loaders import load_benchmark
     from pipeline.finetune import run
 
@@ -178,7 +179,7 @@ def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_s
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
     )
-    monkeypatch.setattr(run, "VLLMGenerator", fake_generator)
+    monkeypatch.setattr(generation, "VLLMGenerator", fake_generator)
     config = load_config(
         None,
         [

@@ -64,8 +64,8 @@ class Objective(Protocol):
         called before the update made at trainer step ``step`` (0-based): a schedule (beta)
     reset_reference(weights, step) -> None
         the reference policy becomes the plain ``weights`` of training step ``step`` (a stream of
-        (name, tensor), gathered as it is read; called every reference_reset_every steps when the
-        config section has that field)
+        (name, tensor), gathered as it is read; called every ``reference_reset_every(cfg)`` steps:
+        gfn.reference_reset_every, never for PPO)
 
     An off-policy objective also builds micro-batches of any batch, ``plan(batch, weight)``: the
     asynchronous trainer trains on batches drawn from its searchers' buffer.
@@ -102,6 +102,18 @@ def needs_reference(cfg: GFNConfig | PPOConfig) -> bool:
     if isinstance(cfg, PPOConfig):
         return cfg.kl_coef > 0
     return cfg.kl_coef > 0 or cfg.reference_prior_coef > 0
+
+
+def reference_reset_every(cfg: GFNConfig | PPOConfig) -> int:
+    """Training steps between resets of the reference to the current policy (gfn.reference_reset_every,
+    TBA eq. 5-7); 0: never (PPO's reference stays the starting policy)."""
+    return cfg.reference_reset_every if isinstance(cfg, GFNConfig) else 0
+
+
+def needs_sampling_logprob(cfg: GFNConfig | PPOConfig) -> bool:
+    """Whether the objective weighs a trajectory by its probability under the weights that sampled
+    it (gfn.importance_correction), which the sampler then records with it."""
+    return isinstance(cfg, GFNConfig) and cfg.importance_correction
 
 
 def build_objective(

@@ -12,10 +12,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import importlib.util
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,41 +24,29 @@ from matplotlib.figure import Figure
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
-from pipeline.batches import check_divisible
-from pipeline.config import Config, GFNConfig, PPOConfig, TrainingMode
-from pipeline.config_loader import ConfigError, check_choice, config_checks
+from pipeline.config import Config, GFNConfig, PPOConfig
 from pipeline.files import write_json_atomic
 from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling
-from pipeline.finetune.objectives import build_objective, needs_reference, regularized_target
+from pipeline.finetune.objectives import build_objective, regularized_target
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
+from pipeline.finetune.setup import FinetuneSetup, preflight
 from pipeline.finetune.tba import ray_cluster
 from pipeline.finetune.tba.cores import pin_process
+from pipeline.finetune.tba.publication import published_weights
 from pipeline.finetune.tba.scorers import PooledScorer
-from pipeline.finetune.tba.settings import check_async_problems, check_async_settings, searcher_config
+from pipeline.finetune.tba.settings import check_async_problems, searcher_config
 from pipeline.finetune.tba.trainer import AsyncFinetuneTrainer
-from pipeline.finetune.tba.weight_transport import check_transport
 from pipeline.finetune.trainer import FinetuneTrainer
-from pipeline.generation import BACKENDS, check_served_models
-from pipeline.generation.hf import HFGenerator
-from pipeline.generation.vllm_backend import VLLMGenerator, adapter_config, lora_scaling
+from pipeline.generation import build_generator
+from pipeline.generation.vllm_backend import lora_scaling
 from pipeline.model_folders import commit_folder, staging_folder
-from pipeline.modeling import (
-    load_causal_lm,
-    load_tokenizer,
-    lora_fan_in_fan_out,
-    resolve_device,
-    resolve_dtype,
-    upcast_trainable,
-)
+from pipeline.modeling import load_causal_lm, load_tokenizer, lora_fan_in_fan_out, resolve_device, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
-from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator, process_count
-from pipeline.training.distributed import Collective, fsdp_requested
-from pipeline.training.gathering import load_streamed
-from pipeline.training.tracking import tracker_names
+from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
+from pipeline.training.distributed import Collective
 
-STAGES = ("gfn", "ppo")
 CEILING = "ceiling.json"  # <out_dir>/ceiling.json: the GFlowNet stage's reweighting ceiling, before training
 
 log = logging.getLogger("stepflow")
@@ -148,106 +134,6 @@ def train_problems(config: Config, problems: Sequence[Problem], tokenizer) -> tu
     return prompts, kind
 
 
-def check_accelerate_launch(stage: str, cfg, backend: str, processes: int, environ=None) -> None:
-    """The accelerate config this run was launched with (as ``accelerate launch`` passes it on:
-    ACCELERATE_USE_FSDP, FSDP_VERSION, ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_ZERO_STAGE)
-    against the objective's settings and the sampling backend: a combination that cannot work is
-    refused here, before any model is loaded, naming the config that works (docs/scale.md)."""
-    environ = os.environ if environ is None else environ
-    on = lambda name: str(environ.get(name, "false")).lower() in ("1", "true", "yes")  # noqa: E731
-    if on("ACCELERATE_USE_FSDP") and str(environ.get("FSDP_VERSION", "1")) != "2":
-        raise ValueError(
-            f"the accelerate config asks for FSDP version {environ.get('FSDP_VERSION', '1')}: the training base "
-            "shards the policy with FSDP2 only; use configs/accelerate/policy_fsdp.yaml (fsdp_version: 2)"
-        )
-    if not on("ACCELERATE_USE_DEEPSPEED"):
-        return
-    stage_of_zero = str(environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
-    if cfg.save_every > 0 and stage_of_zero not in ("1", "2", "3"):
-        raise ValueError(
-            f"{stage}.save_every={cfg.save_every} under DeepSpeed ZeRO stage {stage_of_zero}: resumable checkpoints "
-            f"are written from a ZeRO optimizer (stage 1, 2 or 3); use configs/accelerate/deepspeed_zero2.yaml, or "
-            f"set {stage}.save_every=0"
-        )
-    if stage_of_zero == "3" and backend != "vllm" and cfg.mode != "async":
-        raise ValueError(
-            "DeepSpeed ZeRO-3 with generation.backend=hf: no process holds the whole policy between forwards and "
-            "the trainer gathers no copy for HF sampling; use generation.backend=vllm (the trainer gathers the "
-            "weights for the engine), configs/accelerate/policy_fsdp.yaml (FSDP2, HF or vLLM sampling) or "
-            "deepspeed_zero2.yaml"
-        )
-
-
-@config_checks
-def preflight(config: Config, stage: str) -> int:
-    """What can be checked before any model is loaded (a ConfigError, not a crash halfway):
-    the stage, questions_per_step against the number of processes (under ``accelerate launch``
-    each process samples a whole share of the questions), the asynchronous mode's launch (Ray
-    installed, one cluster for several trainer processes), the sampling backend's package, the
-    policy folder its engine serves (check_served_models) and the trackers' (report_to). The
-    searchers are checked against the cluster once it is joined (check_cluster), still before
-    any model is loaded.
-    Returns the number of processes."""
-    if stage not in STAGES:
-        raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
-    processes = process_count(config.model)  # also gives each process its GPU before anything is loaded on it
-    cfg = getattr(config, stage)
-    check_choice(cfg.mode, TrainingMode, f"{stage}.mode")
-    if cfg.mode == "async":
-        if stage == "ppo":
-            raise ValueError(
-                "ppo.mode=async: PPO is on-policy (its ratio and advantages assume the trajectories come from the "
-                "policy being updated); the asynchronous mode is for the off-policy GFlowNet objectives (make gfn)"
-            )
-        if importlib.util.find_spec("ray") is None:
-            raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")
-        check_transport(cfg.weight_transport)
-        if processes > 1 and cfg.ray_address is None:
-            raise ValueError(
-                f"gfn.mode=async under {processes} trainer processes needs gfn.ray_address: the main process joins "
-                "a Ray cluster started beside the trainer's launch (the other processes never connect; they get "
-                "their batches from it) and reserves the trainer's GPUs there, on one machine or several. Start "
-                "one first (`ray start --head`) and pass gfn.ray_address=auto (or host:port)"
-            )
-        check_async_settings(cfg)
-        if config.generation.backend == "vllm" and cfg.searcher_gpus and cfg.searcher_vllm_memory_share is None:
-            raise ConfigError(
-                "gfn.searcher_vllm_memory_share is unset with GPU searchers (gfn.searcher_gpus="
-                f"{cfg.searcher_gpus:g}): the stage (python -m stages.train_gfn) derives it from what shares a "
-                "searcher's GPU before anything loads (planner.searchers.searcher_stage); outside a stage, set it"
-            )
-    check_divisible(cfg.questions_per_step, processes, key=f"{stage}.questions_per_step")
-    cores = os.cpu_count() or 1
-    if cfg.trainer_cores is not None and any(core >= cores for core in cfg.trainer_cores):
-        raise ValueError(f"{stage}.trainer_cores = {cfg.trainer_cores}: this machine has cores 0 to {cores - 1}")
-    check_accelerate_launch(stage, cfg, config.generation.backend, processes)
-    backend = config.generation.backend
-    if backend not in BACKENDS:
-        raise ValueError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
-    check_served_models(config, {"model.policy": config.resolve(config.model.policy)})  # the sampler's engine serves it
-    if backend == "vllm":
-        check_vllm_sampler(config)
-    tracker_names(config.report_to)
-    return processes
-
-
-def check_vllm_sampler(config: Config) -> None:
-    """What a fine-tuning run's vLLM sampler (the colocated engine, or each asynchronous
-    searcher's) needs, before anything loads: its weights are replaced in its own process after
-    every update, so one engine holds the whole model (tensor parallel 1); a model.policy_adapter
-    reaches it merged into the plain weights (LoRA, one alpha / r: lora_scaling)."""
-    tensor_parallel = config.generation.vllm_tensor_parallel_size
-    if tensor_parallel > 1:
-        raise ValueError(
-            f"generation.vllm_tensor_parallel_size={tensor_parallel}: a fine-tuning sampler's weights are replaced in "
-            "its own process after every update (vLLM's reload_weights there reaches that process's shard only); "
-            "use 1 (one engine per training process or searcher, data parallel over the processes)"
-        )
-    adapter = config.resolve(config.model.policy_adapter)
-    if adapter and Path(adapter).is_dir():
-        lora_scaling(adapter_config(adapter))
-
-
 def trained_lora_scaling(model) -> float | None:
     """alpha / r of the trained model's LoRA adapters (added from the section's lora_* settings,
     or a model.policy_adapter loaded to train on), merged into the weights a vLLM sampler is
@@ -286,7 +172,7 @@ def searcher_sampler(
         engine_config.generation = dataclasses.replace(
             config.generation, vllm_gpu_memory_utilization=cfg.searcher_vllm_memory_share
         )
-        model, sampler = None, VLLMGenerator(policy_path, engine_config, weight_updates=True)
+        model, sampler = None, build_generator(engine_config, policy_path, weight_updates=True)
         if cfg.importance_correction:  # log pi(tau) of what it sampled, teacher-forced as the trainer scores it
             model = load_causal_lm(policy_path, config.model).requires_grad_(False)
     else:
@@ -307,27 +193,7 @@ def searcher_sampler(
     return TrajectorySampler(policy, scorer, problems_with_prompts, kind, cfg)
 
 
-def searcher_dtype(config: Config, cfg: GFNConfig) -> torch.dtype:
-    """The dtype a searcher's policy holds, which the trainer publishes in: model.dtype on the
-    searcher's device (model.device, or with ``auto`` a GPU when gfn.searcher_gpus > 0: Ray hides
-    the GPUs from an actor that asks for none), e.g. bfloat16 on a GPU, float32 on a CPU."""
-    device = config.model.device if config.model.device != "auto" else ("cuda" if cfg.searcher_gpus else "cpu")
-    return resolve_dtype(config.model.dtype, device)
-
-
-def published_weights(policy: LMPolicy, base: TrainingBase, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
-    """What the asynchronous trainer publishes (its ``export``): every process reads the gathered
-    stream (``base.iter_full_state``) to its end (its gathers are collectives), in the searchers'
-    ``dtype`` unless LoRA is merged first (``policy.plain_stream``, in the trained dtype); the main
-    process keeps it whole (the publication plans its buckets from every tensor and packs a
-    snapshot, cast to ``dtype``), the others keep nothing (None)."""
-    kept: dict[str, torch.Tensor] = {}
-    stream = base.iter_full_state(dtype if policy.lora_scaling is None else None)
-    load_streamed(kept.update if base.is_main else lambda stream: None, policy.plain_stream(stream))
-    return kept if base.is_main else None
-
-
-def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> list[str]:
+def check_cluster(config: Config, setup: FinetuneSetup, problems: Sequence[Problem]) -> list[str]:
     """The asynchronous searchers against the Ray cluster this process has joined: refused when
     the cluster lacks the CPUs or GPUs to run them all at once beside the trainer's GPUs (one per
     trainer process on CUDA), a warning (returned and logged) when their estimated memory exceeds
@@ -336,7 +202,7 @@ def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> li
     training problems; each scorer actor's: a worker process and the PRM's weights."""
     import ray  # the optional extra (extra `distributed`)
 
-    cfg = getattr(config, stage)
+    cfg = getattr(config, setup.stage)
     policy, prm = (ray_cluster.folder_bytes(config.resolve(m)) for m in (config.model.policy, config.model.prm))
     searcher_bytes = (
         ray_cluster.WORKER_BYTES
@@ -344,13 +210,12 @@ def check_cluster(config: Config, stage: str, problems: Sequence[Problem]) -> li
         + (0 if cfg.scorer_actors else prm)
         + len(json.dumps([p.to_json() for p in problems]))
     )
-    where = f"the Ray cluster at gfn.ray_address={cfg.ray_address}" if cfg.ray_address else "the local Ray instance"
-    trainer_gpus = process_count(config.model) if resolve_device(config.model.device).type == "cuda" else 0
+    trainer_gpus = setup.processes if resolve_device(config.model.device).type == "cuda" else 0
     return ray_cluster.check_searchers_fit(
         cfg,
         ray.cluster_resources(),
         searcher_bytes,
-        where,
+        ray_cluster.cluster_name(cfg),
         trainer_gpus=trainer_gpus,
         scorer_bytes=ray_cluster.WORKER_BYTES + prm,
     )
@@ -392,7 +257,8 @@ def finetune_policy(
 ) -> list[dict]:
     """Fine-tune config.model.policy with the objective of config.<stage> ("gfn" or "ppo"),
     in this process or across the processes of ``accelerate launch``; with gfn.mode=async,
-    searcher actors on Ray sample while this process trains (docs/async.md).
+    searcher actors on Ray sample while this process trains (docs/async.md). Every choice is the
+    setup's (pipeline.finetune.setup.resolve, checked by ``preflight``); this builds it.
 
     make_scorer: builds the PRM (``log_scores_many([(question, steps), ...])``, e.g.
                  functools.partial(prm.scorer.PRMScorer.from_pretrained, path, config)); called
@@ -402,9 +268,9 @@ def finetune_policy(
     training_curves.png (main process); checkpoints/ while training. Returns the metrics
     records of this run.
     """
-    preflight(config, stage)
+    setup = preflight(config, stage)
     cfg = getattr(config, stage)
-    asynchronous = cfg.mode == "async"
+    asynchronous = setup.mode == "async"
     if asynchronous:
         check_async_problems(cfg, len(problems))  # before Ray starts
     # the main process alone talks to Ray (AsyncFinetuneTrainer); the others never connect
@@ -415,7 +281,7 @@ def finetune_policy(
         with ray_cluster.session(cfg, f"stepflow-{config.run}"):
             return finetune_policy(config, stage, problems, make_scorer, out_dir, progress)
     if drives_ray:
-        check_cluster(config, stage, problems)  # before any model is loaded
+        check_cluster(config, setup, problems)  # before any model is loaded
     if cfg.trainer_cores:  # after Ray has started: its processes keep the cores this one was started on
         pin_process(set(cfg.trainer_cores), key=f"{stage}.trainer_cores")
     torch.manual_seed(cfg.seed)
@@ -424,30 +290,19 @@ def finetune_policy(
     tracking = Tracking.from_config(config, stage, out_dir)  # the trackers of report_to
     accelerator = make_accelerator(config.model, tracking=tracking)
     collective = Collective(accelerator)
-    zero3 = collective.sharded_parameters and not fsdp_requested(accelerator)
-    if zero3 and config.generation.backend != "vllm" and not asynchronous:
-        raise ValueError(
-            "under DeepSpeed ZeRO-3 no process holds the whole policy between forwards and the trainer gathers no "
-            "copy for HF sampling: use configs/accelerate/policy_fsdp.yaml (FSDP2; HF or vLLM sampling), "
-            "deepspeed_zero2.yaml or ddp.yaml with generation.backend=hf"
-        )
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     model = load_causal_lm(
         policy_path, config.model, adapter=config.resolve(config.model.policy_adapter), is_trainable=True
     )
-    # the GFlowNet scores its reference at training time (it may be reset); PPO's sampler stores it with each trajectory
-    reference = load_reference(config, tokenizer) if needs_reference(cfg) else None
+    reference = load_reference(config, tokenizer) if setup.reference != "none" else None
     if cfg.lora and not hasattr(model, "peft_config"):
         model = add_lora(model, cfg)
     # Full fine-tuning of a bf16/fp16 model: float32 master weights, the forward autocast to the
     # half dtype (and the saved model cast back to it).
     half_dtype = upcast_trainable(model)
     model.train()
-    sampler = (
-        VLLMGenerator(policy_path, config, colocate=True)
-        if config.generation.backend == "vllm" and not asynchronous
-        else None
-    )
+    # the colocated engine loads model.policy alone: with a model.policy_adapter it is given the trained weights below
+    engine = build_generator(config, policy_path, colocate=True) if setup.sampler == "vllm" else None
     policy = LMPolicy(
         model,
         tokenizer,
@@ -455,7 +310,7 @@ def finetune_policy(
         config.generation.max_new_tokens,
         config.generation.batch_size,
         autocast_dtype=half_dtype,
-        sampler=sampler,
+        sampler=engine,
         lora_scaling=trained_lora_scaling(model),
         lora_fan_in_fan_out=lora_fan_in_fan_out(model),
     )
@@ -464,7 +319,7 @@ def finetune_policy(
         policy,
         hidden_size=model.config.get_text_config().hidden_size,
         collective=collective,
-        reference=reference if stage == "gfn" else None,
+        reference=reference if setup.reference == "objective" else None,
     )
     updates = objective.updates_per_rollout
     base = TrainingBase(
@@ -481,37 +336,26 @@ def finetune_policy(
         tracking=tracking,
     )
     policy.prepared(base.model, base.unwrapped)
-    if base.sharded and sampler is None and not asynchronous:
+    if setup.sampler == "hf_copy":
         # FSDP2: no process holds the whole policy between forwards, and HF generation would need
         # every process in lockstep at every token: sample from a plain copy in model.dtype (what
         # a vLLM engine holds), given the gathered weights now and after every update
-        policy.sampler = HFGenerator(
-            load_causal_lm(policy_path, config.model).requires_grad_(False),
-            tokenizer,
-            batch_size=config.generation.batch_size,
-        )
-        policy.after_update(0, base.iter_full_state)
-    elif (
-        sampler is not None and config.model.policy_adapter
-    ):  # the engine loaded model.policy alone: it samples the adapter's policy
+        policy.sampler = build_generator(config, policy_path)
+    if setup.start_weights:  # its copy holds model.policy alone: it samples the trained policy from the first step
         policy.after_update(0, base.iter_full_state)
     problems_with_prompts, kind = train_problems(config, problems, tokenizer)
     if asynchronous:
-        make_sampler = functools.partial(searcher_sampler, config, stage, make_scorer)
-        publish_dtype = searcher_dtype(config, cfg)
-
-        trainer_sampler = TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective)
         trainer = AsyncFinetuneTrainer(
             base,
-            trainer_sampler,
+            TrajectorySampler(policy, None, problems_with_prompts, kind, cfg, collective=collective),
             objective,
             cfg,
-            make_sampler,
-            export=functools.partial(published_weights, policy, base, publish_dtype),
+            functools.partial(searcher_sampler, config, stage, make_scorer),
+            export=functools.partial(published_weights, policy, base, setup.publish_dtype),
             problems=[p.to_json() for p in problems],
             run_name=config.run,
             progress=progress,
-            publish_dtype=publish_dtype,
+            publish_dtype=setup.publish_dtype,
             make_scorer=make_scorer,
         )
     else:
@@ -521,12 +365,12 @@ def finetune_policy(
             problems_with_prompts,
             kind,
             cfg,
-            reference=reference if stage == "ppo" else None,
+            reference=reference if setup.reference == "sampler" else None,
             collective=collective,
         )
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
     log.info("%s: %s", stage, regularized_target(cfg).describe())
-    if stage == "gfn" and cfg.ceiling_questions:
+    if setup.ceiling:
         # the base policy's own samples: before train() resumes any checkpoint
         scorer = make_scorer() if asynchronous else trajectory_sampler.scorer
         log_reweighting_ceiling(
@@ -544,7 +388,7 @@ def finetune_policy(
     history = trainer.train()
     state_dict = base.final_state_dict()  # gathered under FSDP / DeepSpeed: every process takes part
     if base.is_main:  # written aside, committed by one rename: model/ is either absent or whole
-        if stage == "ppo":  # beside the model, never in it: vLLM loads every *.safetensors of a folder without an index
+        if setup.value_head:  # beside the model, never in it: vLLM loads every *.safetensors of a folder
             head = staging_folder(out_dir / VALUE_HEAD)
             save_file(
                 {k: v.contiguous() for k, v in objective.value_head.state_dict().items()},

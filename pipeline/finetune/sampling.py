@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.batches import check_divisible
+from pipeline.finetune.objectives import needs_sampling_logprob
 from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER
 from pipeline.grading import extract_answer, grade_many
 from pipeline.records import Trajectory
@@ -140,7 +141,7 @@ class TrajectorySampler:
         # the off-policy correction's denominator: log pi(tau) under the weights that sampled it (these)
         sampled = (
             [float(sum(steps) + stop) for steps, stop in self._logprobs(self.policy, kept)]
-            if getattr(self.cfg, "importance_correction", False)
+            if needs_sampling_logprob(self.cfg)
             else [None] * len(kept)
         )
         trajectories = [

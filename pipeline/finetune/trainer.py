@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline.finetune.objectives import reference_reset_every
 from pipeline.finetune.rewards import CORRECT_ANSWER
 from pipeline.finetune.sampling import TrajectorySampler
 from pipeline.records import Trajectory
@@ -121,7 +122,7 @@ class FinetuneTrainer:
         every gfn.reference_reset_every steps the reference becomes the current policy."""
         policy = self.sampler.policy
         policy.after_update(step, self.base.iter_full_state)
-        every = getattr(self.cfg, "reference_reset_every", 0)
+        every = reference_reset_every(self.cfg)
         if every and step % every == 0:  # streamed into the reference, read to its end on every process
             load_streamed(
                 lambda weights: self.objective.reset_reference(weights, step),

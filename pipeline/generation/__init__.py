@@ -23,11 +23,20 @@ VLLM_INSTALL = "`make gpu-env` builds .venv-vllm with the pinned vLLM, and the m
 
 
 def build_generator(
-    config, model_path: str | None = None, adapter: str | None = None, progress: bool = False
+    config,
+    model_path: str | None = None,
+    adapter: str | None = None,
+    progress: bool = False,
+    *,
+    weight_updates: bool = False,
+    colocate: bool = False,
 ) -> Generator:
     """A generator for ``model_path`` (default: config.model.policy with config.model.policy_adapter).
 
     An explicit ``model_path`` takes only the ``adapter`` given here, never the config's.
+    weight_updates: a fine-tuning sampler, whose weights are replaced with ``load_weights``;
+    colocate: one that shares this process with the trainer replacing them after every update.
+    An HF generator takes new weights either way; a vLLM engine is started for them (VLLMGenerator).
     """
     if model_path is None:
         model_path = config.resolve(config.model.policy)
@@ -37,7 +46,9 @@ def build_generator(
     if backend == "hf":
         return HFGenerator.from_config(config, model_path, adapter, progress=progress)
     if backend == "vllm":
-        return VLLMGenerator(model_path, config, adapter=adapter, progress=progress)
+        return VLLMGenerator(
+            model_path, config, adapter=adapter, progress=progress, weight_updates=weight_updates, colocate=colocate
+        )
     raise ConfigError(f"generation.backend is {backend!r}; expected one of {', '.join(BACKENDS)}")
 
 

@@ -33,7 +33,7 @@ DYNAMO_SECTION = "dynamo_config"
 # fsdp_config keys the training base applies (pipeline.training.sharding.shard_model), with the values it
 # applies (None: any); every other FSDP key accelerate knows is refused unless it keeps accelerate's default
 HONOURED_FSDP = {
-    "fsdp_version": None,  # 2 only: pipeline.finetune.run.check_accelerate_launch and shard_model refuse another
+    "fsdp_version": None,  # 2 only: pipeline.finetune.setup.check_accelerate_launch and shard_model refuse another
     "fsdp_reshard_after_forward": None,
     "fsdp_activation_checkpointing": None,
     # the base wraps each decoder layer of the model's own _no_split_modules (make plan checks a named class)
@@ -147,7 +147,7 @@ def check_launch_environment(
 
 def file_environment(settings: dict) -> dict[str, str]:
     """What ``accelerate launch`` exports for an accelerate config file's settings (the variables the
-    training base and pipeline.finetune.run.check_accelerate_launch read)."""
+    training base and pipeline.finetune.setup.check_accelerate_launch read)."""
     environ: dict[str, str] = {}
     kind = str(settings.get("distributed_type", "NO")).upper()
     if settings.get("mixed_precision") is not None:

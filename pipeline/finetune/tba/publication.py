@@ -12,6 +12,9 @@ the snapshot, taken before ``publish`` returns, so training goes on while a thre
   the weights sent again in the same publication; a searcher still starting joins at a later one.
 The next publication waits for the previous one. ``WeightReceiver`` is the searcher's end.
 
+What the trainer publishes is decided here too: ``published_weights`` (its export: the training
+base's gathered stream, LoRA merged) in ``searcher_dtype`` (what a searcher's policy holds).
+
 What each publication cost is kept (``Publication``) for the trainer's metrics. Ray is an
 optional extra: imported inside the functions that need it.
 """
@@ -27,8 +30,13 @@ import warnings
 
 import torch
 
+from pipeline.config import Config, GFNConfig
+from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.tba.weight_buckets import BucketLayout
 from pipeline.finetune.tba.weight_transport import TIMEOUT, PeerGone, WeightGroup
+from pipeline.modeling import resolve_dtype
+from pipeline.training import TrainingBase
+from pipeline.training.gathering import load_streamed
 
 log = logging.getLogger("stepflow.async")
 
@@ -50,6 +58,26 @@ class Publication:
 
 def bucket_bytes(megabytes: float) -> int:
     return max(1, int(megabytes * 2**20))
+
+
+def searcher_dtype(config: Config, cfg: GFNConfig) -> torch.dtype:
+    """The dtype a searcher's policy holds, which the trainer publishes in: model.dtype on the
+    searcher's device (model.device, or with ``auto`` a GPU when gfn.searcher_gpus > 0: Ray hides
+    the GPUs from an actor that asks for none), e.g. bfloat16 on a GPU, float32 on a CPU."""
+    device = config.model.device if config.model.device != "auto" else ("cuda" if cfg.searcher_gpus else "cpu")
+    return resolve_dtype(config.model.dtype, device)
+
+
+def published_weights(policy: LMPolicy, base: TrainingBase, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """What the asynchronous trainer publishes (its ``export``): every process reads the gathered
+    stream (``base.iter_full_state``) to its end (its gathers are collectives), in the searchers'
+    ``dtype`` unless LoRA is merged first (``policy.plain_stream``, in the trained dtype); the main
+    process keeps it whole (the publication plans its buckets from every tensor and packs a
+    snapshot, cast to ``dtype``), the others keep nothing (None)."""
+    kept: dict[str, torch.Tensor] = {}
+    stream = base.iter_full_state(dtype if policy.lora_scaling is None else None)
+    load_streamed(kept.update if base.is_main else lambda stream: None, policy.plain_stream(stream))
+    return kept if base.is_main else None
 
 
 class WeightPublisher:

@@ -84,6 +84,12 @@ def wait_for_cluster(address: str, timeout: float, given: str, key: str = "gfn.r
     )
 
 
+def cluster_name(cfg) -> str:
+    """The cluster the run's searchers go to, as its messages name it: the one at gfn.ray_address, or
+    the local instance the stage starts."""
+    return f"the Ray cluster at gfn.ray_address={cfg.ray_address}" if cfg.ray_address else "the local Ray instance"
+
+
 def connected() -> bool:
     """Whether this process has joined Ray already (then it is not this stage's to shut down)."""
     import ray  # the optional extra (extra `distributed`)

@@ -165,14 +165,9 @@ class AsyncFinetuneTrainer(BatchDrawing, FinetuneTrainer):
         """The run's placement group (ray_cluster.bundles): the trainer's bundle, then one per searcher,
         so Ray never places a searcher on the trainer's GPUs. On CUDA, the GPUs Ray reserved for the
         trainer must be the ones its main process runs on, else the run is refused naming both."""
-        where = (
-            f"the Ray cluster at gfn.ray_address={self.cfg.ray_address}"
-            if self.cfg.ray_address
-            else "the local Ray instance"
-        )
         gpus = self.trainer_gpus()
         self.placement_group, self.trainer_gpu_ids = ray_cluster.reserve(
-            self.cfg, gpus, self.cfg.placement_timeout, where
+            self.cfg, gpus, self.cfg.placement_timeout, ray_cluster.cluster_name(self.cfg)
         )
         device = self.base.accelerator.device
         if gpus and device.type == "cuda":
