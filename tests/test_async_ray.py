@@ -365,8 +365,8 @@ def tabular_trainer(
 
     if stage_export:
         from pipeline.finetune.policy import LMPolicy
-        from pipeline.finetune.tba.publication import published_weights
         from pipeline.finetune.run import trained_lora_scaling
+        from pipeline.finetune.tba.publication import published_weights
         from pipeline.modeling import lora_fan_in_fan_out
 
         stage_policy = LMPolicy(
@@ -626,8 +626,8 @@ def test_a_bucketed_publication_reaches_every_searcher_with_identical_weights(ra
         trainer.keep_searching()
 
         from pipeline.finetune.policy import LMPolicy
-        from pipeline.finetune.tba.publication import published_weights
         from pipeline.finetune.run import trained_lora_scaling
+        from pipeline.finetune.tba.publication import published_weights
 
         lora = lora_wide_policy()
         stage_base = TrainingBase(
