@@ -115,14 +115,14 @@ prm-bench: $(STAGE_VENV)/.installed
 rollout-temperature: $(STAGE_VENV)/.installed
 	$(STAGE).rollout_temperature --config $(CONFIG) run=$(RUN) $(ARGS)
 
-# every row of docs/benchmarks.md (benchmarks/, not installed); one row alone: ARGS=only=<row>
+# every row of docs/perf.md (perf/, not installed); one row alone: ARGS=only=<row>
 bench: $(STAGE_VENV)/.installed
-	$(STAGE_VENV)/bin/python -m benchmarks --config $(CONFIG) run=bench $(ARGS)
+	$(STAGE_VENV)/bin/python -m perf --config $(CONFIG) run=bench $(ARGS)
 
 # make bench's generation_vllm_vs_hf row (vLLM vs HF backend), in .venv-vllm where vllm is installed;
 # make bench in .venv logs that it did not run the row, and keeps the row this target wrote
 bench-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_PY) -m benchmarks --config $(CONFIG) run=bench only=generation_vllm_vs_hf $(ARGS)
+	$(VLLM_PY) -m perf --config $(CONFIG) run=bench only=generation_vllm_vs_hf $(ARGS)
 
 demo: $(STAGE_VENV)/.installed
 	$(STAGE).demo --config $(CONFIG) run=$(RUN) $(ARGS)

@@ -1,6 +1,6 @@
 """Which file and loader an eval.benchmarks name stands for, and its problems.
 
-A name is a pipeline.benchmark_loaders benchmark (gsm8k, math500, ...) or an alias of BENCHMARK_ALIASES;
+A name is a pipeline.datasets.loaders benchmark (gsm8k, math500, ...) or an alias of BENCHMARK_ALIASES;
 eval.benchmark_paths[name] overrides the file. Every stage that evaluates on a named benchmark
 (evaluation, search, the plan) resolves it here.
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from pipeline.benchmark_copies import HUB, HubUnreachable
-from pipeline.benchmark_loaders import BENCHMARK_LOADERS, load_benchmark
-from pipeline.config import Config
-from pipeline.config_loader import ConfigError
-from pipeline.files import InputNotFound
+from pipeline.config.loader import ConfigError
+from pipeline.config.schema import Config
+from pipeline.datasets.copies import HUB, HubUnreachable
+from pipeline.datasets.loaders import BENCHMARK_LOADERS, load_benchmark
 from pipeline.records import Problem
+from pipeline.storage.files import InputNotFound
 
-# Evaluation names that are not pipeline.benchmark_loaders benchmark names: name -> (loader, default file).
+# Evaluation names that are not pipeline.datasets.loaders benchmark names: name -> (loader, default file).
 # The tiny world's held-out test set is the only one; eval.benchmark_paths[name] overrides the file.
 BENCHMARK_ALIASES: dict[str, tuple[str, str]] = {
     "tiny_test": ("problems", "{run_dir}/bootstrap/problems_test.jsonl"),
@@ -27,13 +27,13 @@ BENCHMARK_ALIASES: dict[str, tuple[str, str]] = {
 class BenchmarkSource(NamedTuple):
     """How to load one evaluation benchmark: ``load_benchmark(loader, path)``."""
 
-    loader: str  # a pipeline.benchmark_loaders.BENCHMARK_LOADERS name
+    loader: str  # a pipeline.datasets.loaders.BENCHMARK_LOADERS name
     path: str | None  # local file; None = the repository's copy (data/benchmarks/), else the hub's; "hub" = the hub's
 
 
 def resolve_benchmark(config: Config, name: str) -> BenchmarkSource:
     """The loader and file of an eval.benchmarks name: an alias of BENCHMARK_ALIASES or a
-    pipeline.benchmark_loaders name, with eval.benchmark_paths[name] (``{run_dir}`` resolved) as the file
+    pipeline.datasets.loaders name, with eval.benchmark_paths[name] (``{run_dir}`` resolved) as the file
     when given."""
     loader, default_path = BENCHMARK_ALIASES.get(name, (name, None))
     path = config.eval.benchmark_paths.get(name, default_path)

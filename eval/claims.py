@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.files import read_json_if_exists
 from pipeline.stats import bootstrap_ci
+from pipeline.storage.files import read_json_if_exists
 
 AUC_THRESHOLD = 0.8  # prm_auc: exact labels, first wrong steps against correct steps after a correct prefix
 SLIP_PAIR_THRESHOLD = 0.9  # prm_slip_pair_auc: slips against their correct counterparts

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from eval.accuracy import per_problem_scores
+from eval.sample_metrics import graded
 from eval.sampling import KindOf, problem_kind
-from eval.scoring import graded
-from pipeline.config import Config
+from pipeline.config.schema import Config
 from pipeline.records import Problem, Sample
 from pipeline.stats import bootstrap_ci
 
@@ -34,7 +34,7 @@ def paired_differences(
     """``records`` minus ``reference_records`` on the same problems, {figure: {"mean", "lo", "hi"}}.
 
     Figures: the accuracy metrics (greedy_pass@1 when both have greedy records, pass@1, maj@k,
-    pass@k), and where both metrics dicts (eval.scoring.score_samples outputs) carry them per
+    pass@k), and where both metrics dicts (eval.sample_metrics.score_samples outputs) carry them per
     problem, the mean PRM reward ("prm_reward"), the mean pairwise similarity of the sampled
     solutions ("similarity", lower = more diverse) and the strategy entropy of the correct solutions
     ("strategy_entropy", bits). A figure is paired over the problems that carry it for both models

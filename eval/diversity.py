@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.model_folders import FolderError
 from pipeline.records import Problem
 from pipeline.stats import bootstrap_ci
+from pipeline.storage.model_folders import FolderError
 from pipeline.strategies import admitted_strategies, correct_strategy_names, strategy_entropy
 
 Embedder = Callable[[list[str]], np.ndarray]

@@ -1,7 +1,7 @@
 """The evaluation stage's library (paper 5, Tables 2 and 4): every model on every benchmark.
 
 Per model and benchmark the samples come from eval.sampling (two batched generate calls, graded
-into samples records), are kept by eval.samples_store, and are scored by eval.scoring (greedy
+into samples records), are kept by eval.samples_store, and are scored by eval.sample_metrics (greedy
 pass@1, pass@1, maj@k, pass@k with bootstrap CIs; diversity: mean pairwise cosine of whole-solution
 embeddings, Vendi, distinct-n, distinct correct texts, and the entropy and number of correct
 strategies where a problem knows its strategies) from those records only, so a rerun that finds
@@ -9,7 +9,7 @@ a pair's samples up to date re-scores them without generating. eval.comparisons 
 
 Problem p's samples draw from the stream stream_seed(eval.seed, p's id) (sample j: + j), so they
 depend on nothing but the problem: the samples are generated eval.problems_per_commit problems at a
-time and committed as shards (pipeline.shards.ShardWriter) in reports/<run>/samples/shards/<pair>/, and
+time and committed as shards (pipeline.storage.shards.ShardWriter) in reports/<run>/samples/shards/<pair>/, and
 ``eval.shard = i/n`` makes a worker sample only the problems with index % n == i
 (``python -m stages.launch eval``: one worker per GPU). A run with shard 0/1 samples what is still
 missing, merges the shards into the samples file in problem order (what one process writes) and
@@ -28,14 +28,14 @@ from eval.benchmark_sources import BenchmarkSource, load_eval_benchmark, resolve
 from eval.comparisons import compare_to_reference
 from eval.diversity import Embedder
 from eval.model_specs import ModelSpec, missing_model_reason, parse_model_spec
+from eval.sample_metrics import StepScorer, score_samples
 from eval.samples_store import commit_samples_file, reusable_samples, samples_path, sampling_settings, shard_folder
 from eval.sampling import KindOf, generate_samples, problem_kind
-from eval.scoring import StepScorer, score_samples
-from pipeline.config import Config
-from pipeline.files import write_json_atomic
-from pipeline.locks import held_locks
+from pipeline.config.schema import Config
 from pipeline.records import Problem, Sample
-from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard
+from pipeline.storage.files import write_json_atomic
+from pipeline.storage.locks import held_locks
+from pipeline.storage.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def sample_share(
 ) -> int:
     """Sample the problems of shard (i, n) (index % n == i) that ``folder`` holds no samples of yet,
     eval.problems_per_commit at a time, each chunk committed as one shard; returns how many.
-    The folder's settings.json guards the resume (pipeline.shards.check_settings)."""
+    The folder's settings.json guards the resume (pipeline.storage.shards.check_settings)."""
     index, count = shard
     check_settings(folder, settings, f"the samples of {generator.spec.name}", others_running=others_running)
     done = completed_problem_ids(folder)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from math_verify import parse, verify
 
-from pipeline.benchmark_copies import benchmarks_dir
-from pipeline.files import read_records
+from pipeline.datasets.copies import benchmarks_dir
 from pipeline.grading import answers_equal, extract_answer
 from pipeline.records import Problem, Sample
+from pipeline.storage.files import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 NUMERIC_KINDS = ("math", "gsm8k", "tiny")  # Math-Verify reads math; a multiple-choice letter (sat) is not its business

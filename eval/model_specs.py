@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import Config
-from pipeline.files import path_fingerprint
+from pipeline.config.schema import Config
+from pipeline.storage.files import path_fingerprint
 
 ADAPTER_SEPARATOR = "::"  # eval.models value "model::adapter" = a peft adapter on top of a model
 

@@ -1,7 +1,7 @@
 """Quick checks of a freshly trained tiny-world policy (make bootstrap writes them to metrics.json).
 
 The accuracy part is the evaluation library's own sample -> grade -> score path
-(``eval.sampling.generate_samples`` / ``eval.scoring.score_samples``) with the bootstrap's sampling settings
+(``eval.sampling.generate_samples`` / ``eval.sample_metrics.score_samples``) with the bootstrap's sampling settings
 (bootstrap.eval_samples samples at bootstrap.sample_temperature, seed bootstrap.seed + 1, plus
 the greedy sample). On top of it, what only the tiny world can tell: how many distinct valid
 step orders the correct samples use, the share of sampled steps with an arithmetic slip, and
@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from eval.sample_metrics import score_samples
 from eval.sampling import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
-from eval.scoring import score_samples
-from pipeline.config import Config
+from pipeline.config.schema import Config
 from pipeline.grading import extract_answer, grade_many
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Sample

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from eval.benchmark_sources import BenchmarkSource
 from eval.model_specs import ModelSpec, model_fingerprint
-from pipeline.config import Config
-from pipeline.files import read_records, write_json_atomic, write_records_atomic
+from pipeline.config.schema import Config
 from pipeline.records import Problem, Sample
-from pipeline.shards import read_stream
+from pipeline.storage.files import read_records, write_json_atomic, write_records_atomic
+from pipeline.storage.shards import read_stream
 
 
 def _safe_name(name: str) -> str:

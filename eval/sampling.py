@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pipeline.config import Config
+from pipeline.config.schema import Config
 from pipeline.generation.base import stream_seed
 from pipeline.grading import extract_answer, grade_many
 from pipeline.prompts import prompt_from_config

@@ -20,9 +20,9 @@ from peft import PeftModel
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from pipeline.config import ModelConfig
-from pipeline.files import InputNotFound
-from pipeline.model_folders import check_model_folder
+from pipeline.config.schema import ModelConfig
+from pipeline.storage.files import InputNotFound
+from pipeline.storage.model_folders import check_model_folder
 
 # What save_pretrained writes as tokenizer_class for a tokenizer built from a `tokenizers`
 # object: "PreTrainedTokenizerFast" before transformers 5, "TokenizersBackend" (its v5 name) now.

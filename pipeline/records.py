@@ -9,7 +9,7 @@
     Trajectory    policy training    one complete solution with its step scores and log-probs
 
 Each is a frozen dataclass deriving from ``Record``. ``RecordType.from_json(obj, where)`` is its
-one validator, derived by the annotation codec (pipeline.codec, shared with the config loader)
+one validator, derived by the annotation codec (pipeline.config.codec, shared with the config loader)
 from the field annotations -- str, int (a bool is not an int), float (ints are accepted and
 widened), bool, dict, list[X], X | None and nested records -- and from the rules each field
 declares with ``field(metadata=rules(...))``; it raises ``RecordError`` naming
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from pipeline.codec import FieldError, describe_value, read_fields, rules, write_fields
+from pipeline.config.codec import FieldError, describe_value, read_fields, rules, write_fields
 
 
 class RecordError(ValueError):
@@ -35,7 +35,7 @@ class Record:
     """Base of the typed records: a frozen dataclass whose fields are its JSON keys.
 
     A subclass declares its fields with types and ``rules``; from_json and to_json follow
-    from them (pipeline.codec). A rule that spans several fields goes in ``check``.
+    from them (pipeline.config.codec). A rule that spans several fields goes in ``check``.
     """
 
     @classmethod

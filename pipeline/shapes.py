@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from huggingface_hub import try_to_load_from_cache
 
-from pipeline.files import read_json
+from pipeline.storage.files import read_json
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ def activation_bytes(shape: ModelShape, sequences: int, tokens: int, checkpointi
 
 def logits_bytes(shape: ModelShape, sequences: int, positions: int) -> int:
     """The peak the log-probabilities over the vocabulary add, per value of the (sequences x
-    positions x vocabulary) logits (pipeline.generation.scoring.trajectory_logprobs; positions:
+    positions x vocabulary) logits (pipeline.generation.step_logprobs.trajectory_logprobs; positions:
     from the shortest prompt's last token on): the backward of the float32 logsumexp, the first
     backward step, while every layer's activations are still kept, holds the float32 logits kept
     for it (4), the gradient already accumulated from the token and end-token gathers (4) and the

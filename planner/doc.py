@@ -25,7 +25,7 @@ from unittest import mock
 
 import huggingface_hub.constants
 
-from pipeline.config_loader import ConfigError, load_config
+from pipeline.config.loader import ConfigError, load_config
 from planner.make import make_plan
 from planner.render import render
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config_loader import ConfigError, load_yaml_file
+from pipeline.config.loader import ConfigError, load_yaml_file
 from pipeline.training.launch_settings import check_accelerate_file, file_environment, read_accelerate_file
 from planner.plan import Launch, Model, Plan
 

@@ -12,8 +12,8 @@ or a warning. Token counts are upper bounds (every sample runs to max_new_tokens
 
 from __future__ import annotations
 
-from pipeline.config import Config, GPUType
-from pipeline.config_loader import check_choice
+from pipeline.config.loader import check_choice
+from pipeline.config.schema import Config, GPUType
 from planner.costs import eval_stage, finetune_stage, generation_stage, generation_workers, prm_stage, search_stage
 from planner.plan import GPU, GPUS, Plan, StageCost
 from planner.resolve import resolve_all_data, resolve_models

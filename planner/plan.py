@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from pipeline.config import Config
+from pipeline.config.schema import Config
 from pipeline.shapes import ModelShape
 
 GIB = 1024**3
@@ -17,7 +17,7 @@ class GPU(NamedTuple):
     peak_tflops: float  # dense bf16 tensor-core peak (the vendor's datasheet)
 
 
-GPUS: dict[str, GPU] = {  # plan.gpu's choices (pipeline.config.GPUType) in the same order
+GPUS: dict[str, GPU] = {  # plan.gpu's choices (pipeline.config.schema.GPUType) in the same order
     "A100-40GB": GPU(40, 312),
     "A100-80GB": GPU(80, 312),
     "H100-80GB": GPU(80, 989),

@@ -10,9 +10,9 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from eval.benchmark_sources import resolve_benchmark
 from eval.model_specs import parse_model_spec
-from pipeline.benchmark_copies import NeedsHub, hub_forbidden
-from pipeline.benchmark_loaders import BENCHMARK_LOADERS, load_benchmark
-from pipeline.config import Config
+from pipeline.config.schema import Config
+from pipeline.datasets.copies import NeedsHub, hub_forbidden
+from pipeline.datasets.loaders import BENCHMARK_LOADERS, load_benchmark
 from pipeline.shapes import ModelShape, model_shape
 from planner.plan import Data, Model, Plan
 from prm.formats import is_hub_id

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from pipeline.config import Config
-from pipeline.config_loader import ConfigError
+from pipeline.config.loader import ConfigError
+from pipeline.config.schema import Config
 from planner.costs import eval_stage, finetune_stage, generation_stage, prm_stage, search_stage
 from planner.launch import launch_from_environment
 from planner.memory import SEARCHER_SHARE_KEY, VLLM_SHARE_KEY

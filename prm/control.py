@@ -21,9 +21,9 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.files import write_records_atomic
-from pipeline.problems import load_problems_jsonl
+from pipeline.datasets.problems import load_problems_jsonl
 from pipeline.records import ORIGIN_MCTS, PRMExample, Problem
+from pipeline.storage.files import write_records_atomic
 from prm.validation import corrupt_step
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from transformers.utils import cached_file
 
-from pipeline.config import PRM_FORMATS
-from pipeline.files import InputNotFound
+from pipeline.config.schema import PRM_FORMATS
 from pipeline.modeling import hub_model_errors
+from pipeline.storage.files import InputNotFound
 from prm.adapters import ADAPTERS
 from prm.model import PRM_CONFIG_NAME
 from prm.scorer import PRMScorer, StepScorer

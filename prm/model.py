@@ -48,9 +48,7 @@ from transformers import AutoModel, AutoModelForTokenClassification
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
 
-from pipeline.config import FormatConfig
-from pipeline.files import InputNotFound
-from pipeline.model_folders import check_model_folder
+from pipeline.config.schema import FormatConfig
 from pipeline.modeling import (
     hub_model_errors,
     lora_fan_in_fan_out,
@@ -59,6 +57,8 @@ from pipeline.modeling import (
     resolve_device,
     resolve_dtype,
 )
+from pipeline.storage.files import InputNotFound
+from pipeline.storage.model_folders import check_model_folder
 from prm.model_card import write_model_card
 
 log = logging.getLogger("stepflow.prm")

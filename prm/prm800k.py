@@ -20,8 +20,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline.files import read_jsonl, read_records
 from pipeline.records import ORIGIN_HUMAN, PRMExample
+from pipeline.storage.files import read_jsonl, read_records
 from prm.validation import prm800k_step, validate_prm800k_record
 
 

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.benchmark_copies import read_hub_rows
-from pipeline.files import read_jsonl
+from pipeline.datasets.copies import read_hub_rows
 from pipeline.records import Problem, RecordError
 from pipeline.stats import bootstrap_statistic
+from pipeline.storage.files import read_jsonl
 from prm.validation import load_prm800k
 
 THRESHOLDS = tuple(round(0.01 * k, 2) for k in range(1, 100))  # the candidates the held-out part chooses from

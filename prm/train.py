@@ -29,11 +29,11 @@ from accelerate.utils import set_seed
 from torch import Tensor
 
 from pipeline.batches import gradient_accumulation
-from pipeline.config import PRMLabels
-from pipeline.config_loader import check_choice
-from pipeline.model_folders import commit_folder, staging_folder
+from pipeline.config.loader import check_choice
+from pipeline.config.schema import PRMLabels
 from pipeline.modeling import load_tokenizer, resolve_device, resolve_dtype, upcast_trainable
 from pipeline.records import PRMExample
+from pipeline.storage.model_folders import commit_folder, staging_folder
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 from prm.data import PRMCollator, PRMDataset, iter_training_batches, pad_token_id, sorted_batches
 from prm.model import ProcessRewardModel, new_prm

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipeline.files import write_jsonl_atomic
 from pipeline.records import PRMExample
 from pipeline.steps import join_steps
+from pipeline.storage.files import write_jsonl_atomic
 from prm.data import group_records
 
 POSITIVE_ABOVE = 0.5

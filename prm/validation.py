@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
-from pipeline.files import read_jsonl, write_json_atomic
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import PRMExample, Problem, RecordError
 from pipeline.stats import bootstrap_statistic, grouped_bootstrap_auc
 from pipeline.steps import split_steps
+from pipeline.storage.files import read_jsonl, write_json_atomic
 from pipeline.tinyworld.problems import corrected_step, first_wrong_step
 from prm.data import group_records, sibling_pairs
 

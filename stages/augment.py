@@ -2,7 +2,7 @@
 
 Reads:  runs/<run>/mcts/shards/part-*/records.jsonl
 Writes: runs/<run>/augment/prm_train.jsonl, prm_val.jsonl (split by problem, in problem-id order), stats.json
-Refuses damaged or copied shards (pipeline.shards.verified_shards), shards that hold no records, an
+Refuses damaged or copied shards (pipeline.storage.shards.verified_shards), shards that hold no records, an
 empty split, and shards that make mcts is still writing; a refusal leaves earlier outputs as they are.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from pipeline.files import write_json_atomic, write_records_atomic
 from pipeline.records import MCTSRecord
 from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem
-from pipeline.shards import committed_shards, read_stream
+from pipeline.storage.files import write_json_atomic, write_records_atomic
+from pipeline.storage.shards import committed_shards, read_stream
 from stages.common import cli, log, parse_args, require_finished, stage_dir, timed
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = config.augment
     with timed("augment"):
         start = time.monotonic()
-        # every shard is checked against its manifest first (pipeline.shards.verified_shards); errors
+        # every shard is checked against its manifest first (pipeline.storage.shards.verified_shards); errors
         # name the shard, or the shard file and line
         # in problem order (stable: a problem's records keep their order), so the output depends on
         # the records alone, not on the order problems finished in or how a kill split the run

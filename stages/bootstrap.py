@@ -26,12 +26,12 @@ from pathlib import Path
 from eval.diversity import strategy_entropy
 from eval.policy_checks import policy_checks
 from eval.sampling import GREEDY_SAMPLE_IDX, generate_samples, problem_kind
-from pipeline.config import Config
-from pipeline.config_loader import save_config
-from pipeline.files import read_json, write_json_atomic
+from pipeline.config.loader import save_config
+from pipeline.config.schema import Config
 from pipeline.generation import build_generator
-from pipeline.model_folders import FolderError, verify_manifest
 from pipeline.records import Problem, Sample
+from pipeline.storage.files import read_json, write_json_atomic
+from pipeline.storage.model_folders import FolderError, verify_manifest
 from pipeline.tinyworld.bootstrap import build_base_policy
 from pipeline.tinyworld.problems import strategy_names, strategy_of
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed

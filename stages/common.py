@@ -18,18 +18,18 @@ from pathlib import Path
 import torch
 
 from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
-from pipeline.benchmark_copies import HubUnreachable
-from pipeline.benchmark_loaders import load_benchmark
-from pipeline.config import Config
-from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
-from pipeline.files import InputNotFound
+from pipeline.config.loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
+from pipeline.config.schema import Config
+from pipeline.datasets.copies import HubUnreachable
+from pipeline.datasets.loaders import load_benchmark
+from pipeline.datasets.problems import question_places
 from pipeline.generation.vllm_backend import adapter_rank
 from pipeline.launcher import WorkerFailed
-from pipeline.locks import LockError, acquire_stage_lock, held_locks, launch_id
-from pipeline.model_folders import FolderError, verify_manifest
-from pipeline.problems import question_places
 from pipeline.records import RecordError
-from pipeline.shards import SettingsMismatch, ShardError
+from pipeline.storage.files import InputNotFound
+from pipeline.storage.locks import LockError, acquire_stage_lock, held_locks, launch_id
+from pipeline.storage.model_folders import FolderError, verify_manifest
+from pipeline.storage.shards import SettingsMismatch, ShardError
 from pipeline.training.checkpoint_io import CHECKPOINTS, CheckpointError
 from planner.resolve import unresolvable_model
 from planner.runtime import MEMORY_STAGES, share_key, stage_memory
@@ -41,7 +41,7 @@ log = logging.getLogger("stepflow")
 
 # A user's mistake, which the command line reports in one line (cli): a config or override, an
 # input file or folder that is missing or damaged, a resume into records made under other
-# settings, a check before the work (pipeline.config_loader.config_checks), another process on the same
+# settings, a check before the work (pipeline.config.loader.config_checks), another process on the same
 # run folder, a worker of a launch that failed. Any other exception (a plain FileNotFoundError included) is a bug and keeps its traceback.
 USER_ERRORS = (
     ConfigError,
@@ -218,7 +218,7 @@ def cli(main: Callable[[list[str]], object]) -> None:
 
 def stage_dir(config: Config, stage: str, lock: str = ".lock", save: bool = True) -> Path:
     """runs/<run>/<stage>/, created and locked for this process (``lock``: the lock file's name in
-    it; a second process on the same run and stage stops at once with pipeline.locks.LockError), with
+    it; a second process on the same run and stage stops at once with pipeline.storage.locks.LockError), with
     the resolved config saved in it (``save``). The run's location was checked when the config
     loaded, so nothing is written outside the runs folder."""
     path = config.stage_dir(stage)
@@ -258,7 +258,7 @@ def finished_model(out: Path, stage: str, retrain: bool, settings: dict) -> dict
     """The manifest of ``out/model`` when the training stage that writes it has finished (the
     folder was committed whole and checks out), unless ``retrain``: then any checkpoints are
     removed and None is returned (train afresh); the old model stays usable until the new one
-    replaces it in one rename (pipeline.model_folders.commit_folder), so a retrain that crashes or is
+    replaces it in one rename (pipeline.storage.model_folders.commit_folder), so a retrain that crashes or is
     killed leaves the model it was meant to replace. Leftover checkpoints of a
     finished run (a kill between the commit and their removal) are removed; a model folder that
     does not check out is moved aside (never deleted) and training starts again. ``settings``: the

@@ -21,10 +21,9 @@ from pathlib import Path
 
 from eval.claims import evaluate_claims
 from eval.evaluate import reports_dir
-from pipeline.config import Config
-from pipeline.config_loader import ConfigError
+from pipeline.config.loader import ConfigError
+from pipeline.config.schema import Config
 from pipeline.contracts import check_run
-from pipeline.files import read_json_if_exists, write_json_atomic
 from pipeline.finetune.ceiling import ceiling_verdict
 from pipeline.launcher import (
     MERGED_STAGES,
@@ -35,6 +34,7 @@ from pipeline.launcher import (
     run_graph,
     shard_workers,
 )
+from pipeline.storage.files import read_json_if_exists, write_json_atomic
 from pipeline.training.metrics import MetricsLog
 from stages.common import cli, log, parse_args
 from stages.mcts import mcts_stats

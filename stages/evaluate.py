@@ -23,11 +23,11 @@ from eval.diversity import load_embedder
 from eval.evaluate import reports_dir, run_evaluation, sample_shard
 from eval.model_specs import parse_model_spec
 from eval.report import write_report
-from pipeline.config_loader import save_config
+from pipeline.config.loader import save_config
 from pipeline.generation import build_generator, check_served_models
-from pipeline.locks import acquire_stage_lock, held_locks
 from pipeline.modeling import resolve_device
-from pipeline.shards import parse_shard
+from pipeline.storage.locks import acquire_stage_lock, held_locks
+from pipeline.storage.shards import parse_shard
 from prm.formats import is_hub_id, load_scorer
 from stages.common import cli, log, parse_args, set_threads, timed
 

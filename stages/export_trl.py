@@ -13,7 +13,7 @@ trl; step_separator = format.separator). Library: prm.trl_export.
 
 from __future__ import annotations
 
-from pipeline.files import write_json_atomic
+from pipeline.storage.files import write_json_atomic
 from prm.prm800k import read_training_records
 from prm.trl_export import write_stepwise_dataset
 from stages.common import cli, log, parse_args, require, stage_dir, timed

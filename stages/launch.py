@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.files import write_json_atomic
 from pipeline.launcher import (
     MERGED_STAGES,
     SHARDED_STAGES,
@@ -27,6 +26,7 @@ from pipeline.launcher import (
     shard_workers,
     visible_devices,
 )
+from pipeline.storage.files import write_json_atomic
 from stages.common import check_models, cli, parse_args
 from stages.mcts import mcts_stats
 

@@ -5,7 +5,7 @@ Writes: runs/<run>/mcts/shards/part-*/{records,summaries}.jsonl  (resumable, sha
         runs/<run>/mcts/stats.json
 One process per shard (lock file mcts/.lock-shard-<i>of<n>); a damaged shard (missing or changed
 files, no problems list, a copy of another) stops the run with its name instead of being searched
-again or read twice (pipeline.shards.verified_shards).
+again or read twice (pipeline.storage.shards.verified_shards).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.files import path_fingerprint, write_json_atomic
 from pipeline.generation import build_generator, check_served_models
 from pipeline.grading import extract_answer, grade_many
-from pipeline.locks import held_locks
 from pipeline.prompts import prompt_from_config
 from pipeline.records import MCTSRecord, MCTSSummary
 from pipeline.rollouts.mcts import make_rollout_fn, run_mcts
-from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
+from pipeline.storage.files import path_fingerprint, write_json_atomic
+from pipeline.storage.locks import held_locks
+from pipeline.storage.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed, training_problems
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.files import write_text_atomic
+from pipeline.storage.files import write_text_atomic
 from planner.doc import refresh
 from stages.common import cli
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.files import write_json_atomic
 from pipeline.generation import build_generator
 from pipeline.prompts import question_text
+from pipeline.storage.files import write_json_atomic
 from prm.formats import load_scorer
 from prm.processbench import (
     labelled_cases,

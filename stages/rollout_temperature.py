@@ -16,9 +16,9 @@ docs/mcts.md, "Rollout temperature", reads mcts.temperature off this table.
 
 from __future__ import annotations
 
-from pipeline.files import write_json_atomic
 from pipeline.generation import build_generator
 from pipeline.rollouts.temperature import sweep_table, temperature_sweep
+from pipeline.storage.files import write_json_atomic
 from prm.validation import FIRST_ERROR_LABELLERS
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed, validation_problems
 

@@ -12,7 +12,7 @@ The unguided baseline ("majority": unweighted vote over k samples; k=1 is pass@1
 sample) runs at every k beside the PRM-guided strategies. docs/search.md has the rules.
 
 The problems are searched search.problems_per_commit at a time (every strategy and k), each
-chunk committed to runs/<run>/search/shards/ (pipeline.shards.ShardWriter): a killed run resumes
+chunk committed to runs/<run>/search/shards/ (pipeline.storage.shards.ShardWriter): a killed run resumes
 where it stopped. With search.shard=i/n (python -m stages.launch search: one worker per GPU) a
 worker searches only the problems with index % n == i and writes nothing else; a run with
 search.shard=0/1 searches what is still missing, then writes the files above from every problem
@@ -32,16 +32,16 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from eval.benchmark_sources import known_benchmark
-from pipeline.benchmark_loaders import load_benchmark
-from pipeline.files import path_fingerprint, write_json_atomic, write_records_atomic, write_text_atomic
+from pipeline.datasets.loaders import load_benchmark
 from pipeline.generation import build_generator, check_served_models
-from pipeline.locks import held_locks
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import SearchRecord
-from pipeline.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
+from pipeline.storage.files import path_fingerprint, write_json_atomic, write_records_atomic, write_text_atomic
+from pipeline.storage.locks import held_locks
+from pipeline.storage.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
 from prm.formats import load_scorer
 from prm.search import search_many
-from prm.search.common import SearchResult
+from prm.search.candidates import SearchResult
 from prm.search.summary import summarize_search
 from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed
 

@@ -17,8 +17,8 @@ import dataclasses
 import functools
 import os
 
-from pipeline.files import read_json, write_json_atomic
 from pipeline.generation import build_generator
+from pipeline.storage.files import read_json, write_json_atomic
 from pipeline.training.threads import training_threads
 from prm.formats import load_scorer
 from prm.prm800k import read_training_records

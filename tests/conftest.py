@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.locks import release_stage_locks as release_held_locks
+from pipeline.storage.locks import release_stage_locks as release_held_locks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,8 +23,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def benchmarks_dir() -> Path:
     """The benchmark files the repository carries (data/benchmarks/, or $STEPFLOW_BENCHMARKS), each
     checked against data/benchmarks/SOURCES.md first."""
-    from pipeline.benchmark_copies import benchmarks_dir as folder
-    from pipeline.benchmark_copies import recorded_files, shipped_file
+    from pipeline.datasets.copies import benchmarks_dir as folder
+    from pipeline.datasets.copies import recorded_files, shipped_file
 
     for name in recorded_files():
         shipped_file(name)
@@ -37,8 +37,8 @@ def random_tiny_world(tmp_path_factory) -> Path:
     problems (problems_train.jsonl): what the fine-tuning stages read, in seconds, when a test
     compares runs with each other rather than against a target."""
     # imported here, not at the top: the offline settings above must come before transformers loads
-    from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
-    from pipeline.problems import write_problems_jsonl
+    from pipeline.config.schema import BootstrapConfig, FormatConfig, TinyWorldConfig
+    from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.tinyworld.model import build_model, save_policy
     from pipeline.tinyworld.problems import generate_splits
     from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer

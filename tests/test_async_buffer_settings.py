@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import GFNConfig
-from pipeline.config_loader import ConfigError
+from pipeline.config.loader import ConfigError
+from pipeline.config.schema import GFNConfig
 from pipeline.finetune.policy import SampledSolution
 from pipeline.finetune.sampling import TrainProblem, TrajectorySampler
 from pipeline.finetune.tba.settings import (

@@ -1,4 +1,4 @@
-"""benchmarks/async_cluster_sim/: the ideal throughput's arithmetic, and a short simulated run
+"""perf/async_cluster_sim/: the ideal throughput's arithmetic, and a short simulated run
 (a local Ray instance, 1 and 2 searchers, round and update times of tens of milliseconds) whose
 counts agree: what the store took is what the searchers sent, what the trainer trained came from it."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.async_cluster_sim import measure
-from benchmarks.async_cluster_sim.arithmetic import ideal_rate, percentile
-from benchmarks.async_cluster_sim.report import breakdown_table, markdown_table
-from benchmarks.async_cluster_sim.settings import NO_REPLAY, Calibration, SimSettings, config_policy
+from perf.async_cluster_sim import measure
+from perf.async_cluster_sim.arithmetic import ideal_rate, percentile
+from perf.async_cluster_sim.report import breakdown_table, markdown_table
+from perf.async_cluster_sim.settings import NO_REPLAY, Calibration, SimSettings, config_policy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def test_percentile_interpolates_between_ranks():
 @pytest.mark.slow
 def test_a_simulated_run_trains_what_the_searchers_sent(tmp_path):
     pytest.importorskip("ray")
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
 
     cfg = load_config(REPO / "configs" / "tiny.yaml")
     calibration = Calibration(

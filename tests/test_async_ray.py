@@ -31,8 +31,8 @@ ray = pytest.importorskip("ray")
 from async_trainers import DeadlineTrainer  # noqa: E402
 from processes import run_bounded  # noqa: E402
 
-from pipeline.config import GFNConfig, ModelConfig, TinyWorldConfig  # noqa: E402
-from pipeline.config_loader import load_config  # noqa: E402
+from pipeline.config.loader import load_config  # noqa: E402
+from pipeline.config.schema import GFNConfig, ModelConfig, TinyWorldConfig  # noqa: E402
 from pipeline.finetune.objectives import build_objective  # noqa: E402
 from pipeline.finetune.policy import SampledSolution  # noqa: E402
 from pipeline.finetune.run import optimizer_settings  # noqa: E402
@@ -839,7 +839,7 @@ def boundary_run(cfg, out: Path, given: list[dict] = (), questions: int = 12) ->
 def test_the_smallest_legal_buffer_trains(local_ray, tmp_path):
     """B = 4, S = 4, K = 3: a buffer of (B - 1) x S + K = 15 completions (a round is 16) trains;
     one fewer is refused before Ray is asked for anything, naming the key and the arithmetic."""
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from pipeline.finetune.tba.settings import check_async_settings, smallest_buffer
 
     cfg = wide_config(mode="async", searchers=2, num_train_steps=3, async_samples_used=3, max_staleness=None)
@@ -856,7 +856,7 @@ def test_the_smallest_legal_buffer_trains(local_ray, tmp_path):
 def test_as_many_problems_as_a_batch_trains(local_ray, tmp_path):
     """4 training problems for B = 4 (two searchers, shares of 2, rounds of 4 questions that repeat
     them): every step trains all 4; 3 problems are refused before Ray starts, naming the key."""
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
 
     given = [{"problem_id": f"q{i}", "question": f"{i}", "answer": "1"} for i in range(4)]
     cfg = wide_config(mode="async", searchers=2, num_train_steps=3, async_samples_used=3, max_staleness=None)
@@ -909,7 +909,7 @@ def test_a_restarted_trainer_resumes_with_its_buffer(local_ray, tmp_path):
 def test_searchers_walk_disjoint_shares_of_the_problems_and_one_searcher_walks_them_all(tmp_path):
     """Two searchers never sample a question at the same time, so the rounds of one weights version
     fill a batch of searchers x questions_per_step distinct questions (docs/async.md, "Who does what")."""
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from pipeline.finetune.tba.settings import searcher_share
 
     given = [{"problem_id": f"q{i}", "question": f"{i}", "answer": "1"} for i in range(10)]
@@ -926,7 +926,7 @@ def test_searchers_walk_disjoint_shares_of_the_problems_and_one_searcher_walks_t
 
 
 def test_ppo_is_refused_in_async_mode():
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from pipeline.finetune.setup import preflight
 
     with pytest.raises(ValueError, match="PPO is on-policy"):
@@ -1004,7 +1004,7 @@ def test_the_stage_in_async_mode_writes_what_the_synchronous_one_writes(random_t
     ],
 )
 def test_async_settings_that_cannot_work_are_refused_before_ray_starts(override, key):
-    from pipeline.config_loader import ConfigError, load_config
+    from pipeline.config.loader import ConfigError, load_config
     from pipeline.finetune.setup import preflight
 
     config = load_config(
@@ -1039,7 +1039,7 @@ def test_a_pinned_process_runs_every_thread_on_the_given_cores():
 
 
 def test_recency_outside_zero_one_is_refused_naming_the_key():
-    from pipeline.config_loader import ConfigError, load_config
+    from pipeline.config.loader import ConfigError, load_config
     from pipeline.finetune.tba.settings import check_async_settings
 
     with pytest.raises(ConfigError, match=r"gfn\.recency_fraction"):
@@ -1119,7 +1119,7 @@ def test_waits_on_the_weights_and_the_store_return_what_arrives_while_waiting_an
 
 
 def test_the_async_configs_carry_the_papers_settings_and_pass_the_checks():
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from pipeline.finetune.tba.settings import async_shape, check_async_settings
 
     paper = load_config(REPO / "configs" / "paper" / "llama3.2-3b-async.yaml").gfn
@@ -1480,7 +1480,7 @@ def test_a_searcher_with_scorer_actors_loads_no_prm_and_a_vllm_searcher_no_trans
 
 
 def test_gpu_vllm_searchers_without_a_memory_share_outside_a_stage_are_refused():
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from pipeline.finetune.setup import preflight
 
     config = load_config(

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from test_records import set_field
 
 import pipeline.rollouts.augmentation as augmentation
-from pipeline.files import read_records
 from pipeline.records import MCTSRecord, PRMExample, RecordError
 from pipeline.rollouts.augmentation import (
     Candidate,
@@ -27,6 +26,7 @@ from pipeline.rollouts.augmentation import (
     split_by_problem,
 )
 from pipeline.rollouts.similarity import calculation_signature, step_signature, step_similarity, steps_consistent
+from pipeline.storage.files import read_records
 
 F = Fraction
 

@@ -1,7 +1,7 @@
-"""make bench's bookkeeping (benchmarks/): one module per row of docs/benchmarks.md, the row schema
-(ratio = reference_s / ours_s, rates stated as seconds per unit of work), `python -m benchmarks`'s
+"""make bench's bookkeeping (perf/): one module per row of docs/perf.md, the row schema
+(ratio = reference_s / ours_s, rates stated as seconds per unit of work), `python -m perf`'s
 row choice and what it writes, the pinned processes' core choice, the MFU formula against a real
-model's parameter count, docs/benchmarks.md keeping other machines' rows, the thread probes'
+model's parameter count, docs/perf.md keeping other machines' rows, the thread probes'
 protocol, the equal-work comparison of the synchronous and asynchronous modes (its settings, its
 work check, the ceiling arithmetic) (the benchmarks themselves measure, never tested for time)."""
 
@@ -19,14 +19,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_row_of_the_benchmarks_doc_has_its_module_and_make_bench_runs_it():
-    """One module per row name of docs/benchmarks.md's ratio table, named after it, with run(cfg,
-    out_dir); `python -m benchmarks` runs every module of benchmarks.ROWS, each exactly once."""
+    """One module per row name of docs/perf.md's ratio table, named after it, with run(cfg,
+    out_dir); `python -m perf` runs every module of benchmarks.ROWS, each exactly once."""
     import importlib
     import inspect
 
-    from benchmarks import ROWS
+    from perf import ROWS
 
-    text = (REPO / "docs" / "benchmarks.md").read_text()
+    text = (REPO / "docs" / "perf.md").read_text()
     table = text[text.index("## Batched vs one at a time") : text.index("## PRM training throughput")]
     documented = {
         line.split("|")[1].strip()
@@ -40,7 +40,7 @@ def test_every_row_of_the_benchmarks_doc_has_its_module_and_make_bench_runs_it()
 
 
 def test_a_ratio_row_is_reference_time_over_ours_and_rates_become_seconds_per_unit():
-    from benchmarks.common import per_unit, ratio_row
+    from perf.rows import per_unit, ratio_row
 
     row = ratio_row("x", ours_s=2.0, reference_s=6.0, goal=4.0, reference="one at a time", problems=3)
     assert (row["ratio"], row["goal"], row["reference"], row["problems"]) == (3.0, 4.0, "one at a time", 3)
@@ -55,8 +55,8 @@ def test_a_ratio_row_is_reference_time_over_ours_and_rates_become_seconds_per_un
 def test_the_mcts_row_compares_completions_per_second_as_a_time_ratio():
     from test_mcts import FakeWorld
 
-    from benchmarks.mcts_batched import bench_mcts_batched
-    from pipeline.config import MCTSConfig
+    from perf.mcts_batched import bench_mcts_batched
+    from pipeline.config.schema import MCTSConfig
 
     row = bench_mcts_batched(
         [("p0", "q"), ("p1", "q")], MCTSConfig(k=8, max_iterations=1, max_rollouts=64), FakeWorld(p_good=0.5)
@@ -69,7 +69,7 @@ def test_the_mcts_row_compares_completions_per_second_as_a_time_ratio():
 
 
 def test_only_names_one_known_row():
-    from benchmarks.__main__ import split_only
+    from perf.__main__ import split_only
 
     assert split_only(["--config", "c.yaml", "run=bench"]) == (["--config", "c.yaml", "run=bench"], None)
     assert split_only(["run=bench", "only=mcts_batched", "mcts.k=2"]) == (["run=bench", "mcts.k=2"], "mcts_batched")
@@ -80,9 +80,9 @@ def test_only_names_one_known_row():
 
 
 def test_a_row_run_alone_writes_its_file_and_its_line_and_a_full_run_writes_every_table(tmp_path):
-    from benchmarks.__main__ import write_results
+    from perf.__main__ import write_results
 
-    docs = tmp_path / "benchmarks.md"
+    docs = tmp_path / "perf.md"
     row = lambda ratio: {
         "name": "prm_one_pass",
         "ours_s": 1.0,
@@ -121,8 +121,8 @@ def test_a_row_run_alone_writes_its_file_and_its_line_and_a_full_run_writes_ever
 
 def test_pinned_processes_take_the_core_of_their_rank(tmp_path):
     """core_for (pipeline.finetune.tba.cores) picks the rank-th core (wrapping around); pinned_to pins a child
-    before it starts; `python -m benchmarks.pinned` pins a torchrun worker by its LOCAL_RANK."""
-    from benchmarks.common import pinned_to
+    before it starts; `python -m perf.pinned` pins a torchrun worker by its LOCAL_RANK."""
+    from perf.rows import pinned_to
     from pipeline.finetune.tba.cores import core_for
 
     assert [core_for(rank, {5, 2, 9}) for rank in range(4)] == [2, 5, 9, 2]
@@ -144,7 +144,7 @@ def test_pinned_processes_take_the_core_of_their_rank(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
     }
     worker = subprocess.run(
-        [sys.executable, "-m", "benchmarks.pinned", "show_affinity"],
+        [sys.executable, "-m", "perf.pinned", "show_affinity"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -158,7 +158,7 @@ def test_pinned_processes_take_the_core_of_their_rank(tmp_path):
 def test_training_flops_count_the_decoder_block_matrices():
     from transformers import Qwen2Config, Qwen2Model
 
-    from benchmarks.prm_training import peak_bf16_flops, training_flops_per_token
+    from perf.prm_training import peak_bf16_flops, training_flops_per_token
 
     config = Qwen2Config(
         vocab_size=50,
@@ -178,9 +178,9 @@ def test_training_flops_count_the_decoder_block_matrices():
 
 
 def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_path):
-    from benchmarks.common import write_markdown
+    from perf.rows import write_markdown
 
-    path = tmp_path / "benchmarks.md"
+    path = tmp_path / "perf.md"
     result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0, "goal": 3.0, "reference": "prefix by prefix"}
     training = {
         "tokens_per_s": 1000.0,
@@ -217,9 +217,9 @@ def test_benchmarks_markdown_replaces_this_machines_rows_and_keeps_the_rest(tmp_
 
 
 def test_the_vllm_row_is_written_alone_and_kept_by_a_bench_run_without_it(tmp_path):
-    from benchmarks.common import write_markdown, write_ratio_row
+    from perf.rows import write_markdown, write_ratio_row
 
-    path = tmp_path / "benchmarks.md"
+    path = tmp_path / "perf.md"
     result = lambda s: {"ours_s": s, "reference_s": 2 * s, "ratio": 2.0, "goal": 3.0, "reference": "prefix by prefix"}
     vllm = {
         "ours_s": 1.0,
@@ -248,7 +248,7 @@ def test_the_vllm_row_is_written_alone_and_kept_by_a_bench_run_without_it(tmp_pa
 def test_two_backends_are_timed_on_the_same_prompts_and_budget():
     from test_generation import PROMPTS, make_model, make_tokenizer
 
-    from benchmarks.generation_vllm_vs_hf import bench_backends
+    from perf.generation_vllm_vs_hf import bench_backends
     from pipeline.generation.hf import HFGenerator
 
     tokenizer = make_tokenizer()
@@ -268,8 +268,8 @@ def test_two_backends_are_timed_on_the_same_prompts_and_budget():
 def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
     """The contention benchmark's probes run in their own processes, wait for each other after
     warming up, and each report a rate; a probe that dies before its window is an error, not a hang."""
-    from benchmarks.threads_under_contention import measure_together
-    from pipeline.config_loader import load_config, save_config
+    from perf.threads_under_contention import measure_together
+    from pipeline.config.loader import load_config, save_config
 
     config = load_config(
         "configs/tiny.yaml",
@@ -292,7 +292,7 @@ def test_thread_probes_are_timed_over_one_shared_window(tmp_path):
 
 
 def test_the_speedup_ceiling_is_the_sum_over_the_longer_part():
-    from benchmarks.gfn_async_speedup import speedup_ceiling
+    from perf.gfn_async_speedup import speedup_ceiling
 
     assert speedup_ceiling(1.0, 1.0) == 2.0
     assert speedup_ceiling(3.0, 1.0) == pytest.approx(4 / 3) and speedup_ceiling(1.0, 3.0) == pytest.approx(4 / 3)
@@ -335,7 +335,7 @@ def equal_work_rows(updates: int, generate: float, train: float, overlapped: flo
 
 
 def test_equal_work_speedup_times_the_same_updates_and_reports_the_fraction_of_the_ceiling():
-    from benchmarks.gfn_async_speedup import equal_work_speedup
+    from perf.gfn_async_speedup import equal_work_speedup
 
     sync, asynchronous = equal_work_rows(10, generate=1.0, train=3.0, overlapped=3.75)
     result = equal_work_speedup(sync, asynchronous, questions=4, samples=4, timed_from=2)
@@ -351,7 +351,7 @@ def test_equal_work_speedup_times_the_same_updates_and_reports_the_fraction_of_t
 
 
 def test_equal_work_speedup_refuses_runs_that_did_different_work():
-    from benchmarks.gfn_async_speedup import equal_work_speedup
+    from perf.gfn_async_speedup import equal_work_speedup
 
     sync, asynchronous = equal_work_rows(10, 1.0, 1.0, 1.2, replayed=8)  # 16 fresh + 8 replayed against 16
     with pytest.raises(ValueError, match="synchronous update 1 trained 24 rows"):
@@ -368,8 +368,8 @@ def test_the_equal_work_settings_train_the_same_rows_in_both_modes():
     """Both modes' `make gfn` settings: the synchronous run replays nothing, the asynchronous trainer
     draws the same questions x samples a searcher sampled once per published version; the
     asynchronous settings pass the checks the stage runs before Ray starts."""
-    from benchmarks.gfn_async_speedup import equal_work_overrides
-    from pipeline.config_loader import load_config
+    from perf.gfn_async_speedup import equal_work_overrides
+    from pipeline.config.loader import load_config
     from pipeline.finetune.tba.settings import async_shape, check_async_settings
 
     sync = load_config("configs/tiny.yaml", equal_work_overrides("sync", 4, 4, (0, 1))).gfn

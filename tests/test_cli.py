@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from pipeline.config import Config, MCTSConfig
-from pipeline.config_loader import describe_fields, load_config
+from pipeline.config.loader import describe_fields, load_config
+from pipeline.config.schema import Config, MCTSConfig
 from stages import evaluate, mcts, search, train_gfn, train_ppo, train_prm
 from stages.common import cli, parse_args
 
@@ -166,7 +166,7 @@ def forbid_model_loads(monkeypatch) -> None:
 def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_key_before_any_model_loads(
     monkeypatch, tmp_path, capsys
 ):
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from planner.make import make_plan
     from stages import launch, prm_bench
 

@@ -153,7 +153,7 @@ def test_the_ddp_hook_averages_like_ddp_and_times_every_bucket(tmp_path):
 
 
 def test_the_scaling_row_says_where_the_ideal_goes():
-    from benchmarks.common import _ratio_line
+    from perf.rows import _ratio_line
 
     row = {
         "ours_s": 0.09,

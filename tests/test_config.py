@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Config
-from pipeline.config_loader import ConfigError, load_config, save_config
+from pipeline.config.loader import ConfigError, load_config, save_config
+from pipeline.config.schema import Config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,8 +102,8 @@ def test_a_problem_filter_that_data_train_cannot_apply_is_refused_at_load():
 def test_the_loaders_that_take_a_problem_filter_are_the_ones_the_config_allows_it_for():
     import inspect
 
-    from pipeline.benchmark_loaders import BENCHMARK_LOADERS
-    from pipeline.config import SOURCE_FILTERED_DATA
+    from pipeline.config.schema import SOURCE_FILTERED_DATA
+    from pipeline.datasets.loaders import BENCHMARK_LOADERS
 
     takes = {
         name for name, loader in BENCHMARK_LOADERS.items() if "problem_sources" in inspect.signature(loader).parameters
@@ -269,7 +269,7 @@ def test_every_numeric_field_declares_a_range_and_every_default_is_in_it():
     import dataclasses
     import typing
 
-    from pipeline.config_loader import check_ranges
+    from pipeline.config.loader import check_ranges
 
     def walk(obj, prefix):
         for spec in dataclasses.fields(obj):
@@ -354,7 +354,7 @@ def choice_fields(obj=None, prefix=""):
     import dataclasses
     import typing
 
-    from pipeline.config import choices_of
+    from pipeline.config.schema import choices_of
 
     obj = Config() if obj is None else obj
     hints = typing.get_type_hints(type(obj))
@@ -408,7 +408,7 @@ def test_every_choice_field_refuses_a_value_outside_its_literal_naming_key_value
 
 
 def test_help_lists_the_choices_of_a_choice_field():
-    from pipeline.config_loader import describe_fields
+    from pipeline.config.loader import describe_fields
 
     lines = [line.strip() for line in describe_fields()]  # a section's fields are indented under it
     assert 'gfn.loss: str = "subtb"  (one of subtb, tb, tb_vargrad)' in lines
@@ -420,7 +420,7 @@ def test_help_lists_the_choices_of_a_choice_field():
 
 
 def test_the_libraries_take_their_names_from_the_choice_fields():
-    from pipeline.config import BufferPriority, GenerationBackend, GPUType, ModelDtype, Schedule
+    from pipeline.config.schema import BufferPriority, GenerationBackend, GPUType, ModelDtype, Schedule
     from pipeline.generation import BACKENDS
     from pipeline.modeling import DTYPES
     from pipeline.training.schedule import SCHEDULES

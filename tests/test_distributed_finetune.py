@@ -252,7 +252,7 @@ def test_two_deepspeed_processes_reproduce_one_process(world, tmp_path, zero_sta
 
 
 def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from pipeline.finetune.setup import preflight
 
     config = load_config(REPO / "configs" / "tiny.yaml", ["gfn.questions_per_step=3"])
@@ -273,7 +273,7 @@ def test_bad_launches_fail_before_any_model_is_loaded(world, tmp_path):
 
 
 def test_accelerate_configs_that_cannot_work_are_refused_naming_the_one_that_does():
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from pipeline.finetune.setup import check_accelerate_launch
 
     gfn, saving = (load_config(REPO / "configs" / "tiny.yaml", [f"gfn.save_every={n}"]).gfn for n in (0, 5))

@@ -26,8 +26,8 @@ from eval.diversity import (
     strategy_diversity,
     vendi_score,
 )
-from pipeline.model_folders import FolderError
 from pipeline.records import Problem
+from pipeline.storage.model_folders import FolderError
 
 
 def test_mean_pairwise_cosine_matches_double_loop():

@@ -132,7 +132,7 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
 
 
 def test_the_demo_graph_follows_what_each_stage_reads_and_shards_with_the_jobs():
-    from pipeline.config_loader import ConfigError, load_config
+    from pipeline.config.loader import ConfigError, load_config
     from pipeline.launcher import check_graph
     from stages.demo import demo_graph, demo_jobs
 
@@ -159,7 +159,7 @@ def test_the_demo_graph_follows_what_each_stage_reads_and_shards_with_the_jobs()
 
 
 def test_a_new_demo_sets_the_previous_run_aside_without_deleting_it(tmp_path, monkeypatch):
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from stages.demo import set_aside_previous_run
 
     monkeypatch.chdir(tmp_path)

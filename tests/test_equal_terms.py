@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import GFNConfig, PPOConfig
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
+from pipeline.config.schema import GFNConfig, PPOConfig
 from pipeline.finetune.gflownet import GFlowNetObjective
 from pipeline.finetune.losses import _vargrad_target
 from pipeline.finetune.objectives import RegularizedTarget, regularized_target

@@ -19,9 +19,9 @@ from eval.comparisons import compare_to_reference, paired_differences
 from eval.evaluate import evaluate_model, reports_dir, run_evaluation
 from eval.model_specs import missing_model_reason, parse_model_spec
 from eval.report import verdict, write_report
+from eval.sample_metrics import mean_prm_reward, score_samples
 from eval.sampling import GREEDY_SAMPLE_IDX, problem_kind
-from eval.scoring import mean_prm_reward, score_samples
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
 from pipeline.generation.base import Completion
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator

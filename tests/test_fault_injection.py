@@ -33,10 +33,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
-from pipeline.problems import write_problems_jsonl
+from pipeline.config.schema import BootstrapConfig, FormatConfig, TinyWorldConfig
+from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.records import MCTSRecord, MCTSSummary
-from pipeline.shards import read_stream
+from pipeline.storage.shards import read_stream
 from pipeline.tinyworld.model import build_model, save_policy
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer

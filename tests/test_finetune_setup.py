@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config_loader import ConfigError, load_config
+from pipeline.config.loader import ConfigError, load_config
 from pipeline.finetune.setup import FinetuneLaunch, SetupError, resolve
 
 REPO = Path(__file__).resolve().parents[1]

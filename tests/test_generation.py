@@ -15,8 +15,8 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from pipeline.config import Config, ModelConfig
-from pipeline.config_loader import ConfigError
+from pipeline.config.loader import ConfigError
+from pipeline.config.schema import Config, ModelConfig
 from pipeline.generation import build_generator
 from pipeline.generation.base import Completion, truncate_at_stop
 from pipeline.generation.hf import HFGenerator, pack_chunks, sample_next_tokens
@@ -403,7 +403,7 @@ def test_build_generator_loads_model_adapter_and_config(tmp_path, tokenizer):
 
 
 def test_bench_shared_prompt_reports_both_timings(tokenizer):
-    from benchmarks.generation_shared_prompt import bench_shared_prompt
+    from perf.generation_shared_prompt import bench_shared_prompt
 
     result = bench_shared_prompt(
         lambda: HFGenerator(make_model(), tokenizer), PROMPTS, n_prompts=3, n=2, max_new_tokens=3
@@ -444,7 +444,7 @@ def test_sampling_arguments_vllm_refuses_are_refused_by_the_interface(kwargs, me
     ],
 )
 def test_a_sampling_temperature_vllm_refuses_is_refused_when_the_config_loads(key):
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
 
     with pytest.raises(ConfigError, match=rf"command line: {key} = 2.5 is out of range: expected >=? 0 and <= 2"):
         load_config(None, [f"{key}=2.5"])
@@ -552,7 +552,7 @@ def test_a_fine_tuning_sampler_vllm_cannot_keep_on_the_trained_weights_is_refuse
 ):
     import importlib.util
 
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from pipeline.finetune.setup import preflight
 
     adapter = write_adapter(tmp_path / "adapter", rank_pattern={"q_proj": 8})
@@ -596,7 +596,7 @@ def test_a_model_folder_vllm_cannot_serve_is_refused_naming_the_folder_the_files
     import json
 
     from pipeline.generation.vllm_backend import check_servable
-    from pipeline.model_folders import FolderError
+    from pipeline.storage.model_folders import FolderError
 
     folder = _model_folder(tmp_path / "gfn", tokenizer)
     check_servable(folder, "eval.models.gfn")  # one weight file: served

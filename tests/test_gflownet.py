@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import GFNConfig, ModelConfig, PPOConfig
+from pipeline.config.schema import GFNConfig, ModelConfig, PPOConfig
 from pipeline.finetune.gflownet import proportionality_gap
 from pipeline.finetune.objectives import build_objective
 from pipeline.finetune.policy import SampledSolution
@@ -400,7 +400,7 @@ def test_the_importance_correction_weights_each_trajectory_by_its_clipped_ratio_
     ],
 )
 def test_an_importance_clip_that_excludes_one_is_refused_at_config_load_naming_the_key(override, key):
-    from pipeline.config_loader import ConfigError, load_config
+    from pipeline.config.loader import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
         load_config(overrides=[override])

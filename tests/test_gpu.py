@@ -170,7 +170,7 @@ def architecture(hub_id: str, **changes):
 
 def tiny_tokenizer():
     """The tiny world's tokenizer (trained here in seconds, nothing downloaded)."""
-    from pipeline.config import FormatConfig, TinyWorldConfig
+    from pipeline.config.schema import FormatConfig, TinyWorldConfig
     from pipeline.tinyworld.problems import generate_splits
     from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
 
@@ -299,8 +299,8 @@ def finetune_real_architecture(
     finetune_policy, sampling replaced by plan-shaped trajectories (plan_shaped_trajectories),
     for ``steps`` training steps. Returns per step: seconds (synchronised), peak GPU memory,
     trajectories trained, loss; and make plan's memory items for the same settings."""
-    from pipeline.config import TinyWorldConfig
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
+    from pipeline.config.schema import TinyWorldConfig
     from pipeline.finetune import run as finetune_run
     from pipeline.finetune.sampling import TrajectorySampler
     from pipeline.finetune.trainer import FinetuneTrainer

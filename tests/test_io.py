@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.files import read_jsonl, read_records, write_records_atomic
 from pipeline.records import PRMExample, Problem, RecordError
-from pipeline.shards import ShardWriter, completed_problem_ids, parse_shard, read_stream
+from pipeline.storage.files import read_jsonl, read_records, write_records_atomic
+from pipeline.storage.shards import ShardWriter, completed_problem_ids, parse_shard, read_stream
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Any record types will do: the writer is generic. Four PRM examples and one problem per problem id.
 WRITER = """
 import sys, time
-from pipeline.shards import ShardWriter, completed_problem_ids
+from pipeline.storage.shards import ShardWriter, completed_problem_ids
 from pipeline.records import PRMExample, Problem
 out, n = sys.argv[1], int(sys.argv[2])
 done = completed_problem_ids(out)
@@ -114,7 +114,7 @@ def test_parse_shard():
 def test_fingerprint_follows_content_not_copies(tmp_path):
     import shutil
 
-    from pipeline.files import path_fingerprint
+    from pipeline.storage.files import path_fingerprint
 
     model = tmp_path / "model"
     model.mkdir()
@@ -130,7 +130,7 @@ def test_fingerprint_follows_content_not_copies(tmp_path):
 
 
 def test_resume_guard_refuses_records_made_with_other_settings(tmp_path):
-    from pipeline.shards import SettingsMismatch, ShardWriter, check_settings
+    from pipeline.storage.shards import SettingsMismatch, ShardWriter, check_settings
 
     shards = tmp_path / "shards"
     check_settings(shards, {"policy": "a", "k": 4}, "the MCTS run")
@@ -172,7 +172,7 @@ def write_shards(directory, problems=("p1", "p2", "p3", "p4"), per_shard=2):
 def test_shards_carry_a_manifest_and_a_damaged_one_is_named(tmp_path):
     import shutil
 
-    from pipeline.shards import ShardError
+    from pipeline.storage.shards import ShardError
 
     shards = write_shards(tmp_path / "s")
     manifest = json.loads((shards[0] / "shard_manifest.json").read_text())
@@ -211,7 +211,7 @@ def test_shards_carry_a_manifest_and_a_damaged_one_is_named(tmp_path):
 
 
 def test_a_shard_manifest_named_like_a_model_folders_is_read_with_the_same_checks(tmp_path):
-    from pipeline.shards import ShardError
+    from pipeline.storage.shards import ShardError
 
     shards = write_shards(tmp_path / "s")
     assert all((s / "shard_manifest.json").is_file() and not (s / "manifest.json").exists() for s in shards)
@@ -230,9 +230,9 @@ def test_a_shard_manifest_named_like_a_model_folders_is_read_with_the_same_check
 def test_shard_and_model_folder_manifests_hash_files_with_file_digest(tmp_path, monkeypatch):
     import hashlib
 
-    from pipeline import files
-    from pipeline.files import file_digest, path_fingerprint
-    from pipeline.model_folders import commit_folder, staging_folder
+    from pipeline.storage import files
+    from pipeline.storage.files import file_digest, path_fingerprint
+    from pipeline.storage.model_folders import commit_folder, staging_folder
 
     shard = write_shards(tmp_path / "s")[0]
     staging = staging_folder(tmp_path / "model")
@@ -259,7 +259,7 @@ def test_shard_and_model_folder_manifests_hash_files_with_file_digest(tmp_path, 
 
 
 def test_a_corrupt_settings_file_is_named(tmp_path):
-    from pipeline.shards import check_settings
+    from pipeline.storage.shards import check_settings
 
     (tmp_path / "settings.json").write_text('{"policy": ')
     with pytest.raises(RecordError, match=r"settings\.json:1: not valid JSON .*settings file is damaged"):
@@ -268,7 +268,7 @@ def test_a_corrupt_settings_file_is_named(tmp_path):
 
 HOLDER = """
 import sys, time
-from pipeline.locks import StageLock
+from pipeline.storage.locks import StageLock
 StageLock(sys.argv[1], "test").acquire()
 print("locked", flush=True)
 time.sleep(120)
@@ -278,7 +278,7 @@ time.sleep(120)
 def test_a_second_writer_stops_at_once_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
     import logging
 
-    from pipeline.locks import LockError, StageLock, held_locks
+    from pipeline.storage.locks import LockError, StageLock, held_locks
 
     lock = tmp_path / "prm" / ".lock"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -303,7 +303,7 @@ def test_a_second_writer_stops_at_once_and_a_dead_holders_lock_is_taken_over(tmp
 def test_under_a_launch_only_rank_0_locks_and_the_other_ranks_check_it_is_theirs(tmp_path, monkeypatch):
     import socket
 
-    from pipeline.locks import LockError, StageLock
+    from pipeline.storage.locks import LockError, StageLock
 
     lock = tmp_path / ".lock"
     lock.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "launch": os.getppid()}))
@@ -320,7 +320,7 @@ def test_model_folders_commit_whole_and_damaged_files_are_named(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from pipeline.model_folders import (
+    from pipeline.storage.model_folders import (
         FolderError,
         check_model_folder,
         commit_folder,

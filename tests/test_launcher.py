@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.files import read_records
 from pipeline.launcher import Worker, WorkerFailed, merge_worker, run_workers, shard_workers, visible_devices
 from pipeline.records import MCTSRecord, MCTSSummary, SearchRecord
-from pipeline.shards import read_stream
+from pipeline.storage.files import read_records
+from pipeline.storage.shards import read_stream
 from stages import evaluate, launch, search
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_wor
     is byte-equal too (one torch thread a process: the same arithmetic in every run)."""
     from transformers import AutoTokenizer
 
-    from pipeline.config import BootstrapConfig
+    from pipeline.config.schema import BootstrapConfig
     from pipeline.tinyworld.model import build_model, save_policy
 
     world = random_tiny_world

@@ -3,7 +3,7 @@
 Layers, lowest first (docs/design.md, "Layout"): the shared core (pipeline/, without its two stage
 libraries) < the stage libraries pipeline.rollouts and pipeline.finetune (neither imports the
 other) < prm < eval < planner (make plan, and the memory estimate each stage checks at its start) <
-stages < benchmarks (make bench, not installed: nothing in the library imports it). A module imports
+stages < perf (make bench, not installed: nothing in the library imports it). A module imports
 only from its own layer or below. An import written inside a function is allowed only for a heavy
 optional dependency, with a comment saying so.
 """
@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "prm", "eval", "planner", "stages", "benchmarks")
+PACKAGES = ("pipeline", "prm", "eval", "planner", "stages", "perf")
 
 # Imported inside the function that needs them, never at module top: optional extras (vllm, ray,
 # deepspeed, trackers), the embedder (sentence_transformers with its offline weights), the hub
@@ -40,7 +40,7 @@ def layer(module: str) -> int:
     if module.startswith(STAGE_LIBRARIES):
         return 1
     top = module.split(".")[0]
-    return {"pipeline": 0, "prm": 2, "eval": 3, "planner": 4, "stages": 5, "benchmarks": 6}[top]
+    return {"pipeline": 0, "prm": 2, "eval": 3, "planner": 4, "stages": 5, "perf": 6}[top]
 
 
 def modules() -> dict[str, Path]:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pipeline.config import MCTSConfig
+from pipeline.config.schema import MCTSConfig
 from pipeline.rollouts.mcts import (
     Rollout,
     TreeState,
@@ -408,11 +408,11 @@ def test_stage_on_a_tiny_model_killed_mid_run_resumes_with_every_record_once(tmp
     import time
     from pathlib import Path
 
-    from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
+    from pipeline.config.schema import BootstrapConfig, FormatConfig, TinyWorldConfig
     from pipeline.contracts import check_files
-    from pipeline.problems import write_problems_jsonl
+    from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.records import MCTSRecord, MCTSSummary
-    from pipeline.shards import completed_problem_ids, read_stream
+    from pipeline.storage.shards import completed_problem_ids, read_stream
     from pipeline.tinyworld.model import build_model, save_policy
     from pipeline.tinyworld.problems import generate_splits
     from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer

@@ -5,7 +5,7 @@ import inspect
 import pytest
 import torch
 
-from pipeline.config import GFNConfig, PPOConfig
+from pipeline.config.schema import GFNConfig, PPOConfig
 from pipeline.finetune.objectives import OBJECTIVES, Objective, build_objective
 
 METHODS = [name for name, member in vars(Objective).items() if inspect.isfunction(member) and not name.startswith("_")]

@@ -1,4 +1,4 @@
-"""Config files that overlay another (``overlays: FILE``, pipeline.config_loader.config_files): a
+"""Config files that overlay another (``overlays: FILE``, pipeline.config.loader.config_files): a
 variant holds only its delta, and resolves to its base everywhere else."""
 
 import dataclasses
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import Config
-from pipeline.config_loader import OVERLAYS, ConfigError, config_files, load_config, load_yaml_file
+from pipeline.config.loader import OVERLAYS, ConfigError, config_files, load_config, load_yaml_file
+from pipeline.config.schema import Config
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yaml") if "accelerate" not in p.parts)

@@ -2,7 +2,7 @@
 version its own range allows, the environment the pinned vLLM resolves (`make gpu-env`) holds every
 pinned package at its pin (one set of versions for .venv and .venv-vllm), the stage targets run in
 .venv-vllm once it exists, the licence pyproject.toml declares is the file beside it, and the
-installed packages are the library's (benchmarks/ and tests/ stay in the repository)."""
+installed packages are the library's (perf/ and tests/ stay in the repository)."""
 
 from __future__ import annotations
 
@@ -131,4 +131,4 @@ def test_the_installed_packages_are_the_library_without_benchmarks_or_tests():
     )  # setuptools' default for packages.find
     installed = finder(where=str(REPO), include=find["include"], exclude=find.get("exclude", ()))
     assert {name.split(".")[0] for name in installed} == {"pipeline", "prm", "eval", "planner", "stages"}
-    assert (REPO / "benchmarks" / "__init__.py").exists() and "benchmarks" not in installed
+    assert (REPO / "perf" / "__init__.py").exists() and "perf" not in installed

@@ -22,7 +22,7 @@ import real_models
 import torch
 import transformers
 
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import check_servable
 from pipeline.modeling import load_tokenizer

@@ -15,7 +15,7 @@ import yaml
 
 from pipeline import shapes
 from pipeline.batches import gradient_accumulation
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
 from pipeline.shapes import lora_parameters, shape_from_config
 from planner.make import make_plan
 from planner.plan import GIB
@@ -268,7 +268,7 @@ def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(pape
 
 
 def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_loads(paper_world):
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from stages.common import device_memory
 
     config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=0.85")
@@ -296,7 +296,7 @@ def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_load
 
 
 def test_a_stage_whose_estimated_memory_exceeds_its_gpu_is_refused_before_any_model_loads(paper_world):
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from stages.common import device_memory
 
     qwen = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")
@@ -368,7 +368,7 @@ def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_a
     """An asynchronous searcher's GPU (stages.common.device_memory, before any model loads; the
     device size given, as no GPU runs here): gfn.searcher_vllm_memory_share x the device + the PRM
     (unless scorer actors hold it) + the CUDA context must fit; the searcher holds no reference."""
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from stages.common import device_memory
 
     async_run = ("gfn.mode=async", "gfn.searcher_gpus=1")
@@ -480,8 +480,8 @@ def _trajectories(sequences: int, tokens: int, prompt: int, padded: bool):
 
 def _saved_bytes(model, batch) -> int:
     """Bytes of the distinct storages autograd keeps for backward (parameters left out) over
-    the training forward of pipeline.generation.scoring.trajectory_logprobs."""
-    from pipeline.generation.scoring import trajectory_logprobs
+    the training forward of pipeline.generation.step_logprobs.trajectory_logprobs."""
+    from pipeline.generation.step_logprobs import trajectory_logprobs
 
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
@@ -539,7 +539,7 @@ def test_the_logits_term_is_the_peak_of_the_log_softmax_backward():
     logsumexp backward's 16 further bytes a logit value beyond the 4 kept: logits_bytes, within 2%."""
     from torch.profiler import ProfilerActivity, profile
 
-    from pipeline.generation.scoring import trajectory_logprobs
+    from pipeline.generation.step_logprobs import trajectory_logprobs
 
     model, shape = _tiny_lora_model("qwen2", 1, 64, 4, 2, 160)
     prompt, sequences, tokens = 16, 2, 64
@@ -606,7 +606,7 @@ def launched_environment(path: Path) -> dict[str, str]:
 def test_a_launch_setting_the_trainer_would_not_apply_is_refused_by_make_plan_and_at_the_trainers_start(
     paper_world, tmp_path, monkeypatch, fsdp, top, key
 ):
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from pipeline.training.accelerator import make_accelerator
 
     path = accelerate_file(tmp_path, "policy_fsdp_lora.yaml", fsdp=fsdp, **{"mixed_precision": "no", **top})
@@ -672,7 +672,7 @@ def test_make_plan_applies_the_trainers_setup_rules_with_the_stages_message(pape
     under the accelerate file it names: FSDP2 with HF sampling is what the trainer runs (an HF copy
     of the policy), and an asynchronous run of several trainer processes without gfn.ray_address is
     refused with the stage's own message."""
-    from pipeline.config_loader import ConfigError
+    from pipeline.config.loader import ConfigError
     from pipeline.finetune import setup
     from pipeline.training.launch_settings import file_environment, read_accelerate_file
 

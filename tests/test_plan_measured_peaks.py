@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
 from planner.costs import finetune_stage
 from planner.doc import empty_hub_cache
 from planner.launch import launch_from_environment

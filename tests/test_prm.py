@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import FormatConfig, TinyWorldConfig
-from pipeline.config_loader import ConfigError, load_config
-from pipeline.files import read_records
-from pipeline.problems import write_problems_jsonl
+from pipeline.config.loader import ConfigError, load_config
+from pipeline.config.schema import FormatConfig, TinyWorldConfig
+from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.records import PRMExample, Problem, RecordError
 from pipeline.stats import mann_whitney_auc
+from pipeline.storage.files import read_records
 from pipeline.tinyworld.problems import corrected_step, generate_splits
 from pipeline.training import checkpoint_io
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
@@ -166,7 +166,7 @@ def test_save_and_reload_give_identical_scores(tokenizer, tmp_path):
     assert reloaded.kind == "tiny" and reloaded.format_config.prompt_template == FORMAT.prompt_template
     assert reloaded.score_many(solutions) == before
     # damaged files are named, not reported as a bare JSONDecodeError or "invalid header length"
-    from pipeline.model_folders import FolderError
+    from pipeline.storage.model_folders import FolderError
 
     (tmp_path / "prm" / "prm_config.json").write_text('{"kind": ')
     with pytest.raises(FolderError, match=r"prm_config\.json:1: not valid JSON"):
@@ -715,7 +715,7 @@ def test_stage_trains_validates_and_writes_outputs(tokenizer, tmp_path, benchmar
 
 
 def test_one_pass_bench_runs_and_checks_agreement(tokenizer):
-    from benchmarks.prm_one_pass import bench_prm_one_pass, synthetic_solutions
+    from perf.prm_one_pass import bench_prm_one_pass, synthetic_solutions
 
     solutions = synthetic_solutions(3, 8, seed=1)
     assert all(len(steps) == 8 for _, steps in solutions)
@@ -726,8 +726,8 @@ def test_one_pass_bench_runs_and_checks_agreement(tokenizer):
 
 
 def test_control_records_label_gold_steps_one_and_corrupted_siblings_zero(tmp_path):
-    from pipeline.config import TinyWorldConfig
-    from pipeline.problems import write_problems_jsonl
+    from pipeline.config.schema import TinyWorldConfig
+    from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.tinyworld.problems import arithmetic_errors, generate_splits
     from prm.control import main as control_main
 

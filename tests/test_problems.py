@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.benchmark_copies import SHIPPED_DIR, recorded_files, shipped_file
-from pipeline.benchmark_fields import math_final_answer, parse_options_list, parse_options_string
-from pipeline.benchmark_loaders import (
+from pipeline.datasets.copies import SHIPPED_DIR, recorded_files, shipped_file
+from pipeline.datasets.fields import math_final_answer, parse_options_list, parse_options_string
+from pipeline.datasets.loaders import (
     load_benchmark,
     load_gsm8k,
     load_math,
@@ -22,9 +22,9 @@ from pipeline.benchmark_loaders import (
     load_openmathinstruct2,
     load_sat_math,
 )
-from pipeline.model_folders import FolderError
-from pipeline.problems import load_problems_jsonl, write_problems_jsonl
+from pipeline.datasets.problems import load_problems_jsonl, write_problems_jsonl
 from pipeline.records import Problem, RecordError, answer_kind
+from pipeline.storage.model_folders import FolderError
 
 FILES = {
     "gsm8k": "gsm8k_test.jsonl",
@@ -283,7 +283,7 @@ def test_lenient_skips_and_counts(tmp_path, caplog):
             json.dumps({"question": "c?", "answer": "#### 1,000"}),
         ],
     )
-    with caplog.at_level(logging.WARNING, logger="pipeline.problems"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.datasets.problems"):
         problems = load_gsm8k(path, lenient=True)
     # Ids keep the record's position, so a skipped line never renames the ones after it.
     assert [(p.problem_id, p.answer) for p in problems] == [("gsm8k-test-0", "1"), ("gsm8k-test-3", "1000")]
@@ -530,7 +530,7 @@ def test_invalid_utf8_and_deep_nesting_name_the_line_and_lenient_skips_them(tmp_
         + good
         + b"\n"
     )
-    with caplog.at_level(logging.WARNING, logger="pipeline.problems"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.datasets.problems"):
         problems = load_gsm8k(path, lenient=True)
     assert [p.problem_id for p in problems] == ["gsm8k-test-0", "gsm8k-test-3"]
     assert "skipped 2 malformed record(s) of 4" in caplog.text and "g.jsonl:2: not valid UTF-8" in caplog.text
@@ -605,7 +605,7 @@ def test_a_filter_that_leaves_nothing_is_an_error(tmp_path):
 
 
 def test_data_lenient_reaches_the_stages_loader(tmp_path):
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from stages.common import training_problems
 
     good = {"problem_id": "p1", "question": "q", "answer": "1", "source": "tiny"}
@@ -618,8 +618,8 @@ def test_data_lenient_reaches_the_stages_loader(tmp_path):
 
 
 def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_refused(tmp_path):
-    from pipeline.config_loader import load_config
-    from pipeline.files import InputNotFound
+    from pipeline.config.loader import load_config
+    from pipeline.storage.files import InputNotFound
     from stages.common import training_problems
 
     def record(problem_id, question):
@@ -654,9 +654,9 @@ def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_r
 
 
 def test_the_tiny_config_trains_the_later_stages_on_the_rl_split_disjoint_from_the_bootstraps(tmp_path):
-    from pipeline.config import TinyWorldConfig
-    from pipeline.config_loader import load_config
-    from pipeline.problems import write_problems_jsonl
+    from pipeline.config.loader import load_config
+    from pipeline.config.schema import TinyWorldConfig
+    from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.tinyworld import generate_splits
     from stages.common import training_problems
 

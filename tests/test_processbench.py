@@ -16,7 +16,7 @@ import torch
 from test_prm_data_interop import english_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.config import TinyWorldConfig
+from pipeline.config.schema import TinyWorldConfig
 from pipeline.records import RecordError
 from pipeline.tinyworld.problems import first_wrong_step, generate_splits, step_equations
 from prm.formats import detect_format

@@ -11,7 +11,7 @@ import pytest
 import real_models
 import torch
 
-from pipeline.config import Config, FormatConfig
+from pipeline.config.schema import Config, FormatConfig
 from pipeline.finetune.policy import LMPolicy
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator

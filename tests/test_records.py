@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from eval.sampling import generate_samples, problem_kind
-from pipeline.codec import FieldError, rules
-from pipeline.config import MCTSConfig
-from pipeline.config_loader import load_config
-from pipeline.files import read_records, write_records_atomic
+from pipeline.config.codec import FieldError, rules
+from pipeline.config.loader import load_config
+from pipeline.config.schema import MCTSConfig
+from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.generation.base import Completion
-from pipeline.problems import write_problems_jsonl
 from pipeline.records import (
     MCTSRecord,
     MCTSRollout,
@@ -31,7 +30,8 @@ from pipeline.records import (
 )
 from pipeline.rollouts.augmentation import augment_records
 from pipeline.rollouts.mcts import Rollout, run_mcts
-from pipeline.shards import ShardWriter
+from pipeline.storage.files import read_records, write_records_atomic
+from pipeline.storage.shards import ShardWriter
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "records"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import GFNConfig, ModelConfig
+from pipeline.config.schema import GFNConfig, ModelConfig
 from pipeline.finetune.gflownet import kl_coef_at
 from pipeline.finetune.objectives import build_objective
 from pipeline.finetune.run import optimizer_settings

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config_loader import load_config
-from pipeline.locks import LockError, release_stage_locks
-from pipeline.model_folders import commit_folder, staging_folder, verify_manifest
+from pipeline.config.loader import load_config
 from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary, Problem
-from pipeline.shards import SettingsMismatch, ShardError, ShardWriter, check_settings
+from pipeline.storage.locks import LockError, release_stage_locks
+from pipeline.storage.model_folders import commit_folder, staging_folder, verify_manifest
+from pipeline.storage.shards import SettingsMismatch, ShardError, ShardWriter, check_settings
 from pipeline.training import checkpoint_io
 from stages import augment, mcts, train_gfn, train_prm
 from stages.common import cli, finished_model
@@ -150,7 +150,7 @@ def test_augment_refuses_empty_inputs_and_empty_splits(run):
 
 HOLDER = """
 import sys, time
-from pipeline.locks import StageLock
+from pipeline.storage.locks import StageLock
 StageLock(sys.argv[1], "test").acquire()
 print("locked", flush=True)
 time.sleep(120)

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from pipeline.config import TinyWorldConfig
-from pipeline.config_loader import load_config
-from pipeline.problems import write_problems_jsonl
+from pipeline.config.loader import load_config
+from pipeline.config.schema import TinyWorldConfig
+from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.rollouts.temperature import slip_counts, sweep_table, temperature_sweep
 from pipeline.tinyworld.problems import first_wrong_step, generate_splits
 

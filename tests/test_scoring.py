@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from pipeline.generation.scoring import trajectory_logprobs, trajectory_logprobs_chunked
+from pipeline.generation.step_logprobs import trajectory_logprobs, trajectory_logprobs_chunked
 from pipeline.steps import SegmentedIds, encode_trajectory
 
 VOCAB, PAD, EOS = 30, 0, 2
@@ -207,7 +207,7 @@ def test_half_precision_full_fine_tuning_keeps_float32_master_weights():
 def test_ppo_value_head_stays_float32_under_a_bf16_policy():
     from types import SimpleNamespace
 
-    from pipeline.config import PPOConfig
+    from pipeline.config.schema import PPOConfig
     from pipeline.finetune.objectives import build_objective
 
     objective = build_objective(PPOConfig(), policy=None, hidden_size=8)

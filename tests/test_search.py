@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import SearchConfig
+from pipeline.config.schema import SearchConfig
 from pipeline.generation.base import Completion, truncate_at_stop
 from pipeline.steps import join_steps, split_steps
 from prm.search import search, search_many
-from prm.search.common import STRATEGIES, SearchResult, SearchSettings, aggregate
+from prm.search.candidates import STRATEGIES, SearchResult, SearchSettings, aggregate
 from prm.search.summary import grade_results, summarize_search
 
 EOS, STOP, LENGTH = "eos", "stop", "length"
@@ -305,7 +305,7 @@ def test_single_search_and_default_prompts():
 
 
 def test_bench_batched_search_reports_both_timings():
-    from benchmarks.search_batched import bench_batched_search
+    from perf.search_batched import bench_batched_search
 
     result = bench_batched_search(
         ["Q1", "Q2"],
@@ -341,7 +341,7 @@ def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch, capsys):
     import json
 
     import stages.search as stage
-    from pipeline.problems import write_problems_jsonl
+    from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.records import Problem
 
     path = tmp_path / "problems.jsonl"

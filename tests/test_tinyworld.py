@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import FormatConfig, TinyWorldConfig
+from pipeline.config.schema import FormatConfig, TinyWorldConfig
 from pipeline.grading import grade
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory, join_steps
@@ -346,7 +346,7 @@ def test_a_strategy_that_does_not_solve_the_family_is_refused():
 
 
 def test_unknown_family_or_strategy_names_are_refused_naming_the_key(tmp_path):
-    from pipeline.config_loader import ConfigError, load_config
+    from pipeline.config.loader import ConfigError, load_config
 
     with pytest.raises(
         ConfigError, match=r"command line: tinyworld\.families\[1\] must be one of .*shared_containers.*got 'nope'"
@@ -454,7 +454,7 @@ def test_special_tokens_and_segment_by_segment_ids(splits, tokenizer):
 def test_tokenizer_reloads_with_the_same_ids(splits, tokenizer, tmp_path):
     from transformers import AutoTokenizer
 
-    from pipeline.config import BootstrapConfig
+    from pipeline.config.schema import BootstrapConfig
     from pipeline.modeling import load_tokenizer
     from pipeline.tinyworld.model import model_config
 
@@ -587,7 +587,7 @@ def test_reduced_bootstrap_runs_and_the_model_reloads_like_a_hub_model(tmp_path)
 def test_the_model_size_in_readme_and_docs_is_the_tiny_configs_model():
     """README.md, configs/tiny.yaml and docs/tinyworld.md state the tiny policy's size; it is the
     count of the model bootstrap builds from configs/tiny.yaml (random init: the size, not the weights)."""
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
     from pipeline.tinyworld.bootstrap import untrained_policy
     from pipeline.tinyworld.model import count_parameters
 

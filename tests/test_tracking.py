@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_prm import arithmetic_records, make_prm, make_tokenizer, tiny_config
 
-from pipeline.config_loader import ConfigError, load_config
+from pipeline.config.loader import ConfigError, load_config
 from pipeline.finetune.setup import preflight
 from pipeline.tinyworld.bootstrap import build_base_policy
 from pipeline.training import tracking as tracking_module

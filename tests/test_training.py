@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ModelConfig
+from pipeline.config.schema import ModelConfig
 from pipeline.training import (
     OptimizerSettings,
     TrainingBase,

@@ -17,8 +17,8 @@ import pytest
 import torch
 import transformers
 
-from pipeline.config import FormatConfig, GFNConfig, ModelConfig, PPOConfig, TinyWorldConfig
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
+from pipeline.config.schema import FormatConfig, GFNConfig, ModelConfig, PPOConfig, TinyWorldConfig
 from pipeline.generation.base import FINISH_REASONS
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator

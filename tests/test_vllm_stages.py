@@ -24,8 +24,8 @@ TIMEOUT_S = 240
 def world(tmp_path_factory) -> Path:
     """A random tiny-world policy of head_dim 32 (one of vLLM's CPU attention sizes), a PRM on
     its backbone, training and test problems."""
-    from pipeline.config import BootstrapConfig, FormatConfig, TinyWorldConfig
-    from pipeline.problems import write_problems_jsonl
+    from pipeline.config.schema import BootstrapConfig, FormatConfig, TinyWorldConfig
+    from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.tinyworld.model import build_model, save_policy
     from pipeline.tinyworld.problems import generate_splits
     from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
@@ -100,7 +100,7 @@ def run_stage(module: str, world: Path, out: Path, *overrides: str, processes: i
 
 
 def test_mcts_labels_problems_with_the_vllm_backend(world, tmp_path):
-    from pipeline.shards import completed_problem_ids
+    from pipeline.storage.shards import completed_problem_ids
 
     run_stage(
         "stages.mcts",
@@ -261,8 +261,8 @@ def test_an_async_searcher_samples_with_its_own_vllm_engine_on_the_published_wei
     import transformers
     from async_trainers import DeadlineTrainer
 
-    from pipeline.benchmark_loaders import load_benchmark
-    from pipeline.config_loader import load_config
+    from pipeline.config.loader import load_config
+    from pipeline.datasets.loaders import load_benchmark
     from pipeline.finetune.objectives import build_objective
     from pipeline.finetune.policy import LMPolicy
     from pipeline.finetune.run import optimizer_settings, train_problems

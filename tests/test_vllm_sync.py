@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import torch
 
-from pipeline.config import GFNConfig, ModelConfig
-from pipeline.config_loader import load_config
+from pipeline.config.loader import load_config
+from pipeline.config.schema import GFNConfig, ModelConfig
 from pipeline.finetune.objectives import build_objective
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.run import add_lora, optimizer_settings
@@ -148,7 +148,7 @@ def test_a_policy_adapter_reaches_the_colocated_engine_merged_before_the_first_s
     from peft import LoraConfig, get_peft_model
 
     from pipeline import generation
-    from pipeline.benchmark_loaders import load_benchmark
+    from pipeline.datasets.loaders import load_benchmark
     from pipeline.finetune import run
 
     base_model = load_causal_lm(str(random_tiny_world / "policy"), ModelConfig(device="cpu", dtype="float32"))

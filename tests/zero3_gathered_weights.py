@@ -26,7 +26,7 @@ def main(policy: str, out: str) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from pipeline.config import ModelConfig
+    from pipeline.config.schema import ModelConfig
     from pipeline.modeling import load_causal_lm
     from pipeline.training import OptimizerSettings, TrainingBase, make_accelerator
 

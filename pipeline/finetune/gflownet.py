@@ -21,8 +21,8 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from pipeline.config import GFlowNetLoss, GFNConfig
-from pipeline.config_loader import check_choice
+from pipeline.config.loader import check_choice
+from pipeline.config.schema import GFlowNetLoss, GFNConfig
 from pipeline.finetune.losses import (
     clipped_importance_ratio,
     importance_weighted_losses,

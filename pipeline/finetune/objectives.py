@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from pipeline.config import GFNConfig, PPOConfig
+from pipeline.config.schema import GFNConfig, PPOConfig
 from pipeline.finetune.gflownet import LOSSES, GFlowNetObjective
 from pipeline.finetune.ppo import PPOObjective
 from pipeline.finetune.rewards import StateLogRewards, StepRewards

@@ -3,7 +3,7 @@
 The fine-tuning loop and its objectives talk to a policy through three methods only:
 - ``sample(prompts, n, temperature, seed)`` -> for each prompt, n ``SampledSolution``s;
 - ``logprobs(prompts, step_lists, with_grad, ...)`` -> ``TrajectoryLogprobs`` from ONE
-  teacher-forced forward (pipeline.generation.scoring), always under the current weights;
+  teacher-forced forward (pipeline.generation.step_logprobs), always under the current weights;
 - ``after_update(version, weights)`` after every training step (a sampler with its own copy of
   the weights, such as a colocated vLLM engine, reloads them);
 and an asynchronous searcher's copy also through ``load_weights(state, version)``.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.generation.hf import HFGenerator
-from pipeline.generation.scoring import trajectory_logprobs
+from pipeline.generation.step_logprobs import trajectory_logprobs
 from pipeline.modeling import copy_weights, iter_merged_lora
 from pipeline.steps import encode_prompt, encode_trajectory, split_steps
 from pipeline.training.gathering import load_streamed
@@ -159,7 +159,7 @@ class LMPolicy:
         return_entropy: bool = False,
         return_hidden: bool = False,
     ):
-        """TrajectoryLogprobs (pipeline.generation.scoring) of the given step lists."""
+        """TrajectoryLogprobs (pipeline.generation.step_logprobs) of the given step lists."""
         batch = [self._encode(p, s) for p, s in zip(prompts, step_lists)]
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         context = torch.enable_grad() if with_grad else torch.no_grad()

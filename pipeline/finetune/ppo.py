@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from pipeline.config import PPOConfig
+from pipeline.config.schema import PPOConfig
 from pipeline.finetune.gflownet import micro_batches
 from pipeline.finetune.losses import gae, ppo_loss
 from pipeline.finetune.rewards import StepRewards, pad_rows

@@ -24,8 +24,7 @@ from matplotlib.figure import Figure
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 
-from pipeline.config import Config, GFNConfig, PPOConfig
-from pipeline.files import write_json_atomic
+from pipeline.config.schema import Config, GFNConfig, PPOConfig
 from pipeline.finetune.ceiling import ceiling_verdict, measure_ceiling
 from pipeline.finetune.objectives import build_objective, regularized_target
 from pipeline.finetune.policy import LMPolicy
@@ -40,10 +39,11 @@ from pipeline.finetune.tba.trainer import AsyncFinetuneTrainer
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.generation import build_generator
 from pipeline.generation.vllm_backend import lora_scaling
-from pipeline.model_folders import commit_folder, staging_folder
 from pipeline.modeling import load_causal_lm, load_tokenizer, lora_fan_in_fan_out, resolve_device, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
+from pipeline.storage.files import write_json_atomic
+from pipeline.storage.model_folders import commit_folder, staging_folder
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 from pipeline.training.distributed import Collective
 

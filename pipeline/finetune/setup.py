@@ -34,8 +34,8 @@ from typing import Literal
 import torch
 
 from pipeline.batches import check_divisible
-from pipeline.config import Config, GenerationBackend, GFNConfig, PPOConfig, TrainingMode
-from pipeline.config_loader import ConfigError, check_choice, config_checks
+from pipeline.config.loader import ConfigError, check_choice, config_checks
+from pipeline.config.schema import Config, GenerationBackend, GFNConfig, PPOConfig, TrainingMode
 from pipeline.finetune.objectives import needs_reference, objective_name
 from pipeline.finetune.tba.publication import searcher_dtype
 from pipeline.finetune.tba.settings import check_async_settings

@@ -2,7 +2,7 @@
 
 ``build_generator(config)`` picks the backend from ``config.generation.backend``: "hf"
 (transformers, pipeline.generation.hf) or "vllm" (pipeline.generation.vllm_backend, imported
-only when asked for). Teacher-forced scoring lives in pipeline.generation.scoring.
+only when asked for). Teacher-forced scoring lives in pipeline.generation.step_logprobs.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import importlib.util
 import sys
 import typing
 
-from pipeline.config import GenerationBackend
-from pipeline.config_loader import ConfigError
+from pipeline.config.loader import ConfigError
+from pipeline.config.schema import GenerationBackend
 from pipeline.generation.base import Completion, Generator
 from pipeline.generation.hf import HFGenerator
 from pipeline.generation.vllm_backend import VLLMGenerator, check_servable
@@ -64,7 +64,7 @@ def check_backend_installed(config) -> None:
 
 def check_served_models(config, models: dict[str, str | None]) -> None:
     """Before any model loads: each local model folder that generation.backend's engines will serve
-    ({config key: path}; None and hub ids pass) can be served, else pipeline.model_folders.FolderError
+    ({config key: path}; None and hub ids pass) can be served, else pipeline.storage.model_folders.FolderError
     in one line naming the key and the file (vLLM: vllm_backend.check_servable; the HF backend's
     from_pretrained reads only the weight files a folder's model names, and checks them as it
     loads); then the engine is installed (check_backend_installed)."""

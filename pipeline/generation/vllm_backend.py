@@ -21,8 +21,8 @@ from typing import Any
 from transformers import AutoConfig
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory
-from pipeline.model_folders import FolderError, check_model_folder
 from pipeline.steps import encode_prompt
+from pipeline.storage.model_folders import FolderError, check_model_folder
 
 
 def finish_reason_from_vllm(finish_reason: str | None, stop_reason: int | str | None) -> str:

@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.config import MCTSConfig
+from pipeline.config.schema import MCTSConfig
 from pipeline.generation.base import stream_seed
 from pipeline.records import MCTSRecord, MCTSRollout, MCTSSummary
 from pipeline.steps import join_steps, split_steps

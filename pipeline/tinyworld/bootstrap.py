@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.problems import write_problems_jsonl
+from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.tinyworld.model import build_model, count_parameters, train_language_model, training_examples
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer

@@ -24,9 +24,9 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from pipeline.model_folders import commit_folder, staging_folder
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory
+from pipeline.storage.model_folders import commit_folder, staging_folder
 from pipeline.tinyworld.problems import strategy_templates
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 

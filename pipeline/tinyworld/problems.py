@@ -43,7 +43,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.config import TinyFamily, TinyStrategy
+from pipeline.config.schema import TinyFamily, TinyStrategy
 from pipeline.records import Problem
 
 SOURCE = "tiny"

@@ -43,8 +43,8 @@ from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint import save as dcp_save
 from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader, HuggingFaceStorageWriter
 
-from pipeline.files import fsync_path
-from pipeline.model_folders import STAGING_PREFIX, FolderError, staging_folder, verify_manifest, write_manifest
+from pipeline.storage.files import fsync_path
+from pipeline.storage.model_folders import STAGING_PREFIX, FolderError, staging_folder, verify_manifest, write_manifest
 
 log = logging.getLogger("stepflow.checkpoint")
 

@@ -1,5 +1,5 @@
 """Wall time spent in collectives, per process: what the weak-scaling benchmark
-(benchmarks/gfn_step_scaling.py) reports beside its ratio. Off unless ``$STEPFLOW_TIME_COLLECTIVES=1``;
+(perf/gfn_step_scaling.py) reports beside its ratio. Off unless ``$STEPFLOW_TIME_COLLECTIVES=1``;
 off, no hook is installed and each wrapped call costs one context manager's entry and exit.
 
 Two quantities per training step, because DDP's gradient all-reduce runs on gloo's own thread

@@ -25,7 +25,7 @@ from typing import Any
 from accelerate.commands.config.config_args import ClusterConfig
 from accelerate.commands.launch import launch_command_parser
 
-from pipeline.config_loader import ConfigError, load_yaml_file
+from pipeline.config.loader import ConfigError, load_yaml_file
 
 FSDP_SECTION = "fsdp_config"
 DYNAMO_SECTION = "dynamo_config"
@@ -178,7 +178,7 @@ def accelerate_file_keys() -> set[str]:
 
 
 def read_accelerate_file(path: str | Path) -> dict:
-    """An accelerate config file, read by the project's YAML rules (pipeline.config_loader.load_yaml_file),
+    """An accelerate config file, read by the project's YAML rules (pipeline.config.loader.load_yaml_file),
     with every key accelerate knows: a top-level key its config reader refuses, or an fsdp_config key
     its launch command does not know (passed on unread), is a ConfigError naming the file and the key."""
     settings = load_yaml_file(path) or {}

@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.files import write_text_atomic
+from pipeline.storage.files import write_text_atomic
 
 
 def _step(line: str) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import typing
 
-from pipeline.config import Schedule
+from pipeline.config.schema import Schedule
 
 SCHEDULES = typing.get_args(Schedule)
 

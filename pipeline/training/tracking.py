@@ -30,8 +30,8 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker, TensorBoardTracker, WandBTracker
 
-from pipeline.config import ReportTo
-from pipeline.config_loader import check_choice
+from pipeline.config.loader import check_choice
+from pipeline.config.schema import ReportTo
 
 # tracker name -> the package it needs
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}

@@ -7,7 +7,7 @@ Strategies (docs/search.md has the rules in full), one module per family:
                                 beam: the top ``beam_width`` partial solutions by aggregated PRM
                                 score, each expanded with k // beam_width candidates (the root with k)
     prm.search.whole_solution   best_of_n, weighted_vote and majority over k whole solutions
-    prm.search.common           settings, candidates, PRM scoring, aggregation, SearchResult
+    prm.search.candidates           settings, candidates, PRM scoring, aggregation, SearchResult
     prm.search.summary          grading the returned solutions, accuracy of a run
 
 Batching: at each depth ONE generate call covers every live partial solution of every problem,
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.config import SearchStrategy
-from pipeline.config_loader import check_choice
-from prm.search.common import SearchProblem, SearchResult, default_prompts, search_settings
+from pipeline.config.loader import check_choice
+from pipeline.config.schema import SearchStrategy
+from prm.search.candidates import SearchProblem, SearchResult, default_prompts, search_settings
 from prm.search.step_level import step_search
 from prm.search.whole_solution import whole_solution_search
 
@@ -78,7 +78,7 @@ def search_many(
                (unused by ``majority``; may be None there)
     prompts:   the policy's prompts (None: prompt_from_config with settings.kind/format_config)
     problem_ids: what each problem's random streams are keyed by (module docstring); None: its question
-    settings:  SearchSettings fields (prm.search.common)
+    settings:  SearchSettings fields (prm.search.candidates)
     """
     s = search_settings(settings)
     check_choice(strategy, SearchStrategy, "search strategy")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pipeline.generation.base import stream_seed
 from pipeline.steps import join_steps, split_steps
-from prm.search.common import (
+from prm.search.candidates import (
     Candidate,
     SearchProblem,
     SearchResult,

@@ -8,7 +8,7 @@ import numpy as np
 
 from pipeline.grading import answers_equal_many
 from pipeline.stats import bootstrap_ci
-from prm.search.common import SearchResult
+from prm.search.candidates import SearchResult
 
 
 def grade_results(results: Sequence[SearchResult], golds: Sequence[str], kind: str) -> list[bool]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pipeline.generation.base import stream_seed
 from pipeline.grading import normalize_answer
 from pipeline.steps import split_steps
-from prm.search.common import (
+from prm.search.candidates import (
     Candidate,
     SearchProblem,
     SearchResult,

@@ -1,5 +1,5 @@
-"""Pinning a process to cores: the searchers' (gfn.searcher_cores) and, through benchmarks.common
-and benchmarks.pinned, every process a benchmark pins (the library's one pinning function)."""
+"""Pinning a process to cores: the searchers' (gfn.searcher_cores) and, through perf.rows
+and perf.pinned, every process a benchmark pins (the library's one pinning function)."""
 
 from __future__ import annotations
 

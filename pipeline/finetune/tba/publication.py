@@ -30,7 +30,7 @@ import warnings
 
 import torch
 
-from pipeline.config import Config, GFNConfig
+from pipeline.config.schema import Config, GFNConfig
 from pipeline.finetune.policy import LMPolicy
 from pipeline.finetune.tba.weight_buckets import BucketLayout
 from pipeline.finetune.tba.weight_transport import TIMEOUT, PeerGone, WeightGroup

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from pipeline.config_loader import ConfigError
+from pipeline.config.loader import ConfigError
 
 
 def searcher_config(cfg, index: int):
