@@ -4,7 +4,7 @@
     -> ModelSpec(name="gfn", path="runs/demo/policy", adapter="runs/demo/gfn/adapter",
                  path_is_local=True, adapter_is_local=True)   ({run_dir} = runs/demo)
 
-The evaluation, the plan and the stages' model checks (stages.common) read model entries through
+The evaluation, the plan and the stages' model checks (stages.startup_checks) read model entries through
 parse_model_spec, so a value means the same model everywhere.
 """
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from perf import ROWS
 from perf.rows import NotRunHere, machine_description, write_markdown, write_ratio_row
 from pipeline.storage.files import write_json_atomic
-from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
+from stages.cli import cli, log, parse_args, set_threads, timed
+from stages.run_folders import stage_dir
 
 ONLY = "only="
 DOCS = Path("docs") / "perf.md"

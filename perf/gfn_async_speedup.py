@@ -34,7 +34,7 @@ from pipeline.records import Problem
 from pipeline.stats import bootstrap_ci
 from pipeline.training.metrics import MetricsLog
 from prm.formats import load_scorer
-from stages.common import log
+from stages.cli import log
 
 NAME = "gfn_async_speedup"
 REFERENCE = (

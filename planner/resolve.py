@@ -65,7 +65,7 @@ def unresolvable_model(config: Config, key: str, raw: str, missing_ok: bool = Fa
     key, or None: a local path (eval.model_specs.parse_model_spec's rule) that is not a folder, or a
     hub id that is not of the hub's form owner/name (huggingface_hub's validate_repo_id). A hub id
     of that form passes unlooked-up (nothing is downloaded); a path a stage of this run makes
-    ({run_dir}/<stage>/...) is left to the stage that reads it (stages.common.require names the
+    ({run_dir}/<stage>/...) is left to the stage that reads it (stages.inputs.require names the
     target that makes it). ``missing_ok``: a local path that does not exist at all passes too (make
     eval skips such a model with a note)."""
     if _made_by(config, raw) is not None:

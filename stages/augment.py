@@ -14,7 +14,8 @@ from pipeline.records import MCTSRecord
 from pipeline.rollouts.augmentation import augment_records, augmentation_stats, is_validation_problem
 from pipeline.storage.files import write_json_atomic, write_records_atomic
 from pipeline.storage.shards import committed_shards, read_stream
-from stages.common import cli, log, parse_args, require_finished, stage_dir, timed
+from stages.cli import cli, log, parse_args, timed
+from stages.run_folders import require_finished, stage_dir
 
 
 def main(argv: list[str] | None = None) -> dict:

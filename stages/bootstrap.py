@@ -34,7 +34,8 @@ from pipeline.storage.files import read_json, write_json_atomic
 from pipeline.storage.model_folders import FolderError, verify_manifest
 from pipeline.tinyworld.bootstrap import build_base_policy
 from pipeline.tinyworld.problems import strategy_names, strategy_of
-from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
+from stages.cli import cli, log, parse_args, set_threads, timed
+from stages.run_folders import stage_dir
 
 # The config sections that determine what bootstrap writes.
 INPUT_SECTIONS = ("tinyworld", "bootstrap", "format")

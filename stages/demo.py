@@ -36,7 +36,7 @@ from pipeline.launcher import (
 )
 from pipeline.storage.files import read_json_if_exists, write_json_atomic
 from pipeline.training.metrics import MetricsLog
-from stages.common import cli, log, parse_args
+from stages.cli import cli, log, parse_args
 from stages.mcts import mcts_stats
 
 # (stage, module, the stages whose outputs it reads under configs/tiny.yaml): mcts reads the

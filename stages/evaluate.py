@@ -29,7 +29,7 @@ from pipeline.modeling import resolve_device
 from pipeline.storage.locks import acquire_stage_lock, held_locks
 from pipeline.storage.shards import parse_shard
 from prm.formats import is_hub_id, load_scorer
-from stages.common import cli, log, parse_args, set_threads, timed
+from stages.cli import cli, log, parse_args, set_threads, timed
 
 __all__ = ["main", "reports_dir"]
 

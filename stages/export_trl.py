@@ -16,7 +16,9 @@ from __future__ import annotations
 from pipeline.storage.files import write_json_atomic
 from prm.prm800k import read_training_records
 from prm.trl_export import write_stepwise_dataset
-from stages.common import cli, log, parse_args, require, stage_dir, timed
+from stages.cli import cli, log, parse_args, timed
+from stages.inputs import require
+from stages.run_folders import stage_dir
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -27,8 +27,9 @@ from pipeline.launcher import (
     visible_devices,
 )
 from pipeline.storage.files import write_json_atomic
-from stages.common import check_models, cli, parse_args
+from stages.cli import cli, parse_args
 from stages.mcts import mcts_stats
+from stages.startup_checks import check_models
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,9 @@ from pipeline.rollouts.mcts import make_rollout_fn, run_mcts
 from pipeline.storage.files import path_fingerprint, write_json_atomic
 from pipeline.storage.locks import held_locks
 from pipeline.storage.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
-from stages.common import cli, log, parse_args, set_threads, stage_dir, timed, training_problems
+from stages.cli import cli, log, parse_args, set_threads, timed
+from stages.inputs import training_problems
+from stages.run_folders import stage_dir
 
 
 def main(argv: list[str] | None = None) -> dict:

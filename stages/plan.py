@@ -4,7 +4,7 @@ Reads:  the config, the local files and model folders it names (config.json only
 Writes: nothing. Prints the resolved models and data (which need the hub), per stage the work,
         the memory of one GPU and GPU-hours, then every error and warning; exits 1 on an error.
         A config that cannot be planned at all (a bad key or value, an unknown plan.gpu) stops the
-        report: one ``error:`` line and exit 2, as every stage (stages.common.cli).
+        report: one ``error:`` line and exit 2, as every stage (stages.cli.cli).
 The machine is part of the config: plan.processes, plan.gpu (or plan.gpu_memory_gb) and
 plan.accelerate.<stage> (the accelerate config make prm / gfn / ppo is launched with).
 """
@@ -15,7 +15,7 @@ import sys
 
 from planner.make import make_plan
 from planner.render import render
-from stages.common import cli, parse_args
+from stages.cli import cli, parse_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.storage.files import write_text_atomic
 from planner.doc import refresh
-from stages.common import cli
+from stages.cli import cli
 
 
 def main(argv: list[str] | None = None) -> int:

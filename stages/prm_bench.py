@@ -28,7 +28,9 @@ from prm.processbench import (
     read_processbench_hub,
 )
 from prm.validation import FIRST_ERROR_LABELLERS, policy_solutions
-from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed, validation_problems
+from stages.cli import cli, log, parse_args, set_threads, timed
+from stages.inputs import require, require_prm, validation_problems
+from stages.run_folders import stage_dir
 
 
 def policy_cases(config) -> tuple[str, list, str] | None:

@@ -20,7 +20,9 @@ from pipeline.generation import build_generator
 from pipeline.rollouts.temperature import sweep_table, temperature_sweep
 from pipeline.storage.files import write_json_atomic
 from prm.validation import FIRST_ERROR_LABELLERS
-from stages.common import cli, log, parse_args, set_threads, stage_dir, timed, validation_problems
+from stages.cli import cli, log, parse_args, set_threads, timed
+from stages.inputs import validation_problems
+from stages.run_folders import stage_dir
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -43,7 +43,9 @@ from prm.formats import load_scorer
 from prm.search import search_many
 from prm.search.candidates import SearchResult
 from prm.search.summary import summarize_search
-from stages.common import cli, log, parse_args, require, require_prm, set_threads, stage_dir, timed
+from stages.cli import cli, log, parse_args, set_threads, timed
+from stages.inputs import require, require_prm
+from stages.run_folders import stage_dir
 
 BASELINE = "majority"
 

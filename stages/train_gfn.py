@@ -22,17 +22,9 @@ from pipeline.finetune.run import finetune_policy
 from pipeline.finetune.setup import preflight
 from pipeline.training.metrics import MetricsLog
 from prm.formats import load_scorer
-from stages.common import (
-    cli,
-    finished_model,
-    parse_args,
-    require_finished,
-    require_prm,
-    set_threads,
-    stage_dir,
-    timed,
-    training_problems,
-)
+from stages.cli import cli, parse_args, set_threads, timed
+from stages.inputs import require_prm, training_problems
+from stages.run_folders import finished_model, require_finished, stage_dir
 
 
 def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:

@@ -8,7 +8,7 @@ Writes: runs/<run>/ppo/model/ (save_pretrained), value_head/value_head.safetenso
 
 from __future__ import annotations
 
-from stages.common import cli
+from stages.cli import cli
 from stages.train_gfn import main as train_main
 
 

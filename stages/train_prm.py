@@ -25,21 +25,9 @@ from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import FIRST_ERROR_LABELLERS, PolicySample, policy_solutions, validate_prm, write_validation
-from stages.common import (
-    cli,
-    finished_model,
-    log,
-    parse_args,
-    require,
-    require_finished,
-    require_prm,
-    require_records,
-    set_threads,
-    stage_dir,
-    timed,
-    training_problems,
-    validation_problems,
-)
+from stages.cli import cli, log, parse_args, set_threads, timed
+from stages.inputs import require, require_prm, require_records, training_problems, validation_problems
+from stages.run_folders import finished_model, require_finished, stage_dir
 
 
 def prm_kind(config) -> str:

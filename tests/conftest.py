@@ -69,7 +69,7 @@ def one_torch_thread():
 @pytest.fixture(autouse=True)
 def restore_torch_threads():
     """A stage main called in-process sets torch's thread count from model.torch_threads for the
-    whole process (stages.common.set_threads); give the next test the count it had."""
+    whole process (stages.cli.set_threads); give the next test the count it had."""
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)

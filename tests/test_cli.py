@@ -1,4 +1,4 @@
-"""The stages' command line (stages.common): a user's mistake reads as one line and exit status 2,
+"""The stages' command line (stages.cli): a user's mistake reads as one line and exit status 2,
 a bug keeps its traceback; --help lists every config field with its default; print_config=true
 prints the resolved config and writes nothing."""
 
@@ -17,7 +17,7 @@ import yaml
 from pipeline.config.loader import describe_fields, load_config
 from pipeline.config.schema import Config, MCTSConfig
 from stages import evaluate, mcts, search, train_gfn, train_ppo, train_prm
-from stages.common import cli, parse_args
+from stages.cli import cli, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -218,7 +218,7 @@ def test_a_model_neither_local_nor_a_hub_id_is_refused_by_each_stage_naming_its_
 def test_a_hub_id_a_local_folder_and_a_model_an_earlier_stage_makes_pass_the_stages_model_check(
     monkeypatch, tmp_path, capsys
 ):
-    from stages.common import STAGE_MODELS, check_models
+    from stages.startup_checks import STAGE_MODELS, check_models
 
     hub = {
         "model.policy=meta-llama/Llama-3.2-3B-Instruct",

@@ -324,7 +324,7 @@ def test_an_absolute_runs_root_is_the_users_explicit_choice(tmp_path):
 
 
 def test_a_stage_writes_nothing_when_the_run_escapes(tmp_path, monkeypatch):
-    from stages.common import parse_args
+    from stages.cli import parse_args
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "work").mkdir()
@@ -339,7 +339,7 @@ def test_a_stage_runs_with_the_configured_thread_count_and_logs_it(caplog):
     stage applies it and says which count it runs with (the autouse fixture restores torch's)."""
     import torch
 
-    from stages.common import set_threads
+    from stages.cli import set_threads
 
     pinned = load_config(REPO / "configs" / "tiny.yaml").model.torch_threads
     assert pinned == 1

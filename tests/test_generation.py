@@ -460,7 +460,7 @@ def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
     config = Config()
     with pytest.raises(ValueError, match=r"generation.vllm_gpu_memory_utilization is unset: a stage .* derives it"):
         engine_kwargs("m", config, model, adapter_rank=None, colocate=False, on_cpu=False, processes=1)
-    config.generation.vllm_gpu_memory_utilization = 0.42  # what the stage derived (stages.common.device_memory)
+    config.generation.vllm_gpu_memory_utilization = 0.42  # what the stage derived (stages.startup_checks.device_memory)
     kwargs = engine_kwargs("m", config, model, adapter_rank=None, colocate=False, on_cpu=False, processes=1)
     assert kwargs["gpu_memory_utilization"] == 0.42
     assert kwargs["max_model_len"] == 1024 + 2 * config.generation.max_new_tokens  # not the model's 8192 positions
@@ -523,7 +523,7 @@ def write_adapter(folder, **settings):
 
 
 def test_a_served_adapter_of_a_rank_vllm_refuses_is_refused_when_the_stage_loads_its_config(tmp_path):
-    from stages.common import parse_args
+    from stages.cli import parse_args
 
     adapter = write_adapter(tmp_path / "adapter")
     for stage, override in [

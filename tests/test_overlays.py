@@ -153,7 +153,7 @@ def test_overlays_is_a_files_top_level_key_only(tmp_path):
 
 
 def test_the_config_a_stage_records_is_the_merged_one_and_loads_alone(tmp_path):
-    from stages.common import stage_dir
+    from stages.run_folders import stage_dir
 
     path = REPO / "configs" / "tiny-async.yaml"
     config = load_config(path, [f"runs_root={tmp_path}"])

@@ -249,7 +249,7 @@ FSDP_LAUNCH = {"WORLD_SIZE": "8", "ACCELERATE_USE_FSDP": "true", "FSDP_ACTIVATIO
 
 
 def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(paper_world):
-    from stages.common import device_memory
+    from stages.startup_checks import device_memory
 
     unset = "generation.vllm_gpu_memory_utilization=null"
     planned = {s.name: s.engine_share for s in make_plan(paper("llama3.2-3b", unset)).stages}
@@ -269,7 +269,7 @@ def test_a_stage_derives_its_engines_share_before_loading_as_make_plan_does(pape
 
 def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_loads(paper_world):
     from pipeline.config.loader import ConfigError
-    from stages.common import device_memory
+    from stages.startup_checks import device_memory
 
     config = paper("llama3.2-3b", "generation.vllm_gpu_memory_utilization=0.85")
     with pytest.raises(
@@ -297,7 +297,7 @@ def test_a_share_that_cannot_fit_is_refused_naming_the_key_before_any_model_load
 
 def test_a_stage_whose_estimated_memory_exceeds_its_gpu_is_refused_before_any_model_loads(paper_world):
     from pipeline.config.loader import ConfigError
-    from stages.common import device_memory
+    from stages.startup_checks import device_memory
 
     qwen = str(REPO / "configs" / "paper" / "qwen2.5-math-1.5b.yaml")
     full = load_config(qwen, ["prm.lora=false"])  # a 7B backbone's full fine-tuning on one GPU: what make plan refuses
@@ -365,11 +365,11 @@ def test_fsdp_configs_wrap_each_decoder_layer_of_any_family(accelerate_config, m
 
 
 def test_a_searcher_that_cannot_fit_its_vllm_share_and_prm_is_refused_with_the_arithmetic(paper_world):
-    """An asynchronous searcher's GPU (stages.common.device_memory, before any model loads; the
+    """An asynchronous searcher's GPU (stages.startup_checks.device_memory, before any model loads; the
     device size given, as no GPU runs here): gfn.searcher_vllm_memory_share x the device + the PRM
     (unless scorer actors hold it) + the CUDA context must fit; the searcher holds no reference."""
     from pipeline.config.loader import ConfigError
-    from stages.common import device_memory
+    from stages.startup_checks import device_memory
 
     async_run = ("gfn.mode=async", "gfn.searcher_gpus=1")
     config = paper("llama3.2-3b", *async_run, "gfn.searcher_vllm_memory_share=0.9")

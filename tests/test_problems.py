@@ -606,7 +606,7 @@ def test_a_filter_that_leaves_nothing_is_an_error(tmp_path):
 
 def test_data_lenient_reaches_the_stages_loader(tmp_path):
     from pipeline.config.loader import load_config
-    from stages.common import training_problems
+    from stages.inputs import training_problems
 
     good = {"problem_id": "p1", "question": "q", "answer": "1", "source": "tiny"}
     path = _write_lines(tmp_path / "train.jsonl", [json.dumps(good), "{oops", json.dumps({**good, "problem_id": "p2"})])
@@ -620,7 +620,7 @@ def test_data_lenient_reaches_the_stages_loader(tmp_path):
 def test_training_problems_that_share_a_question_with_a_disjoint_from_file_are_refused(tmp_path):
     from pipeline.config.loader import load_config
     from pipeline.storage.files import InputNotFound
-    from stages.common import training_problems
+    from stages.inputs import training_problems
 
     def record(problem_id, question):
         return json.dumps({"problem_id": problem_id, "question": question, "answer": "1", "source": "tiny"})
@@ -658,7 +658,7 @@ def test_the_tiny_config_trains_the_later_stages_on_the_rl_split_disjoint_from_t
     from pipeline.config.schema import TinyWorldConfig
     from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.tinyworld import generate_splits
-    from stages.common import training_problems
+    from stages.inputs import training_problems
 
     config = load_config(
         Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", [f"runs_root={tmp_path}", "run=d"]

@@ -25,7 +25,8 @@ from pipeline.storage.model_folders import commit_folder, staging_folder, verify
 from pipeline.storage.shards import SettingsMismatch, ShardError, ShardWriter, check_settings
 from pipeline.training import checkpoint_io
 from stages import augment, mcts, train_gfn, train_prm
-from stages.common import cli, finished_model
+from stages.cli import cli
+from stages.run_folders import finished_model
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = [f"tiny-train-{i:05d}" for i in range(24)]  # 1 of them in the validation split (augment.val_fraction 0.1)

@@ -69,7 +69,7 @@ from perf.async_cluster_sim.settings import (
 )
 from perf.async_cluster_sim.sweep import sweep
 from perf.rows import machine_description
-from stages.common import parse_args
+from stages.cli import parse_args
 
 
 def run(cfg, out_dir: Path) -> dict:
@@ -114,7 +114,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``--config FILE key=value ...`` (stages.common.parse_args); ``--docs-image`` copies the plot
+    """``--config FILE key=value ...`` (stages.cli.parse_args); ``--docs-image`` copies the plot
     to docs/img/async_cluster_sim.png."""
 
     argv = list(sys.argv[1:] if argv is None else argv)

