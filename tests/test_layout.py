@@ -5,7 +5,8 @@ libraries) < the stage libraries pipeline.rollouts and pipeline.finetune (neithe
 other) < prm < eval < planner (make plan, and the memory estimate each stage checks at its start) <
 stages < perf (make bench, not installed: nothing in the library imports it). A module imports
 only from its own layer or below. An import written inside a function is allowed only for a heavy
-optional dependency, with a comment saying so.
+optional dependency, with a comment saying so. The floor of the shared core (the config, the typed
+records, the files on disk) imports nothing of pipeline/ but itself.
 """
 
 from __future__ import annotations
@@ -137,3 +138,31 @@ def test_imports_inside_functions_are_only_for_heavy_optional_dependencies():
             if not (deferred and commented):
                 wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: import of {imported} inside a function")
     assert wrong == []
+
+
+# The floor of the shared core: the config (schema, loader, codec), the typed records and what the
+# stages keep on disk (files, shards, locks, model folders). Everything else in pipeline/ builds on
+# them; they import nothing of pipeline/ but each other.
+FLOOR = ("pipeline.config", "pipeline.records", "pipeline.storage")
+
+
+def test_the_core_floor_imports_only_from_itself():
+    known = modules()
+    wrong = []
+    for name, path in known.items():
+        if not name.startswith(FLOOR):
+            continue
+        for node, imported, _ in imports(ast.parse(path.read_text(encoding="utf-8"))):
+            target = project_module(imported, known)
+            if target is not None and target != "pipeline" and not target.startswith(FLOOR):
+                wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: {name} (the core's floor) imports {target}")
+    assert wrong == []
+
+
+def test_the_core_groups_its_modules_into_rooms():
+    """pipeline/'s top level holds the stage libraries and the rooms (packages), and a few modules
+    of one idea each; a new module joins a room where one fits."""
+    top_modules = sorted(p.stem for p in (REPO / "pipeline").glob("*.py") if p.stem != "__init__")
+    assert len(top_modules) <= 10, top_modules
+    for room in ("config", "storage", "datasets", "generation", "grading", "training", "tinyworld"):
+        assert (REPO / "pipeline" / room / "__init__.py").is_file(), room
