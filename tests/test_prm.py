@@ -22,6 +22,7 @@ from pipeline.tinyworld.problems import corrected_step, generate_splits
 from pipeline.training import checkpoint_io
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
 from prm.model import PRMInfo, ProcessRewardModel
+from prm.prm800k import load_prm800k
 from prm.scorer import PRMScorer
 from prm.train import prm_bce_loss, train_prm, training_targets
 from prm.validation import (
@@ -31,7 +32,6 @@ from prm.validation import (
     exact_paths,
     expected_calibration_error,
     first_error_accuracy,
-    load_prm800k,
     pair_auc,
     reliability_table,
     validate_prm,

@@ -32,7 +32,8 @@ from prm.processbench import (
     read_processbench,
     read_processbench_hub,
 )
-from prm.validation import corrupt_step, load_prm800k
+from prm.prm800k import load_prm800k
+from prm.validation import corrupt_step
 
 REPO_CONFIG = "configs/tiny.yaml"
 
