@@ -33,7 +33,7 @@ from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import PRMExample, Problem
 from pipeline.stats import bootstrap_statistic, grouped_bootstrap_auc
 from pipeline.steps import split_steps
-from pipeline.tinyworld.problems import corrected_step, first_wrong_step
+from pipeline.tinyworld.checker import corrected_step, first_wrong_step
 from prm.data import group_records, sibling_pairs
 from prm.prm800k import LabelledSolution, load_prm800k
 
@@ -251,7 +251,7 @@ def exact_paths(
     wrong one (all of them when every step is right). Every step before the first wrong one is a
     correct step after a correct prefix (True); the first wrong step is False; steps after it are
     left out (their prefix is already wrong). A first wrong step with a wrong calculation whose
-    corrected text (pipeline.tinyworld.problems.corrected_step) the labeller finds right after the
+    corrected text (pipeline.tinyworld.checker.corrected_step) the labeller finds right after the
     same prefix makes a slip pair; a slip that stays wrong once corrected (a wrong operand too) is
     counted in the last value returned and makes none.
     Returns (paths [(question, path)], labels (one per step of every path, in order), the group

@@ -33,7 +33,7 @@ from pipeline.generation import build_generator
 from pipeline.model_folders import FolderError, verify_manifest
 from pipeline.records import Problem, Sample
 from pipeline.tinyworld.bootstrap import build_base_policy
-from pipeline.tinyworld.problems import strategy_names, strategy_of
+from pipeline.tinyworld.checker import strategy_names, strategy_of
 from stages.common import cli, log, parse_args, set_threads, stage_dir, timed
 
 # The config sections that determine what bootstrap writes.
