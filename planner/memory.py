@@ -5,7 +5,7 @@ the setting that reduces them."""
 from __future__ import annotations
 
 from pipeline.config import Config
-from pipeline.generation.vllm_backend import default_max_model_len
+from pipeline.generation.vllm_settings import default_max_model_len
 from pipeline.shapes import ModelShape, dropout_mask_bytes, engine_memory_share
 from planner.plan import GIB, Finding, Launch, Plan, StageCost
 

@@ -23,7 +23,7 @@ from pipeline.benchmark_loaders import load_benchmark
 from pipeline.config import Config
 from pipeline.config_loader import ConfigError, config_text, describe_fields, load_config, parse_override, save_config
 from pipeline.files import InputNotFound
-from pipeline.generation.vllm_backend import adapter_rank
+from pipeline.generation.vllm_servable import adapter_rank
 from pipeline.launcher import WorkerFailed
 from pipeline.locks import LockError, acquire_stage_lock, held_locks, launch_id
 from pipeline.model_folders import FolderError, verify_manifest
