@@ -1,12 +1,14 @@
 """How a vLLM engine is started: the keyword arguments of vllm.LLM (``engine_kwargs``, a pure
 function of the config and the model's transformers config: context length, KV cache of a CPU
 engine, the colocated "external_launcher" executor) and the environment variables it reads
-(``engine_environment``, ``launcher_environment``). No vllm import: the planner sizes the context
+(``engine_environment``, ``launcher_environment``), and the share of a device each engine
+takes (``engine_memory_share``, vLLM's gpu_memory_utilization). No vllm import: the planner sizes the context
 with ``default_max_model_len``.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 
 # A question's prompt (template, few-shot exemplars) is budgeted this many tokens when
@@ -116,3 +118,71 @@ def engine_environment(config) -> dict[str, str]:
     ``VLLM_BATCH_INVARIANT=1`` with generation.vllm_batch_invariant (vLLM's batch-invariant mode,
     pipeline/generation/base.py); nothing otherwise (a variable the user set is left as it is)."""
     return {"VLLM_BATCH_INVARIANT": "1"} if config.generation.vllm_batch_invariant else {}
+
+
+GIB = 1024**3
+# vLLM 0.32's own rule for gpu_memory_utilization (worker start): the device's free memory must be
+# at least share x its whole memory, and the engine then takes that whole share for its weights,
+# its profiling run's activations and the KV cache, whose blocks must hold at least one sequence
+# of max_model_len tokens. A share is a per-engine fraction of the whole device, not of what is free.
+SHARE_STEP = 0.01  # derived shares are rounded down to this
+MAX_DERIVED_SHARE = 0.9  # vLLM's own default: a device the engine has to itself still keeps a tenth back
+
+
+def engine_memory_share(
+    device_bytes: float,
+    beside: dict[str, float],
+    needs: dict[str, float],
+    engines: int = 1,
+    requested: float | None = None,
+    key: str = "generation.vllm_gpu_memory_utilization",
+    what: str = "",
+) -> float:
+    """The share of a device (vLLM's gpu_memory_utilization) each of ``engines`` vLLM engines on it
+    gets, beside everything else the device holds.
+
+    beside:    name -> bytes the device holds besides the engines (every worker on it together:
+               a trainer's weights, gradients, optimizer state and activations, a PRM, a reference,
+               the CUDA context)
+    needs:     name -> bytes one engine cannot start without (its weights, one max_model_len
+               sequence of KV cache)
+    requested: the configured share (None: derive it); ``what`` names the work in messages
+    Derived: (device - beside) / engines / device, rounded down to SHARE_STEP, at most
+    MAX_DERIVED_SHARE; refused (ValueError
+    naming ``key``, with the arithmetic) when that is below what one engine needs. Requested:
+    refused when the engines' shares and everything beside them exceed the device, or when one
+    share is below what an engine needs. Returns the share."""
+    if engines < 1:
+        raise ValueError(f"{key}: {engines} engines on a device")
+    gib = lambda n: f"{n / GIB:.2f}"  # noqa: E731 - the messages' one unit
+    held = sum(beside.values())
+    held_text = " + ".join(f"{name} {gib(value)}" for name, value in beside.items()) or "nothing"
+    need = sum(needs.values())
+    need_text = " + ".join(f"{name} {gib(value)}" for name, value in needs.items())
+    prefix = f"{what}: " if what else ""
+    per = f" per engine ({engines} on the device)" if engines > 1 else ""
+    if requested is None:
+        share = math.floor((device_bytes - held) / engines / device_bytes / SHARE_STEP) * SHARE_STEP
+        share = round(min(share, MAX_DERIVED_SHARE), 10)
+        if share * device_bytes < need:
+            raise ValueError(
+                f"{prefix}{key} (unset: derived) = ({gib(device_bytes)} GiB device - {gib(held)} GiB beside the engine "
+                f"({held_text})){' / ' + str(engines) if engines > 1 else ''} = {max(share, 0.0):.2f} of the device = "
+                f"{gib(max(share, 0.0) * device_bytes)} GiB{per}, below the {gib(need)} GiB a vLLM engine needs to start "
+                f"({need_text}): shrink what shares the device, or use a larger one"
+            )
+        return share
+    if engines * requested * device_bytes + held > device_bytes:
+        raise ValueError(
+            f"{prefix}{key} = {requested:g}: {engines} x {requested:g} x {gib(device_bytes)} GiB for vLLM + "
+            f"{gib(held)} GiB beside it ({held_text}) = {gib(engines * requested * device_bytes + held)} GiB exceeds "
+            f"the device's {gib(device_bytes)} GiB (vLLM takes its share of the whole device); at most "
+            f"{max(0.0, math.floor((device_bytes - held) / engines / device_bytes / SHARE_STEP) * SHARE_STEP):.2f}, "
+            f"or leave {key} unset to derive it"
+        )
+    if requested * device_bytes < need:
+        raise ValueError(
+            f"{prefix}{key} = {requested:g}: {requested:g} x {gib(device_bytes)} GiB = {gib(requested * device_bytes)} "
+            f"GiB{per} is below the {gib(need)} GiB a vLLM engine needs to start ({need_text})"
+        )
+    return requested
