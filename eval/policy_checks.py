@@ -21,7 +21,7 @@ from pipeline.grading import extract_answer, grade_many
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Sample
 from pipeline.rollouts.mcts import make_rollout_fn, mc_value
-from pipeline.tinyworld.problems import arithmetic_errors, num_strategies, solution_strategy
+from pipeline.tinyworld.checker import arithmetic_errors, num_strategies, solution_strategy
 
 
 def _mean(values: list) -> float | None:

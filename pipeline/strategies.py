@@ -42,7 +42,7 @@ def strategy_entropy(strategies: Sequence[str], weights: Sequence[float] | None 
 
 def admitted_strategies(problem: Problem) -> int | None:
     """How many distinct strategy names a problem's valid solutions carry
-    (pipeline.tinyworld.problems.strategy_names; two solutions of one named strategy count once);
+    (pipeline.tinyworld.checker.strategy_names; two solutions of one named strategy count once);
     None when its record lists no valid solutions, so its strategies are unknown."""
     return len(strategy_names(problem)) if problem.meta.get("solutions") else None
 

@@ -4,9 +4,10 @@ the setting that reduces them."""
 
 from __future__ import annotations
 
+from pipeline.activation_memory import dropout_mask_bytes
 from pipeline.config.schema import Config
-from pipeline.generation.vllm_backend import default_max_model_len
-from pipeline.shapes import ModelShape, dropout_mask_bytes, engine_memory_share
+from pipeline.generation.vllm_settings import default_max_model_len, engine_memory_share
+from pipeline.shapes import ModelShape
 from planner.plan import GIB, Finding, Launch, Plan, StageCost
 
 
@@ -42,7 +43,7 @@ def training_state(
 
 
 def activation_settings(config: Config, cfg) -> dict:
-    """pipeline.shapes.activation_terms' settings of a training section: the model's dtype, LoRA
+    """pipeline.activation_memory.activation_terms' settings of a training section: the model's dtype, LoRA
     (frozen base, float32 adapters with or without dropout) or full fine-tuning, padded
     micro-batches (trajectories differ in length), dropout's mask on a GPU."""
     return {
@@ -119,7 +120,7 @@ def _memory_error(plan: Plan, cost: StageCost, key: str, message: str) -> None:
 
 def _engine_share(plan: Plan, cost: StageCost, device: float, reducer: str) -> bool:
     """The vLLM engines' share of the device beside the stage's other items
-    (pipeline.shapes.engine_memory_share: derived when the key is unset, else checked); an error
+    (pipeline.generation.vllm_settings.engine_memory_share: derived when the key is unset, else checked); an error
     naming the share's key when a share set does not fit, or ``reducer`` (what shrinks the items
     beside the engine) when the share derived is too small. Sets cost.engine_share; False after an error."""
     requested = setting(plan.config, cost.share_key)

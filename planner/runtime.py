@@ -42,7 +42,7 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
     ``device_bytes`` under the running launch (``environ``: accelerate's variables): a ConfigError
     naming the key, with the arithmetic, when the device cannot hold it. With
     generation.backend=vllm, returns generation.vllm_gpu_memory_utilization for the stage's
-    engines, derived when the key is unset, else checked (pipeline.shapes.engine_memory_share; an
+    engines, derived when the key is unset, else checked (pipeline.generation.vllm_settings.engine_memory_share; an
     asynchronous fine-tuning run: the searchers' own share, gfn.searcher_vllm_memory_share
     (share_key), each searcher's GPU taken to be the size of this one; its scorer actors' GPUs are
     checked too); else None. A model whose shape is unknown (no local config.json, hub cache entry or

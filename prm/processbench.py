@@ -30,7 +30,7 @@ from pipeline.datasets.copies import read_hub_rows
 from pipeline.records import Problem, RecordError
 from pipeline.stats import bootstrap_statistic
 from pipeline.storage.files import read_jsonl
-from prm.validation import load_prm800k
+from prm.prm800k import load_prm800k
 
 THRESHOLDS = tuple(round(0.01 * k, 2) for k in range(1, 100))  # the candidates the held-out part chooses from
 
@@ -132,7 +132,7 @@ def read_processbench_hub(hub_id: str, config: str | None, split: str) -> list[F
 
 
 def prm800k_cases(path: str | Path) -> list[FirstErrorCase]:
-    """PRM800K phase-2 solutions as cases: the path prm.validation.load_prm800k walks, labelled with
+    """PRM800K phase-2 solutions as cases: the path prm.prm800k.load_prm800k walks, labelled with
     its first step rated -1 (-1 when none is: a neutral step is no error, as in PRM800K's reading)."""
     cases = []
     for solution in load_prm800k(path):

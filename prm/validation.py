@@ -29,12 +29,13 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from pipeline.prompts import prompt_from_config, question_text
-from pipeline.records import PRMExample, Problem, RecordError
+from pipeline.records import PRMExample, Problem
 from pipeline.stats import bootstrap_statistic, grouped_bootstrap_auc
 from pipeline.steps import split_steps
-from pipeline.storage.files import read_jsonl, write_json_atomic
-from pipeline.tinyworld.problems import corrected_step, first_wrong_step
+from pipeline.storage.files import write_json_atomic
+from pipeline.tinyworld.checker import corrected_step, first_wrong_step
 from prm.data import group_records, sibling_pairs
+from prm.prm800k import LabelledSolution, load_prm800k
 
 # The result of a calculation: the number right after an '=' (an optional '$' between).
 _RESULT = re.compile(r"=\s*\$?\s*(-?\d+(?:\.\d+)?)")
@@ -250,7 +251,7 @@ def exact_paths(
     wrong one (all of them when every step is right). Every step before the first wrong one is a
     correct step after a correct prefix (True); the first wrong step is False; steps after it are
     left out (their prefix is already wrong). A first wrong step with a wrong calculation whose
-    corrected text (pipeline.tinyworld.problems.corrected_step) the labeller finds right after the
+    corrected text (pipeline.tinyworld.checker.corrected_step) the labeller finds right after the
     same prefix makes a slip pair; a slip that stays wrong once corrected (a wrong operand too) is
     counted in the last value returned and makes none.
     Returns (paths [(question, path)], labels (one per step of every path, in order), the group
@@ -376,87 +377,7 @@ def policy_solutions(
     ]
 
 
-# ----------------------------------------------------------------------------- PRM800K
-
-
-@dataclass
-class LabelledSolution:
-    """A solution with human step ratings (1 good, 0 neutral, -1 wrong; None unrated).
-
-    first_error: index of the first step rated -1, None when no step is
-    """
-
-    question: str
-    steps: list[str]
-    ratings: list[int | None]
-    source_line: int = 0
-
-    @property
-    def first_error(self) -> int | None:
-        return next((k for k, rating in enumerate(self.ratings) if rating == -1), None)
-
-
-def prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, int | None, bool]:
-    """(text, rating, last): the step the solution path takes at this position."""
-    where = f"{path}:{line_no}: field 'label.steps[{index}]"
-    if not isinstance(step, dict) or not isinstance(step.get("completions"), list):
-        raise RecordError(f"{where}.completions': expected a list of {{text, rating}}")
-    completions = step["completions"]
-    for j, completion in enumerate(completions):
-        if not isinstance(completion, dict) or not isinstance(completion.get("text"), str):
-            raise RecordError(f"{where}.completions[{j}].text': expected a string")
-        if completion.get("rating") not in (-1, 0, 1, None):
-            raise RecordError(
-                f"{where}.completions[{j}].rating': expected -1, 0, 1 or null, got {completion.get('rating')!r}"
-            )
-    chosen = step.get("chosen_completion")
-    human = step.get("human_completion")
-    if isinstance(chosen, int) and not isinstance(chosen, bool):
-        if not 0 <= chosen < len(completions):
-            raise RecordError(f"{where}.chosen_completion': index {chosen} outside the {len(completions)} completions")
-        return completions[chosen]["text"], completions[chosen]["rating"], False
-    if human is not None:
-        text = human.get("text") if isinstance(human, dict) else human
-        if not isinstance(text, str):
-            raise RecordError(f"{where}.human_completion': expected a string or {{text}}")
-        rating = human.get("rating") if isinstance(human, dict) else None
-        return text, (1 if rating is None else rating), False  # the labeler wrote it as a correct step
-    if not completions:
-        raise RecordError(f"{where}.completions': empty, and no chosen or human completion")
-    # No completion chosen: the labeler stopped here. The path ends on the step that stopped
-    # them (the first one rated -1), else on the first completion (the pre-generated step).
-    wrong = next((c for c in completions if c["rating"] == -1), completions[0])
-    return wrong["text"], wrong["rating"], True
-
-
-def validate_prm800k_record(obj: Any, path: str, line_no: int) -> None:
-    if not isinstance(obj.get("question"), dict) or not isinstance(obj["question"].get("problem"), str):
-        raise RecordError(f"{path}:{line_no}: field 'question.problem': expected a string")
-    if not isinstance(obj.get("label"), dict) or not isinstance(obj["label"].get("steps"), list):
-        raise RecordError(f"{path}:{line_no}: field 'label.steps': expected a list")
-
-
-def load_prm800k(path: str | Path) -> list[LabelledSolution]:
-    """PRM800K-format solutions: the path through the chosen (or human) completion of each step,
-    ending where the labeler stopped; step ratings from the completions taken."""
-    solutions = []
-    line = [0]
-
-    def validate(obj: Any, where: str, line_no: int) -> None:
-        validate_prm800k_record(obj, where, line_no)
-        line[0] = line_no
-
-    for obj in read_jsonl(path, validate=validate):
-        line_no = line[0]
-        steps, ratings = [], []
-        for index, step in enumerate(obj["label"]["steps"]):
-            text, rating, last = prm800k_step(step, str(path), line_no, index)
-            steps.append(text)
-            ratings.append(rating)
-            if last:
-                break
-        solutions.append(LabelledSolution(obj["question"]["problem"], steps, ratings, line_no))
-    return solutions
+# ----------------------------------------------------------------------------- PRM800K first errors
 
 
 def first_error_accuracy(scorer, solutions: Sequence[LabelledSolution], threshold: float = 0.5) -> dict:

@@ -33,7 +33,7 @@ from pipeline.records import Problem, Sample
 from pipeline.storage.files import read_json, write_json_atomic
 from pipeline.storage.model_folders import FolderError, verify_manifest
 from pipeline.tinyworld.bootstrap import build_base_policy
-from pipeline.tinyworld.problems import strategy_names, strategy_of
+from pipeline.tinyworld.checker import strategy_names, strategy_of
 from stages.cli import cli, log, parse_args, set_threads, timed
 from stages.run_folders import stage_dir
 

@@ -14,7 +14,7 @@ import torch
 from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
 from pipeline.config.loader import ConfigError
 from pipeline.config.schema import Config
-from pipeline.generation.vllm_backend import adapter_rank
+from pipeline.generation.vllm_servable import adapter_rank
 from planner.resolve import unresolvable_model
 from planner.runtime import MEMORY_STAGES, share_key, stage_memory
 from prm.validation import FIRST_ERROR_LABELLERS

@@ -451,7 +451,7 @@ def test_a_sampling_temperature_vllm_refuses_is_refused_when_the_config_loads(ke
 
 
 def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
-    from pipeline.generation.vllm_backend import CPU_MAX_NUM_SEQS, engine_kwargs, kv_bytes_per_token
+    from pipeline.generation.vllm_settings import CPU_MAX_NUM_SEQS, engine_kwargs, kv_bytes_per_token
 
     model = transformers.LlamaConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192
@@ -489,7 +489,7 @@ def test_vllm_engine_settings_on_cpu_colocated_and_by_default():
 
 
 def test_external_launcher_environment_comes_from_the_launcher_or_a_one_process_group():
-    from pipeline.generation.vllm_backend import launcher_environment
+    from pipeline.generation.vllm_settings import launcher_environment
 
     assert launcher_environment({"RANK": "1", "WORLD_SIZE": "2"}) == {}
     env = launcher_environment({})
@@ -505,7 +505,7 @@ def test_external_launcher_environment_comes_from_the_launcher_or_a_one_process_
 def test_an_adapter_rank_vllm_cannot_serve_is_refused_naming_the_key(tmp_path):
     import json
 
-    from pipeline.generation.vllm_backend import adapter_rank
+    from pipeline.generation.vllm_servable import adapter_rank
 
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4}))
     with pytest.raises(ValueError, match=r"model.policy_adapter has LoRA rank r=4; vLLM serves ranks 1, 8, 16"):
@@ -570,7 +570,7 @@ def test_a_trained_models_lora_scaling_is_its_adapters_own(tmp_path):
     from peft import LoraConfig, get_peft_model
 
     from pipeline.finetune.run import trained_lora_scaling
-    from pipeline.generation.vllm_backend import adapter_config, lora_scaling
+    from pipeline.generation.vllm_servable import adapter_config, lora_scaling
 
     model = make_model()
     assert trained_lora_scaling(model) is None
@@ -595,7 +595,7 @@ def _model_folder(path, tokenizer, *extra: str):
 def test_a_model_folder_vllm_cannot_serve_is_refused_naming_the_folder_the_files_and_the_key(tmp_path, tokenizer):
     import json
 
-    from pipeline.generation.vllm_backend import check_servable
+    from pipeline.generation.vllm_servable import check_servable
     from pipeline.storage.model_folders import FolderError
 
     folder = _model_folder(tmp_path / "gfn", tokenizer)

@@ -24,7 +24,7 @@ import transformers
 
 from pipeline.config.loader import load_config
 from pipeline.generation.hf import HFGenerator
-from pipeline.generation.vllm_backend import check_servable
+from pipeline.generation.vllm_servable import check_servable
 from pipeline.modeling import load_tokenizer
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_prompt

@@ -13,7 +13,7 @@ import torch
 import transformers
 import yaml
 
-from pipeline import shapes
+from pipeline import activation_memory, shapes
 from pipeline.batches import gradient_accumulation
 from pipeline.config.loader import load_config
 from pipeline.shapes import lora_parameters, shape_from_config
@@ -74,9 +74,9 @@ def test_kv_cache_bytes_equal_the_cache_a_forward_fills():
 def test_activation_checkpointing_keeps_one_input_per_layer_plus_one_layer():
     shape = shapes.PUBLISHED["meta-llama/Llama-3.2-3B-Instruct"]
     settings = {"lora_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "lora_rank": 16, "lora_dropout": True}
-    terms = shapes.activation_terms(shape, 8, 600, **settings)
+    terms = activation_memory.activation_terms(shape, 8, 600, **settings)
     per_layer = sum(terms.values()) // 28  # with LoRA the final norm replaces layer 0's input norm
-    checkpointed = shapes.activation_bytes(shape, 8, 600, checkpointing=True, **settings)
+    checkpointed = activation_memory.activation_bytes(shape, 8, 600, checkpointing=True, **settings)
     assert checkpointed == 28 * 3072 * 8 * 600 * 2 + per_layer
 
 
@@ -86,7 +86,7 @@ def test_the_activation_terms_of_llama_3_2_3b_by_hand():
     3 x (5 x 3072 + 64) + (5 x 3072 + 64)."""
     shape = shapes.PUBLISHED["meta-llama/Llama-3.2-3B-Instruct"]
     n = 8 * 1280
-    terms = shapes.activation_terms(
+    terms = activation_memory.activation_terms(
         shape,
         8,
         1280,
@@ -102,7 +102,7 @@ def test_the_activation_terms_of_llama_3_2_3b_by_hand():
         "MLP (gate, SiLU, up)": 28 * 6 * 8192 * n,
         "LoRA inputs (float32, dropout mask, lora_A output)": 28 * 4 * (5 * 3072 + 64) * n,
     }
-    assert shapes.logits_bytes(shape, 8, 1025) == 20 * 8 * 1025 * 128256
+    assert activation_memory.logits_bytes(shape, 8, 1025) == 20 * 8 * 1025 * 128256
 
 
 def test_published_shapes_give_the_parameter_counts_of_docs_scale():
@@ -218,7 +218,7 @@ def test_the_paper_defects_are_errors_naming_the_key_and_the_arithmetic(paper_wo
 
 
 def test_an_engine_share_is_derived_from_what_shares_the_device_or_refused_with_the_arithmetic():
-    from pipeline.shapes import engine_memory_share
+    from pipeline.generation.vllm_settings import engine_memory_share
 
     device, needs = 80 * GIB, {"weights": 6 * GIB, "KV cache of one 1344-token sequence": 0.1 * GIB}
     assert engine_memory_share(device, {"trainer": 30 * GIB}, needs) == 0.62  # (80 - 30) / 80, rounded down
@@ -520,13 +520,13 @@ def test_the_activation_estimate_is_what_autograd_keeps_for_a_lora_policy(
         "lora_rank": 16,
         "lora_dropout": True,
         "padded": padded,
-        "mask_bytes": shapes.dropout_mask_bytes("cpu"),
+        "mask_bytes": activation_memory.dropout_mask_bytes("cpu"),
     }
     measured, estimates = [], []
     for depth in (layers, layers + 1):
         model, shape = _tiny_lora_model(model_type, depth, hidden, heads, kv_heads, intermediate)
         measured.append(_saved_bytes(model, batch))
-        estimates.append(shapes.activation_bytes(shape, sequences, tokens, checkpointing=False, **settings))
+        estimates.append(activation_memory.activation_bytes(shape, sequences, tokens, checkpointing=False, **settings))
     one_layer = measured[1] - measured[0]
     assert abs(one_layer - (estimates[1] - estimates[0])) <= 0.001 * one_layer, (one_layer, estimates)
     logits = 4 * sequences * (tokens - prompt + 1) * shape.vocab_size
@@ -556,7 +556,7 @@ def test_the_logits_term_is_the_peak_of_the_log_softmax_backward():
             peak = max(peak, current)
     positions = tokens - prompt + 1
     logits_kept = 4 * sequences * positions * shape.vocab_size
-    estimate = kept - logits_kept + shapes.logits_bytes(shape, sequences, positions)
+    estimate = kept - logits_kept + activation_memory.logits_bytes(shape, sequences, positions)
     assert abs(peak - estimate) <= 0.02 * peak, (peak, estimate, kept)
 
 

@@ -18,10 +18,12 @@ from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.records import PRMExample, Problem, RecordError
 from pipeline.stats import mann_whitney_auc
 from pipeline.storage.files import read_records
-from pipeline.tinyworld.problems import corrected_step, generate_splits
+from pipeline.tinyworld.checker import corrected_step
+from pipeline.tinyworld.problems import generate_splits
 from pipeline.training import checkpoint_io
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
 from prm.model import PRMInfo, ProcessRewardModel
+from prm.prm800k import load_prm800k
 from prm.scorer import PRMScorer
 from prm.train import prm_bce_loss, train_prm, training_targets
 from prm.validation import (
@@ -31,7 +33,6 @@ from prm.validation import (
     exact_paths,
     expected_calibration_error,
     first_error_accuracy,
-    load_prm800k,
     pair_auc,
     reliability_table,
     validate_prm,
@@ -728,7 +729,8 @@ def test_one_pass_bench_runs_and_checks_agreement(tokenizer):
 def test_control_records_label_gold_steps_one_and_corrupted_siblings_zero(tmp_path):
     from pipeline.config.schema import TinyWorldConfig
     from pipeline.datasets.problems import write_problems_jsonl
-    from pipeline.tinyworld.problems import arithmetic_errors, generate_splits
+    from pipeline.tinyworld.checker import arithmetic_errors
+    from pipeline.tinyworld.problems import generate_splits
     from prm.control import main as control_main
 
     splits = generate_splits(TinyWorldConfig(seed=5, n_train=30, n_val=10, n_test=10))

@@ -13,9 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from pipeline.records import PRMExample, RecordError
 from pipeline.steps import join_steps
-from prm.prm800k import is_prm800k_file, prm800k_examples, rating_label, read_training_records
+from prm.prm800k import is_prm800k_file, load_prm800k, prm800k_examples, rating_label, read_training_records
 from prm.trl_export import stepwise_rows
-from prm.validation import load_prm800k
 
 REPO_CONFIG = "configs/tiny.yaml"
 

@@ -18,9 +18,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from pipeline.config.schema import TinyWorldConfig
 from pipeline.records import RecordError
-from pipeline.tinyworld.problems import first_wrong_step, generate_splits, step_equations
+from pipeline.tinyworld.checker import first_wrong_step, step_equations
+from pipeline.tinyworld.problems import generate_splits
 from prm.formats import detect_format
 from prm.model import ProcessRewardModel
+from prm.prm800k import load_prm800k
 from prm.processbench import (
     FirstErrorCase,
     choose_threshold,
@@ -32,7 +34,7 @@ from prm.processbench import (
     read_processbench,
     read_processbench_hub,
 )
-from prm.validation import corrupt_step, load_prm800k
+from prm.validation import corrupt_step
 
 REPO_CONFIG = "configs/tiny.yaml"
 

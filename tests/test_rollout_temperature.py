@@ -12,7 +12,8 @@ from pipeline.config.loader import load_config
 from pipeline.config.schema import TinyWorldConfig
 from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.rollouts.temperature import slip_counts, sweep_table, temperature_sweep
-from pipeline.tinyworld.problems import first_wrong_step, generate_splits
+from pipeline.tinyworld.checker import first_wrong_step
+from pipeline.tinyworld.problems import generate_splits
 
 PROBLEMS = generate_splits(TinyWorldConfig(seed=7, n_train=1, n_val=1, n_test=1, n_rl=4))["rl"]
 

@@ -13,14 +13,9 @@ from pipeline.config.schema import FormatConfig, TinyWorldConfig
 from pipeline.grading import grade
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory, join_steps
-from pipeline.tinyworld.problems import (
-    FAMILIES,
-    Event,
-    Story,
+from pipeline.tinyworld.checker import (
     arithmetic_errors,
     first_wrong_step,
-    generate_splits,
-    make_problem,
     num_strategies,
     solution_strategy,
     step_equations,
@@ -28,6 +23,8 @@ from pipeline.tinyworld.problems import (
     strategy_of,
     valid_step_orders,
 )
+from pipeline.tinyworld.problems import FAMILIES, generate_splits, make_problem
+from pipeline.tinyworld.stories import Event, Story
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = TinyWorldConfig(seed=3, n_train=400, n_val=50, n_test=50, n_rl=60)
@@ -495,8 +492,8 @@ def test_training_examples_mask_the_prompt(splits, tokenizer):
 
 
 def test_every_strategy_trains_each_strategy_template_of_a_problem(splits, tokenizer):
+    from pipeline.tinyworld.checker import strategy_templates
     from pipeline.tinyworld.model import training_examples
-    from pipeline.tinyworld.problems import strategy_templates
 
     problem = next(p for p in splits["train"] if len(strategy_names(p)) == 2)
     examples = training_examples([problem], tokenizer, FormatConfig(), every_strategy=True)

@@ -38,7 +38,7 @@ from pipeline.finetune.tba.settings import check_async_problems, searcher_config
 from pipeline.finetune.tba.trainer import AsyncFinetuneTrainer
 from pipeline.finetune.trainer import FinetuneTrainer
 from pipeline.generation import build_generator
-from pipeline.generation.vllm_backend import lora_scaling
+from pipeline.generation.vllm_servable import lora_scaling
 from pipeline.modeling import load_causal_lm, load_tokenizer, lora_fan_in_fan_out, resolve_device, upcast_trainable
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem

@@ -41,7 +41,7 @@ from pipeline.finetune.tba.publication import searcher_dtype
 from pipeline.finetune.tba.settings import check_async_settings
 from pipeline.finetune.tba.weight_transport import check_transport
 from pipeline.generation import BACKENDS, check_served_models
-from pipeline.generation.vllm_backend import adapter_config, lora_scaling
+from pipeline.generation.vllm_servable import adapter_config, lora_scaling
 from pipeline.training import process_count
 from pipeline.training.tracking import tracker_names
 

@@ -15,7 +15,8 @@ from pipeline.config.loader import ConfigError
 from pipeline.config.schema import GenerationBackend
 from pipeline.generation.base import Completion, Generator
 from pipeline.generation.hf import HFGenerator
-from pipeline.generation.vllm_backend import VLLMGenerator, check_servable
+from pipeline.generation.vllm_backend import VLLMGenerator
+from pipeline.generation.vllm_servable import check_servable
 
 BACKENDS = typing.get_args(GenerationBackend)
 # What installs each backend's engine where it is missing (README, "GPU and vLLM").
@@ -65,7 +66,7 @@ def check_backend_installed(config) -> None:
 def check_served_models(config, models: dict[str, str | None]) -> None:
     """Before any model loads: each local model folder that generation.backend's engines will serve
     ({config key: path}; None and hub ids pass) can be served, else pipeline.storage.model_folders.FolderError
-    in one line naming the key and the file (vLLM: vllm_backend.check_servable; the HF backend's
+    in one line naming the key and the file (vLLM: vllm_servable.check_servable; the HF backend's
     from_pretrained reads only the weight files a folder's model names, and checks them as it
     loads); then the engine is installed (check_backend_installed)."""
     if config.generation.backend != "vllm":

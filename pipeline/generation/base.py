@@ -20,7 +20,7 @@ step it is decoded in, the process it lands on):
   (``VLLM_BATCH_INVARIANT=1``; vLLM 0.32 implements it on CUDA GPUs of compute capability 8.x,
   9.x and 10.x, ROCm and XPU, not in its CPU build), with a seed per request, at a cost in speed:
   ``generation.vllm_batch_invariant=true`` sets it before the engine starts
-  (pipeline.generation.vllm_backend.engine_environment). The HF backend has no such mode.
+  (pipeline.generation.vllm_settings.engine_environment). The HF backend has no such mode.
 
 Both backends follow vLLM's conventions:
 

@@ -5,24 +5,23 @@ VLLMGenerator's constructor, so everything else runs without it.
 generate() sends all prompts in one ``LLM.generate`` call with ``SamplingParams(n=...)``;
 prefix caching lets the n samples of a prompt (and prompts that share a prefix, as MCTS
 prefixes do) reuse its KV blocks. The conversion of vLLM's RequestOutput to Completion is the
-pure function ``completions_from_request_output``, unit-tested with a fake engine.
+pure function ``completions_from_request_output``, unit-tested with a fake engine. What an engine
+can serve is checked by pipeline.generation.vllm_servable, its settings come from
+pipeline.generation.vllm_settings (neither imports vllm).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import socket
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig
 
 from pipeline.generation.base import Completion, check_sampling_args, check_seeds, release_memory
+from pipeline.generation.vllm_servable import adapter_rank, check_servable
+from pipeline.generation.vllm_settings import engine_environment, engine_kwargs, launcher_environment
 from pipeline.steps import encode_prompt
-from pipeline.storage.model_folders import FolderError, check_model_folder
 
 
 def finish_reason_from_vllm(finish_reason: str | None, stop_reason: int | str | None) -> str:
@@ -71,208 +70,6 @@ def sampling_params_kwargs(
 
 
 # The LoRA ranks a vLLM 0.32 engine serves (its LoRAConfig refuses any other max_lora_rank).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def adapter_config(adapter: str, key: str = "model.policy_adapter") -> dict:
-    """A local peft adapter folder's adapter_config.json (FileNotFoundError naming ``key`` without one)."""
-    config_file = Path(adapter) / "adapter_config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file}: not found; {key} must be a peft adapter folder")
-    return json.loads(config_file.read_text(encoding="utf-8"))
-
-
-def adapter_rank(adapter: str, key: str = "model.policy_adapter") -> int:
-    """The served adapter's rank, checked against VLLM_LORA_RANKS before the engine loads anything."""
-    rank = int(adapter_config(adapter, key).get("r", 16))
-    if rank not in VLLM_LORA_RANKS:
-        raise ValueError(
-            f"{Path(adapter) / 'adapter_config.json'}: {key} has LoRA rank r={rank}; vLLM serves ranks "
-            f"{', '.join(map(str, VLLM_LORA_RANKS))} (merge the adapter into the model, or use generation.backend=hf)"
-        )
-    return rank
-
-
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-
-
-def check_servable(path: str | Path, key: str | None = None) -> None:
-    """Refuse a local model folder a vLLM engine cannot serve, before anything loads; raises
-    FolderError in one line naming the folder, the file(s), ``key`` (the config key that names the
-    folder) and what to do. A hub id (no such folder) is left to vLLM.
-
-    vLLM's loader reads, of a folder's top level, the *.safetensors files that its
-    model.safetensors.index.json names, and without an index EVERY *.safetensors file as weights of
-    the model: a second file beside the model's (a value head, an adapter, an optimizer dump) makes
-    the engine fail after loading for minutes ("There is no module or parameter named ...").
-    from_pretrained reads only model.safetensors or the index's files, so the HF backend is not
-    affected. Refused here: several *.safetensors without an index (all but model.safetensors named
-    as stray; every one when none is named so), an index that is not a JSON object with a
-    "weight_map", an index naming a file the folder lacks. Damaged files: check_model_folder."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return
-    check_model_folder(folder)
-    where = f" ({key})" if key else ""
-    index = folder / SAFETENSORS_INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-        except (UnicodeDecodeError, ValueError, AttributeError):
-            weight_map = None
-        if not isinstance(weight_map, dict):
-            raise FolderError(
-                f'{index}{where}: not a safetensors index (a JSON object with a "weight_map"): damaged; '
-                "restore the model folder"
-            )
-        missing = sorted(name for name in {str(v) for v in weight_map.values()} if not (folder / name).is_file())
-        if missing:
-            raise FolderError(
-                f"{folder}{where}: {SAFETENSORS_INDEX} names {', '.join(missing)}, which the folder lacks: "
-                "the model cannot load; restore the missing weight files (or the whole folder)"
-            )
-        return
-    weights = sorted(p.name for p in folder.glob("*.safetensors"))
-    if len(weights) <= 1:
-        return
-    stray = [name for name in weights if name != "model.safetensors"]
-    raise FolderError(
-        f"{folder}{where}: holds {len(weights)} *.safetensors files and no {SAFETENSORS_INDEX}, and vLLM loads "
-        f"every one as weights of the model, so {', '.join(stray)} would make the engine fail: move "
-        f"{'it' if len(stray) == 1 else 'them'} out of the folder (a model's weights are model.safetensors, or "
-        "the files an index names), or use generation.backend=hf"
-    )
-
-
-def lora_scaling(settings: dict, key: str = "model.policy_adapter") -> float:
-    """alpha / r of a peft LoRA config (alpha / sqrt(r) with rsLoRA): what merging its adapters into
-    the plain weights a vLLM sampler is given multiplies B A by. Refused (naming ``key``) when the
-    adapters do not merge that way: per-module ranks or alphas, DoRA, or other than LoRA."""
-    peft_type = settings.get("peft_type", "LORA")
-    peft_type = str(getattr(peft_type, "value", peft_type))  # peft's PeftType in a live config, a string in the file
-    if peft_type.upper() != "LORA":
-        raise ValueError(
-            f"{key}: a {peft_type} adapter; a vLLM sampler is given the weights with the adapter "
-            "merged, which is done for LoRA only (use generation.backend=hf)"
-        )
-    if settings.get("rank_pattern") or settings.get("alpha_pattern") or settings.get("use_dora"):
-        raise ValueError(
-            f"{key}: the adapter has per-module ranks or alphas (rank_pattern, alpha_pattern) or DoRA; a vLLM "
-            "sampler is given the weights with one alpha / r merged (use generation.backend=hf)"
-        )
-    rank, alpha = int(settings.get("r", 8)), float(settings.get("lora_alpha", 8))
-    return alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
-
-
-# A question's prompt (template, few-shot exemplars) is budgeted this many tokens when
-# generation.vllm_max_model_len is unset; a rollout's prompt also holds a partial solution of up
-# to max_new_tokens, and generates up to max_new_tokens more.
-PROMPT_TOKEN_BUDGET = 1024
-# Sequences one CPU engine step decodes together (vLLM's CPU default is larger; every one of them
-# is budgeted a whole max_model_len of KV cache and of batched tokens below).
-CPU_MAX_NUM_SEQS = 64
-
-
-def default_max_model_len(max_new_tokens: int, max_position_embeddings: int | None) -> int:
-    """The engine's context when generation.vllm_max_model_len is unset: a prompt of
-    PROMPT_TOKEN_BUDGET tokens plus a partial solution and a continuation of max_new_tokens each,
-    capped at the model's positions (vLLM would otherwise size the KV cache for the model's whole
-    context, 131,072 tokens for Llama-3.x)."""
-    wanted = PROMPT_TOKEN_BUDGET + 2 * max_new_tokens
-    return wanted if max_position_embeddings is None else min(wanted, max_position_embeddings)
-
-
-def kv_bytes_per_token(model_config, dtype_bytes: int) -> int:
-    """Key and value bytes one token takes in the KV cache (every layer): 2 x layers x kv heads x head_dim x dtype."""
-    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes
-
-
-def cpu_engine_kwargs(max_model_len: int, bytes_per_token: int) -> dict:
-    """What a CPU engine needs beyond vLLM's defaults.
-
-    Every request is seeded, and vLLM rewinds a seeded request's generator when its prefill is
-    split over engine steps (chunked prefill), which CPU generators cannot ("CPU Generator does not
-    use offset"): the batched-token budget holds every sequence's whole context, so no prompt is
-    ever split. The KV cache is sized for exactly those sequences instead of a share of the
-    machine's memory (two engines of a torchrun each took their share: out of memory);
-    VLLM_CPU_KVCACHE_SPACE (GiB), when set, still wins inside vLLM.
-    """
-    return {
-        "max_num_seqs": CPU_MAX_NUM_SEQS,
-        "max_num_batched_tokens": CPU_MAX_NUM_SEQS * max_model_len,
-        "kv_cache_memory_bytes": CPU_MAX_NUM_SEQS * max_model_len * bytes_per_token,
-    }
-
-
-def launcher_environment(environ: dict) -> dict:
-    """The variables vLLM's "external_launcher" executor reads (RANK, LOCAL_RANK, WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT): the launcher's (torchrun, accelerate launch) when it set them,
-    else those of a one-process group on a free local port."""
-    if "RANK" in environ:
-        return {}
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-
-
-def engine_kwargs(
-    model_path: str, config, model_config, *, adapter_rank: int | None, colocate: bool, on_cpu: bool, processes: int
-) -> dict:
-    """The keyword arguments of vllm.LLM for ``model_path`` (a pure function of the config and the
-    model's transformers config).
-
-    colocate:  one engine per training process, in that process (vLLM's "external_launcher"
-               executor, tensor parallel 1, data parallel over the ``processes`` of the launch)
-    on_cpu:    vLLM's CPU platform (vllm-cpu): cpu_engine_kwargs
-    """
-    gen = config.generation
-    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    max_model_len = gen.vllm_max_model_len or default_max_model_len(
-        gen.max_new_tokens, getattr(text, "max_position_embeddings", None)
-    )
-    kwargs = {
-        "model": model_path,
-        "tensor_parallel_size": gen.vllm_tensor_parallel_size,
-        "enable_prefix_caching": gen.vllm_enable_prefix_caching,
-        "max_model_len": max_model_len,
-        "trust_remote_code": config.model.trust_remote_code,
-        "seed": config.seed,
-        "enforce_eager": gen.vllm_enforce_eager,
-    }
-    if config.model.dtype != "auto":
-        kwargs["dtype"] = config.model.dtype
-    if on_cpu:  # the KV cache sized below: a share of a GPU means nothing here
-        dtype_bytes = 2 if config.model.dtype in ("bfloat16", "float16") else 4
-        kwargs.update(cpu_engine_kwargs(max_model_len, kv_bytes_per_token(model_config, dtype_bytes)))
-    elif gen.vllm_gpu_memory_utilization is None:
-        raise ValueError(
-            "generation.vllm_gpu_memory_utilization is unset: a stage (python -m stages.<name>) derives it from what "
-            "shares the GPU before anything loads (planner.runtime.stage_memory); outside a stage, set it"
-        )
-    else:
-        kwargs["gpu_memory_utilization"] = gen.vllm_gpu_memory_utilization
-    if adapter_rank is not None:
-        kwargs["enable_lora"] = True
-        kwargs["max_lora_rank"] = adapter_rank
-    if colocate:
-        kwargs.update(
-            tensor_parallel_size=1, data_parallel_size=processes, distributed_executor_backend="external_launcher"
-        )
-    return kwargs
-
-
-def engine_environment(config) -> dict[str, str]:
-    """The environment variables vLLM reads at its engine's start that the config sets:
-    ``VLLM_BATCH_INVARIANT=1`` with generation.vllm_batch_invariant (vLLM's batch-invariant mode,
-    pipeline/generation/base.py); nothing otherwise (a variable the user set is left as it is)."""
-    return {"VLLM_BATCH_INVARIANT": "1"} if config.generation.vllm_batch_invariant else {}
-
-
 class VLLMGenerator:
     """Generation through a vLLM engine.
 

@@ -32,7 +32,7 @@ from pipeline.grading import extract_answer, grade_many
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.rollouts.mcts import make_rollout_fn, mc_value
-from pipeline.tinyworld.problems import arithmetic_errors
+from pipeline.tinyworld.checker import arithmetic_errors
 
 FirstWrong = Callable[[Problem, Sequence[str]], int]
 

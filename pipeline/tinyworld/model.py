@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from pipeline.prompts import prompt_from_config
 from pipeline.steps import encode_trajectory
 from pipeline.storage.model_folders import commit_folder, staging_folder
-from pipeline.tinyworld.problems import strategy_templates
+from pipeline.tinyworld.checker import strategy_templates
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 
 IGNORE_INDEX = -100
@@ -96,7 +96,7 @@ def training_examples(
 ) -> list[TrainingExample]:
     """One example per problem: its prompt and its gold solution (``meta["solutions"][0]``); with
     ``every_strategy``, one per strategy of the problem: its prompt and that strategy's template
-    (``pipeline.tinyworld.problems.strategy_templates``, the gold first).
+    (``pipeline.tinyworld.checker.strategy_templates``, the gold first).
 
     Examples longer than ``max_length`` tokens are an error naming the problem: a model cannot
     learn to finish a solution it never sees the end of.
