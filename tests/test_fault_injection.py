@@ -1,5 +1,5 @@
 """Fault injection: SIGKILL mcts, augment, prm and gfn at random points, restart them, and check the
-final outputs equal an uninterrupted run's (the figures in docs/reliability.md come
+final outputs equal an uninterrupted run's (the figures in docs/results/reliability.md come
 from this test, run with STEPFLOW_FAULT_REPORT=<file> and STEPFLOW_FAULT_SEED=<n>).
 
 Two run folders share one tiny world (a random-init policy built from a config, its problems):

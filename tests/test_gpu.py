@@ -753,7 +753,7 @@ def test_qwen2_5_math_1_5b_ppo_update_at_the_paper_config_shape(model_folders, t
 def test_qwen2_5_math_1_5b_gfn_memory_at_a_held_out_shape(model_folders, tmp_path, monkeypatch):
     """A shape no earlier run measured: SubTB with LoRA, micro-batches of 2 x 640 tokens (256 prompt
     + 384 solution), 2 questions x 6 samples, 2 steps: the measured peak beside make plan's
-    estimate (recorded, compared in docs/scale.md)."""
+    estimate (recorded, compared in docs/results/scale.md)."""
     hub_id = "Qwen/Qwen2.5-Math-1.5B-Instruct"
     figures = run_check(
         "qwen2.5-math-1.5b_gfn_held_out",

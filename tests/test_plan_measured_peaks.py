@@ -1,11 +1,11 @@
-"""make plan's training memory pinned to the peaks measured on one H100 (docs/scale.md, "Measured
+"""make plan's training memory pinned to the peaks measured on one H100 (docs/results/scale.md, "Measured
 on one H100"): the three fine-tuning updates tests/test_gpu.py ran at the paper configs' shapes.
 
-The measured peaks are constants here, each also checked against the sentence of docs/scale.md
+The measured peaks are constants here, each also checked against the sentence of docs/results/scale.md
 that reports it, so the page, this test and the planner cannot drift apart. The planner's items are
 computed as make plan computes them (planner.costs.finetune_stage under a one-process launch, the
 published shapes, the hub cache read as empty): a change to the memory model that moves an
-estimate fails here, with the figure docs/scale.md prints beside it. The estimate may exceed the
+estimate fails here, with the figure docs/results/scale.md prints beside it. The estimate may exceed the
 peak (it assumes padded micro-batches and keeps a residual of about 8h bytes per layer and token
 that the H100 did not allocate, said on that page) but never falls below it: an estimate below a
 measured peak would let make plan accept a run that runs out of memory.
@@ -26,13 +26,13 @@ from planner.plan import GIB, GPU, Plan
 from planner.resolve import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
-SCALE = (REPO / "docs" / "scale.md").read_text()
+SCALE = (REPO / "docs" / "results" / "scale.md").read_text()
 
 # the items of make plan's estimate that a measured update holds (tests/test_gpu.py, TRAINING_ITEMS)
 TRAINING_ITEMS = ("weights", "gradients", "AdamW state", "activations", "logits")
 
-# (config, overrides, measured peak in GiB as docs/scale.md states it, make plan's padded estimate
-# in GiB as docs/scale.md states it, the doc's words that carry both)
+# (config, overrides, measured peak in GiB as docs/results/scale.md states it, make plan's padded estimate
+# in GiB as docs/results/scale.md states it, the doc's words that carry both)
 CASES = {
     "qwen2.5-math-1.5b SubTB + LoRA, micro-batch 4 x 1,280": (
         "configs/paper/qwen2.5-math-1.5b.yaml",
@@ -80,5 +80,5 @@ def test_make_plans_training_memory_is_what_docs_scale_prints_and_never_below_th
         assert " ".join(words.split()) in " ".join(SCALE.split()), (case, words)  # the page states both figures
     estimate = planned_training_bytes(config_path, overrides) / GIB
     assert round(estimate, 2) == printed, (case, estimate)
-    # the documented margin: 5% (Qwen) to 16% (Llama) above the peak, padded (docs/scale.md)
+    # the documented margin: 5% (Qwen) to 16% (Llama) above the peak, padded (docs/results/scale.md)
     assert measured <= estimate <= 1.17 * measured, (case, estimate, measured)

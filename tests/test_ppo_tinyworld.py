@@ -4,7 +4,7 @@ The chain is bootstrap -> PRM -> ppo -> eval, with the PRM trained by `make prm`
 exact-label control data (prm.control: gold steps 1, result-altered steps 0), which trains in
 seconds and prefers some solutions of a question over others, so a policy that optimises it has
 somewhere to go. A Monte Carlo PRM with such headroom takes 2000 MCTS problems and about ten
-minutes to train (docs/gflownet.md, "The criterion on the tiny world"); the demo's leaves none.
+minutes to train (docs/results/gflownet.md, "The criterion on the tiny world"); the demo's leaves none.
 The verdict is the one `make eval` reports: the per-problem mean R = prod U on held-out
 problems, PPO minus base, with a paired bootstrap interval above 0.
 """
