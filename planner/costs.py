@@ -130,7 +130,7 @@ def prm_stage(plan: Plan, backbone: Model) -> StageCost:
 
 def finetune_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCost:
     config = plan.config
-    cfg = getattr(config, stage)
+    cfg = config.finetune_section(stage)
     processes = config.plan.processes
     launch = read_launch(plan, stage)
     check_wrap_class(plan, stage, policy)

@@ -13,7 +13,7 @@ or a warning. Token counts are upper bounds (every sample runs to max_new_tokens
 from __future__ import annotations
 
 from pipeline.config.loader import check_choice
-from pipeline.config.schema import Config, GPUType
+from pipeline.config.schema import FINETUNE_STAGES, Config, GPUType
 from planner.costs import eval_stage, finetune_stage, generation_stage, generation_workers, prm_stage, search_stage
 from planner.plan import GPU, GPUS, Plan, StageCost
 from planner.resolve import resolve_all_data, resolve_models
@@ -59,11 +59,12 @@ def make_plan(config: Config, config_path: str = "") -> Plan:
         )
     plan.stages.append(StageCost("augment", 1, work=["CPU: groups and splits the MCTS records (no GPU)"]))
     plan.stages.append(prm_stage(plan, backbone))
-    for stage in ("gfn", "ppo"):
+    for stage in FINETUNE_STAGES:
         plan.stages.append(finetune_stage(plan, stage, policy, prm))
-        if getattr(config, stage).mode == "async":
+        cfg = config.finetune_section(stage)
+        if cfg.mode == "async":
             plan.stages.append(searcher_stage(plan, stage, policy, prm))
-            if getattr(config, stage).scorer_actors:
+            if cfg.scorer_actors:
                 plan.stages.append(scorer_stage(plan, stage, prm))
     eval_cost = eval_stage(plan, models, data)
     plan.stages.append(eval_cost)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 from pipeline.config.loader import ConfigError
-from pipeline.config.schema import Config
+from pipeline.config.schema import FINETUNE_STAGES, Config
 from planner.costs import eval_stage, finetune_stage, generation_stage, prm_stage, search_stage
 from planner.launch import launch_from_environment
 from planner.memory import SEARCHER_SHARE_KEY, VLLM_SHARE_KEY
@@ -32,7 +32,7 @@ def share_key(config: Config, stage: str) -> str:
     """The key of the vLLM share a stage (stages.<name>) derives or checks at its start: the
     asynchronous searchers' own (SEARCHER_SHARE_KEY) for make gfn in mode async, else VLLM_SHARE_KEY."""
     name = MEMORY_STAGES.get(stage)
-    if name in ("gfn", "ppo") and getattr(config, name).mode == "async":
+    if name in FINETUNE_STAGES and config.finetune_section(name).mode == "async":
         return SEARCHER_SHARE_KEY
     return VLLM_SHARE_KEY
 
@@ -61,14 +61,14 @@ def stage_memory(config: Config, stage: str, device_bytes: float, environ: dict)
     if name == "prm":  # PRM training; the tiny world's exact-check sampling runs before it, its engine alone
         costs.append(prm_stage(plan, resolve_model(config, "model.prm_backbone", config.model.prm_backbone)))
         name = None
-    if name in ("gfn", "ppo"):
+    if name in FINETUNE_STAGES:
         prm = resolve_model(
             config,
             "model.prm",
             config.model.prm,
             resolve_model(config, "model.prm_backbone", config.model.prm_backbone),
         )
-        cfg = getattr(config, name)
+        cfg = config.finetune_section(name)
         if vllm and cfg.mode == "async" and not cfg.searcher_gpus:
             raise ConfigError(
                 "gfn.searcher_gpus=0 with generation.backend=vllm on a machine with a GPU: Ray hides the GPUs from a "

@@ -37,7 +37,7 @@ def _searcher_device(
     plan: Plan, stage: str, policy: ModelShape, prm: ModelShape | None, searchers: int, scorers: int
 ) -> StageCost:
     """One GPU holding ``searchers`` searchers and ``scorers`` scorer actors: its memory items."""
-    config, cfg = plan.config, getattr(plan.config, stage)
+    config, cfg = plan.config, plan.config.finetune_section(stage)
     cost = StageCost(f"{stage} searchers", cfg.searchers)
     cost.share_key = SEARCHER_SHARE_KEY
     tokens = config.plan.prompt_tokens + config.generation.max_new_tokens
@@ -71,7 +71,7 @@ def searcher_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
     actors with a fractional gfn.scorer_gpus may be packed beside them: of every mix Ray could make
     (1 to 1 / searcher_gpus searchers, as many scorer actors as the rest holds) the tightest is
     checked and shown. The trainer's own GPU is the stage's entry before this one."""
-    cfg = getattr(plan.config, stage)
+    cfg = plan.config.finetune_section(stage)
     engines = searchers_per_device(cfg)
     work = (
         f"gfn.searchers={cfg.searchers}, {engines} per GPU (gfn.searcher_gpus={cfg.searcher_gpus:g}), each sampling "
@@ -115,7 +115,7 @@ def searcher_stage(plan: Plan, stage: str, policy: Model, prm: Model) -> StageCo
 def scorer_stage(plan: Plan, stage: str, prm: Model) -> StageCost:
     """The PRM scorer actors' memory on their GPU (gfn.scorer_actors > 0): 1 / gfn.scorer_gpus of
     them share a device, each holding the PRM (a GPU shared with searchers: searcher_stage)."""
-    config, cfg = plan.config, getattr(plan.config, stage)
+    config, cfg = plan.config, plan.config.finetune_section(stage)
     per_device = min(cfg.scorer_actors, max(1, math.floor(1 / cfg.scorer_gpus + 1e-9))) if cfg.scorer_gpus else 1
     cost = StageCost(f"{stage} scorers", cfg.scorer_actors)
     cost.work.append(

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None, stage: str = "gfn") -> list[dict]:
     require_finished(config, "prm")
     problems = training_problems(config)  # before the run folder is made: a stage that cannot start writes nothing
     out = stage_dir(config, stage)
-    cfg = getattr(config, stage)
+    cfg = config.finetune_section(stage)
     if finished_model(out, stage, cfg.retrain, dataclasses.asdict(cfg)) is not None:
         return MetricsLog(out / "metrics.jsonl").read()
     # each process (or asynchronous searcher) builds its own frozen PRM, on its own device: ours or

@@ -215,7 +215,7 @@ def plan_shaped_trajectories(config, stage: str, tokenizer):
     from pipeline.records import Trajectory
     from pipeline.steps import encode_prompt, encode_trajectory
 
-    cfg = getattr(config, stage)
+    cfg = config.finetune_section(stage)
     prompt_tokens, solution_tokens = config.plan.prompt_tokens, config.generation.max_new_tokens
     step_room = config.generation.max_step_tokens - 1  # each step is followed by its separator token
     digits = solution_tokens - 1  # the end token
@@ -321,7 +321,7 @@ def finetune_real_architecture(
             *overrides,
         ],
     )
-    cfg = getattr(config, stage)
+    cfg = config.finetune_section(stage)
     on_cuda = torch.device(config.model.device if config.model.device != "auto" else "cuda").type == "cuda"
     tokenizer = load_tokenizer(str(folder))
     problems = generate_splits(TinyWorldConfig(n_train=max(cfg.questions_per_step, 8), n_val=2, n_test=2))["train"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline.config.schema import GFNConfig, PPOConfig
+from pipeline.finetune.gflownet import LOSSES
 from pipeline.finetune.objectives import OBJECTIVES, Objective, build_objective
 
 METHODS = [name for name, member in vars(Objective).items() if inspect.isfunction(member) and not name.startswith("_")]
@@ -52,3 +53,19 @@ def test_an_object_lacking_a_member_of_the_contract_does_not_satisfy_it():
     assert not isinstance(Partial(), Objective)  # no filler
     Partial.filler = lambda self, micro_batches: None
     assert isinstance(Partial(), Objective)
+
+
+def test_each_config_name_builds_its_own_class():
+    assert set(OBJECTIVES) == set(LOSSES) | {"ppo"}
+    assert len(set(OBJECTIVES.values())) == len(OBJECTIVES)
+    for name, cls in OBJECTIVES.items():
+        assert type(built(name)) is cls and cls.name == name
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_only_trajectory_balance_owns_a_log_z(name):
+    parameters = dict(built(name).named_parameters())
+    assert ("log_z" in parameters) == (name == "tb"), sorted(parameters)
+    if name == "tb":
+        unlearned = build_objective(GFNConfig(loss="tb", learn_log_z=False), policy=object(), hidden_size=4)
+        assert dict(unlearned.named_parameters()) == {}

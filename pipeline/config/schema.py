@@ -612,6 +612,9 @@ class PlanConfig:
     prompt_tokens: int = bounded(256, ge=1)  # assumed prompt length (chat template + question) in tokens
 
 
+FINETUNE_STAGES = ("gfn", "ppo")  # the fine-tuning stages, each named for its config section
+
+
 @dataclass
 class Config:
     """The whole pipeline's configuration."""
@@ -648,6 +651,15 @@ class Config:
 
     def stage_dir(self, stage: str) -> Path:
         return self.run_dir / stage
+
+    def finetune_section(self, stage: str) -> GFNConfig | PPOConfig:
+        """The section of fine-tuning stage ``stage`` (FINETUNE_STAGES: each is named for its section)."""
+        match stage:
+            case "gfn":
+                return self.gfn
+            case "ppo":
+                return self.ppo
+        raise ValueError(f"fine-tuning stage must be one of {FINETUNE_STAGES}, got {stage!r}")
 
     def resolve(self, value: str | None) -> str | None:
         """Substitute ``{run_dir}`` in a path-like string field."""

@@ -1,4 +1,6 @@
-"""The step-level GFlowNet objective: SubTB(lambda), TB or TB-VarGrad, with prioritized replay.
+"""The step-level GFlowNet objectives, one class per loss (gfn.loss): SubTB(lambda), TB and
+TB-VarGrad, on a shared base (``GFlowNetObjective``: prioritized replay, re-scoring, rewards, the
+off-policy correction, micro-batching, metrics).
 
 Each update trains on the fresh trajectories plus trajectories replayed from the buffer. Every
 trajectory, replayed or fresh, is re-scored by ONE teacher-forced forward per micro-batch under
@@ -16,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 import numpy as np
 import torch
 
-from pipeline.config.loader import check_choice
 from pipeline.config.schema import GFlowNetLoss, GFNConfig
 from pipeline.finetune.losses import (
     clipped_importance_ratio,
@@ -83,8 +85,11 @@ def proportionality_gap(log_pi: torch.Tensor, log_r: torch.Tensor, group_ids) ->
     return float(np.mean(gaps)) if gaps else float("nan")
 
 
-class GFlowNetObjective(torch.nn.Module):
-    """SubTB(lambda) / TB / TB-VarGrad (gfn.loss) over fresh + replayed trajectories.
+class GFlowNetObjective(torch.nn.Module, ABC):
+    """What the GFlowNet objectives share: fresh + replayed trajectories, re-scored under the
+    current policy (and the reference), their state log-rewards, the off-policy correction, the
+    micro-batches and the update's metrics. A subclass is one loss (gfn.loss): its ``name``, its
+    own parameters and its formula, ``balance_losses``.
 
     cfg:    the gfn config section (loss, lam, kl_coef, learn_log_z, log_z_lr, buffer settings,
             replay_fraction, micro_batch_size)
@@ -99,16 +104,20 @@ class GFlowNetObjective(torch.nn.Module):
             trajectories are used
     """
 
+    name: str  # the gfn.loss value this class is (objectives.OBJECTIVES maps it back)
     off_policy = True
     updates_per_rollout = 1
+    # what keeps trajectories in one micro-batch (a trajectory -> its group), or None: any split
+    micro_batch_key = None
+    # whether the KL term to the reference (kl_coef = beta > 0) is part of the target the loss
+    # samples in proportion to (objectives.regularized_target)
+    kl_in_target = False
 
     def __init__(
         self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None, reference=None
     ):
         super().__init__()
         self.collective = collective or Collective()
-        check_choice(cfg.loss, GFlowNetLoss, "gfn.loss")  # a config built in code, not by the loader
-        self.name = cfg.loss
         self.cfg, self.reward = cfg, reward
         # used, not owned: the policy's parameters are the trained model's, not the objective's
         object.__setattr__(self, "policy", policy)
@@ -123,9 +132,15 @@ class GFlowNetObjective(torch.nn.Module):
             seed=cfg.seed,
             reward=reward,
         )
-        self.log_z = torch.nn.Parameter(torch.zeros(())) if cfg.loss == "tb" and cfg.learn_log_z else None
         self.lr = cfg.log_z_lr
         self._update: dict = {}
+
+    @classmethod
+    def from_config(
+        cls, cfg: GFNConfig, policy, hidden_size: int, collective: Collective | None = None, reference=None
+    ) -> GFlowNetObjective:
+        """The objective with the gfn section's reward shaping (hidden_size: unused, no value head)."""
+        return cls(cfg, policy, StateLogRewards.of(cfg), collective, reference=reference)
 
     # ------------------------------------------------------------------ one update
 
@@ -219,8 +234,7 @@ class GFlowNetObjective(torch.nn.Module):
         # asynchronous store): float sums in another order differ in the last bits, and Adam turns
         # such differences on near-zero gradients into full-size steps.
         batch = sorted(batch, key=lambda t: (t.problem_id, t.steps))
-        key = (lambda t: t.problem_id) if self.cfg.loss == "tb_vargrad" else None
-        return [(chunk, weight) for chunk in micro_batches(batch, self.cfg.micro_batch_size, key=key)]
+        return [(chunk, weight) for chunk in micro_batches(batch, self.cfg.micro_batch_size, key=self.micro_batch_key)]
 
     def filler(self, micro_batches: list) -> tuple:
         """A micro-batch of weight 0 (processes must run as many as the busiest one under FSDP)."""
@@ -233,26 +247,7 @@ class GFlowNetObjective(torch.nn.Module):
         device = lp.step_logprobs.device
         log_r, mask = (x.to(device) for x in self.reward(batch))
         log_pf, log_pterm = lp.step_logprobs, lp.termination_logprobs
-        if self.cfg.loss == "subtb":
-            loss = subtb_loss(log_pf, log_pterm, log_r, mask, lam=self.cfg.lam)
-        elif self.cfg.loss == "tb":
-            log_z = self.log_z if self.log_z is not None else log_r[:, 0] - log_pterm[:, 0].detach()
-            loss = trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z)
-        else:
-            log_ref = None
-            if self.kl_coef > 0:
-                if any(t.reference_step_logprobs is None for t in batch):
-                    raise ValueError("gfn.kl_coef > 0: the trajectories carry no reference log-probs")
-                width = mask.shape[1]
-                ref_steps = pad_rows([t.reference_step_logprobs for t in batch], width).to(device)
-                ref_stop = torch.zeros(len(batch), width + 1, device=device)
-                ref_stop[torch.arange(len(batch)), mask.sum(1)] = torch.tensor(
-                    [t.reference_stop_logprob for t in batch], device=device
-                )
-                log_ref = trajectory_logprob(ref_steps, ref_stop, mask)
-            loss = tb_vargrad_loss(
-                log_pf, log_pterm, log_r, mask, [t.problem_id for t in batch], log_ref=log_ref, kl_coef=self.kl_coef
-            )
+        loss = self.balance_losses(batch, log_pf, log_pterm, log_r, mask)
         lengths = mask.sum(1)
         log_pi = trajectory_logprob(log_pf.detach(), log_pterm.detach(), mask)
         extras = {}
@@ -267,6 +262,17 @@ class GFlowNetObjective(torch.nn.Module):
             "terminal_log_pterm": log_pterm.detach().gather(1, lengths[:, None]).squeeze(1),
         }
         return loss, extras
+
+    @abstractmethod
+    def balance_losses(
+        self, batch: list[Trajectory], log_pf: torch.Tensor, log_pterm: torch.Tensor, log_r: torch.Tensor, mask
+    ) -> torch.Tensor:
+        """The loss's own formula: (B,) per-trajectory loss of the micro-batch ``batch`` (losses'
+        conventions: log_pf (B, T), log_pterm (B, T+1), log_r (B, T+1), mask (B, T) bool)."""
+
+    def own_metrics(self) -> dict:
+        """Metrics of the loss's own parameters (TB: log Z); none by default."""
+        return {}
 
     def sampling_logprobs(self, batch: list[Trajectory], device) -> torch.Tensor:
         """(B,) log pi(tau) under the weights that sampled each trajectory, as its sampler recorded it
@@ -327,7 +333,7 @@ class GFlowNetObjective(torch.nn.Module):
             "replayed": update["replayed"],
             "buffer_size": len(self.buffer),
             **({"kl_coef": self.kl_coef, "reference_version": self.reference_version} if self.cfg.kl_coef > 0 else {}),
-            **({"log_z": float(self.log_z)} if self.log_z is not None else {}),
+            **self.own_metrics(),
             **importance,
         }
 
@@ -338,3 +344,65 @@ class GFlowNetObjective(torch.nn.Module):
 
     def set_extra_state(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])
+
+
+class SubTBObjective(GFlowNetObjective):
+    """SubTB(lambda) (Step-level GFlowNet, eq. 1; losses.subtb_loss): the lambda-weighted mean over
+    the sub-trajectories s_i..s_j of each trajectory of their squared balance residual (gfn.lam)."""
+
+    name = "subtb"
+
+    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask):
+        return subtb_loss(log_pf, log_pterm, log_r, mask, lam=self.cfg.lam)
+
+
+class TBObjective(GFlowNetObjective):
+    """Trajectory balance (losses.trajectory_balance_loss): (log Z + log pi(tau) - log R(s_n))^2.
+
+    log Z is its own parameter, learned at gfn.log_z_lr (gfn.learn_log_z), or, unlearned, each
+    trajectory's estimate log R(s_0) - log pi(s_f | s_0) (no gradient through pi)."""
+
+    name = "tb"
+
+    def __init__(
+        self, cfg: GFNConfig, policy, reward: StateLogRewards, collective: Collective | None = None, reference=None
+    ):
+        super().__init__(cfg, policy, reward, collective, reference=reference)
+        self.log_z = torch.nn.Parameter(torch.zeros(())) if cfg.learn_log_z else None
+
+    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask):
+        log_z = self.log_z if self.log_z is not None else log_r[:, 0] - log_pterm[:, 0].detach()
+        return trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z)
+
+    def own_metrics(self) -> dict:
+        return {"log_z": float(self.log_z)} if self.log_z is not None else {}
+
+
+class TBVarGradObjective(GFlowNetObjective):
+    """TB with the VarGrad log Z (TBA eq. 5; losses.tb_vargrad_loss): log Z estimated per question
+    from its trajectories in the micro-batch, which therefore keeps a question's trajectories
+    together. With beta = kl_coef > 0 the target is pi_ref(tau) R(s_n)^(1/beta) (the reference's
+    log-probs of now, ``with_reference_logprobs``)."""
+
+    name = "tb_vargrad"
+    kl_in_target = True
+
+    @staticmethod
+    def micro_batch_key(trajectory: Trajectory) -> str:
+        return trajectory.problem_id
+
+    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask):
+        log_ref = None
+        if self.kl_coef > 0:
+            if any(t.reference_step_logprobs is None for t in batch):
+                raise ValueError("gfn.kl_coef > 0: the trajectories carry no reference log-probs")
+            device, width = log_pf.device, mask.shape[1]
+            ref_steps = pad_rows([t.reference_step_logprobs for t in batch], width).to(device)
+            ref_stop = torch.zeros(len(batch), width + 1, device=device)
+            ref_stop[torch.arange(len(batch)), mask.sum(1)] = torch.tensor(
+                [t.reference_stop_logprob for t in batch], device=device
+            )
+            log_ref = trajectory_logprob(ref_steps, ref_stop, mask)
+        return tb_vargrad_loss(
+            log_pf, log_pterm, log_r, mask, [t.problem_id for t in batch], log_ref=log_ref, kl_coef=self.kl_coef
+        )

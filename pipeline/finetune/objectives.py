@@ -26,10 +26,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from pipeline.config.schema import GFNConfig, PPOConfig
-from pipeline.finetune.gflownet import LOSSES, GFlowNetObjective
+from pipeline.config.loader import check_choice
+from pipeline.config.schema import GFlowNetLoss, GFNConfig, PPOConfig
+from pipeline.finetune.gflownet import SubTBObjective, TBObjective, TBVarGradObjective
 from pipeline.finetune.ppo import PPOObjective
-from pipeline.finetune.rewards import StateLogRewards, StepRewards
 from pipeline.records import Trajectory
 from pipeline.training.distributed import Collective
 
@@ -68,7 +68,9 @@ class Objective(Protocol):
         gfn.reference_reset_every, never for PPO)
 
     An off-policy objective also builds micro-batches of any batch, ``plan(batch, weight)``: the
-    asynchronous trainer trains on batches drawn from its searchers' buffer.
+    asynchronous trainer trains on batches drawn from its searchers' buffer. Every class of
+    ``OBJECTIVES`` builds itself from its section, with that section's reward shaping:
+    ``cls.from_config(cfg, policy, hidden_size, collective, reference)`` (``build_objective``).
     """
 
     name: str
@@ -90,11 +92,15 @@ class Objective(Protocol):
 
 
 # config name -> objective class; GFNConfig.loss names the GFlowNet objectives, PPOConfig is "ppo"
-OBJECTIVES: dict[str, type[Objective]] = {**{name: GFlowNetObjective for name in LOSSES}, "ppo": PPOObjective}
+OBJECTIVES: dict[str, type[Objective]] = {
+    cls.name: cls for cls in (SubTBObjective, TBObjective, TBVarGradObjective, PPOObjective)
+}
 
 
 def objective_name(cfg: GFNConfig | PPOConfig) -> str:
-    return "ppo" if isinstance(cfg, PPOConfig) else cfg.loss
+    """The registry name of the section's objective (gfn.loss, checked: a config may be built in
+    code, not by the loader; or "ppo")."""
+    return "ppo" if isinstance(cfg, PPOConfig) else check_choice(cfg.loss, GFlowNetLoss, "gfn.loss")
 
 
 def needs_reference(cfg: GFNConfig | PPOConfig) -> bool:
@@ -130,9 +136,7 @@ def build_objective(
     reference:   the GFlowNet's reference policy, scored at training time (PPO reads the
                  reference log-probs its sampler stored in the trajectories)
     """
-    if objective_name(cfg) == "ppo":
-        return PPOObjective(cfg, policy, StepRewards(cfg.step_reward, cfg.unfinished_reward), hidden_size, collective)
-    return GFlowNetObjective(cfg, policy, StateLogRewards.of(cfg), collective, reference=reference)
+    return OBJECTIVES[objective_name(cfg)].from_config(cfg, policy, hidden_size, collective, reference)
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ def regularized_target(cfg: GFNConfig | PPOConfig) -> RegularizedTarget:
         return RegularizedTarget(cfg.step_reward, temperature, prior, cfg.unfinished_reward)
     temperature, prior = cfg.reward_temperature, cfg.reference_prior_coef
     beta = cfg.kl_coef_final if cfg.kl_coef_final is not None and cfg.kl_anneal_steps else cfg.kl_coef
-    if cfg.loss == "tb_vargrad" and beta > 0:
+    if OBJECTIVES[objective_name(cfg)].kl_in_target and beta > 0:
         temperature, prior = temperature * beta, prior / beta + 1.0
     outcome = cfg.outcome_coef * math.log(cfg.outcome_floor) if cfg.outcome_coef else 0.0
     return RegularizedTarget("log_score", temperature, prior, cfg.unfinished_log_reward, outcome)

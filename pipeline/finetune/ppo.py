@@ -71,6 +71,14 @@ class PPOObjective(torch.nn.Module):
         self.updates_per_rollout = cfg.ppo_epochs
         self.lr = cfg.lr
 
+    @classmethod
+    def from_config(
+        cls, cfg: PPOConfig, policy, hidden_size: int, collective: Collective | None = None, reference=None
+    ) -> PPOObjective:
+        """The objective with the ppo section's reward shaping (reference: unused, PPO reads the
+        reference log-probs its sampler stored in the trajectories)."""
+        return cls(cfg, policy, StepRewards(cfg.step_reward, cfg.unfinished_reward), hidden_size, collective)
+
     def begin_update(self, step: int) -> None:
         """Nothing of PPO's depends on the training step."""
 

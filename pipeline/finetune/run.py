@@ -164,7 +164,7 @@ def searcher_sampler(
     problems: the training problems as JSON (Problem.to_json; read from Ray's object store by the
               searcher), rebuilt and validated here
     """
-    cfg = searcher_config(getattr(config, stage), index)
+    cfg = searcher_config(config.finetune_section(stage), index)
     policy_path = config.resolve(config.model.policy)
     tokenizer = load_tokenizer(policy_path, config.model.trust_remote_code)
     if config.generation.backend == "vllm":  # the engine samples and takes the published weights: no transformers copy
@@ -202,7 +202,7 @@ def check_cluster(config: Config, setup: FinetuneSetup, problems: Sequence[Probl
     training problems; each scorer actor's: a worker process and the PRM's weights."""
     import ray  # the optional extra (extra `distributed`)
 
-    cfg = getattr(config, setup.stage)
+    cfg = config.finetune_section(setup.stage)
     policy, prm = (ray_cluster.folder_bytes(config.resolve(m)) for m in (config.model.policy, config.model.prm))
     searcher_bytes = (
         ray_cluster.WORKER_BYTES
@@ -269,7 +269,7 @@ def finetune_policy(
     records of this run.
     """
     setup = preflight(config, stage)
-    cfg = getattr(config, stage)
+    cfg = config.finetune_section(stage)
     asynchronous = setup.mode == "async"
     if asynchronous:
         check_async_problems(cfg, len(problems))  # before Ray starts

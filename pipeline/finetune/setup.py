@@ -45,8 +45,6 @@ from pipeline.generation.vllm_servable import adapter_config, lora_scaling
 from pipeline.training import process_count
 from pipeline.training.tracking import tracker_names
 
-STAGES = ("gfn", "ppo")  # the fine-tuning stages, each named for its config section
-
 # What samples the trajectories (FinetuneSetup.sampler), how the trained weights are held over the
 # processes (FinetuneSetup.sharding), where the frozen reference policy is used (FinetuneSetup.reference).
 Sampler = Literal["policy", "vllm", "hf_copy", "searchers"]
@@ -209,9 +207,7 @@ def resolve(config: Config, stage: str, launch: FinetuneLaunch) -> FinetuneSetup
     questions_per_step against the processes, the launch against the backend
     (check_accelerate_launch), the backend, a vLLM sampler's tensor parallelism. Reads no file and
     loads nothing: what only the machine can say is ``preflight``'s."""
-    if stage not in STAGES:
-        raise ValueError(f"fine-tuning stage must be one of {STAGES}, got {stage!r}")
-    cfg = getattr(config, stage)
+    cfg = config.finetune_section(stage)
     processes = launch.processes
     with _filed_under(f"{stage}.mode"):
         mode = check_choice(cfg.mode, TrainingMode, f"{stage}.mode")
@@ -292,7 +288,7 @@ def preflight(config: Config, stage: str) -> FinetuneSetup:
     Returns the setup."""
     processes = process_count(config.model)  # also gives each process its GPU before anything is loaded on it
     setup = resolve(config, stage, FinetuneLaunch(processes, os.environ))
-    cfg = getattr(config, stage)
+    cfg = config.finetune_section(stage)
     if setup.mode == "async":
         if importlib.util.find_spec("ray") is None:
             raise ValueError("gfn.mode=async needs Ray: pip install -e '.[distributed]'")

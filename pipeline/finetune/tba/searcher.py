@@ -105,7 +105,7 @@ class Searcher:
         import ray  # the optional extra (we run inside a Ray worker)
 
         rounds, rounds_of_version, idle, loading = 0, 0, 0.0, 0.0
-        limit = getattr(self.sampler.cfg, "searcher_rounds_per_version", None)
+        limit = self.sampler.cfg.searcher_rounds_per_version
         while True:
             needs = self.version < 0 or (limit is not None and rounds_of_version >= limit)
             start = time.monotonic()

@@ -58,7 +58,7 @@ class AsyncFinetuneTrainer(BatchDrawing, FinetuneTrainer):
         make_scorer: Callable | None = None,
     ):
         super().__init__(base, sampler, objective, cfg, progress=progress)
-        if not getattr(objective, "off_policy", False):
+        if not objective.off_policy:
             raise ValueError(
                 f"{objective.name} is on-policy: mode=async trains on trajectories of older policies "
                 "(use gfn.loss=subtb | tb | tb_vargrad)"
