@@ -7,13 +7,13 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from pipeline.activation_memory import activation_bytes, logits_bytes
 from pipeline.batches import gradient_accumulation
 from pipeline.config.schema import Config
 from pipeline.finetune.objectives import needs_reference
 from pipeline.finetune.setup import FinetuneLaunch, SetupError, resolve
 from pipeline.generation import VLLM_INSTALL
-from pipeline.shapes import lora_parameters
+from pipeline.sizing.activation_memory import activation_bytes, logits_bytes
+from pipeline.sizing.shapes import lora_parameters
 from pipeline.storage.shards import parse_shard
 from planner.launch import check_wrap_class, read_launch
 from planner.memory import (

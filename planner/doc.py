@@ -36,7 +36,7 @@ PLAN_BLOCK = re.compile(r"^<!-- make plan (?P<args>--config [^\n]*?) -->\n```\n(
 
 @contextmanager
 def empty_hub_cache():
-    """The hub cache as an empty folder for the duration (pipeline.shapes reads it through
+    """The hub cache as an empty folder for the duration (pipeline.sizing.shapes reads it through
     huggingface_hub.try_to_load_from_cache, which looks up constants.HF_HUB_CACHE at each call)."""
     with tempfile.TemporaryDirectory() as empty, mock.patch.object(huggingface_hub.constants, "HF_HUB_CACHE", empty):
         yield

@@ -10,7 +10,7 @@ from pipeline.config.loader import ConfigError, load_yaml_file
 from pipeline.training.launch_settings import check_accelerate_file, file_environment, read_accelerate_file
 from planner.plan import Launch, Model, Plan
 
-# transformers' _no_split_modules of the families pipeline.shapes sizes: the layer FSDP should wrap
+# transformers' _no_split_modules of the families pipeline.sizing.shapes sizes: the layer FSDP should wrap
 WRAP_CLASSES = {"llama": "LlamaDecoderLayer", "qwen2": "Qwen2DecoderLayer"}
 
 

@@ -4,10 +4,10 @@ the setting that reduces them."""
 
 from __future__ import annotations
 
-from pipeline.activation_memory import dropout_mask_bytes
 from pipeline.config.schema import Config
 from pipeline.generation.vllm_settings import default_max_model_len, engine_memory_share
-from pipeline.shapes import ModelShape
+from pipeline.sizing.activation_memory import dropout_mask_bytes
+from pipeline.sizing.shapes import ModelShape
 from planner.plan import GIB, Finding, Launch, Plan, StageCost
 
 
@@ -43,7 +43,7 @@ def training_state(
 
 
 def activation_settings(config: Config, cfg) -> dict:
-    """pipeline.activation_memory.activation_terms' settings of a training section: the model's dtype, LoRA
+    """pipeline.sizing.activation_memory.activation_terms' settings of a training section: the model's dtype, LoRA
     (frozen base, float32 adapters with or without dropout) or full fine-tuning, padded
     micro-batches (trajectories differ in length), dropout's mask on a GPU."""
     return {

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pipeline.config.schema import Config
-from pipeline.shapes import ModelShape
+from pipeline.sizing.shapes import ModelShape
 
 GIB = 1024**3
 

@@ -13,7 +13,7 @@ from eval.model_specs import parse_model_spec
 from pipeline.config.schema import Config
 from pipeline.datasets.copies import NeedsHub, hub_forbidden
 from pipeline.datasets.loaders import BENCHMARK_LOADERS, load_benchmark
-from pipeline.shapes import ModelShape, model_shape
+from pipeline.sizing.shapes import ModelShape, model_shape
 from planner.plan import Data, Model, Plan
 from prm.formats import is_hub_id
 

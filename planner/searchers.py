@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.shapes import ModelShape
+from pipeline.sizing.shapes import ModelShape
 from planner.memory import (
     RUNTIME_RESERVE,
     SEARCHER_SHARE_KEY,

@@ -385,11 +385,11 @@ def finetune_real_architecture(
 
 def test_the_real_architectures_have_the_parameter_counts_make_plan_uses():
     """Each architecture built from its published config.json (on the meta device: no memory)
-    has the parameters pipeline.shapes counts for it, and make plan's shape table agrees with the
+    has the parameters pipeline.sizing.shapes counts for it, and make plan's shape table agrees with the
     config.json values."""
     from transformers import AutoModelForCausalLM
 
-    from pipeline.shapes import PUBLISHED, shape_from_config
+    from pipeline.sizing.shapes import PUBLISHED, shape_from_config
 
     for hub_id, values in ARCHITECTURES.items():
         assert shape_from_config(values, hub_id) == PUBLISHED[hub_id], hub_id

@@ -1,6 +1,6 @@
 """make plan: models, data and batches checked, memory and work estimated, before any model loads.
 
-The paper configs name hub ids: no test reaches the hub; their shapes come from pipeline.shapes'
+The paper configs name hub ids: no test reaches the hub; their shapes come from pipeline.sizing.shapes'
 table of published configs (the hub cache is ignored so that a machine with one gives the same
 answer)."""
 
@@ -13,10 +13,10 @@ import torch
 import transformers
 import yaml
 
-from pipeline import activation_memory, shapes
 from pipeline.batches import gradient_accumulation
 from pipeline.config.loader import load_config
-from pipeline.shapes import lora_parameters, shape_from_config
+from pipeline.sizing import activation_memory, shapes
+from pipeline.sizing.shapes import lora_parameters, shape_from_config
 from planner.make import make_plan
 from planner.plan import GIB
 from planner.render import render
@@ -185,7 +185,7 @@ def test_paper_configs_pass_make_plan_with_their_hub_models_sized_from_the_table
     assert plan.errors == [], render(plan)
     policy, backbone = plan.models[0], plan.models[1]
     assert policy.status == backbone.status == "hub"
-    assert policy.source == backbone.source == "published config (table in pipeline/shapes.py)"
+    assert policy.source == backbone.source == "published config (table in pipeline/sizing/shapes.py)"
     data = {d.key: d for d in plan.data}
     assert data["eval.benchmarks[2] (sat_math_32)"].problems == 32
     assert data["data.train"].status == "needs the hub (nvidia/OpenMathInstruct-2)"

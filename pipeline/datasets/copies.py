@@ -22,7 +22,7 @@ HUB = "hub"  # a loader's path that asks for the hub copy even where the reposit
 
 # The benchmark files the repository carries, and where: $STEPFLOW_BENCHMARKS names another folder
 # holding the same files (they are checked against the same SOURCES.md either way).
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "data" / "benchmarks"
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
 SOURCES = SHIPPED_DIR / "SOURCES.md"
 BENCHMARKS_ENV = "STEPFLOW_BENCHMARKS"
 SHIPPED = {  # (loader family, split) -> file

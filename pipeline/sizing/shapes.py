@@ -93,7 +93,9 @@ class ShapeSource(NamedTuple):
     """A model's shape (None: unknown) and where it came from."""
 
     shape: ModelShape | None
-    source: str  # "local config.json <path>" | "hub cache" | "published config (pipeline/shapes.py)" | why unknown
+    source: (
+        str  # "local config.json <path>" | "hub cache" | "published config (pipeline/sizing/shapes.py)" | why unknown
+    )
 
 
 def cached_hub_config(hub_id: str) -> Path | None:
@@ -120,8 +122,8 @@ def model_shape(path_or_hub_id: str) -> ShapeSource:
     if cached is not None:
         return ShapeSource(shape_from_config(read_json(cached, "model config"), str(cached)), f"hub cache {cached}")
     if path_or_hub_id in PUBLISHED:
-        return ShapeSource(PUBLISHED[path_or_hub_id], "published config (table in pipeline/shapes.py)")
-    return ShapeSource(None, "not local, not in the hub cache, not in pipeline/shapes.py's table")
+        return ShapeSource(PUBLISHED[path_or_hub_id], "published config (table in pipeline/sizing/shapes.py)")
+    return ShapeSource(None, "not local, not in the hub cache, not in pipeline/sizing/shapes.py's table")
 
 
 def lora_parameters(shape: ModelShape, rank: int, target_modules: list[str]) -> tuple[int, list[str]]:

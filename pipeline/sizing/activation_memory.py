@@ -1,4 +1,4 @@
-"""What a training step's activations take, from a model's shape (pipeline.shapes): the tensors
+"""What a training step's activations take, from a model's shape (pipeline.sizing.shapes): the tensors
 autograd keeps for the backward pass of each layer (``activation_terms``, ``activation_bytes``,
 with or without checkpointing, LoRA and dropout) and the logits (``logits_bytes``), which `make
 plan` and each stage's start add to the weights and optimizer state.
@@ -6,7 +6,7 @@ plan` and each stage's start add to the weights and optimizer state.
 
 from __future__ import annotations
 
-from pipeline.shapes import ModelShape
+from pipeline.sizing.shapes import ModelShape
 
 LORA_INPUTS = {  # a projection's input width, by its transformers name
     "q_proj": "h",
