@@ -354,7 +354,7 @@ def choice_fields(obj=None, prefix=""):
     import dataclasses
     import typing
 
-    from pipeline.config.schema import choices_of
+    from pipeline.config.rules import choices_of
 
     obj = Config() if obj is None else obj
     hints = typing.get_type_hints(type(obj))

@@ -12,7 +12,7 @@ Loading is bounded and checked before anything is written (docs/reliability.md):
   bytes of nested aliases expand to gigabytes); files over 64 KiB, overrides over 16 KiB and
   nesting deeper than the parser's stack are refused too (parsing stays under about a second);
   values quoted in errors are cut to a few dozen characters;
-- every numeric field declares its range (``bounded`` in pipeline.config.schema); a value outside it is
+- every numeric field declares its range (``bounded`` in pipeline.config.rules); a value outside it is
   an error naming the key, the value, the range and the file (or "command line") that set it;
 - ``run`` is one plain folder name and ``runs_root`` a relative path that stays below the
   working folder, unless it is given as an absolute path (the user's explicit choice).
@@ -38,14 +38,8 @@ from typing import Any
 import yaml
 
 from pipeline.config.codec import FieldError, value_codec
-from pipeline.config.schema import (
-    DEVICE_CHOICES,
-    DEVICE_PATTERN,
-    SOURCE_FILTERED_DATA,
-    Config,
-    choices_of,
-    declared_range,
-)
+from pipeline.config.rules import choices_of, declared_range
+from pipeline.config.schema import DEVICE_CHOICES, DEVICE_PATTERN, SOURCE_FILTERED_DATA, Config
 from pipeline.storage.files import write_text_atomic
 from pipeline.storage.shards import parse_shard
 

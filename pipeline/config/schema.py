@@ -5,7 +5,9 @@ per stage (``mcts:``, ``prm:``, ...). Command-line overrides use dotted keys:
 ``python -m stages.mcts --config configs/tiny.yaml run=demo mcts.k=8``. Reading them is
 pipeline.config.loader's job (``load_config``), which checks every value against the
 annotations here: unknown keys, values of the wrong type, out of range (``bounded``) or outside a
-``Literal`` are errors naming the key and the file (or "command line").
+``Literal`` are errors naming the key and the file (or "command line"). How a field declares its
+range is pipeline.config.rules'; the gfn section's asynchronous-mode fields are
+pipeline.config.asynchronous's ``AsyncSettings``.
 
 String fields may contain ``{run_dir}``, replaced by ``<runs_root>/<run>`` when resolved, so
 a stage finds the artifacts of the stages before it without hard-coded paths.
@@ -15,83 +17,29 @@ Paper defaults are in configs/paper/*.yaml; the defaults here are the tiny world
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-# ----------------------------------------------------------------------------- ranges
+from pipeline.config.asynchronous import AsyncSettings
+from pipeline.config.rules import bounded, seed_field
 
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric field accepts: finite numbers within the bounds (None: unbounded)."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-
-    def contains(self, value: float) -> bool:
-        return (
-            math.isfinite(value)
-            and (self.ge is None or value >= self.ge)
-            and (self.gt is None or value > self.gt)
-            and (self.le is None or value <= self.le)
-            and (self.lt is None or value < self.lt)
-        )
-
-    def __str__(self) -> str:
-        parts = [
-            f"{op} {bound:.12g}"
-            for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
-            if bound is not None
-        ]
-        return " and ".join(parts) if parts else "any finite number"
-
-
-_RANGE_KEY = "range"
-SEED_MAX = 2**32 - 1  # numpy's seeds (accelerate's set_seed seeds numpy too)
 MAX_TEMPERATURE = (
     2.0  # vLLM's SamplingParams refuses more; both backends follow vLLM's rules (pipeline.generation.base)
 )
 
 
-def bounded(
-    default: Any = dataclasses.MISSING,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    default_factory: Any = dataclasses.MISSING,
-) -> Any:
-    """A numeric config field with its declared range, e.g. ``k: int = bounded(16, ge=1)``;
-    None (for an optional field) is always accepted, a list's items are checked one by one."""
-    return field(default=default, default_factory=default_factory, metadata={_RANGE_KEY: Range(ge, gt, le, lt)})
-
-
-def seed_field(default: int = 0) -> Any:
-    return bounded(default, ge=0, le=SEED_MAX)
-
-
-def declared_range(spec: dataclasses.Field) -> Range | None:
-    """The range a field declares with ``bounded`` (None: it declares none)."""
-    return spec.metadata.get(_RANGE_KEY)
-
-
 # Fields that take one of a few names are typed Literal[...], the one list of those names: the loader
 # checks any such field (or list of them) where it is set, naming the file or the command line, with
 # ``check_choice`` (pipeline.config.loader), which library calls taking such a name use too;
-# typing.get_args lists them (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES).
+# typing.get_args lists them (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES). The asynchronous mode's
+# (WeightTransport, AsyncPriority) are beside its fields, in pipeline.config.asynchronous.
 ReportTo = Literal["none", "tensorboard", "wandb", "all"]  # experiment trackers (pipeline/training/tracking.py)
 PRMFormat = Literal[
     "auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"
 ]  # docs/prm.md, "Other PRMs"
 TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
-WeightTransport = Literal["object_store", "collective"]  # gfn.weight_transport (finetune/tba/weight_transport.py)
-AsyncPriority = Literal["softmax", "uniform"]  # gfn.async_priority (pipeline/finetune/tba/grouped_replay.py)
 GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
 SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority"]  # prm/search.py
 Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)
@@ -114,14 +62,6 @@ PRM_FORMATS = typing.get_args(PRMFormat)
 # The data.train loaders (pipeline.datasets.loaders) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
 SOURCE_FILTERED_DATA = ("openmathinstruct2",)
-
-
-def choices_of(tp: Any) -> tuple | None:
-    """The values a Literal annotation allows (None: ``tp`` is no Literal)."""
-    return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
-
-
-# ----------------------------------------------------------------------------- sections
 
 
 @dataclass
@@ -394,8 +334,9 @@ class StepTrainingConfig:
 
 
 @dataclass
-class GFNConfig(StepTrainingConfig):
-    """Step-level GFlowNet fine-tuning (paper 4, appendices F-H)."""
+class GFlowNetObjectiveConfig(StepTrainingConfig):
+    """The gfn section's fields of the GFlowNet objective: its loss, reward, reference, off-policy
+    correction and replay buffer (GFNConfig adds the asynchronous mode's)."""
 
     loss: GFlowNetLoss = "subtb"  # subtb | tb | tb_vargrad
     lam: float = bounded(1.0, ge=0)  # SubTB lambda
@@ -432,58 +373,13 @@ class GFNConfig(StepTrainingConfig):
     buffer_temperature: float = bounded(1.0, gt=0)
     recency_fraction: float = bounded(0.5, ge=0, le=1)  # TBA's m
     replay_fraction: float = bounded(0.5, ge=0)  # replayed trajectories per fresh one in each batch (sync mode)
-    # asynchronous mode (mode=async; TBA, Bartoldson et al.; docs/async.md): searcher actors sample questions_per_step
-    # questions x samples_per_question (S) completions each round with the newest published weights, into one buffer
-    # (buffer_per_question completions per question, its newest, and buffer_size in all, FIFO); each trainer step draws
-    # async_questions (B) questions x async_samples_used (K) distinct completions, a question's group from the newest
-    # weights' completions with probability recency_fraction (m). Refused before Ray starts unless the buffer can hold a
-    # batch: buffer_size >= (B - 1) x buffer_per_question + K, and B distinct training problems (docs/async.md, "The buffer")
-    searchers: int = bounded(2, ge=1)  # searcher actors
-    sync_every: int = bounded(1, ge=1)  # trainer steps between weight publications (TBA's k)
-    async_questions: int | None = bounded(None, ge=1)  # B, questions per trainer step (None: questions_per_step)
-    async_samples_used: int | None = bounded(
-        None, ge=1
-    )  # K <= S, distinct completions per question in a batch (None: S)
-    async_initial_completions: int = bounded(
-        0, ge=0
-    )  # the first step waits until the buffer holds this many (paper: 500)
-    # how a question's K completions are drawn: uniform (TBA's Table 2; inverse temperature 0 in its code) | softmax
-    # (p ~ exp(priority / buffer_temperature), priority = the trained reward without the prior; docs/async.md says why not)
-    async_priority: AsyncPriority = "uniform"
-    # most completions the buffer keeps per question, its newest (TBA: max_capacity_per_query = 100); None: S, the
-    # completions of the question's newest round, so that buffer_size >= (B - 1) x S + K holds a batch (docs/async.md)
-    buffer_per_question: int | None = bounded(None, ge=1)
-    searcher_rounds_per_version: int | None = bounded(
-        None, ge=1
-    )  # rounds a searcher samples per published version (None: no limit)
-    max_staleness: int | None = bounded(
-        16, ge=0
-    )  # completions sampled by weights more than this many trainer steps old are dropped (None: kept)
-    ray_address: str | None = None  # None: start a local Ray instance; "auto" or host:port: join that cluster
-    ray_connect_timeout: float = bounded(30.0, gt=0)  # seconds to wait for the cluster at ray_address to answer
-    searcher_max_restarts: int = bounded(
-        10, ge=0
-    )  # Ray restarts a dead searcher this many times; one more death stops the run
-    searcher_gpus: float = bounded(0.0, ge=0)  # GPUs per searcher actor (0 on CPU; e.g. 1 with one GPU per searcher)
-    # each searcher's vLLM engine's share of its GPU (vLLM's gpu_memory_utilization; generation.vllm_gpu_memory_utilization is
-    # the other stages' engines'); None: derived at the stage's start from what shares a searcher's GPU (the PRM unless scorer
-    # actors hold it, other searchers' engines with searcher_gpus < 1), or a set share checked against it: refused with the arithmetic
-    searcher_vllm_memory_share: float | None = bounded(None, gt=0, le=1)
-    # PRM scorer actors: 0: every searcher holds the PRM and scores its own rounds; N > 0: N Ray actors hold it, each in its own
-    # placement-group bundle (1 CPU, scorer_gpus GPUs), searchers send each round's steps to them in turn and load no PRM
-    scorer_actors: int = bounded(0, ge=0)
-    scorer_gpus: float = bounded(0.0, ge=0)  # GPUs per scorer actor (0: on CPU)
-    placement_timeout: float = bounded(
-        60.0, gt=0
-    )  # seconds to wait for Ray to place the trainer's and searchers' bundles
-    # CPU cores searcher i pins its process to (os.sched_setaffinity): searcher_cores[i % len]; None: wherever the OS runs it
-    searcher_cores: list[int] | None = bounded(None, ge=0)
-    # how the trainer publishes its weights (docs/async.md, "Weight publication"): object_store (one Ray object per bucket, read
-    # by every searcher) | collective (one NCCL group of the trainer and every GPU searcher, gloo on CPU; one broadcast per bucket)
-    weight_transport: WeightTransport = "object_store"
-    publish_bucket_mb: float = bounded(
-        256.0, gt=0
-    )  # MiB per bucket of published weights (flattened, in the sampler's dtype)
+
+
+# A dataclass lays out its bases' fields in reverse method-resolution order: this order of the bases puts the
+# objective's fields first and the asynchronous mode's after them, the order of the saved config.yaml and --help.
+@dataclass
+class GFNConfig(AsyncSettings, GFlowNetObjectiveConfig):
+    """Step-level GFlowNet fine-tuning (paper 4, appendices F-H)."""
 
 
 @dataclass

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.config.asynchronous import AsyncPriority
 from pipeline.config.loader import check_choice
-from pipeline.config.schema import AsyncPriority
 from pipeline.finetune.replay_buffer import _checked_copy, _identity, _jsonable
 from pipeline.finetune.rewards import StateLogRewards
 from pipeline.records import Trajectory

@@ -24,8 +24,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from pipeline.config.asynchronous import WeightTransport
 from pipeline.config.loader import check_choice
-from pipeline.config.schema import WeightTransport
 
 TIMEOUT = datetime.timedelta(minutes=10)  # a peer that is gone fails the send or receive after at most this
 POLL_SECONDS = 0.01
