@@ -11,7 +11,7 @@ The threshold is the one of THRESHOLDS with the best F1 on a held-out part of th
 a hash of each id) and F1 is reported on the rest, with a percentile-bootstrap interval that
 resamples cases. Cases come from ProcessBench-format files or hub splits, PRM800K's phase-2
 ratings (the first step rated -1) or a problem kind's exact labeller on the policy's own samples
-(prm.validation.FIRST_ERROR_LABELLERS; docs/prm.md, "ProcessBench").
+(prm.exact_check.FIRST_ERROR_LABELLERS; docs/prm.md, "ProcessBench").
 """
 
 from __future__ import annotations

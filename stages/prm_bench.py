@@ -5,7 +5,7 @@ Reads:  model.prm (model.prm_format); prm_bench.processbench_paths (ProcessBench
         or hub splits hf://owner/name/split, e.g. hf://Qwen/ProcessBench/gsm8k),
         prm_bench.prm800k_path (PRM800K phase-2 ratings); for the policy's own samples, the policy
         (model.policy) and held-out problems (data.validation*), labelled exactly where their
-        kind has a labeller (prm.validation.FIRST_ERROR_LABELLERS: the tiny world)
+        kind has a labeller (prm.exact_check.FIRST_ERROR_LABELLERS: the tiny world)
 Writes: runs/<run>/prm_bench/results.json ({set name: source, threshold, f1, interval, accuracies, cases}),
         config.yaml
 Library: prm.processbench.
@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeline.generation import build_generator
 from pipeline.prompts import question_text
 from pipeline.storage.files import write_json_atomic
+from prm.exact_check import FIRST_ERROR_LABELLERS, policy_solutions
 from prm.formats import load_scorer
 from prm.processbench import (
     labelled_cases,
@@ -27,7 +28,6 @@ from prm.processbench import (
     read_processbench,
     read_processbench_hub,
 )
-from prm.validation import FIRST_ERROR_LABELLERS, policy_solutions
 from stages.cli import cli, log, parse_args, set_threads, timed
 from stages.inputs import require, require_prm, validation_problems
 from stages.run_folders import stage_dir

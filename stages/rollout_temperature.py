@@ -2,7 +2,7 @@
 
 Reads:  the policy (model.policy), held-out problems (data.validation*, the first
         rollout_temperature.problems), of a kind with an exact first-wrong-step labeller
-        (prm.validation.FIRST_ERROR_LABELLERS: the tiny world)
+        (prm.exact_check.FIRST_ERROR_LABELLERS: the tiny world)
 Writes: runs/<run>/rollout_temperature/results.json ({"rows": one per temperature, "settings"}),
         config.yaml; prints the table
 Library: pipeline.rollouts.temperature.temperature_sweep (its docstring defines every column).
@@ -19,7 +19,7 @@ from __future__ import annotations
 from pipeline.generation import build_generator
 from pipeline.rollouts.temperature import sweep_table, temperature_sweep
 from pipeline.storage.files import write_json_atomic
-from prm.validation import FIRST_ERROR_LABELLERS
+from prm.exact_check import FIRST_ERROR_LABELLERS
 from stages.cli import cli, log, parse_args, set_threads, timed
 from stages.inputs import validation_problems
 from stages.run_folders import stage_dir

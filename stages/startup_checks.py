@@ -17,7 +17,7 @@ from pipeline.config.schema import Config
 from pipeline.generation.vllm_servable import adapter_rank
 from planner.resolve import unresolvable_model
 from planner.runtime import MEMORY_STAGES, share_key, stage_memory
-from prm.validation import FIRST_ERROR_LABELLERS
+from prm.exact_check import FIRST_ERROR_LABELLERS
 
 log = logging.getLogger("stepflow")
 

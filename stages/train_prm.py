@@ -20,11 +20,12 @@ import os
 from pipeline.generation import build_generator
 from pipeline.storage.files import read_json, write_json_atomic
 from pipeline.training.threads import training_threads
+from prm.exact_check import FIRST_ERROR_LABELLERS, PolicySample, policy_solutions
 from prm.formats import load_scorer
 from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer
 from prm.train import train_prm
-from prm.validation import FIRST_ERROR_LABELLERS, PolicySample, policy_solutions, validate_prm, write_validation
+from prm.validation import validate_prm, write_validation
 from stages.cli import cli, log, parse_args, set_threads, timed
 from stages.inputs import require, require_prm, require_records, training_problems, validation_problems
 from stages.run_folders import finished_model, require_finished, stage_dir

@@ -22,18 +22,15 @@ from pipeline.tinyworld.checker import corrected_step
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.training import checkpoint_io
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
+from prm.exact_check import PolicySample, exact_check, exact_paths, pair_auc
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.prm800k import load_prm800k
 from prm.scorer import PRMScorer
 from prm.train import prm_bce_loss, train_prm, training_targets
 from prm.validation import (
-    PolicySample,
     corrupt_step,
-    exact_check,
-    exact_paths,
     expected_calibration_error,
     first_error_accuracy,
-    pair_auc,
     reliability_table,
     validate_prm,
 )

@@ -291,7 +291,7 @@ class PRMConfig:
     eval_only: bool = False  # stages.train_prm: validate the model at model.prm, train nothing
     corrupt_examples: int = bounded(200, ge=0)  # E.4 check: correct steps whose result is altered (+1..9 and +-1)
     # held-out problems (data.validation) the policy samples for the exact check and the slip pairs (0: off); only kinds
-    # with an exact labeller (prm.validation.FIRST_ERROR_LABELLERS) are sampled
+    # with an exact labeller (prm.exact_check.FIRST_ERROR_LABELLERS) are sampled
     exact_check_problems: int = bounded(200, ge=0)
     exact_check_samples: int = bounded(4, ge=1)  # samples per problem
     exact_check_temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
