@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.config.loader import ConfigError, load_yaml_file
+from pipeline.finetune.setup import FinetuneLaunch
 from pipeline.training.launch_settings import check_accelerate_file, file_environment, read_accelerate_file
 from planner.plan import Launch, Model, Plan
 
@@ -45,27 +46,32 @@ def read_launch(plan: Plan, stage: str) -> Launch:
             f"(accelerate launch --num_processes {processes} overrides the file)",
         )
     environ = file_environment(settings)
-    kind = str(settings.get("distributed_type", "NO")).upper()
-    if kind == "FSDP":
-        fsdp = settings.get("fsdp_config") or {}
-        return Launch("fsdp", bool(fsdp.get("fsdp_activation_checkpointing")), file, environ)
-    if kind == "DEEPSPEED":
-        stage_number = int((settings.get("deepspeed_config") or {}).get("zero_stage", 0))
-        return Launch({3: "zero3", 2: "zero2"}.get(stage_number, "ddp"), False, file, environ)
-    return Launch("ddp" if processes > 1 else "single", False, file, environ)
+    checkpointing = bool((settings.get("fsdp_config") or {}).get("fsdp_activation_checkpointing"))
+    strategy = launch_strategy(processes, environ)
+    return Launch(strategy, checkpointing and strategy == "fsdp", file, environ)
+
+
+def launch_strategy(processes: int, environ: dict) -> str:
+    """single | ddp | zero2 | zero3 | fsdp: the strategy of a launch of ``processes`` that exports
+    ``environ``, read as the fine-tuning setup reads it (pipeline.finetune.setup.FinetuneLaunch:
+    accelerate's defaults where a variable is unsaid, e.g. ZeRO stage 2)."""
+    launch = FinetuneLaunch(processes, environ)
+    if launch.fsdp_version is not None:
+        return "fsdp"
+    if launch.zero_stage is not None:
+        return {"3": "zero3", "2": "zero2"}.get(launch.zero_stage, "ddp")
+    return "ddp" if processes > 1 else "single"
 
 
 def launch_from_environment(environ: dict) -> Launch:
     """The strategy of the launch this process runs under, from the variables ``accelerate launch``
     sets (ACCELERATE_USE_FSDP, FSDP_ACTIVATION_CHECKPOINTING, ACCELERATE_USE_DEEPSPEED,
-    ACCELERATE_DEEPSPEED_ZERO_STAGE, WORLD_SIZE)."""
-    processes = int(environ.get("WORLD_SIZE", "1"))
-    if environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
-        return Launch("fsdp", environ.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() == "true", "the running launch")
-    if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        zero = environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
-        return Launch({"3": "zero3", "2": "zero2"}.get(zero, "ddp"), False, "the running launch")
-    return Launch("ddp" if processes > 1 else "single", False, None)
+    ACCELERATE_DEEPSPEED_ZERO_STAGE, WORLD_SIZE; ``launch_strategy``)."""
+    strategy = launch_strategy(int(environ.get("WORLD_SIZE", "1")), environ)
+    if strategy in ("single", "ddp"):
+        return Launch(strategy, False, None)
+    checkpointing = environ.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() == "true"
+    return Launch(strategy, checkpointing and strategy == "fsdp", "the running launch")
 
 
 def check_wrap_class(plan: Plan, stage: str, model: Model) -> None:

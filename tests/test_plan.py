@@ -15,8 +15,10 @@ import yaml
 
 from pipeline.batches import gradient_accumulation
 from pipeline.config.loader import load_config
+from pipeline.finetune.setup import FinetuneLaunch
 from pipeline.sizing import activation_memory, shapes
 from pipeline.sizing.shapes import lora_parameters, shape_from_config
+from planner.launch import launch_from_environment
 from planner.make import make_plan
 from planner.plan import GIB
 from planner.render import render
@@ -699,3 +701,19 @@ def test_memory_beyond_the_device_names_the_key_that_shrinks_its_largest_item(pa
     activations = make_plan(paper("llama3.2-3b", "prm.micro_batch_size=144"))
     prm = [f for f in activations.errors if "make prm: estimated" in f.message]
     assert [f.key for f in prm] == ["prm.micro_batch_size"], render(activations)
+
+
+@pytest.mark.parametrize(
+    ("environ", "strategy", "sharding"),
+    [
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "zero2", "deepspeed"),  # stage unsaid: accelerate's 2
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "zero3", "zero3"),
+        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "fsdp", "fsdp"),
+        ({}, "ddp", "ddp"),
+    ],
+)
+def test_make_plan_reads_a_launch_as_the_finetuning_setup_does(environ, strategy, sharding):
+    """One reading of accelerate's variables (pipeline.finetune.setup.FinetuneLaunch): the running
+    launch the stages' memory check plans for, and the setup that trains, agree on the strategy."""
+    assert launch_from_environment({**environ, "WORLD_SIZE": "2"}).strategy == strategy
+    assert FinetuneLaunch(2, environ).sharding == sharding
