@@ -1,4 +1,5 @@
 import functools
+import re
 import typing
 from pathlib import Path
 
@@ -85,6 +86,9 @@ def test_an_override_of_one_mapping_entry_changes_that_entry_only(tmp_path):
         load_config(paper, ["eval.modles.base=x"])
     with pytest.raises(ConfigError, match=r"unknown key 'mcts.k.x'"):
         load_config(paper, ["mcts.k.x=1"])
+    path.write_text("mcts:\n  kk: 3\n")  # in a file: the key quoted once, as on the command line
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: unknown key 'mcts.kk' \(known: "):
+        load_config(path)
 
 
 def test_a_problem_filter_that_data_train_cannot_apply_is_refused_at_load():

@@ -198,7 +198,7 @@ def _apply(obj: Any, updates: dict[str, Any], prefix: str, where: str, sources: 
     for name, value in updates.items():
         key = f"{prefix}{name}"
         if name not in names:
-            raise ConfigError(f"{where}: unknown key '{_show(key)}' (known: {', '.join(sorted(names))})")
+            raise ConfigError(f"{where}: unknown key {_show(key)} (known: {', '.join(sorted(names))})")
         tp = hints[name]
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):
