@@ -18,9 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_every_row_of_the_benchmarks_doc_has_its_module_and_make_bench_runs_it():
+def test_every_row_of_the_perf_doc_has_its_module_and_make_bench_runs_it():
     """One module per row name of docs/perf.md's ratio table, named after it, with run(cfg,
-    out_dir); `python -m perf` runs every module of benchmarks.ROWS, each exactly once."""
+    out_dir); `python -m perf` runs every module of perf.ROWS, each exactly once."""
     import importlib
     import inspect
 
@@ -35,7 +35,7 @@ def test_every_row_of_the_benchmarks_doc_has_its_module_and_make_bench_runs_it()
     }
     assert documented and documented <= set(ROWS) and len(ROWS) == len(set(ROWS))
     for name in ROWS:
-        module = importlib.import_module(f"benchmarks.{name}")
+        module = importlib.import_module(f"perf.{name}")
         assert module.NAME == name and list(inspect.signature(module.run).parameters) == ["cfg", "out_dir"]
 
 
