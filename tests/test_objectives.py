@@ -1,6 +1,7 @@
 """Every registered objective satisfies the objective contract (pipeline.finetune.objectives.Objective)."""
 
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,3 +70,15 @@ def test_only_trajectory_balance_owns_a_log_z(name):
     if name == "tb":
         unlearned = build_objective(GFNConfig(loss="tb", learn_log_z=False), policy=object(), hidden_size=4)
         assert dict(unlearned.named_parameters()) == {}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_only_tb_vargrad_keeps_a_questions_trajectories_in_one_micro_batch(name):
+    """TB-VarGrad's log Z estimate is the mean over one question's trajectories, so they must share
+    a micro-batch; SubTB and TB split at micro_batch_size whatever the question."""
+    objective = build_objective(GFNConfig(loss=name, micro_batch_size=4), policy=object(), hidden_size=4)
+    batch = [SimpleNamespace(problem_id=f"q{q}", steps=[f"s{i}"]) for q in range(3) for i in range(3)]
+    chunks = [chunk for chunk, _ in objective.plan(batch, 1.0)]
+    questions_split = {q for q in "q0 q1 q2".split() if sum(any(t.problem_id == q for t in c) for c in chunks) > 1}
+    assert sorted(t.problem_id for c in chunks for t in c) == sorted(t.problem_id for t in batch)
+    assert (questions_split == set()) == (name == "tb_vargrad"), (name, [[t.problem_id for t in c] for c in chunks])
