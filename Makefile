@@ -23,10 +23,10 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test lint test-fast test-vllm gpu-env demo plan plan-doc bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature clean-venv
+.PHONY: help test lint test-fast test-vllm gpu-env demo plan plan-doc bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature mc-audit clean-venv
 
 help:
-	@echo "make demo | make test | make gpu-env | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+	@echo "make demo | make test | make gpu-env | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature mc-audit  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +114,10 @@ prm-bench: $(STAGE_VENV)/.installed
 # the policy's per-step slip rate, sampled accuracy and searched share by rollout temperature (docs/mcts.md)
 rollout-temperature: $(STAGE_VENV)/.installed
 	$(STAGE).rollout_temperature --config $(CONFIG) run=$(RUN) $(ARGS)
+
+# what the Monte Carlo path can teach a PRM about slips: MC values of slip pairs by temperature, the PRM data audited (docs/prm.md)
+mc-audit: $(STAGE_VENV)/.installed
+	$(STAGE).mc_audit --config $(CONFIG) run=$(RUN) $(ARGS)
 
 # every row of docs/perf.md (perf/, not installed); one row alone: ARGS=only=<row>
 bench: $(STAGE_VENV)/.installed

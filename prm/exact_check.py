@@ -113,6 +113,18 @@ def pair_auc(
     return float(wins.mean()), lo, hi
 
 
+def matched_pairs(correct: Sequence[bool], groups: Sequence, depths: Sequence[int]) -> list[tuple[int, int]]:
+    """(wrong, correct) step index pairs of the same group (problem) and depth (0-based step index).
+
+    correct, groups, depths: (n,) per step. A first wrong step is compared only with correct steps
+    that share its problem and its place in the solution, so the AUC over these pairs cannot be
+    earned by telling easy problems or early steps from hard problems or late ones."""
+    by_key: dict = {}
+    for index, (right, group, depth) in enumerate(zip(correct, groups, depths)):
+        by_key.setdefault((group, depth), ([], []))[bool(right)].append(index)
+    return [(wrong, right) for wrongs, rights in by_key.values() for wrong in wrongs for right in rights]
+
+
 def exact_check(
     scorer, samples: Sequence[PolicySample], labellers: dict = FIRST_ERROR_LABELLERS, seed: int = 0
 ) -> dict | None:
@@ -120,10 +132,11 @@ def exact_check(
 
     Returns {"exact": {auc (correct steps after a correct prefix above first wrong steps;
     Mann-Whitney, ties 1/2), interval (95%, problems resampled), n_correct, n_wrong, n_solutions,
-    mean_correct, mean_wrong}, "slip_pair": {auc (share of pairs whose counterpart scores above
-    the slip, ties 1/2), interval (problems resampled), n_pairs, mean_slip, mean_counterpart,
-    n_left_out}}, every score from one score_many call; auc and interval are None where a kind of
-    step (or pair) is missing. None when no sample's kind has a labeller."""
+    mean_correct, mean_wrong, matched {auc, interval, n_pairs: the same with each first wrong step
+    against the correct steps of its problem at its depth, matched_pairs}}, "slip_pair": {auc
+    (share of pairs whose counterpart scores above the slip, ties 1/2), interval (problems
+    resampled), n_pairs, mean_slip, mean_counterpart, n_left_out}}, every score from one
+    score_many call; auc and interval are None where a kind of step (or pair) is missing. None when no sample's kind has a labeller."""
     paths, labels, groups, pairs, left_out = exact_paths(samples, labellers)
     if not paths:
         return None
@@ -133,6 +146,14 @@ def exact_check(
     n_correct, n_wrong = int(correct.sum()), int((~correct).sum())
     auc, lo, hi = (
         grouped_bootstrap_auc(scores, correct, groups, seed=seed) if n_correct and n_wrong else (None, None, None)
+    )
+    depths = [depth for _, path in paths for depth in range(len(path))]
+    matched = matched_pairs(correct, groups, depths)
+    matched_value, matched_lo, matched_hi = pair_auc(
+        scores[[wrong for wrong, _ in matched]],
+        scores[[right for _, right in matched]],
+        [groups[wrong] for wrong, _ in matched],
+        seed=seed,
     )
     slip = np.array([rows[pair.path][-1] for pair in pairs], dtype=np.float64)
     counterpart = np.array([row[-1] for row in rows[len(paths) :]], dtype=np.float64)
@@ -148,6 +169,8 @@ def exact_check(
             ),  # every one checked, empty ones too
             "mean_correct": float(scores[correct].mean()) if n_correct else None,
             "mean_wrong": float(scores[~correct].mean()) if n_wrong else None,
+            # each first wrong step against the correct steps of the same problem at the same depth
+            "matched": {"auc": matched_value, "interval": [matched_lo, matched_hi], "n_pairs": len(matched)},
         },
         "slip_pair": {
             "auc": pair_value,

@@ -228,6 +228,12 @@ def write_report(
             f"{_fmt(exact['auc'])} {_span(exact['interval'])} of {exact['n_correct']} correct steps after a correct prefix "
             f"against {exact['n_wrong']} first wrong steps (mean score {_fmt(exact['mean_correct'])} vs {_fmt(exact['mean_wrong'])})"
         ]
+        matched = exact.get("matched")
+        if matched:
+            lines += [
+                f"- exact labels matched in problem and depth (each first wrong step against the correct steps of its "
+                f"problem at its depth, {matched['n_pairs']} pairs): AUC {_fmt(matched['auc'])} {_span(matched['interval'])}"
+            ]
     if pair:
         lines += [
             f"- slip pairs (a first wrong step with a wrong result against the same step with the right result, same "

@@ -12,9 +12,12 @@ from pipeline.config.schema import Config
 from pipeline.datasets.copies import HubUnreachable
 from pipeline.datasets.loaders import load_benchmark
 from pipeline.datasets.problems import question_places
+from pipeline.generation import build_generator
 from pipeline.records import RecordError
 from pipeline.storage.files import InputNotFound
+from prm.exact_check import FIRST_ERROR_LABELLERS, PolicySample, policy_solutions
 from prm.formats import is_hub_id
+from stages.cli import log
 
 
 def require(path: Path, produced_by: str) -> Path:
@@ -101,3 +104,26 @@ def validation_problems(config: Config):
     """Held-out problems of the training distribution (config.data.validation*)."""
     data = config.data
     return _data_problems(config, "validation", data.validation, data.validation_path, data.validation_limit)
+
+
+def exact_check_samples(config, kind: str) -> list[PolicySample] | None:
+    """The policy's samples of the held-out problems whose kind has an exact labeller, each beside
+    its problem, for the exact check and the slip pairs; None when prm.exact_check_problems is 0,
+    or the PRM's kind has no labeller (then no held-out problem is read), or no problem has one."""
+    cfg = config.prm
+    if cfg.exact_check_problems <= 0 or kind not in FIRST_ERROR_LABELLERS:
+        return None
+    problems = [p for p in validation_problems(config)[: cfg.exact_check_problems] if p.kind in FIRST_ERROR_LABELLERS]
+    if not problems:
+        log.info("prm: no held-out problem has an exact step labeller: the exact check and the slip pairs are skipped")
+        return None
+    generator = build_generator(config, progress=True)  # one generate call: its bar is the sampling's
+    return policy_solutions(
+        generator,
+        problems,
+        config.format,
+        cfg.exact_check_samples,
+        cfg.exact_check_temperature,
+        config.generation.max_new_tokens,
+        seed=cfg.seed,
+    )

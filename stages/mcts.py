@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
                 kind,
                 k=config.mcts.k,
                 temperature=config.mcts.temperature,
+                root_temperature=config.mcts.root_temperature,
                 top_p=config.mcts.top_p,
                 max_new_tokens=config.generation.max_new_tokens,
                 separator=config.format.separator,

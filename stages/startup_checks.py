@@ -35,6 +35,7 @@ def _exact_check_policy(config: Config) -> list[tuple[str, str]]:
 # (eval.*) are the ones it skips with a note, or reports without, when not there (MISSING_OK)
 STAGE_MODELS: dict[str, Callable[[Config], list[tuple[str, str]]]] = {
     "mcts": lambda c: [("model.policy", c.model.policy)],
+    "mc_audit": lambda c: [("model.policy", c.model.policy)],
     "search": lambda c: [("model.policy", c.model.policy), ("model.prm", c.model.prm)],
     "train_prm": lambda c: (
         [("model.prm", c.model.prm) if c.prm.eval_only else ("model.prm_backbone", c.model.prm_backbone)]

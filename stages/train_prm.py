@@ -17,17 +17,15 @@ import dataclasses
 import functools
 import os
 
-from pipeline.generation import build_generator
 from pipeline.storage.files import read_json, write_json_atomic
 from pipeline.training.threads import training_threads
-from prm.exact_check import FIRST_ERROR_LABELLERS, PolicySample, policy_solutions
 from prm.formats import load_scorer
 from prm.prm800k import read_training_records
 from prm.scorer import PRMScorer
 from prm.train import train_prm
 from prm.validation import validate_prm, write_validation
 from stages.cli import cli, log, parse_args, set_threads, timed
-from stages.inputs import require, require_prm, require_records, training_problems, validation_problems
+from stages.inputs import exact_check_samples, require, require_prm, require_records, training_problems
 from stages.run_folders import finished_model, require_finished, stage_dir
 
 
@@ -39,29 +37,6 @@ def prm_kind(config) -> str:
     if len(kinds) != 1:
         raise SystemExit(f"prm: training problems mix prompt kinds {sorted(kinds)}; set prm.kind")
     return kinds.pop()
-
-
-def exact_check_samples(config, kind: str) -> list[PolicySample] | None:
-    """The policy's samples of the held-out problems whose kind has an exact labeller, each beside
-    its problem, for the exact check and the slip pairs; None when prm.exact_check_problems is 0,
-    or the PRM's kind has no labeller (then no held-out problem is read), or no problem has one."""
-    cfg = config.prm
-    if cfg.exact_check_problems <= 0 or kind not in FIRST_ERROR_LABELLERS:
-        return None
-    problems = [p for p in validation_problems(config)[: cfg.exact_check_problems] if p.kind in FIRST_ERROR_LABELLERS]
-    if not problems:
-        log.info("prm: no held-out problem has an exact step labeller: the exact check and the slip pairs are skipped")
-        return None
-    generator = build_generator(config, progress=True)  # one generate call: its bar is the sampling's
-    return policy_solutions(
-        generator,
-        problems,
-        config.format,
-        cfg.exact_check_samples,
-        cfg.exact_check_temperature,
-        config.generation.max_new_tokens,
-        seed=cfg.seed,
-    )
 
 
 def main(argv: list[str] | None = None) -> dict:

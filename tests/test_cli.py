@@ -402,6 +402,7 @@ def test_an_unreachable_hub_model_or_dataset_is_one_line_naming_it_the_key_and_w
         ("export_trl", [], "error: missing input "),
         ("prm_bench", [], "error: missing input "),
         ("rollout_temperature", [], "error: benchmark file not found: "),
+        ("mc_audit", [], "error: benchmark file not found: "),
         ("evaluate", ["eval.benchmarks=[nope]"], "error: eval.benchmarks[0]: unknown benchmark 'nope'"),
     ],
 )

@@ -324,6 +324,47 @@ def test_make_rollout_fn_grades_and_splits_in_one_generator_call():
     assert mc_value(out[0]) == 0.5
 
 
+class TemperatureRecorder:
+    """Records each call's prompts and temperature; a completion names its prompt and temperature."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, stop=None, seed=None):
+        self.calls.append((list(prompts), temperature))
+        tag = lambda prompt: prompt.strip().replace("\n", "|")  # noqa: E731
+        return [[FakeCompletion(f"{tag(p)} at {temperature}\nThe answer is 2\n")] * n for p in prompts]
+
+
+def test_the_root_rollouts_are_drawn_at_the_root_temperature_and_every_probe_at_the_value_temperature():
+    grade_many = lambda texts, golds, kind: [t.strip().endswith(f"is {g}") for t, g in zip(texts, golds)]
+    extract = lambda text, kind: text.strip().rsplit(" ", 1)[-1]
+    settings = dict(
+        prompts=["Q1\n", "Q2\n", "Q3\n"],
+        golds=["2", "2", "2"],
+        kind="tiny",
+        k=2,
+        temperature=0.6,
+        top_p=1.0,
+        max_new_tokens=16,
+        separator="\n",
+        grade_many=grade_many,
+        extract_answer=extract,
+    )
+    requests = [(0, ("a",)), (1, ()), (2, ("b", "c")), (0, ())]
+    gen = TemperatureRecorder()
+    out = make_rollout_fn(gen, **settings, root_temperature=1.2)(requests)
+    # two calls: the roots at 1.2, the probes at 0.6; each request's rollouts in its own place
+    assert gen.calls == [(["Q2\n", "Q1\n"], 1.2), (["Q1\na\n", "Q3\nb\nc\n"], 0.6)]
+    assert [rollouts[0].steps[0] for rollouts in out] == ["Q1|a at 0.6", "Q2 at 1.2", "Q3|b|c at 0.6", "Q1 at 1.2"]
+    assert all(len(rollouts) == 2 and rollouts[0].correct for rollouts in out)
+    # unset, or equal to the value temperature: one call at that temperature, as before
+    for root in (None, 0.6):
+        gen = TemperatureRecorder()
+        make_rollout_fn(gen, **settings, root_temperature=root)(requests)
+        assert [t for _, t in gen.calls] == [0.6]
+
+
 class SeededGenerator:
     """Completions drawn from the per-prompt seed only (prompt i's sample j from seed[i] + j), as
     the real backends do: 1-4 steps, then an answer that is right one time in two."""

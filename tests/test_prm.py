@@ -22,7 +22,7 @@ from pipeline.tinyworld.checker import corrected_step
 from pipeline.tinyworld.problems import generate_splits
 from pipeline.training import checkpoint_io
 from prm.data import PRMCollator, PRMDataset, group_records, iter_training_batches
-from prm.exact_check import PolicySample, exact_check, exact_paths, pair_auc
+from prm.exact_check import PolicySample, exact_check, exact_paths, matched_pairs, pair_auc
 from prm.model import PRMInfo, ProcessRewardModel
 from prm.prm800k import load_prm800k
 from prm.scorer import PRMScorer
@@ -494,12 +494,30 @@ def test_exact_check_scores_the_labelled_steps_and_the_slip_pairs():
         np.mean(wrong)
     )
     assert exact["interval"][0] <= exact["auc"] <= exact["interval"][1]
+    # matched in problem and depth: p1's slip (0.4) against p1's right step 2 (0.8), p2's wrong first
+    # step (0.2) against p2's right one (0.3); "I like apples." has no right step at its depth. The
+    # pair 0.3 < 0.4 that cost the pooled AUC compares steps of two problems and is not one of them
+    assert exact["matched"]["n_pairs"] == 2 and exact["matched"]["auc"] == 1.0
     assert (pair["n_pairs"], pair["auc"], pair["mean_slip"], pair["mean_counterpart"]) == (1, 1.0, 0.4, 0.8)
     assert pair["interval"] == [None, None]  # one problem: nothing to resample
     assert pair["n_left_out"] == 1 and pair["examples"][0]["counterpart"] == GOLD[1]
     reader = TextScores({**table, GOLD[1]: 0.4})  # a PRM blind to the result: the counterpart ties with the slip
     assert exact_check(reader, exact_samples())["slip_pair"]["auc"] == 0.5
     assert exact_check(TextScores(table), exact_samples()[-1:]) is None  # no sample of a kind with a labeller
+
+
+def test_matched_pairs_are_every_wrong_and_correct_step_of_one_problem_and_depth():
+    rng = np.random.default_rng(1)
+    correct = rng.random(60) < 0.6
+    groups = rng.integers(0, 5, 60)
+    depths = rng.integers(0, 3, 60)
+    brute = sorted(
+        (i, j)
+        for i in range(60)
+        for j in range(60)
+        if not correct[i] and correct[j] and groups[i] == groups[j] and depths[i] == depths[j]
+    )
+    assert sorted(matched_pairs(correct, groups, depths)) == brute and brute
 
 
 def test_pair_auc_is_the_share_of_counterparts_above_their_slips_with_problems_resampled():

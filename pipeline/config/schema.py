@@ -200,7 +200,11 @@ class MCTSConfig:
     """OmegaPRM-style rollout data generation (paper 3.1, appendix E.1)."""
 
     k: int = bounded(16, ge=1)  # rollouts per MC estimate (paper: 96)
+    # the rollouts of every Monte Carlo value (the labels) and the ones augmentation reuses (paper: 0.6)
     temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
+    # the root's k rollouts only: which problems are searched (0 < MC(root) < 1) and the first wrong
+    # paths the binary search starts from; null: temperature (docs/mcts.md, "Rollout temperature")
+    root_temperature: float | None = bounded(None, gt=0, le=MAX_TEMPERATURE)
     top_p: float = bounded(1.0, gt=0, le=1)
     alpha: float = bounded(0.5, gt=0, le=1)  # Q = alpha^(1-MC) * beta^(len/L)
     beta: float = bounded(0.9, gt=0, le=1)
@@ -227,6 +231,18 @@ class RolloutTemperatureConfig:
     k: int | None = bounded(
         None, ge=1
     )  # samples per problem (null: mcts.k, the rollouts of an MC estimate at the root)
+    seed: int = seed_field()
+
+
+@dataclass
+class MCAuditConfig:
+    """make mc-audit: what the Monte Carlo path can teach a PRM about slips: the MC values of the exact
+    check's slip pairs by rollout temperature, and the PRM data's slip-holding prefixes and clean
+    slip/counterpart pairs (stages.mc_audit, prm.mc_audit, docs/prm.md)."""
+
+    temperatures: list[float] = bounded(default_factory=lambda: [0.6, 1.2], gt=0, le=MAX_TEMPERATURE)
+    k: int | None = bounded(None, ge=1)  # rollouts per MC estimate (null: mcts.k)
+    max_pairs: int = bounded(200, ge=0)  # slip pairs whose MC values are estimated, the first ones (0: none)
     seed: int = seed_field()
 
 
@@ -531,6 +547,7 @@ class Config:
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     mcts: MCTSConfig = field(default_factory=MCTSConfig)
     rollout_temperature: RolloutTemperatureConfig = field(default_factory=RolloutTemperatureConfig)
+    mc_audit: MCAuditConfig = field(default_factory=MCAuditConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
     gfn: GFNConfig = field(default_factory=GFNConfig)

@@ -243,6 +243,7 @@ def make_rollout_fn(
     extract_answer: Callable[[str, str], str | None],
     seed: int = 0,
     problem_ids: Sequence[str] | None = None,
+    root_temperature: float | None = None,
 ) -> RolloutFn:
     """Rollouts through the one generation interface: all requests of a round in one call.
 
@@ -252,12 +253,28 @@ def make_rollout_fn(
     prompt of the call), so its rollouts do not depend on the rest of the round.
     problem_ids: the id of each prompt's problem; None: the prompt's index stands for it (only
     for a caller whose list of prompts is the same on every run).
+    root_temperature: the temperature of the rollouts from the question itself (the empty prefix:
+    the root's, which decide whether a problem is searched and hold the first wrong paths), drawn
+    in a generator call of their own; every other prefix's rollouts (the Monte Carlo values, and
+    what augmentation reuses) are drawn at ``temperature``. None: ``temperature`` for all.
     """
     if problem_ids is not None and len(problem_ids) != len(prompts):
         raise ValueError(f"make_rollout_fn: {len(problem_ids)} problem ids for {len(prompts)} prompts")
     ids = [str(i) for i in range(len(prompts))] if problem_ids is None else list(problem_ids)
 
     def rollout_fn(requests: list[tuple[int, tuple[str, ...]]]) -> list[list[Rollout]]:
+        if root_temperature is None or root_temperature == temperature:
+            return sample(requests, temperature)
+        roots = [index for index, (_, prefix) in enumerate(requests) if not prefix]
+        probes = [index for index, (_, prefix) in enumerate(requests) if prefix]
+        results: list[list[Rollout]] = [[] for _ in requests]
+        for indices, at in ((roots, root_temperature), (probes, temperature)):
+            if indices:
+                for index, rollouts in zip(indices, sample([requests[i] for i in indices], at)):
+                    results[index] = rollouts
+        return results
+
+    def sample(requests: list[tuple[int, tuple[str, ...]]], temperature: float) -> list[list[Rollout]]:
         texts = [prompts[i] + join_steps(prefix, separator) for i, prefix in requests]
         completions = generator.generate(
             texts,
