@@ -214,11 +214,33 @@ class Sample(Record):
 
 
 @dataclass(frozen=True)
+class SiblingCandidates(Record):
+    """The candidates of one expansion of a correct prefix by a step-level search, labelled
+    exactly (prm.search.siblings): per candidate the score the search ranked it by, whether its
+    step is right, and which candidate of the expansion first had its step text (``texts[i] ==
+    j``: candidate i's steps equal candidate j's, j <= i; equal texts, equal indices)."""
+
+    scores: list[float]
+    correct: list[bool]
+    texts: list[int] = field(metadata=rules(minimum=0))
+
+    def check(self) -> None:
+        n = len(self.scores)
+        for name in ("correct", "texts"):
+            if len(getattr(self, name)) != n:
+                raise FieldError(name, f"one value per candidate ({n})", getattr(self, name))
+        if any(j > i or self.texts[j] != j for i, j in enumerate(self.texts)):
+            raise FieldError("texts", "per candidate the index of the first candidate with its text", self.texts)
+
+
+@dataclass(frozen=True)
 class SearchRecord(Record):
     """The solution one search strategy returned for one problem at one k (make search): its
     steps, their PRM scores ([] for the unguided majority and for a solution without steps),
     whether it finished, the answer read from it (None: none stated) and the policy tokens
-    generated for the problem, discarded candidates included (prm.search.SearchResult)."""
+    generated for the problem, discarded candidates included (prm.search.SearchResult).
+    siblings: the labelled candidates of every expansion of a correct prefix (step-level
+    strategies on a kind with an exact first-error labeller; absent otherwise)."""
 
     problem_id: str = field(metadata=rules(non_empty=True))
     strategy: str = field(metadata=rules(non_empty=True))
@@ -228,6 +250,7 @@ class SearchRecord(Record):
     finished: bool
     answer: str | None
     tokens_generated: int = field(metadata=rules(minimum=0))
+    siblings: list[SiblingCandidates] | None = field(default=None, metadata=rules(omit_if_none=True))
 
     def check(self) -> None:
         if self.step_scores and len(self.step_scores) != len(self.steps):

@@ -3,7 +3,10 @@
 Reads:  the benchmark config.search.benchmark (eval.benchmark_sources.resolve_benchmark when present),
         the policy (config.model.policy) and the trained PRM (config.model.prm)
 Writes: runs/<run>/search/results.json  one row per (strategy, k): accuracy with a bootstrap CI,
-                                        finished share, tokens generated per problem
+                                        finished share, tokens generated per problem; for the
+                                        step-level strategies the sibling AUC, distinct
+                                        candidate texts per step and their error rate
+                                        (prm.search.siblings)
         runs/<run>/search/table.md      the same rows as a table
         runs/<run>/search/accuracy_vs_k.png  accuracy against k and against tokens per problem
         runs/<run>/search/solutions.jsonl    the solution of every (problem, strategy, k)
@@ -41,7 +44,8 @@ from pipeline.storage.locks import held_locks
 from pipeline.storage.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard, read_stream
 from prm.formats import load_scorer
 from prm.search import search_many
-from prm.search.candidates import SearchResult
+from prm.search.candidates import STEP_STRATEGIES, SearchResult
+from prm.search.siblings import label_expansions, sibling_labeller, summarize_siblings
 from prm.search.summary import summarize_search
 from stages.cli import cli, log, parse_args, set_threads, timed
 from stages.inputs import require, require_prm
@@ -143,6 +147,7 @@ def search_share(
     per_commit = config.search.problems_per_commit
     chunks = [todo[start : start + per_commit] for start in range(0, len(todo), per_commit)]
     runs = [(strategy, k) for strategy in strategies_of(config) for k in config.search.ks]
+    labeller, _ = sibling_labeller(problems, kind)  # measures the candidates after the search; it never reads it
     bar = tqdm(total=len(chunks) * len(runs), desc="search runs", unit="run", dynamic_ncols=True)
     with ShardWriter(shards, tag=f"{index}of{count}", commit_every=per_commit) as writer:
         for chunk in chunks:
@@ -175,6 +180,9 @@ def search_share(
                             r.finished,
                             r.answer,
                             r.tokens_generated,
+                            label_expansions(problem, r.expansions, labeller)
+                            if labeller is not None and strategy in STEP_STRATEGIES
+                            else None,
                         )
                     )
                 bar.update(1)
@@ -234,15 +242,19 @@ def main(argv: list[str] | None = None) -> dict:
             return {"shard": config.search.shard, "searched": searched}
         solutions = merged_solutions(shards, problems, config)
         golds = [p.answer for p in problems]
+        not_labelled = sibling_labeller(problems, kind)[1]
+        if not_labelled is not None:
+            log.info("search: sibling AUC not measured: %s", not_labelled)
         rows = []
         for strategy in strategies_of(config):
             for k in config.search.ks:
+                records = [r for r in solutions if r.strategy == strategy and r.k == k]
                 results = [
-                    SearchResult(r.steps, r.step_scores, r.finished, r.answer, r.tokens_generated)
-                    for r in solutions
-                    if r.strategy == strategy and r.k == k
+                    SearchResult(r.steps, r.step_scores, r.finished, r.answer, r.tokens_generated) for r in records
                 ]
                 row = {"strategy": strategy, "k": k, **summarize_search(results, golds, kind, seed=config.seed)}
+                if strategy in STEP_STRATEGIES:
+                    row["siblings"] = summarize_siblings([r.siblings for r in records], not_labelled, seed=config.seed)
                 log.info(
                     "search: %s k=%d accuracy %.3f [%.3f, %.3f], %.0f tokens/problem",
                     strategy,
@@ -268,14 +280,25 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def results_table(rows: list[dict]) -> str:
-    lines = ["| strategy | k | accuracy | 95% CI | finished | tokens / problem |", "|---|---:|---:|---|---:|---:|"]
+    """One line per row; the sibling columns (step-level strategies) read "-" where not measured."""
+    lines = [
+        "| strategy | k | accuracy | 95% CI | finished | tokens / problem | sibling AUC | 95% CI | distinct / step | e |",
+        "|---|---:|---:|---|---:|---:|---:|---|---:|---:|",
+    ]
     for r in rows:
-        a = r["accuracy"]
+        a, siblings = r["accuracy"], r.get("siblings") or {}
+        lo, hi = siblings.get("interval", [None, None])
         lines.append(
             f"| {r['strategy']} | {r['k']} | {a['mean']:.3f} | [{a['lo']:.3f}, {a['hi']:.3f}] "
-            f"| {r['finished_fraction']:.2f} | {r['tokens_per_problem']:.0f} |"
+            f"| {r['finished_fraction']:.2f} | {r['tokens_per_problem']:.0f} "
+            f"| {_number(siblings.get('auc'), 3)} | {'-' if lo is None else f'[{lo:.3f}, {hi:.3f}]'} "
+            f"| {_number(siblings.get('distinct_per_step'), 2)} | {_number(siblings.get('error_rate'), 3)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def plot_accuracy_vs_k(rows: list[dict], path: Path) -> None:

@@ -7,8 +7,10 @@ Strategies (docs/search.md has the rules in full), one module per family:
                                 beam: the top ``beam_width`` partial solutions by aggregated PRM
                                 score, each expanded with k // beam_width candidates (the root with k)
     prm.search.whole_solution   best_of_n, weighted_vote and majority over k whole solutions
-    prm.search.candidates           settings, candidates, PRM scoring, aggregation, SearchResult
+    prm.search.candidates       settings, candidates, PRM scoring, aggregation, SearchResult
     prm.search.summary          grading the returned solutions, accuracy of a run
+    prm.search.siblings         sibling AUC, distinct candidates and their error rate per step,
+                                measured on the expansions a step-level search recorded
 
 Batching: at each depth ONE generate call covers every live partial solution of every problem,
 and ONE score_many call scores every new candidate. A returned solution states an answer

@@ -15,6 +15,7 @@ from pipeline.prompts import prompt_from_config
 from pipeline.steps import join_steps
 
 STRATEGIES = get_args(SearchStrategy)
+STEP_STRATEGIES = ("step_best_of_k", "beam")  # the strategies that expand partial solutions step by step
 AGGREGATIONS = get_args(Aggregation)
 
 # the defaults of the config sections the search stage builds its settings from
@@ -91,6 +92,22 @@ class Candidate:
 
 
 @dataclass
+class Expansion:
+    """One expansion of a partial solution by a step-level search: the candidates it ranked
+    (answerless stops and dropped empty lines, which it never ranks, left out).
+
+    prefix: the partial solution's steps
+    steps:  per candidate, its steps after the prefix ([] for a stop candidate)
+    scores: per candidate, the score the search ranked it by (its own step score for
+            step_best_of_k, the aggregated score of the whole partial for beam)
+    """
+
+    prefix: list[str]
+    steps: list[list[str]]
+    scores: list[float]
+
+
+@dataclass
 class SearchResult:
     """The solution one search returns.
 
@@ -100,6 +117,8 @@ class SearchResult:
     answer:           extract_answer of the solution (None when unfinished, when it ended without
                       stating an answer, or when kind is unknown)
     tokens_generated: policy tokens generated for this problem, discarded candidates included
+    expansions:       every expansion of a step-level search, in order ([] for the others): what
+                      prm.search.siblings measures the PRM's choices on
     """
 
     steps: list[str]
@@ -107,6 +126,7 @@ class SearchResult:
     finished: bool
     answer: str | None
     tokens_generated: int
+    expansions: list[Expansion] = field(default_factory=list)
 
 
 def aggregate(step_scores: Sequence[float], aggregation: str) -> float:

@@ -16,6 +16,7 @@ from pipeline.generation.base import stream_seed
 from pipeline.steps import join_steps, split_steps
 from prm.search.candidates import (
     Candidate,
+    Expansion,
     SearchProblem,
     SearchResult,
     SearchSettings,
@@ -39,6 +40,7 @@ class StepSearchState:
     last_live: the live partials of the last depth that had any
     dead_ends: answerless stops (the policy ended without stating an answer)
     tokens_generated: policy tokens generated for this problem, discarded candidates included
+    expansions: every expansion of a live partial with the candidates ranked and their rank scores
     """
 
     problem: SearchProblem
@@ -48,6 +50,7 @@ class StepSearchState:
     last_live: list[Candidate] = field(default_factory=list)
     dead_ends: list[Candidate] = field(default_factory=list)
     tokens_generated: int = 0
+    expansions: list[Expansion] = field(default_factory=list)
 
     def choose(
         self, candidates: Sequence[Candidate], *, width: int, rank: Callable[[Candidate], float], s: SearchSettings
@@ -70,7 +73,9 @@ class StepSearchState:
         """The best kept finished candidate, else the best spare, else the best partial of the last
         depth that had one (finished=False), else the best dead end (answer None)."""
         tiers = [self.kept, self.spares, self.last_live, self.dead_ends]
-        return to_result(best_of_first_tier(tiers, aggregation), self.tokens_generated)
+        result = to_result(best_of_first_tier(tiers, aggregation), self.tokens_generated)
+        result.expansions = self.expansions
+        return result
 
 
 def step_search(
@@ -113,13 +118,23 @@ def step_search(
             else [stream_seed(s.seed, state.problem.key, "step", depth, j) for state, j, _ in jobs],
         )
         candidates: list[tuple[StepSearchState, Candidate]] = []
+        siblings: list[tuple[StepSearchState, Candidate, list[Candidate]]] = []  # per job
         for (state, _, partial), completions in zip(jobs, outputs):
+            siblings.append((state, partial, []))
             for completion in completions:
                 state.tokens_generated += len(completion.token_ids)
                 candidate = extend(partial, completion, s)
                 if candidate is not None:
                     candidates.append((state, candidate))
+                    siblings[-1][2].append(candidate)
         score_candidates(prm, [(state.problem, candidate) for state, candidate in candidates])
+        for state, partial, mine in siblings:
+            ranked = [c for c in mine if not answerless(c, s)]  # what choose ranks
+            state.expansions.append(
+                Expansion(
+                    list(partial.steps), [c.steps[len(partial.steps) :] for c in ranked], [rank(c) for c in ranked]
+                )
+            )
 
         by_problem: dict[int, list[Candidate]] = {state.problem.index: [] for state in states}
         for state, candidate in candidates:
