@@ -148,3 +148,30 @@ def bootstrap_statistic(
         return None, None
     lo, hi = np.quantile(values, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
+
+
+def grouped_mean_interval(
+    values: Sequence[float], groups: Sequence, n_resamples: int = 1000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float | None, float | None, float | None]:
+    """The mean of per-item values with a percentile-bootstrap interval that resamples groups
+    (problems) and takes every item of each drawn group.
+
+    values: (n,) finite; groups: (n,) each item's group. Returns (mean, lo, hi); (None, None, None)
+    without items, lo and hi None with fewer than two groups."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return None, None, None
+    members: dict = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    blocks = [np.asarray(rows) for rows in members.values()]
+    if len(blocks) < 2:
+        return float(values.mean()), None, None
+    lo, hi = bootstrap_statistic(
+        lambda drawn: float(values[np.concatenate([blocks[i] for i in drawn])].mean()),
+        len(blocks),
+        n_resamples,
+        alpha,
+        seed,
+    )
+    return float(values.mean()), lo, hi

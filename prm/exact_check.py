@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import Problem
-from pipeline.stats import bootstrap_statistic, grouped_bootstrap_auc
+from pipeline.stats import grouped_bootstrap_auc, grouped_mean_interval
 from pipeline.steps import split_steps
 from pipeline.tinyworld.checker import corrected_step, first_wrong_step
 
@@ -94,23 +94,8 @@ def pair_auc(
     Returns (auc, lo, hi); None without pairs, lo and hi None with fewer than two groups."""
     slip = np.asarray(slip, dtype=np.float64)
     counterpart = np.asarray(counterpart, dtype=np.float64)
-    if slip.size == 0:
-        return None, None, None
     wins = (counterpart > slip) + 0.5 * (counterpart == slip)
-    members: dict = {}
-    for index, group in enumerate(groups):
-        members.setdefault(group, []).append(index)
-    blocks = [np.asarray(rows) for rows in members.values()]
-    if len(blocks) < 2:
-        return float(wins.mean()), None, None
-    lo, hi = bootstrap_statistic(
-        lambda drawn: float(wins[np.concatenate([blocks[i] for i in drawn])].mean()),
-        len(blocks),
-        n_resamples,
-        alpha,
-        seed,
-    )
-    return float(wins.mean()), lo, hi
+    return grouped_mean_interval(wins, groups, n_resamples, alpha, seed)
 
 
 def matched_pairs(correct: Sequence[bool], groups: Sequence, depths: Sequence[int]) -> list[tuple[int, int]]:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 
 from pipeline.records import PRMExample
-from pipeline.stats import grouped_bootstrap_auc
+from pipeline.stats import grouped_bootstrap_auc, grouped_mean_interval
 from pipeline.storage.files import write_json_atomic
 from prm.data import group_records, sibling_pairs
 from prm.exact_check import (
@@ -171,6 +171,8 @@ def corruption_check(
 
     Steps with label >= min_label that have a result to alter; at most max_examples of them,
     drawn with Random(seed). drop = U(original) - U(corrupted), each scored after its own prefix.
+    ``intervals``: {drop, original, corrupted} -> [lo, hi], 95%, problems resampled
+    (pipeline.stats.grouped_mean_interval); [None, None] with fewer than two problems.
     """
     candidates = [
         (r, c)
@@ -198,6 +200,11 @@ def corruption_check(
     original = np.array(scores[0::2])
     corrupted = np.array(scores[1::2])
     drop = original - corrupted
+    groups = [record.problem_id for record, _ in candidates]
+    intervals = {
+        name: list(grouped_mean_interval(values, groups, seed=seed)[1:])
+        for name, values in (("drop", drop), ("original", original), ("corrupted", corrupted))
+    }
     return {
         "n": len(candidates),
         "corruption": corruption,
@@ -205,6 +212,8 @@ def corruption_check(
         "share_lower": float((drop > 0).mean()),
         "mean_original": float(original.mean()),
         "mean_corrupted": float(corrupted.mean()),
+        # 95% percentile-bootstrap intervals of the three means, problems resampled with all their steps
+        "intervals": intervals,
         "examples": [
             {"step": r.step, "corrupted": c, "drop": float(d)} for (r, c), d in list(zip(candidates, drop))[:5]
         ],

@@ -243,10 +243,11 @@ def write_report(
     for key, what in (("corruption", "+1..9"), ("corruption_pm1", "+-1")):
         corruption = val.get(key) or {}
         if corruption.get("n"):
+            spans = corruption.get("intervals") or {}
             lines += [
                 f"- corrupted steps (E.4: a correct step's calculation result altered by {what}): {corruption['n']} steps, mean score "
-                f"{_fmt(corruption['mean_original'])} -> {_fmt(corruption['mean_corrupted'])} "
-                f"(mean drop {_fmt(corruption['mean_drop'], 4)}; "
+                f"{_fmt(corruption['mean_original'])} {_span(spans.get('original'))} -> {_fmt(corruption['mean_corrupted'])} "
+                f"{_span(spans.get('corrupted'))} (mean drop {_fmt(corruption['mean_drop'], 4)} {_span(spans.get('drop'))}; "
                 f"scored lower in a share {_fmt(corruption['share_lower'])} of them)"
             ]
         elif key in val:

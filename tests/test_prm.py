@@ -16,7 +16,7 @@ from pipeline.config.loader import ConfigError, load_config
 from pipeline.config.schema import FormatConfig, TinyWorldConfig
 from pipeline.datasets.problems import write_problems_jsonl
 from pipeline.records import PRMExample, Problem, RecordError
-from pipeline.stats import mann_whitney_auc
+from pipeline.stats import grouped_mean_interval, mann_whitney_auc
 from pipeline.storage.files import read_records
 from pipeline.tinyworld.checker import corrected_step
 from pipeline.tinyworld.problems import generate_splits
@@ -29,6 +29,7 @@ from prm.scorer import PRMScorer
 from prm.train import prm_bce_loss, train_prm, training_targets
 from prm.validation import (
     corrupt_step,
+    corruption_check,
     expected_calibration_error,
     first_error_accuracy,
     reliability_table,
@@ -504,6 +505,43 @@ def test_exact_check_scores_the_labelled_steps_and_the_slip_pairs():
     reader = TextScores({**table, GOLD[1]: 0.4})  # a PRM blind to the result: the counterpart ties with the slip
     assert exact_check(reader, exact_samples())["slip_pair"]["auc"] == 0.5
     assert exact_check(TextScores(table), exact_samples()[-1:]) is None  # no sample of a kind with a labeller
+
+
+def test_corruption_check_reports_the_means_before_and_after_with_problem_resampled_intervals():
+    records = [
+        PRMExample("p1", "q1", [], GOLD[0], 1.0, "mcts"),
+        PRMExample("p1", "q1", [GOLD[0]], GOLD[1], 0.95, "mcts"),
+        PRMExample("p2", "q2", [], OTHER[0], 1.0, "mcts"),
+        PRMExample("p2", "q2", [], "The answer is 15", 1.0, "mcts"),  # no result to corrupt
+        PRMExample("p3", "q3", [], OTHER[1], 0.5, "mcts"),  # label below 0.9: not a correct step
+    ]
+
+    class ResultReader:
+        """0.9 for the three original steps, 0.2 for any other text (their corruptions); p2's step 0.6."""
+
+        def score_many(self, pairs):
+            table = {GOLD[0]: 0.9, GOLD[1]: 0.9, OTHER[0]: 0.6}
+            return [[table.get(step, 0.2) for step in steps] for _, steps in pairs]
+
+    result = corruption_check(ResultReader(), records, seed=3)
+    assert result["n"] == 3 and result["mean_original"] == pytest.approx(0.8)
+    assert result["mean_corrupted"] == pytest.approx(0.2) and result["mean_drop"] == pytest.approx(0.6)
+    # problems resampled whole: p1's drops (0.7, 0.7) and p2's (0.4); a resample holds only p1 or only p2 at the ends
+    lo, hi = result["intervals"]["drop"]
+    assert lo == pytest.approx(0.4) and hi == pytest.approx(0.7)
+    assert result["intervals"]["corrupted"] == [pytest.approx(0.2), pytest.approx(0.2)]
+    assert corruption_check(ResultReader(), records[:2])["intervals"]["drop"] == [None, None]  # one problem
+
+
+def test_grouped_mean_interval_resamples_whole_groups():
+    values = [1.0, 1.0, 0.0, 0.5]
+    mean, lo, hi = grouped_mean_interval(values, ["a", "a", "b", "c"], n_resamples=4000, seed=0)
+    assert mean == pytest.approx(0.625)
+    # the extremes: only a's items (mean 1) or only b's (0) are drawn; a resample's mean is a
+    # mean over its drawn items, so a's two items weigh twice
+    assert 0.0 <= lo < mean < hi <= 1.0
+    assert grouped_mean_interval([], []) == (None, None, None)
+    assert grouped_mean_interval([0.3, 0.5], ["a", "a"]) == (pytest.approx(0.4), None, None)
 
 
 def test_matched_pairs_are_every_wrong_and_correct_step_of_one_problem_and_depth():
