@@ -100,14 +100,22 @@ def probe_sample(config: Config) -> tuple[str, str, list[str]]:
     return problems[0].question, kind, steps
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what save_pretrained writes for any tokenizer
+
+
+def _holds_tokenizer(folder: Path) -> bool:
+    """A local folder with a saved tokenizer (one without is the model loader's to report)."""
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
 def check_prm_tokenizers(config: Config, stage: str) -> None:
     """Before any model loads: the tokenizer of every PRM the stage scores the policy's text with (PRM_KEYS
     among its STAGE_MODELS) encodes that text as the PRM reads it (prm.data.encoding_problem on probe_sample),
     else a ConfigError naming the key and what failed. Only the tokenizer of a local folder is loaded; a hub id
     is not looked up (its tokenizer is checked by use), so a PRM and a policy of different vocabularies are
-    fine as long as the PRM's encodes the text."""
+    fine as long as the PRM's encodes the text; a folder without a saved tokenizer is left to the model loader."""
     keys = [(key, raw) for key, raw in STAGE_MODELS.get(stage, lambda c: [])(config) if key in PRM_KEYS]
-    folders = [(key, config.resolve(raw)) for key, raw in keys if Path(config.resolve(raw)).is_dir()]
+    folders = [(key, config.resolve(raw)) for key, raw in keys if _holds_tokenizer(Path(config.resolve(raw)))]
     if not folders:
         return
     question, kind, steps = probe_sample(config)
