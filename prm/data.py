@@ -17,6 +17,7 @@ ranks them; ``PRMDataset.pairs_within`` hands a micro-batch the pairs it holds, 
 
 from __future__ import annotations
 
+import difflib
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import torch
 
 from pipeline.prompts import prompt_from_config
 from pipeline.records import PRMExample
-from pipeline.steps import encode_prompt, encode_trajectory
+from pipeline.steps import encode_prompt, encode_trajectory, join_steps
 
 # ----------------------------------------------------------------------------- sequences
 
@@ -150,6 +151,30 @@ class SolutionEncoder:
             self.tokenizer, "", steps, self.format_config.separator, add_end=False, prompt_ids=prompt_ids
         )
         return segmented.input_ids, [end - 1 for _, end in segmented.step_spans]
+
+
+def encoding_problem(tokenizer, format_config, kind: str, question: str, steps: Sequence[str]) -> str | None:
+    """What keeps ``tokenizer`` from reading the policy's text as the PRM encodes it (SolutionEncoder):
+    None when the ids of the prompt (the one prompt builder's) and the steps (each with the separator)
+    decode back to that text, else what changed, e.g. "decodes '7' as '<unk>' in 'has 7 apples'" (a
+    vocabulary without the character: the step would be scored on <unk>s), or "has neither a pad nor
+    an eos token to pad batches with"."""
+    try:
+        pad_token_id(tokenizer)
+        ids, _ = SolutionEncoder(tokenizer, format_config, kind).encode(question, steps)
+    except ValueError as error:  # no pad token; a step that encodes to no tokens
+        return str(error).removeprefix("the tokenizer ")
+    text = prompt_from_config(question, kind, tokenizer, format_config) + join_steps(steps, format_config.separator)
+    decoded = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    bos = tokenizer.bos_token
+    if bos and decoded.startswith(bos) and not text.startswith(bos):  # the BOS encode_prompt adds
+        decoded = decoded[len(bos) :]
+    if decoded == text:
+        return None
+    matcher = difflib.SequenceMatcher(None, text, decoded, autojunk=False)
+    _, start, end, decoded_start, decoded_end = next(op for op in matcher.get_opcodes() if op[0] != "equal")
+    context = text[max(0, start - 20) : end + 20]
+    return f"decodes {text[start:end]!r} as {decoded[decoded_start:decoded_end]!r} in {context!r}"
 
 
 @dataclass

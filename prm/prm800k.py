@@ -44,6 +44,16 @@ class LabelledSolution:
         return next((k for k, rating in enumerate(self.ratings) if rating == -1), None)
 
 
+RATINGS = (-1, 0, 1)  # PRM800K's step ratings: wrong, neutral, good (null: unrated)
+
+
+def check_rating(rating: Any, where: str) -> None:
+    """A PRM800K rating is -1, 0, 1 or null; RecordError "<where>': expected ..." otherwise (true, which
+    Python counts as 1, is no rating; nor are 0.5, NaN or 5)."""
+    if rating is not None and (isinstance(rating, bool) or rating not in RATINGS):
+        raise RecordError(f"{where}': expected -1, 0, 1 or null, got {rating!r}")
+
+
 def prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, int | None, bool]:
     """(text, rating, last): the step the solution path takes at this position."""
     where = f"{path}:{line_no}: field 'label.steps[{index}]"
@@ -53,10 +63,7 @@ def prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, i
     for j, completion in enumerate(completions):
         if not isinstance(completion, dict) or not isinstance(completion.get("text"), str):
             raise RecordError(f"{where}.completions[{j}].text': expected a string")
-        if completion.get("rating") not in (-1, 0, 1, None):
-            raise RecordError(
-                f"{where}.completions[{j}].rating': expected -1, 0, 1 or null, got {completion.get('rating')!r}"
-            )
+        check_rating(completion.get("rating"), f"{where}.completions[{j}].rating")
     chosen = step.get("chosen_completion")
     human = step.get("human_completion")
     if isinstance(chosen, int) and not isinstance(chosen, bool):
@@ -68,6 +75,7 @@ def prm800k_step(step: Any, path: str, line_no: int, index: int) -> tuple[str, i
         if not isinstance(text, str):
             raise RecordError(f"{where}.human_completion': expected a string or {{text}}")
         rating = human.get("rating") if isinstance(human, dict) else None
+        check_rating(rating, f"{where}.human_completion.rating")
         return text, (1 if rating is None else rating), False  # the labeler wrote it as a correct step
     if not completions:
         raise RecordError(f"{where}.completions': empty, and no chosen or human completion")

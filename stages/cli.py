@@ -25,7 +25,7 @@ from pipeline.storage.locks import LockError
 from pipeline.storage.model_folders import FolderError
 from pipeline.storage.shards import SettingsMismatch, ShardError
 from pipeline.training.checkpoint_io import CheckpointError
-from stages.startup_checks import check_models, check_served_adapters, device_memory
+from stages.startup_checks import check_models, check_prm_tokenizers, check_served_adapters, device_memory
 
 log = logging.getLogger("stepflow")
 
@@ -82,6 +82,7 @@ def parse_args(stage: str, argv: list[str] | None = None, *, prog: str | None = 
         sys.stdout.write(config_text(config))
         raise SystemExit(0)
     check_models(config, stage)
+    check_prm_tokenizers(config, stage)
     check_served_adapters(config, stage)
     device_memory(config, stage)
     return config

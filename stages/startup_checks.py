@@ -1,5 +1,6 @@
 """What a stage checks when its config has loaded, before any model loads: every model it loads
-resolves (``check_models``), every LoRA adapter vLLM serves has a rank it serves
+resolves (``check_models``), every local PRM's tokenizer encodes the policy's text
+(``check_prm_tokenizers``), every LoRA adapter vLLM serves has a rank it serves
 (``check_served_adapters``), and on a GPU the stage fits the device (``device_memory``)."""
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ import torch
 from eval.model_specs import ADAPTER_SEPARATOR, parse_model_spec
 from pipeline.config.loader import ConfigError
 from pipeline.config.schema import Config
+from pipeline.datasets.loaders import load_benchmark
 from pipeline.generation.vllm_servable import adapter_rank
+from pipeline.modeling import load_tokenizer
+from pipeline.prompts import FEW_SHOT
 from planner.resolve import unresolvable_model
 from planner.runtime import MEMORY_STAGES, share_key, stage_memory
+from prm.data import encoding_problem
 from prm.exact_check import FIRST_ERROR_LABELLERS
 
 log = logging.getLogger("stepflow")
@@ -71,6 +76,60 @@ def check_models(config: Config, stage: str) -> None:
         )
         if problem is not None:
             raise ConfigError(problem)
+
+
+# the STAGE_MODELS keys of a PRM: it re-encodes the policy's text (prompt and steps) with its own tokenizer
+PRM_KEYS = ("model.prm_backbone", "model.prm", "eval.prm")
+
+
+def probe_sample(config: Config) -> tuple[str, str, list[str]]:
+    """(question, kind, steps) of the policy's text the PRM tokenizer check encodes: the first problem of
+    data.train when data.train_path is a local file, with its own worked solution where its record lists
+    one (meta["solutions"]), else the first few-shot exemplar of its kind (pipeline.prompts.FEW_SHOT); with
+    no local problem, that exemplar's question too. The kind: prm.kind, else the problem's (math without one)."""
+    path = config.resolve(config.data.train_path)
+    problems = (
+        load_benchmark(config.data.train, path=path, limit=1, lenient=True) if path and Path(path).is_file() else []
+    )
+    kind = config.prm.kind or (problems[0].kind if problems else "math")
+    exemplar_question, exemplar_steps = FEW_SHOT.get(kind, FEW_SHOT["math"])[0]
+    if not problems:
+        return exemplar_question, kind, list(exemplar_steps)
+    solutions = problems[0].meta.get("solutions")
+    own = solutions[0] if isinstance(solutions, list) and solutions and isinstance(solutions[0], list) else None
+    steps = [step for step in own if isinstance(step, str)] if own else list(exemplar_steps)
+    return problems[0].question, kind, steps
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what save_pretrained writes for any tokenizer
+
+
+def _holds_tokenizer(folder: Path) -> bool:
+    """A local folder with a saved tokenizer (one without is the model loader's to report)."""
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def check_prm_tokenizers(config: Config, stage: str) -> None:
+    """Before any model loads: the tokenizer of every PRM the stage scores the policy's text with (PRM_KEYS
+    among its STAGE_MODELS) encodes that text as the PRM reads it (prm.data.encoding_problem on probe_sample),
+    else a ConfigError naming the key and what failed. Only the tokenizer of a local folder is loaded; a hub id
+    is not looked up (its tokenizer is checked by use), so a PRM and a policy of different vocabularies are
+    fine as long as the PRM's encodes the text; a folder without a saved tokenizer is left to the model loader."""
+    keys = [(key, raw) for key, raw in STAGE_MODELS.get(stage, lambda c: [])(config) if key in PRM_KEYS]
+    folders = [(key, config.resolve(raw)) for key, raw in keys if _holds_tokenizer(Path(config.resolve(raw)))]
+    if not folders:
+        return
+    question, kind, steps = probe_sample(config)
+    for key, folder in folders:
+        try:
+            tokenizer = load_tokenizer(folder, trust_remote_code=config.model.trust_remote_code, check=False)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"{key}: {folder}: its tokenizer cannot be loaded: {error}") from None
+        problem = encoding_problem(tokenizer, config.format, kind, question, steps)
+        if problem is not None:
+            raise ConfigError(
+                f"{key}: the tokenizer of {folder} cannot encode the policy's text as the PRM reads it: it {problem}"
+            )
 
 
 # stages.<name> whose vLLM engine serves model.policy_adapter as a LoRA (the fine-tuning stages merge it: pipeline.finetune.run)

@@ -421,3 +421,65 @@ def test_a_stage_whose_inputs_are_missing_stops_in_one_line_and_creates_no_folde
     assert error[0].startswith(first_words), error
     assert "Traceback" not in "\n".join(error)
     assert sorted(path.name for path in tmp_path.iterdir()) == []  # no runs/, no reports/
+
+
+def save_tokenizer_without_digits(texts, folder: Path, special_tokens: dict[str, str]) -> None:
+    """A character-level BPE of ``texts`` with the digits taken out (what it meets outside its vocabulary
+    is <unk>), saved alone in ``folder``; ``special_tokens``: which of pad, eos, unk it declares."""
+    from tokenizers import Tokenizer, decoders, models, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False)
+    backend.train_from_iterator([text.translate(str.maketrans("", "", "0123456789")) for text in texts], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=backend, **special_tokens).save_pretrained(folder)
+
+
+def test_a_prm_whose_tokenizer_cannot_encode_the_policys_text_is_refused_naming_its_key(monkeypatch, tmp_path, capsys):
+    """The PRM re-encodes the policy's text with its own tokenizer: a local PRM (or backbone) whose
+    tokenizer reads the tiny world's digits as <unk>, or that cannot pad, is refused before any model
+    loads, naming the key; the tiny world's own tokenizer (and a hub id, not looked up) pass."""
+    from pipeline.config.loader import ConfigError
+    from pipeline.config.schema import FormatConfig, TinyWorldConfig
+    from pipeline.datasets.problems import write_problems_jsonl
+    from pipeline.tinyworld.problems import generate_splits
+    from pipeline.tinyworld.tokenizer import tokenizer_corpus, train_tokenizer
+    from stages.startup_checks import check_prm_tokenizers
+
+    problems = generate_splits(TinyWorldConfig(n_train=30, n_val=2, n_test=2))["train"]
+    write_problems_jsonl(problems, tmp_path / "problems.jsonl")
+    corpus = tokenizer_corpus(problems, FormatConfig(use_chat_template=False))
+    train_tokenizer(corpus, 512).save_pretrained(tmp_path / "tiny")
+    save_tokenizer_without_digits(corpus, tmp_path / "no-digits", {"pad_token": "<pad>", "unk_token": "<unk>"})
+    save_tokenizer_without_digits(corpus, tmp_path / "no-pad", {"unk_token": "<unk>"})
+
+    def config(*overrides):
+        base = [f"runs_root={tmp_path / 'runs'}", f"data.train_path={tmp_path / 'problems.jsonl'}"]
+        return load_config(REPO / "configs" / "tiny.yaml", [*base, *overrides])
+
+    tiny, no_digits, no_pad = (str(tmp_path / name) for name in ("tiny", "no-digits", "no-pad"))
+    for stage in ("train_prm", "search", "train_gfn", "train_ppo", "prm_bench"):
+        check_prm_tokenizers(config(f"model.prm_backbone={tiny}", f"model.prm={tiny}"), stage)
+    check_prm_tokenizers(config("model.prm_backbone=Qwen/Qwen2.5-Math-7B"), "train_prm")  # a hub id: not looked up
+    check_prm_tokenizers(config(f"model.policy={no_digits}"), "mcts")  # the policy is not re-encoded by a PRM
+    cases = [
+        ("train_prm", "model.prm_backbone", no_digits, [], r"decodes '\d+' as '(<unk>)+'"),
+        ("train_prm", "model.prm", no_digits, ["prm.eval_only=true"], r"decodes '\d+' as '(<unk>)+'"),
+        ("search", "model.prm", no_digits, [], r"decodes '\d+' as '(<unk>)+'"),
+        ("evaluate", "eval.prm", no_digits, [], r"decodes '\d+' as '(<unk>)+'"),
+        ("train_prm", "model.prm_backbone", no_pad, [], "neither a pad token nor an eos token"),
+    ]
+    for stage, key, folder, extra, what in cases:
+        with pytest.raises(ConfigError, match=rf"^{key}: .*{what}"):
+            check_prm_tokenizers(config(f"{key}={folder}", *extra), stage)
+    # through the stage: one line naming the key, before any model loads and before anything is written
+    forbid_model_loads(monkeypatch)
+    runs = ["--config", str(REPO / "configs" / "tiny.yaml"), f"runs_root={tmp_path / 'runs'}"]
+    data = f"data.train_path={tmp_path / 'problems.jsonl'}"
+    assert run_cli(monkeypatch, train_prm.main, *runs, data, f"model.prm_backbone={no_digits}") == 2
+    error = capsys.readouterr().err.splitlines()[0]
+    assert (
+        error.startswith(f"error: model.prm_backbone: the tokenizer of {no_digits} cannot encode") and "<unk>" in error
+    )
+    assert not (tmp_path / "runs").exists()

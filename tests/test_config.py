@@ -304,6 +304,39 @@ def test_min_ops_above_max_ops_and_bad_shards_are_errors():
 
 
 @pytest.mark.parametrize(
+    "overrides,key,expected",
+    [
+        (["mcts.temperature=0"], "mcts.temperature", "expected > 0 and <= 2"),
+        (["bootstrap.sample_temperature=0"], "bootstrap.sample_temperature", "draws the Monte Carlo rollouts"),
+        (["prm.exact_check_temperature=0"], "prm.exact_check_temperature", "draws the 4 labelled samples"),
+        (["prm_bench.temperature=0"], "prm_bench.temperature", "draws the 4 labelled samples"),
+        (["rollout_temperature.temperatures=[0.6, 0]"], "rollout_temperature.temperatures", "expected > 0"),
+    ],
+)
+def test_a_temperature_that_draws_rollouts_or_labelled_samples_must_be_positive(tmp_path, overrides, key, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    message = str(info.value)
+    assert message.startswith(f"command line: {key} ") and expected in message, message
+    section, name = key.split(".")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}:\n  {name}: {overrides[0].split('=', 1)[1]}\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {key} "):
+        load_config(path)
+
+
+def test_greedy_stays_legal_where_nothing_is_drawn_twice():
+    greedy = ["eval.temperature=0", "search.temperature=0"]
+    assert load_config(None, greedy).eval.temperature == 0
+    # no Monte Carlo rollouts, one sample per problem: the temperature draws nothing twice
+    assert load_config(None, ["bootstrap.sample_temperature=0", "bootstrap.mc_rollouts=0"])
+    assert load_config(None, ["bootstrap.sample_temperature=0", "bootstrap.mc_problems=0"])
+    assert load_config(None, ["prm.exact_check_temperature=0", "prm.exact_check_samples=1"])
+    assert load_config(None, ["prm.exact_check_temperature=0", "prm.exact_check_problems=0"])
+    assert load_config(None, ["prm_bench.temperature=0", "prm_bench.policy_samples=1"])
+
+
+@pytest.mark.parametrize(
     "override",
     [
         "run=/abs/path",

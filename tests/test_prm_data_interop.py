@@ -59,6 +59,37 @@ def test_a_bad_prm800k_line_names_the_file_and_line(tmp_path):
         prm800k_examples(bad)
 
 
+@pytest.mark.parametrize("rating", [True, 0.5, 5, "1"])
+def test_a_prm800k_rating_that_is_not_minus_one_zero_or_one_names_the_file_line_and_field(tmp_path, rating):
+    step = {"completions": [{"text": "s", "rating": 1}], "chosen_completion": 0}
+    good = {"question": {"problem": "Q"}, "label": {"steps": [step]}}
+    rated = {**step, "completions": [{"text": "t", "rating": rating}]}
+    human = {"completions": [], "human_completion": {"text": "h", "rating": rating}}
+    cases = [
+        (2, r"label.steps\[1\].completions\[0\].rating", {**good, "label": {"steps": [step, rated]}}),
+        (3, r"label.steps\[0\].human_completion.rating", {**good, "label": {"steps": [human]}}),
+    ]
+    for line_no, field, bad_line in cases:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text("".join(json.dumps(obj) + "\n" for obj in [good] * (line_no - 1) + [bad_line]))
+        with pytest.raises(RecordError, match=rf"^{bad}:{line_no}: field '{field}': expected -1, 0, 1 or null"):
+            read_training_records(bad)
+        with pytest.raises(RecordError, match=rf"^{bad}:{line_no}: field '{field}'"):
+            load_prm800k(bad)
+
+
+@pytest.mark.parametrize("label", ["1.5", "-0.25", "NaN", "Infinity", "-Infinity"])
+def test_a_prm_label_outside_zero_one_names_the_file_line_and_field(tmp_path, label):
+    """What train_prm and export_trl read (make augment's records): a label that is no probability is refused
+    where the file is read, naming the file, the line and the field."""
+    good = {"problem_id": "p", "question": "q", "prefix_steps": [], "step": "s", "label": 0.5, "origin": "augmented"}
+    path = tmp_path / "prm_train.jsonl"
+    text = json.dumps(good) + "\n\n" + json.dumps(good).replace('"label": 0.5', f'"label": {label}') + "\n"
+    path.write_text(text)  # a blank line 2: the bad label is on line 3
+    with pytest.raises(RecordError, match=rf"^{path}:3: field 'label': expected a number in \[0, 1\], got float"):
+        read_training_records(path)
+
+
 def english_tokenizer(texts) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained here on the sample's own text (no download)."""
     backend = Tokenizer(models.BPE())

@@ -301,6 +301,32 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
             f"= {_show(config.data.problem_sources)} filters {', '.join(SOURCE_FILTERED_DATA)} problems "
             f"only, but data.train is {_show(config.data.train)}: set data.problem_sources=[]",
         )
+    # A temperature that draws Monte Carlo rollouts or samples that get labelled must sample: at 0 the draws are copies
+    # of one greedy continuation (every MC value 0 or 1, every labelled sample counted n times). Greedy stays legal
+    # where nothing is drawn twice (mcts.temperature declares gt=0: it always draws rollouts).
+    boot, prm, bench = config.bootstrap, config.prm, config.prm_bench
+    for key, temperature, draws, why in (
+        (
+            "bootstrap.sample_temperature",
+            boot.sample_temperature,
+            boot.mc_problems > 0 and boot.mc_rollouts > 0,
+            f"draws the Monte Carlo rollouts (bootstrap.mc_rollouts = {boot.mc_rollouts} per prefix)",
+        ),
+        (
+            "prm.exact_check_temperature",
+            prm.exact_check_temperature,
+            prm.exact_check_problems > 0 and prm.exact_check_samples > 1,
+            f"draws the {prm.exact_check_samples} labelled samples per problem (prm.exact_check_samples)",
+        ),
+        (
+            "prm_bench.temperature",
+            bench.temperature,
+            bench.policy_problems > 0 and bench.policy_samples > 1,
+            f"draws the {bench.policy_samples} labelled samples per problem (prm_bench.policy_samples)",
+        ),
+    ):
+        if draws and temperature <= 0:
+            fail(key, f"= {_show(temperature)} {why}: at 0 they are copies of one greedy sample; expected > 0")
     for key, shard in (
         ("mcts.shard", config.mcts.shard),
         ("eval.shard", config.eval.shard),

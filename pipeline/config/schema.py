@@ -189,6 +189,7 @@ class BootstrapConfig:
     seed: int = seed_field()
     eval_problems: int = bounded(200, ge=0)  # held-out test problems for the greedy-accuracy report
     eval_samples: int = bounded(4, ge=1)  # samples per problem at sample_temperature (sampled accuracy, pass@k, maj@k)
+    # also the temperature of the Monte Carlo rollouts: > 0 when mc_problems and mc_rollouts are (check_ranges)
     sample_temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     mc_problems: int = bounded(8, ge=0)  # problems whose sampled step prefixes get Monte Carlo values
     mc_rollouts: int = bounded(16, ge=0)  # continuations per prefix
@@ -200,8 +201,9 @@ class MCTSConfig:
     """OmegaPRM-style rollout data generation (paper 3.1, appendix E.1)."""
 
     k: int = bounded(16, ge=1)  # rollouts per MC estimate (paper: 96)
-    # the rollouts of every Monte Carlo value (the labels) and the ones augmentation reuses (paper: 0.6)
-    temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
+    # the rollouts of every Monte Carlo value (the labels) and the ones augmentation reuses (paper: 0.6);
+    # > 0, since at 0 the k rollouts are one greedy continuation and every MC value is 0 or 1
+    temperature: float = bounded(0.6, gt=0, le=MAX_TEMPERATURE)
     # the root's k rollouts only: which problems are searched (0 < MC(root) < 1) and the first wrong
     # paths the binary search starts from; null: temperature (docs/mcts.md, "Rollout temperature")
     root_temperature: float | None = bounded(None, gt=0, le=MAX_TEMPERATURE)
@@ -310,6 +312,7 @@ class PRMConfig:
     # with an exact labeller (prm.exact_check.FIRST_ERROR_LABELLERS) are sampled
     exact_check_problems: int = bounded(200, ge=0)
     exact_check_samples: int = bounded(4, ge=1)  # samples per problem
+    # > 0 when more than one sample per problem is labelled (check_ranges): at 0 they would be copies of one greedy sample
     exact_check_temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     prm800k_path: str | None = None  # PRM800K-format file for first-error accuracy
     score_batch_size: int = bounded(64, ge=1)  # sequences per scorer forward
@@ -491,7 +494,8 @@ class PRMBenchConfig:
         100, ge=0
     )  # held-out problems (data.validation) the policy samples, labelled exactly where the kind can be (0: off)
     policy_samples: int = bounded(4, ge=1)  # samples per problem
-    temperature: float = bounded(0.6, ge=0)
+    # > 0 when more than one sample per problem is labelled (check_ranges): at 0 they would be copies of one greedy sample
+    temperature: float = bounded(0.6, ge=0, le=MAX_TEMPERATURE)
     held_out_fraction: float = bounded(0.5, gt=0, lt=1)  # share of each set's cases the threshold is chosen on
     threshold: float | None = bounded(None, gt=0, lt=1)  # a fixed threshold instead (every case is then scored)
     bootstrap_resamples: int = bounded(1000, ge=1)
