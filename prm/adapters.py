@@ -230,7 +230,7 @@ def result_token_offsets(tokenizer, step: str, separator: str) -> list[int]:
     results: each result's number with the whitespace before it (tokenizers such as the tiny
     world's write " 7" as one token). Found by tokenizing the step in pieces cut at the results;
     an error when the pieces do not give the ids the whole step does (a token that crosses a cut).
-        "x = 3 + 4 = 7" -> pieces "x = 3 + 4 =", " 7", "\n" -> the indices of " 7"'s tokens
+        "x = 3 + 4 = 7" -> pieces "x = 3 + 4 =", " 7", "\\n" -> the indices of " 7"'s tokens
     """
 
     def piece(text: str) -> list[int]:
