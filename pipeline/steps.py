@@ -6,13 +6,21 @@ ids are built segment by segment -- the prompt, then each step with its separato
 end-of-solution token -- so step boundaries are exact for the policy and the PRM even when a
 BPE tokenizer would merge across the separator if the text were tokenized whole.
 
-This is the only module that splits, joins or tokenizes steps; every stage calls it.
+This is the only module that splits, joins or tokenizes steps, or finds the results a step
+writes (the numbers corrupt_step alters and the result_likelihood verifier scores); every stage
+calls it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+_WRITTEN_NUMBER = r"-?\d+(?:\.\d+)?"
+# The result of a calculation: the number right after an '=' (an optional '$' between), unless an
+# operator follows it ("x = 3 + 1 = 4": 3 starts an expression, 4 is the result)
+_RESULT = re.compile(rf"=\s*\$?\s*({_WRITTEN_NUMBER})(?!\.?\d)(?!\s*[-+*/^])")
 
 
 def split_steps(text: str, separator: str = "\n") -> list[str]:
@@ -25,6 +33,25 @@ def split_steps(text: str, separator: str = "\n") -> list[str]:
 def join_steps(steps: Sequence[str], separator: str = "\n") -> str:
     """Text form of a list of steps: each step followed by the separator."""
     return "".join(step + separator for step in steps)
+
+
+def calculation_result_spans(step: str) -> list[tuple[int, int]]:
+    """The (start, end) character span of the result of every calculation a step writes: the
+    number right after an '=' (an optional '$' between) that no operator follows, in order.
+        "3 + 4 = 7, and 7 * 2 = $14" -> [(8, 9), (24, 26)]
+        "x = 3 + 1 = 4."             -> [(12, 13)]
+    """
+    return [match.span(1) for match in _RESULT.finditer(step)]
+
+
+def step_result_spans(step: str) -> list[tuple[int, int]]:
+    """The results a step writes: its calculations' results, else the last number it writes (a
+    stated answer: "The answer is 15" -> [(14, 16)]); [] for a step without a number."""
+    spans = calculation_result_spans(step)
+    if spans:
+        return spans
+    numbers = list(re.finditer(_WRITTEN_NUMBER, step))
+    return [numbers[-1].span()] if numbers else []
 
 
 @dataclass

@@ -15,6 +15,11 @@ U = sigmoid(logit) (docs/prm.md, "Other PRMs"):
 - ``qwen_prm``: a step-separator token and a two-class reward head (Qwen2.5-Math-PRM: the
   assistant turn of the chat template holds the steps, each followed by "<extra_0>"; the model,
   remote code, returns (B, T, 2) logits); read at each separator; logit = l_1 - l_0.
+- ``result_likelihood``: a causal LM, the policy itself, as a verifier that needs no training:
+  U = the LM's probability of the results the step writes (pipeline.steps.step_result_spans),
+  given the policy's prompt (pipeline.prompts), the earlier steps and the step's text before each
+  result, tokenized as the policy's trajectories are (pipeline.steps.encode_trajectory);
+  logit = log U - log(1 - U) (+inf for a step that writes no number).
 
 The PRMs are frozen: loaded in eval mode on model.device in model.dtype; trust_remote_code
 from model.trust_remote_code (Qwen2.5-Math-PRM needs it).
@@ -27,8 +32,10 @@ from collections.abc import Sequence
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForTokenClassification
 
+from pipeline.config.schema import FormatConfig
 from pipeline.modeling import hub_model_errors, load_tokenizer, model_kwargs
-from pipeline.steps import encode_prompt
+from pipeline.prompts import INSTRUCTIONS, prompt_from_config
+from pipeline.steps import encode_prompt, encode_step, encode_trajectory, step_result_spans
 from prm.data import pad_token_id
 from prm.scorer import Solution, StepScorer, batched_step_logits
 
@@ -218,8 +225,115 @@ class QwenPRMScorer(AdapterScorer):
         return logits[..., 1] - logits[..., 0]
 
 
+def result_token_offsets(tokenizer, step: str, separator: str) -> list[int]:
+    """Indices, into the step's ids (pipeline.steps.encode_step), of the tokens that write its
+    results: each result's number with the whitespace before it (tokenizers such as the tiny
+    world's write " 7" as one token). Found by tokenizing the step in pieces cut at the results;
+    an error when the pieces do not give the ids the whole step does (a token that crosses a cut).
+        "x = 3 + 4 = 7" -> pieces "x = 3 + 4 =", " 7", "\\n" -> the indices of " 7"'s tokens
+    """
+
+    def piece(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    ids: list[int] = []
+    offsets: list[int] = []
+    cut = 0
+    for start, end in step_result_spans(step):
+        start = len(step[:start].rstrip())
+        ids += piece(step[cut:start])
+        result = piece(step[start:end])
+        offsets += range(len(ids), len(ids) + len(result))
+        ids += result
+        cut = end
+    ids += piece(step[cut:] + separator)
+    whole = encode_step(tokenizer, step, separator)
+    if ids != whole:
+        raise ValueError(
+            f"result_likelihood: the step {step!r} tokenizes to {whole} whole but to {ids} cut at its results; "
+            f"a token crosses a result's edge, so the result's tokens cannot be told apart (docs/prm.md, "
+            f"result_likelihood)"
+        )
+    return offsets
+
+
+def policy_prompt_kind(kind: str | None, tokenizer, format_config) -> str:
+    """The prompt kind the policy's prompts were built with: ``kind`` (prm.kind) when given; else
+    any, when the prompt builder gives every kind the same prompt (a plain template without
+    few-shot exemplars); else an error (the instruction of a chat template depends on it)."""
+    if kind:
+        return kind
+    prompts = {prompt_from_config("?", name, tokenizer, format_config) for name in INSTRUCTIONS}
+    if len(prompts) > 1:
+        raise ValueError(
+            f"model.prm_format=result_likelihood: the policy's prompt depends on the problems' kind (chat template "
+            f"or few-shot exemplars); set prm.kind to one of {', '.join(INSTRUCTIONS)}"
+        )
+    return next(iter(INSTRUCTIONS))
+
+
+class ResultLikelihoodScorer(AdapterScorer):
+    """A causal LM (the policy) scoring a step by its probability of the results the step writes.
+
+    format_config: the policy's FormatConfig (prompt template, separator)
+    kind:          the prompt kind the policy's prompts are built with (policy_prompt_kind)
+    """
+
+    def __init__(self, model, tokenizer, format_config=None, kind: str | None = None, **kwargs):
+        super().__init__(model, tokenizer, **kwargs)
+        self.format_config = format_config if format_config is not None else FormatConfig()
+        self.kind = kind
+        self.prompt_kind = policy_prompt_kind(kind, tokenizer, self.format_config)
+
+    auto_class = AutoModelForCausalLM
+
+    @classmethod
+    def from_pretrained(cls, path: str, config) -> ResultLikelihoodScorer:
+        return cls(
+            *cls.load(path, config),
+            format_config=config.format,
+            kind=config.prm.kind,
+            batch_size=config.prm.score_batch_size,
+        )
+
+    def encode_results(self, question: str, steps: Sequence[str]) -> tuple[list[int], list[int], list[int]]:
+        """(ids, positions, owners): the policy's ids of prompt + steps, the position of every
+        result token, and the step each belongs to."""
+        prompt = prompt_from_config(question, self.prompt_kind, self.tokenizer, self.format_config)
+        trajectory = encode_trajectory(self.tokenizer, prompt, steps, self.format_config.separator, add_end=False)
+        positions, owners = [], []
+        for k, (step, (start, _)) in enumerate(zip(steps, trajectory.step_spans)):
+            offsets = result_token_offsets(self.tokenizer, step, self.format_config.separator)
+            positions += [start + offset for offset in offsets]
+            owners += [k] * len(offsets)
+        return trajectory.input_ids, positions, owners
+
+    def token_logprobs(self, input_ids, attention_mask, positions):
+        """log p(x_t | x_<t) at positions t (B, S); the LM head at positions t - 1 only."""
+        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = self.model.get_output_embeddings()(gather(hidden, (positions - 1).clamp(min=0))).float()
+        return logits.log_softmax(-1).gather(-1, gather(input_ids, positions).unsqueeze(-1)).squeeze(-1)
+
+    def logits_many(self, solutions: Sequence[Solution]) -> list[torch.Tensor]:
+        encoded = [self.encode_results(question, list(steps)) for question, steps in solutions]
+        token_logprobs = batched_step_logits(
+            [(ids, positions) for ids, positions, _ in encoded],
+            self.batch_size,
+            self.pad_token_id,
+            self.device,
+            self.token_logprobs,
+        )
+        results = []
+        for (_, steps), (_, _, owners), logprobs in zip(solutions, encoded, token_logprobs):
+            log_u = torch.zeros(len(steps), dtype=torch.float64)
+            log_u.index_add_(0, torch.tensor(owners, dtype=torch.long), logprobs.double())
+            results.append((log_u - torch.log(-torch.expm1(log_u))).float())  # sigmoid(logit) = exp(log_u)
+        return results
+
+
 ADAPTERS = {
     "token_classification": TokenClassificationScorer,
     "math_shepherd": MathShepherdScorer,
     "qwen_prm": QwenPRMScorer,
+    "result_likelihood": ResultLikelihoodScorer,
 }

@@ -4,7 +4,8 @@ Which format a PRM is: ``model.prm_format`` when it is not ``auto``; otherwise s
 folder (or the hub id's config.json): our prm_config.json -> ``stepflow``; an architecture ending
 in ForTokenClassification -> ``token_classification``; ending in ForProcessRewardModel ->
 ``qwen_prm``. A plain causal LM (Math-Shepherd) cannot be told from a policy, so it needs
-``model.prm_format=math_shepherd``. Hub ids the formats were written for: docs/prm.md.
+``model.prm_format=math_shepherd``, as a policy used as a verifier needs
+``model.prm_format=result_likelihood``. Hub ids the formats were written for: docs/prm.md.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def detect_format(path: str, prm_format: str = "auto") -> str:
         f"{path}: no known PRM format; tried stepflow (no {PRM_CONFIG_NAME}), token_classification (no "
         f"architecture ending in ForTokenClassification) and qwen_prm (none ending in ForProcessRewardModel): "
         f"architectures {architectures or 'unknown'}; set model.prm_format to one of {', '.join(FORMATS)} "
-        f'(math_shepherd for a Math-Shepherd-style causal LM; docs/prm.md, "Other PRMs")'
+        f"(math_shepherd for a Math-Shepherd-style causal LM, result_likelihood for a policy scoring the results "
+        f'steps write; docs/prm.md, "Other PRMs")'
     )
 
 

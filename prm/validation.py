@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from matplotlib.figure import Figure
 
 from pipeline.records import PRMExample
 from pipeline.stats import grouped_bootstrap_auc, grouped_mean_interval
+from pipeline.steps import calculation_result_spans
 from pipeline.storage.files import write_json_atomic
 from prm.data import group_records, sibling_pairs
 from prm.exact_check import (
@@ -37,10 +37,6 @@ from prm.exact_check import (
     pair_auc,
 )
 from prm.prm800k import LabelledSolution, load_prm800k
-
-# The result of a calculation: the number right after an '=' (an optional '$' between).
-_RESULT = re.compile(r"=\s*\$?\s*(-?\d+(?:\.\d+)?)")
-
 
 # ----------------------------------------------------------------------------- metrics
 
@@ -137,18 +133,19 @@ CORRUPTIONS = {"1to9": "the result increased by 1..9", "pm1": "the result moved 
 def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | None:
     """The step with the result of its last calculation changed, or None if it has none.
 
-    The result is the number right after the last '=' followed by a number. ``corruption``:
+    The result is the number right after its last '=' that no operator follows
+    (pipeline.steps.calculation_result_spans). ``corruption``:
     "1to9" adds 1..9 (the paper's E.4 check as first built here), "pm1" adds +1 or -1 (the size of
     most of the policy's own slips). The change is chosen from sha256(seed, step), so the same
     step is always corrupted the same way.
     """
     if corruption not in CORRUPTIONS:
         raise ValueError(f"corruption must be one of {sorted(CORRUPTIONS)}, got {corruption!r}")
-    matches = list(_RESULT.finditer(step))
-    if not matches:
+    spans = calculation_result_spans(step)
+    if not spans:
         return None
-    match = matches[-1]
-    text = match.group(1)
+    start, end = spans[-1]
+    text = step[start:end]
     draw = int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode()).digest()[:4], "big")
     delta = 1 + draw % 9 if corruption == "1to9" else (1 if draw % 2 else -1)
     if "." in text:
@@ -156,7 +153,7 @@ def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | No
         new = f"{float(text) + delta:.{decimals}f}"
     else:
         new = str(int(text) + delta)
-    return step[: match.start(1)] + new + step[match.end(1) :]
+    return step[:start] + new + step[end:]
 
 
 def corruption_check(

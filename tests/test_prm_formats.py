@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import re
 import sys
@@ -25,11 +26,14 @@ from transformers import (
     Qwen2Config,
 )
 
+from pipeline.config.schema import FormatConfig
+from pipeline.tinyworld.tokenizer import train_tokenizer
 from prm import model as prm_model
-from prm.adapters import MathShepherdScorer, QwenPRMScorer, TokenClassificationScorer
+from prm.adapters import MathShepherdScorer, QwenPRMScorer, ResultLikelihoodScorer, TokenClassificationScorer
 from prm.formats import detect_format, is_hub_id, load_scorer
 from prm.model import ProcessRewardModel
 from prm.scorer import PRMScorer
+from prm.validation import corrupt_step
 
 WORDS = ["Question:", "Answer:", "What", "is", "x", "=", "+", "-", "?", "Step", "ки", "system", "user", "assistant"]
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<extra_0>"]
@@ -304,3 +308,95 @@ def test_the_configs_prm_formats_are_ours_and_one_per_adapter():
     from prm.formats import FORMATS
 
     assert PRM_FORMATS == ("auto", *FORMATS) and FORMATS == ("stepflow", *ADAPTERS)
+
+
+# ----------------------------------------------------------------------------- (d) the policy's probability of its results
+
+
+def result_solutions() -> list[tuple[str, list[str]]]:
+    """Solutions of 1 to 4 steps (batches with padding), each ended by its stated answer; one step
+    with two results of two digits each."""
+    rng = random.Random(7)
+    found = []
+    for n_steps in (3, 1, 4, 2, 1):
+        question, steps = arithmetic_solution(rng, n_steps)
+        found.append((question, [*steps, f"The answer is {steps[-1].split('= ')[-1]}"]))
+    found.insert(1, ("What is 7 * 2 + 9 ?", ["7 * 2 = 14 , and 14 + 9 = 23 apples .", "The answer is 23"]))
+    return found
+
+
+def policy_folder(tmp_path):
+    """A random-init causal LM and the tiny world's tokenizer (it writes " 7" as one token)."""
+    texts = [f"Question: {q}\nAnswer:\n" + "".join(s + "\n" for s in steps) for q, steps in result_solutions()]
+    tokenizer = train_tokenizer(texts, vocab_size=300)
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(llama_config(tokenizer)).eval()
+    model.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    return model, tokenizer
+
+
+def brute_force_result_logprob(model, tokenizer, question: str, steps: list[str]) -> list[float]:
+    """log P of each step's results, in float64, one forward per result token on its own prefix:
+    the policy's prompt and earlier steps, the step up to its '=' (or up to "is"), then the tokens
+    of the result with the space before it."""
+    context = tokenizer(f"Question: {question}\nAnswer:\n")["input_ids"]  # with BOS, as generation starts
+    per_step = []
+    for step in steps:
+        total = 0.0
+        for match in re.finditer(r"(?:=|answer is)( -?\d+)(?![\d+*-]| [+*-])", step):
+            before = tokenizer(step[: match.start(1)], add_special_tokens=False)["input_ids"]
+            result = tokenizer(match.group(1), add_special_tokens=False)["input_ids"]
+            for j, token in enumerate(result):
+                with torch.no_grad():
+                    logits = model(torch.tensor([context + before + result[:j]])).logits[0, -1]
+                total += float(logits.log_softmax(-1)[token])
+        per_step.append(total)
+        context = context + tokenizer(step + "\n", add_special_tokens=False)["input_ids"]
+    return per_step
+
+
+def test_result_likelihood_is_the_policys_probability_of_the_results_a_step_writes(tmp_path):
+    model, tokenizer = policy_folder(tmp_path)
+    with pytest.raises(ValueError, match="result_likelihood"):
+        load_scorer(tmp_path / "policy", config_for())  # a causal LM could be anything: the format must be named
+    scorer = load_scorer(tmp_path / "policy", config_for("result_likelihood"))  # batches of 2
+    assert isinstance(scorer, ResultLikelihoodScorer) and scorer.kind is None
+    reference = model.to(torch.float64)
+    got = scorer.log_scores_many(result_solutions())
+    for (question, steps), logprobs in zip(result_solutions(), got):
+        expected = brute_force_result_logprob(reference, tokenizer, question, steps)
+        assert len(logprobs) == len(steps) and all(value < 0 for value in expected)
+        assert np.allclose(logprobs, expected, rtol=1e-4, atol=1e-4)
+    assert np.allclose(np.exp(got[0]), scorer.score_many(result_solutions())[0], atol=1e-6)  # U = P(results)
+    assert scorer.logits_many([("What is 1 + 1 ?", [])])[0].numel() == 0
+
+
+def test_result_likelihood_changes_with_a_steps_result_and_nothing_before_it(tmp_path):
+    policy_folder(tmp_path)
+    scorer = load_scorer(tmp_path / "policy", config_for("result_likelihood"))
+    question, steps = max(result_solutions(), key=lambda solution: len(solution[1]))
+    changed = list(steps)
+    changed[1] = corrupt_step(steps[1], seed=0)
+    before, after = scorer.log_scores_many([(question, steps), (question, changed)])
+    assert before[0] == after[0] and before[1] != after[1]
+    wordy = list(steps)
+    wordy[1] = steps[1] + " , so x is 9 now"  # the result stays what '=' gives; words after it are not scored
+    assert scorer.log_scores(question, wordy)[1] == pytest.approx(before[1], abs=1e-6)
+    no_number = scorer.logits_many([(question, ["Let us add them up ."])])[0]
+    assert no_number.tolist() == [math.inf]  # U = 1: it writes no result
+    assert scorer.score(question, ["Let us add them up ."]) == [1.0]
+
+
+def test_result_likelihood_refuses_results_it_cannot_locate_and_prompts_it_cannot_rebuild(tmp_path):
+    tokenizer = word_tokenizer(bos=True)  # words split on spaces: "x =7" is one unknown word
+    torch.manual_seed(4)
+    model = LlamaForCausalLM(llama_config(tokenizer)).eval()
+    scorer = ResultLikelihoodScorer(model, tokenizer, format_config=config_for().format, batch_size=2)
+    assert scorer.score_many([("What is 3 + 4 ?", ["x = 3 + 4 = 7"])])[0][0] < 1
+    with pytest.raises(ValueError, match="cut at its results"):
+        scorer.score_many([("What is 3 + 4 ?", ["x = 3 + 4 =7"])])
+    chat = FormatConfig(use_chat_template=True)  # the chat template's instruction depends on the kind
+    with pytest.raises(ValueError, match="prm.kind"):
+        ResultLikelihoodScorer(model, tokenizer, format_config=chat)
+    assert ResultLikelihoodScorer(model, tokenizer, format_config=chat, kind="tiny").prompt_kind == "tiny"

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, trainers
 from transformers import PreTrainedTokenizerFast
 
-from pipeline.steps import encode_trajectory, join_steps, split_steps
+from pipeline.steps import calculation_result_spans, encode_trajectory, join_steps, split_steps, step_result_spans
 
 step_text = st.text(alphabet="ab c1=+\t", min_size=1, max_size=12).map(str.strip).filter(bool)
 
@@ -59,3 +59,20 @@ def test_spans_index_each_step_exactly(crossing_bpe, steps):
 def test_unfinished_trajectory_has_no_end(crossing_bpe):
     seg = encode_trajectory(crossing_bpe, "Q: 1+2\nA:\n", ["1 + 2 = 3"], "\n", add_end=False)
     assert seg.end_position is None and crossing_bpe.eos_token_id not in seg.input_ids
+
+
+@pytest.mark.parametrize(
+    "step, results, stated",
+    [
+        ("3 + 4 = 7, and 7 * 2 = $14", ["7", "14"], ["7", "14"]),
+        ("x = 3 + 1 = 4.", ["4"], ["4"]),  # 3 starts an expression: no result
+        ("= 2.5 * 3 = 7.5", ["7.5"], ["7.5"]),
+        ("y = -3", ["-3"], ["-3"]),
+        ("So x = 10 - 4", [], ["4"]),  # an expression, no result: its last number
+        ("The answer is 15", [], ["15"]),
+        ("Let us add them up.", [], []),
+    ],
+)
+def test_the_results_a_step_writes(step, results, stated):
+    assert [step[a:b] for a, b in calculation_result_spans(step)] == results
+    assert [step[a:b] for a, b in step_result_spans(step)] == stated

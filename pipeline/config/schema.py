@@ -37,7 +37,7 @@ MAX_TEMPERATURE = (
 # (WeightTransport, AsyncPriority) are beside its fields, in pipeline.config.asynchronous.
 ReportTo = Literal["none", "tensorboard", "wandb", "all"]  # experiment trackers (pipeline/training/tracking.py)
 PRMFormat = Literal[
-    "auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm"
+    "auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm", "result_likelihood"
 ]  # docs/prm.md, "Other PRMs"
 TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
 GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
