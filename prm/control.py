@@ -12,6 +12,11 @@ reads runs/<run>/bootstrap/problems_{train,val}.jsonl (make bootstrap) and write
 runs/<run>/augment/prm_{train,val}.jsonl in the PRM data contract, so ``make prm RUN=<run>``
 trains and validates on them (validation.json: AUC, corrupted-step drop). It refuses to
 overwrite existing files: point it at a fresh run folder whose bootstrap/ is a copy or link.
+
+Measured limit: the altered results are only ever raised (corrupt_step's +1..9), so the PRM can
+learn the direction of the change instead of the arithmetic; on the policy's own slips, which
+often lower a result, the control's PRM is inverted (docs/results/prm.md, "Sibling AUC at the
+search temperature").
 """
 
 from __future__ import annotations
