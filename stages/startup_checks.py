@@ -82,19 +82,21 @@ def check_models(config: Config, stage: str) -> None:
 PRM_KEYS = ("model.prm_backbone", "model.prm", "eval.prm")
 
 
-def probe_sample(config: Config) -> tuple[str, str, list[str]]:
+def probe_sample(config: Config) -> tuple[str, str, list[str]] | None:
     """(question, kind, steps) of the policy's text the PRM tokenizer check encodes: the first problem of
     data.train when data.train_path is a local file, with its own worked solution where its record lists
-    one (meta["solutions"]), else the first few-shot exemplar of its kind (pipeline.prompts.FEW_SHOT); with
-    no local problem, that exemplar's question too. The kind: prm.kind, else the problem's (math without one)."""
+    one (meta["solutions"]), else the steps of the first few-shot exemplar of its kind
+    (pipeline.prompts.FEW_SHOT). None without a local problem: an exemplar alone is not the run's text (a
+    PRM of a small vocabulary that reads its own data would be refused for text it never sees). The kind:
+    prm.kind, else the problem's."""
     path = config.resolve(config.data.train_path)
     problems = (
         load_benchmark(config.data.train, path=path, limit=1, lenient=True) if path and Path(path).is_file() else []
     )
-    kind = config.prm.kind or (problems[0].kind if problems else "math")
-    exemplar_question, exemplar_steps = FEW_SHOT.get(kind, FEW_SHOT["math"])[0]
     if not problems:
-        return exemplar_question, kind, list(exemplar_steps)
+        return None
+    kind = config.prm.kind or problems[0].kind
+    _, exemplar_steps = FEW_SHOT.get(kind, FEW_SHOT["math"])[0]
     solutions = problems[0].meta.get("solutions")
     own = solutions[0] if isinstance(solutions, list) and solutions and isinstance(solutions[0], list) else None
     steps = [step for step in own if isinstance(step, str)] if own else list(exemplar_steps)
@@ -119,7 +121,10 @@ def check_prm_tokenizers(config: Config, stage: str) -> None:
     folders = [(key, config.resolve(raw)) for key, raw in keys if _holds_tokenizer(Path(config.resolve(raw)))]
     if not folders:
         return
-    question, kind, steps = probe_sample(config)
+    probe = probe_sample(config)
+    if probe is None:
+        return
+    question, kind, steps = probe
     for key, folder in folders:
         try:
             tokenizer = load_tokenizer(folder, trust_remote_code=config.model.trust_remote_code, check=False)
