@@ -23,10 +23,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pipeline.grading import extract_answer, grade_many
-from pipeline.prompts import prompt_from_config
 from pipeline.records import PRMExample, Problem
-from pipeline.rollouts.mcts import make_rollout_fn, mc_value
+from pipeline.rollouts.mcts import mc_value
+from pipeline.rollouts.temperature import problems_rollout_fn
 from pipeline.tinyworld.checker import arithmetic_errors, corrected_step
 from prm.exact_check import SlipPair, pair_auc
 
@@ -83,35 +82,13 @@ def slip_pair_mc(
     missing = sorted({pair.group for pair in pairs if pair.group not in by_id})
     if missing:
         raise ValueError(f"slip_pair_mc: pairs of problems not given: {missing[:3]}")
-    kinds = {p.kind for p in problems}
-    if len(kinds) != 1:
-        raise ValueError(f"slip_pair_mc: the problems mix answer kinds {sorted(kinds)}; use one source at a time")
-    kind = kinds.pop()
-    prompts = [
-        prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options"))
-        for p in problems
-    ]
     requests = []
     for pair in pairs:
         index = by_id[pair.group]
         requests += [(index, (*pair.prefix, pair.slip)), (index, (*pair.prefix, pair.counterpart))]
     rows = []
     for temperature in temperatures:
-        rollout_fn = make_rollout_fn(
-            generator,
-            prompts,
-            [p.answer for p in problems],
-            kind,
-            k=k,
-            temperature=temperature,
-            top_p=config.mcts.top_p,
-            max_new_tokens=config.generation.max_new_tokens,
-            separator=config.format.separator,
-            grade_many=grade_many,
-            extract_answer=extract_answer,
-            seed=seed,
-            problem_ids=[p.problem_id for p in problems],
-        )
+        rollout_fn = problems_rollout_fn(generator, problems, config, k, temperature, seed)
         values = [mc_value(rollouts) for rollouts in rollout_fn(requests)] if requests else []
         row = mc_pair_row(values[0::2], values[1::2], [pair.group for pair in pairs], seed=seed)
         rows.append({"temperature": temperature, **row})

@@ -1,5 +1,5 @@
-"""make mc-audit: what the Monte Carlo path can teach a PRM about slips (issue #57's measurements
-(1)-(3); docs/prm.md, "What the Monte Carlo path teaches").
+"""make mc-audit: what the Monte Carlo path can teach a PRM about slips (docs/prm.md, "What the
+Monte Carlo path teaches").
 
 Reads:  the policy (model.policy) and held-out problems (data.validation*, the exact check's: the
         first prm.exact_check_problems, sampled as make prm samples them); when make augment has

@@ -57,6 +57,36 @@ def _share(part: float, whole: float) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
+def problems_rollout_fn(generator, problems: Sequence[Problem], config, k: int, temperature: float, seed: int):
+    """The rollout function (make_rollout_fn) of ``problems``, drawn as MCTS draws its rollouts:
+    the one prompt builder's prompts, config.format, config.generation.max_new_tokens,
+    config.mcts.top_p, ``k`` rollouts per request at ``temperature``, a stream per (problem, prefix)
+    from ``seed``; a request is (index into problems, prefix). One answer kind at a time."""
+    kinds = {p.kind for p in problems}
+    if len(kinds) != 1:
+        raise ValueError(f"the problems mix answer kinds {sorted(kinds)}; use one source at a time")
+    kind = kinds.pop()
+    prompts = [
+        prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options"))
+        for p in problems
+    ]
+    return make_rollout_fn(
+        generator,
+        prompts,
+        [p.answer for p in problems],
+        kind,
+        k=k,
+        temperature=temperature,
+        top_p=config.mcts.top_p,
+        max_new_tokens=config.generation.max_new_tokens,
+        separator=config.format.separator,
+        grade_many=grade_many,
+        extract_answer=extract_answer,
+        seed=seed,
+        problem_ids=[p.problem_id for p in problems],
+    )
+
+
 def temperature_sweep(
     generator,
     problems: Sequence[Problem],
@@ -69,32 +99,10 @@ def temperature_sweep(
     """One row per temperature (the module docstring lists its fields) of ``k`` root samples of
     each problem, drawn as MCTS draws its rollouts (config.format, config.generation.max_new_tokens,
     config.mcts.top_p; a stream per problem from ``seed``)."""
-    kinds = {p.kind for p in problems}
-    if len(kinds) != 1:
-        raise ValueError(f"temperature_sweep: the problems mix answer kinds {sorted(kinds)}; use one source at a time")
-    kind = kinds.pop()
-    prompts = [
-        prompt_from_config(p.question, kind, generator.tokenizer, config.format, p.meta.get("options"))
-        for p in problems
-    ]
     rows = []
     for temperature in temperatures:
         start = time.monotonic()
-        rollout_fn = make_rollout_fn(
-            generator,
-            prompts,
-            [p.answer for p in problems],
-            kind,
-            k=k,
-            temperature=temperature,
-            top_p=config.mcts.top_p,
-            max_new_tokens=config.generation.max_new_tokens,
-            separator=config.format.separator,
-            grade_many=grade_many,
-            extract_answer=extract_answer,
-            seed=seed,
-            problem_ids=[p.problem_id for p in problems],
-        )
+        rollout_fn = problems_rollout_fn(generator, problems, config, k, temperature, seed)
         results = rollout_fn([(i, ()) for i in range(len(problems))])
         seconds = time.monotonic() - start
         totals = dict.fromkeys(

@@ -1,4 +1,4 @@
-"""How well the PRM ranks the sibling candidates a step-level search chooses between (issue #57).
+"""How well the PRM ranks the sibling candidates a step-level search chooses between.
 
 At an expansion of a correct prefix, best-of-k keeps the candidate the PRM scores highest. If
 the candidates' per-step error rate is e and the PRM's AUC among the candidates of one prefix
