@@ -6,17 +6,17 @@ trainer cannot separate these, MC labels (where a slip after a clean prefix aver
 about 0.03 and a clean step about 0.4: docs/gflownet.md) cannot teach it either; if it can, the
 gap is in the labels or their amount.
 
-    python -m prm.control runs/<run> [--problems N]
+    python -m prm.control runs/<run> [--problems N] [--corruption pm1to9]
 
 reads runs/<run>/bootstrap/problems_{train,val}.jsonl (make bootstrap) and writes
 runs/<run>/augment/prm_{train,val}.jsonl in the PRM data contract, so ``make prm RUN=<run>``
 trains and validates on them (validation.json: AUC, corrupted-step drop). It refuses to
 overwrite existing files: point it at a fresh run folder whose bootstrap/ is a copy or link.
 
-Measured limit: the altered results are only ever raised (corrupt_step's +1..9), so the PRM can
-learn the direction of the change instead of the arithmetic; on the policy's own slips, which
-often lower a result, the control's PRM is inverted (docs/results/prm.md, "Sibling AUC at the
-search temperature").
+Measured limit of the default: the altered results are only ever raised (corrupt_step's +1..9), so
+the PRM can learn the direction of the change instead of the arithmetic; on the policy's own
+slips, which often lower a result, that control's PRM is inverted (docs/results/prm.md, "Sibling
+AUC at the search temperature"). ``--corruption pm1to9`` moves results both ways.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from pathlib import Path
 from pipeline.datasets.problems import load_problems_jsonl
 from pipeline.records import ORIGIN_MCTS, PRMExample, Problem
 from pipeline.storage.files import write_records_atomic
-from prm.validation import corrupt_step
+from prm.validation import CORRUPTIONS, corrupt_step
 
 
-def control_records(problems: Sequence[Problem], seed: int = 0) -> list[PRMExample]:
+def control_records(problems: Sequence[Problem], seed: int = 0, corruption: str = "1to9") -> list[PRMExample]:
     """Gold steps labelled 1 and their result-corrupted siblings labelled 0, each after its gold prefix.
+
+    ``corruption``: how the result is altered (prm.validation.CORRUPTIONS; "pm1to9" moves it both ways).
 
     A step with no ``= <number>`` result to alter (``The answer is N``) gets only its label-1 record.
     """
@@ -44,7 +46,7 @@ def control_records(problems: Sequence[Problem], seed: int = 0) -> list[PRMExamp
         for index, step in enumerate(steps):
             prefix = list(steps[:index])
             records.append(PRMExample(problem.problem_id, problem.question, prefix, step, 1.0, ORIGIN_MCTS))
-            corrupted = corrupt_step(step, rng.randrange(1 << 30))
+            corrupted = corrupt_step(step, rng.randrange(1 << 30), corruption)
             if corrupted is not None:
                 records.append(
                     PRMExample(f"{problem.problem_id}-corrupted", problem.question, prefix, corrupted, 0.0, ORIGIN_MCTS)
@@ -57,6 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--problems", type=int, default=2000, help="training problems to use (default 2000)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--corruption",
+        choices=sorted(CORRUPTIONS),
+        default="1to9",
+        help="how a gold result is altered: 1to9 raises it (default), pm1to9 moves it up or down",
+    )
     args = parser.parse_args(argv)
     outputs = {split: args.run_dir / "augment" / f"prm_{split}.jsonl" for split in ("train", "val")}
     existing = [str(path) for path in outputs.values() if path.exists()]
@@ -64,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"prm.control: {', '.join(existing)} already exist; use a fresh run folder")
     for split, limit in (("train", args.problems), ("val", None)):
         problems = load_problems_jsonl(args.run_dir / "bootstrap" / f"problems_{split}.jsonl", limit=limit)
-        records = control_records(problems, args.seed + (split == "val"))
+        records = control_records(problems, args.seed + (split == "val"), args.corruption)
         write_records_atomic(outputs[split], records)
         print(f"prm.control: {len(problems)} {split} problems -> {len(records)} records in {outputs[split]}")
 

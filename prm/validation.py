@@ -127,7 +127,11 @@ def mc_pair_check(scorer, records: Sequence[PRMExample], merge_prefixes: bool = 
 # ----------------------------------------------------------------------------- E.4 corruption
 
 
-CORRUPTIONS = {"1to9": "the result increased by 1..9", "pm1": "the result moved by +1 or -1"}
+CORRUPTIONS = {
+    "1to9": "the result increased by 1..9",
+    "pm1": "the result moved by +1 or -1",
+    "pm1to9": "the result moved by 1..9 up or down (up where down would go below 0)",
+}
 
 
 def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | None:
@@ -136,8 +140,9 @@ def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | No
     The result is the number right after its last '=' that no operator follows
     (pipeline.steps.calculation_result_spans). ``corruption``:
     "1to9" adds 1..9 (the paper's E.4 check as first built here), "pm1" adds +1 or -1 (the size of
-    most of the policy's own slips). The change is chosen from sha256(seed, step), so the same
-    step is always corrupted the same way.
+    most of the policy's own slips), "pm1to9" adds or subtracts 1..9 with equal odds, adding where
+    subtracting would make the result negative (no direction to learn instead of the arithmetic).
+    The change is chosen from sha256(seed, step), so the same step is always corrupted the same way.
     """
     if corruption not in CORRUPTIONS:
         raise ValueError(f"corruption must be one of {sorted(CORRUPTIONS)}, got {corruption!r}")
@@ -147,7 +152,12 @@ def corrupt_step(step: str, seed: int = 0, corruption: str = "1to9") -> str | No
     start, end = spans[-1]
     text = step[start:end]
     draw = int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode()).digest()[:4], "big")
-    delta = 1 + draw % 9 if corruption == "1to9" else (1 if draw % 2 else -1)
+    if corruption == "pm1":
+        delta = 1 if draw % 2 else -1
+    else:
+        delta = 1 + draw % 9
+        if corruption == "pm1to9" and (draw >> 8) % 2 and float(text) - delta >= 0:
+            delta = -delta
     if "." in text:
         decimals = len(text.split(".")[1])
         new = f"{float(text) + delta:.{decimals}f}"

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -423,6 +424,17 @@ def test_plus_minus_one_corruption_moves_the_last_result_by_one():
         corrupt_step("x = 1", corruption="2to5")
 
 
+def test_symmetric_corruption_moves_results_both_ways_and_never_below_zero():
+    up_down = [
+        int(corrupt_step(f"Step {i}: 30 + 4 = 34", seed=i, corruption="pm1to9").rsplit("=", 1)[1]) for i in range(200)
+    ]
+    assert {v - 34 for v in up_down} == set(range(-9, 0)) | set(range(1, 10))  # every size, both directions
+    small = [
+        int(corrupt_step(f"Step {i}: 1 + 1 = 2", seed=i, corruption="pm1to9").rsplit("=", 1)[1]) for i in range(200)
+    ]
+    assert min(small) >= 0 and 1 in small and 0 in small and max(small) > 3  # down only where it stays >= 0
+
+
 GOLD = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
 OTHER = ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"]
 
@@ -784,6 +796,7 @@ def test_control_records_label_gold_steps_one_and_corrupted_siblings_zero(tmp_pa
     from pipeline.datasets.problems import write_problems_jsonl
     from pipeline.tinyworld.checker import arithmetic_errors
     from pipeline.tinyworld.problems import generate_splits
+    from prm.control import control_records
     from prm.control import main as control_main
 
     splits = generate_splits(TinyWorldConfig(seed=5, n_train=30, n_val=10, n_test=10))
@@ -805,3 +818,12 @@ def test_control_records_label_gold_steps_one_and_corrupted_siblings_zero(tmp_pa
     assert all(r.step != g for r in zeros for (q, pre, g) in gold if q == r.question and list(pre) == r.prefix_steps)
     with pytest.raises(SystemExit, match="already exist"):  # never overwrites a run's data
         control_main([str(tmp_path)])
+    symmetric = control_records(splits["train"][:20], seed=0, corruption="pm1to9")
+    right = {(r.question, tuple(r.prefix_steps)): r.step for r in symmetric if r.label == 1.0}
+    moved = [
+        float(re.findall(r"= (\d+)", r.step)[-1])
+        - float(re.findall(r"= (\d+)", right[(r.question, tuple(r.prefix_steps))])[-1])
+        for r in symmetric
+        if r.label == 0.0
+    ]
+    assert any(d < 0 for d in moved) and any(d > 0 for d in moved)  # the default only ever raises
