@@ -1,6 +1,7 @@
 """The paper's claims at the tiny world's scale, read from the files the stages wrote (make demo).
 
-Each claim is a figure with a 95% interval and a verdict (holds / fails):
+Each claim is a figure with a 95% interval and a verdict, holds / inconclusive / fails, judged on
+the interval (docs/demo.md, "Verdicts"):
 
 - prm_auc:                the PRM's AUC of first wrong steps against correct steps after a correct
                           prefix, by exact labels, on the policy's own samples of held-out problems
@@ -14,27 +15,39 @@ Each claim is a figure with a 95% interval and a verdict (holds / fails):
                           (search/results.json; paper Figure 2)
 - gfn_reward_higher:      the GFlowNet's held-out mean PRM reward above the base policy's (paired;
                           reports/<run>/results.json; paper Table 2 in miniature)
-- gfn_accuracy_not_lower: neither its greedy accuracy nor its pass@1 lower than the base's (paired)
+- gfn_accuracy_not_lower: neither its greedy accuracy nor its pass@1 lower than the base's (paired,
+                          with a margin)
 - gfn_more_diverse_than_ppo: against PPO, a higher strategy entropy of the correct solutions
                           (bits per problem, paired over problems with more than one strategy that
-                          both solve), at a pass@1 not lower; the whole-text similarity difference
-                          shown beside it (paper Table 4, appendix D)
+                          both solve), at a pass@1 not lower (with the same margin); the whole-text
+                          similarity difference shown beside it (paper Table 4, appendix D)
 
-"higher" means the paired interval lies above 0, "lower" below; a threshold claim compares the
-point estimate with the threshold and shows the interval beside it. Nothing here is tuned: the
-thresholds are the issue's, fixed before the runs they judge, and a claim whose inputs are
-missing fails and says so. The MC-label AUC (validation.json "auc": steps with MC label > 0.5
-against the rest) is reported beside the claims, not judged: it counts correct steps of hard
-problems as negatives.
+The three rules, [lo, hi] the 95% interval:
+
+- a threshold claim holds when lo >= the threshold, fails when hi < it, and is inconclusive otherwise;
+- an effect claim (a paired difference that must be higher) holds when lo > 0 and the estimate
+  reaches its minimal effect (claims.*_min_effect*), fails when hi < 0, and is inconclusive otherwise;
+- a "not lower" claim (a paired accuracy difference in points) holds when lo >= the margin
+  (claims.accuracy_margin_points, -3), fails when hi < the margin, and is inconclusive otherwise.
+
+A claim of several parts (every search strategy; greedy and pass@1; entropy and pass@1) holds when
+every part holds and fails when any part fails. The thresholds are the issue's, fixed before the runs
+they judge; the minimal effects and the margin are the config's (pipeline.config.schema.ClaimsConfig).
+A claim whose inputs are missing fails and says so. The MC-label AUC (validation.json "auc": steps
+with MC label > 0.5 against the rest) is reported beside the claims, not judged: it counts correct
+steps of hard problems as negatives.
 """
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from pipeline.config.schema import ClaimsConfig
 from pipeline.stats import bootstrap_ci
 from pipeline.storage.files import read_json_if_exists
 
@@ -49,20 +62,44 @@ CLAIM_IDS = (
     "gfn_accuracy_not_lower",
     "gfn_more_diverse_than_ppo",
 )
+Verdict = Literal["holds", "inconclusive", "fails"]
+VERDICTS: tuple[Verdict, ...] = typing.get_args(Verdict)
+
+
+def threshold_verdict(lo: float, hi: float, threshold: float) -> Verdict:
+    """holds: the interval's lower bound is at or above the threshold; fails: its upper bound is below."""
+    return "holds" if lo >= threshold else "fails" if hi < threshold else "inconclusive"
+
+
+def effect_verdict(mean: float, lo: float, hi: float, min_effect: float) -> Verdict:
+    """A paired difference that must be higher: holds when the interval lies above 0 and the estimate
+    reaches ``min_effect`` (same units), fails when the interval lies below 0."""
+    return "holds" if lo > 0 and mean >= min_effect else "fails" if hi < 0 else "inconclusive"
+
+
+def not_lower_verdict(lo: float, hi: float, margin: float) -> Verdict:
+    """A paired difference that must not be lower: holds when the lower bound is at or above ``margin``
+    (<= 0, same units), fails when the upper bound is below it."""
+    return threshold_verdict(lo, hi, margin)
+
+
+def combined_verdict(parts: list[Verdict]) -> Verdict:
+    """Every part holds: holds; any part fails: fails; otherwise inconclusive."""
+    return "fails" if "fails" in parts else "holds" if all(part == "holds" for part in parts) else "inconclusive"
 
 
 @dataclass
 class Claim:
-    """id, whether it holds, its figure with the 95% interval, and what it is compared with."""
+    """id, its verdict, its figure with the 95% interval, and what it is compared with."""
 
     id: str
-    holds: bool
+    verdict: Verdict
     value: float | None
     interval: tuple[float | None, float | None]
     comparison: str
 
     def markdown(self) -> str:
-        """``- <id>: holds|fails: <figure> [<lo>, <hi>] (<comparison>)``"""
+        """``- <id>: holds|inconclusive|fails: <figure> [<lo>, <hi>] (<comparison>)``"""
         lo, hi = self.interval
         figure = (
             "n/a"
@@ -72,11 +109,11 @@ class Claim:
             else f"{self.value:.4g}"
         )
         interval = f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
-        return f"- {self.id}: {'holds' if self.holds else 'fails'}: {figure}{interval} ({self.comparison})"
+        return f"- {self.id}: {self.verdict}: {figure}{interval} ({self.comparison})"
 
     def to_json(self) -> dict:
         return {
-            "holds": self.holds,
+            "verdict": self.verdict,
             "value": self.value,
             "interval": list(self.interval),
             "comparison": self.comparison,
@@ -85,12 +122,14 @@ class Claim:
 
 def _threshold_claim(claim_id: str, value, interval, what: str, threshold: float) -> Claim:
     if value is None:
-        return Claim(claim_id, False, None, (None, None), f"{what}: not measured")
+        return Claim(claim_id, "fails", None, (None, None), f"{what}: not measured")
     lo, hi = interval or (None, None)
-    return Claim(claim_id, value >= threshold, value, (lo, hi), f"{what} >= {threshold}")
+    if lo is None or hi is None:
+        return Claim(claim_id, "inconclusive", value, (None, None), f"{what} >= {threshold}: no interval")
+    return Claim(claim_id, threshold_verdict(lo, hi, threshold), value, (lo, hi), f"{what} >= {threshold}")
 
 
-def _verdict(diff: dict | None) -> str:
+def _direction(diff: dict | None) -> str:
     if not diff:
         return "missing"
     return "higher" if diff["lo"] > 0 else "lower" if diff["hi"] < 0 else "no clear change"
@@ -99,7 +138,21 @@ def _verdict(diff: dict | None) -> str:
 def _fmt(diff: dict | None, scale: float = 1.0) -> str:
     if not diff:
         return "n/a"
-    return f"{scale * diff['mean']:+.3g} [{scale * diff['lo']:+.3g}, {scale * diff['hi']:+.3g}] {_verdict(diff)}"
+    return f"{scale * diff['mean']:+.3g} [{scale * diff['lo']:+.3g}, {scale * diff['hi']:+.3g}] {_direction(diff)}"
+
+
+def _effect(diff: dict | None, min_effect: float, scale: float = 1.0) -> Verdict:
+    """effect_verdict of a paired difference ({mean, lo, hi}) in ``scale`` x its units; missing: fails."""
+    if not diff:
+        return "fails"
+    return effect_verdict(scale * diff["mean"], scale * diff["lo"], scale * diff["hi"], min_effect)
+
+
+def _not_lower(diff: dict | None, margin_points: float) -> Verdict:
+    """not_lower_verdict of a paired accuracy difference (fractions) against a margin in points; missing: fails."""
+    if not diff:
+        return "fails"
+    return not_lower_verdict(100 * diff["lo"], 100 * diff["hi"], margin_points)
 
 
 def prm_claims(validation: dict | None) -> list[Claim]:
@@ -126,9 +179,10 @@ def prm_claims(validation: dict | None) -> list[Claim]:
     ]
 
 
-def search_claim(search: dict | None, n_resamples: int = 2000, seed: int = 0) -> Claim:
+def search_claim(search: dict | None, min_effect_points: float, n_resamples: int = 2000, seed: int = 0) -> Claim:
     """Accuracy at the largest k minus k = 1, paired per problem, for every strategy of
-    SEARCH_STRATEGIES; the figure is the smallest gain (the claim needs all of them higher)."""
+    SEARCH_STRATEGIES, each an effect claim with ``min_effect_points``; the figure is the smallest
+    gain (the claim holds when every strategy's does)."""
     rows = (search or {}).get("rows", [])
     diffs = {}
     for strategy in SEARCH_STRATEGIES:
@@ -144,7 +198,7 @@ def search_claim(search: dict | None, n_resamples: int = 2000, seed: int = 0) ->
         missing = sorted(set(SEARCH_STRATEGIES) - set(diffs))
         return Claim(
             "search_rises_with_k",
-            False,
+            "fails",
             None,
             (None, None),
             f"paired accuracy difference: no rows for {', '.join(missing)}",
@@ -153,14 +207,16 @@ def search_claim(search: dict | None, n_resamples: int = 2000, seed: int = 0) ->
     detail = "; ".join(f"{s} k={d['k']} vs 1: {_fmt(d, 100)} pts" for s, d in diffs.items())
     return Claim(
         "search_rises_with_k",
-        all(d["lo"] > 0 for d in diffs.values()),
+        combined_verdict([_effect(d, min_effect_points, scale=100) for d in diffs.values()]),
         diffs[weakest]["mean"],
         (diffs[weakest]["lo"], diffs[weakest]["hi"]),
-        f"paired accuracy at the largest k minus k=1, all higher; {detail}",
+        f"paired accuracy at the largest k minus k=1, each above 0 and >= {min_effect_points:g} pts; {detail}",
     )
 
 
-def finetuning_claims(results: dict | None, benchmark: str) -> list[Claim]:
+def finetuning_claims(results: dict | None, benchmark: str, settings: ClaimsConfig) -> list[Claim]:
+    """gfn_reward_higher, gfn_accuracy_not_lower and gfn_more_diverse_than_ppo from make eval's
+    results.json ("comparisons": paired differences against the base, and GFlowNet minus PPO)."""
     comparisons = (results or {}).get("comparisons") or {}
     gfn = (
         (comparisons.get("models") or {}).get("gfn", {}).get(benchmark)
@@ -168,15 +224,17 @@ def finetuning_claims(results: dict | None, benchmark: str) -> list[Claim]:
         else None
     )
     pair = ((comparisons.get("pairs") or {}).get("gfn_vs_ppo") or {}).get(benchmark)
+    margin = settings.accuracy_margin_points
     claims = []
     reward = (gfn or {}).get("prm_reward")
     claims.append(
         Claim(
             "gfn_reward_higher",
-            _verdict(reward) == "higher",
+            _effect(reward, settings.reward_min_effect),
             reward and reward["mean"],
             (reward and reward["lo"], reward and reward["hi"]),
-            f"paired held-out mean PRM reward, GFlowNet minus base: {_verdict(reward)}",
+            f"paired held-out mean PRM reward, GFlowNet minus base: {_direction(reward)}; above 0 and "
+            f">= {settings.reward_min_effect:g}",
         )
     )
     accuracy = [(gfn or {}).get(key) for key in ("greedy_pass@1", "pass@1")]
@@ -184,34 +242,47 @@ def finetuning_claims(results: dict | None, benchmark: str) -> list[Claim]:
     claims.append(
         Claim(
             "gfn_accuracy_not_lower",
-            bool(gfn) and all(d and _verdict(d) != "lower" for d in accuracy),
+            combined_verdict([_not_lower(d, margin) for d in accuracy]),
             worst and 100 * worst["mean"],
             (worst and 100 * worst["lo"], worst and 100 * worst["hi"]),
-            f"paired accuracy in points, GFlowNet minus base, neither lower: greedy {_fmt(accuracy[0], 100)}, "
-            f"pass@1 {_fmt(accuracy[1], 100)}",
+            f"paired accuracy in points, GFlowNet minus base, neither lower than {margin:g} pts: greedy "
+            f"{_fmt(accuracy[0], 100)}, pass@1 {_fmt(accuracy[1], 100)}",
         )
     )
     entropy, pass1, similarity = ((pair or {}).get(key) for key in ("strategy_entropy", "pass@1", "similarity"))
-    holds = _verdict(entropy) == "higher" and pass1 is not None and _verdict(pass1) != "lower"
     claims.append(
         Claim(
             "gfn_more_diverse_than_ppo",
-            holds,
+            combined_verdict([_effect(entropy, settings.diversity_min_effect_bits), _not_lower(pass1, margin)]),
             entropy and entropy["mean"],
             (entropy and entropy["lo"], entropy and entropy["hi"]),
-            f"paired, GFlowNet minus PPO: strategy entropy of correct solutions {_fmt(entropy)} bits (must be "
-            f"higher), pass@1 {_fmt(pass1, 100)} pts (not lower); whole-text similarity {_fmt(similarity)} (shown, "
-            "not judged)",
+            f"paired, GFlowNet minus PPO: strategy entropy of correct solutions {_fmt(entropy)} bits (above 0 and "
+            f">= {settings.diversity_min_effect_bits:g}), pass@1 {_fmt(pass1, 100)} pts (not lower than {margin:g}); "
+            f"whole-text similarity {_fmt(similarity)} (shown, not judged)",
         )
     )
     return claims
 
 
-def evaluate_claims(run_dir: Path, reports_dir: Path, benchmark: str = "tiny_test", seed: int = 0) -> list[Claim]:
-    """Every claim of CLAIM_IDS, in that order, from a finished run's files."""
+def evaluate_claims(
+    run_dir: Path,
+    reports_dir: Path,
+    benchmark: str = "tiny_test",
+    seed: int = 0,
+    settings: ClaimsConfig | None = None,
+) -> list[Claim]:
+    """Every claim of CLAIM_IDS, in that order, from a finished run's files, judged with ``settings``
+    (the config's claims section; None: its defaults)."""
     run_dir, reports_dir = Path(run_dir), Path(reports_dir)
+    settings = settings or ClaimsConfig()
     return [
         *prm_claims(read_json_if_exists(run_dir / "prm" / "validation.json", "PRM validation")),
-        search_claim(read_json_if_exists(run_dir / "search" / "results.json", "search results"), seed=seed),
-        *finetuning_claims(read_json_if_exists(reports_dir / "results.json", "evaluation results"), benchmark),
+        search_claim(
+            read_json_if_exists(run_dir / "search" / "results.json", "search results"),
+            settings.search_min_effect_points,
+            seed=seed,
+        ),
+        *finetuning_claims(
+            read_json_if_exists(reports_dir / "results.json", "evaluation results"), benchmark, settings
+        ),
     ]

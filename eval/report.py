@@ -51,7 +51,7 @@ def _interval(interval: dict | None, digits: int = 3) -> str:
     return f"{interval['mean']:.{digits}f} [{interval['lo']:.{digits}f}, {interval['hi']:.{digits}f}]"
 
 
-def verdict(interval: dict) -> str:
+def direction(interval: dict) -> str:
     """higher / lower when a difference's interval excludes 0, else no clear change."""
     if interval["lo"] > 0:
         return "higher"
@@ -64,7 +64,7 @@ def _difference(interval: dict | None, scale: float = 100, digits: int = 1) -> s
     if not interval:
         return "n/a"
     mean, lo, hi = (scale * interval[key] for key in ("mean", "lo", "hi"))
-    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] *{verdict(interval)}*"
+    return f"{mean:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] *{direction(interval)}*"
 
 
 def _counted(diversity: dict) -> str:

@@ -168,12 +168,13 @@ def write_report(
         f"`{run_dir}/` and `{reports}/`; rerun `make demo` to regenerate it.",
         "",
     ]
-    claims = evaluate_claims(run_dir, reports, config.search.benchmark, seed=config.eval.seed)
+    claims = evaluate_claims(run_dir, reports, config.search.benchmark, seed=config.eval.seed, settings=config.claims)
     lines += [
         "## Claims",
         "",
-        "The paper's claims at the tiny world's scale, each with a 95% interval (eval/claims.py says how "
-        "each is read):",
+        "The paper's claims at the tiny world's scale, each with a 95% interval and a verdict, holds / "
+        "inconclusive / fails, judged on the interval (eval/claims.py says how each is read; the minimal "
+        "effects and the margin: the config's claims section):",
         "",
     ]
     lines += [claim.markdown() for claim in claims] + [""]

@@ -18,7 +18,7 @@ from eval.benchmark_sources import load_eval_benchmark, resolve_benchmark
 from eval.comparisons import compare_to_reference, paired_differences
 from eval.evaluate import evaluate_model, reports_dir, run_evaluation
 from eval.model_specs import missing_model_reason, parse_model_spec
-from eval.report import verdict, write_report
+from eval.report import direction, write_report
 from eval.sample_metrics import mean_prm_reward, score_samples
 from eval.sampling import GREEDY_SAMPLE_IDX, problem_kind
 from pipeline.config.loader import load_config
@@ -396,10 +396,10 @@ def test_paired_differences_are_per_problem_and_name_clear_changes_only():
     assert diffs["greedy_pass@1"]["mean"] == pytest.approx(0.75)
     assert diffs["pass@1"] == pytest.approx({"mean": 0.5, "lo": 0.5, "hi": 0.5})
     assert diffs["maj@k"]["mean"] == pytest.approx(0.5) and diffs["pass@k"]["mean"] == pytest.approx(0.5)
-    assert verdict(diffs["pass@1"]) == "higher" and verdict(diffs["pass@k"]) == "no clear change"
+    assert direction(diffs["pass@1"]) == "higher" and direction(diffs["pass@k"]) == "no clear change"
     same = paired_differences(base, base, problems, n_resamples=50)
     assert all(d == {"mean": 0.0, "lo": 0.0, "hi": 0.0} for d in same.values())
-    assert verdict(paired_differences(better, base, problems, n_resamples=500)["pass@1"]) == "lower"
+    assert direction(paired_differences(better, base, problems, n_resamples=500)["pass@1"]) == "lower"
 
 
 def test_mean_prm_reward_is_the_product_of_step_scores_averaged_per_problem():

@@ -1,0 +1,80 @@
+"""README.md's results summary states the same claim verdicts, for the same runs, as the measured
+table of docs/results/demo.md ("Claims over three seeds"): a rerun recorded in one and not the
+other, or a summary written from memory, fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from eval.claims import CLAIM_IDS, VERDICTS
+
+REPO = Path(__file__).resolve().parents[1]
+CELL_VERDICT = re.compile(r"^\**(" + "|".join(VERDICTS) + r")\**(:|$)")
+
+
+def claim_table(text: str, after: str) -> dict[tuple[str, str], str]:
+    """{(claim, column): verdict} of the first markdown table after the line starting with ``after``
+    whose header begins ``| claim |``: each cell's leading verdict (bold or not; a figure may follow)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(after)), None)
+    assert start is not None, f"no line starting {after!r}"
+    header = next(i for i in range(start, len(lines)) if lines[i].startswith("| claim |"))
+    columns = [cell.strip() for cell in lines[header].strip("|").split("|")][1:]
+    table = {}
+    for line in lines[header + 2 :]:
+        if not line.startswith("|"):
+            break
+        claim, *cells = (cell.strip() for cell in line.strip("|").split("|"))
+        assert len(cells) == len(columns), f"{line!r}: {len(cells)} cells under {len(columns)} columns"
+        for column, cell in zip(columns, cells, strict=True):
+            match = CELL_VERDICT.match(cell)
+            assert match, f"{claim}, {column}: {cell!r} opens with no verdict of {VERDICTS}"
+            table[claim, column] = match.group(1)
+    return table
+
+
+def readme_verdicts(text: str) -> dict[tuple[str, str], str]:
+    return claim_table(text, "What it shows, over seeds")
+
+
+def results_verdicts(text: str) -> dict[tuple[str, str], str]:
+    return claim_table(text, "## Claims over three seeds")
+
+
+def test_readme_states_the_verdicts_of_the_measured_runs():
+    readme = readme_verdicts((REPO / "README.md").read_text(encoding="utf-8"))
+    measured = results_verdicts((REPO / "docs" / "results" / "demo.md").read_text(encoding="utf-8"))
+    assert {claim for claim, _ in measured} == set(CLAIM_IDS)  # every claim, judged on every seed
+    assert readme == measured
+
+
+def test_a_verdict_the_readme_misstates_is_found():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    row = "| gfn_reward_higher | holds | holds | holds |"
+    assert row in text
+    misstated = readme_verdicts(text.replace(row, "| gfn_reward_higher | fails | holds | holds |"))
+    measured = results_verdicts((REPO / "docs" / "results" / "demo.md").read_text(encoding="utf-8"))
+    assert misstated != measured and misstated[("gfn_reward_higher", "seed 0")] == "fails"
+
+
+def test_cells_of_every_verdict_bold_or_with_a_figure_parse():
+    text = "\n".join(
+        [
+            "## Claims over three seeds",
+            "| claim | seed 0 | seed 1 |",
+            "|---|---|---|",
+            "| prm_auc | **holds**: 0.867 [0.836, 0.895] | inconclusive: 0.803 [0.759, 0.84] |",
+            "| prm_slip_pair_auc | fails | **inconclusive** |",
+        ]
+    )
+    assert results_verdicts(text) == {
+        ("prm_auc", "seed 0"): "holds",
+        ("prm_auc", "seed 1"): "inconclusive",
+        ("prm_slip_pair_auc", "seed 0"): "fails",
+        ("prm_slip_pair_auc", "seed 1"): "inconclusive",
+    }
+    with pytest.raises(AssertionError, match="opens with no verdict"):
+        results_verdicts(text.replace("| fails |", "| failed |"))
