@@ -404,3 +404,25 @@ def test_an_importance_clip_that_excludes_one_is_refused_at_config_load_naming_t
 
     with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
         load_config(overrides=[override])
+
+
+def test_a_subtb_update_logs_the_shares_of_its_residuals_from_the_same_forward(tmp_path):
+    from pipeline.finetune.losses import RESIDUAL_SHARES, RESIDUAL_TERMS
+
+    cfg = GFNConfig(
+        loss="subtb", num_train_steps=2, questions_per_step=1, samples_per_question=8, temperature=1.0, save_every=0
+    )
+    trainer = make_trainer(cfg, TabularPolicy(), tmp_path)
+    calls = []
+    logprobs = trainer.objective.policy.logprobs
+    trainer.objective.policy.logprobs = lambda *a, **k: calls.append(1) or logprobs(*a, **k)
+    record = trainer.train_step()
+    assert len(calls) == 1  # one micro-batch, one forward: the decomposition reads its tensors
+    shares = {name: record[f"residual_{name}"] for name in RESIDUAL_SHARES}
+    assert all(math.isfinite(v) for v in shares.values()), shares
+    assert sum(shares[f"{name}_term_share"] for name in RESIDUAL_TERMS) == pytest.approx(1.0)
+    assert 0.0 <= shares["question_mean_share"] <= shares["trajectory_mean_share"] <= 1.0
+    # every step states the answer here: only s_0 is unanswered, so the penalty is in every pair (0, j)
+    assert shares["unfinished_pair_share"] > 0.0
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert logged["residual_stop_term_share"] == pytest.approx(shares["stop_term_share"])

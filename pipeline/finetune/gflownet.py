@@ -26,15 +26,18 @@ import torch
 
 from pipeline.config.schema import GFlowNetLoss, GFNConfig
 from pipeline.finetune.losses import (
+    RESIDUAL_SHARES,
     clipped_importance_ratio,
     importance_weighted_losses,
     subtb_loss,
+    subtb_residual_shares,
+    subtb_residual_terms,
     tb_vargrad_loss,
     trajectory_balance_loss,
     trajectory_logprob,
 )
 from pipeline.finetune.replay_buffer import ReplayBuffer
-from pipeline.finetune.rewards import StateLogRewards, pad_rows
+from pipeline.finetune.rewards import NO_ANSWER, StateLogRewards, pad_rows
 from pipeline.records import Trajectory
 from pipeline.training.distributed import Collective
 
@@ -353,7 +356,41 @@ class SubTBObjective(GFlowNetObjective):
     name = "subtb"
 
     def balance_losses(self, batch, log_pf, log_pterm, log_r, mask):
+        # the residual decomposition's per-trajectory sums, from this forward's tensors (no second pass)
+        width = mask.shape[1]
+        unanswered = torch.ones(len(batch), width + 1, dtype=torch.bool, device=mask.device)
+        for row, t in enumerate(batch):
+            unanswered[row, 1 : len(t.steps) + 1] = torch.tensor([f == NO_ANSWER for f in t.answer_flags])
+        penalty = self.reward.unfinished_log_reward / self.reward.reward_temperature
+        self._residual_terms = (
+            subtb_residual_terms(log_pf, log_pterm, log_r, mask, unanswered, penalty, lam=self.cfg.lam),
+            [t.problem_id for t in batch],
+        )
         return subtb_loss(log_pf, log_pterm, log_r, mask, lam=self.cfg.lam)
+
+    def loss(self, micro: tuple[list[Trajectory], float]) -> tuple[torch.Tensor, dict]:
+        out = super().loss(micro)
+        if micro[1]:  # every trained row, fresh or replayed; not a filler's
+            self._update.setdefault("residual_terms", []).append(self._residual_terms)
+        return out
+
+    def summary(self) -> dict:
+        """The base's metrics and the shares of the update's SubTB loss (losses.subtb_residual_shares,
+        over every trained row of every process; docs/gflownet.md, "SubTB's residuals")."""
+        parts = self._update.get("residual_terms", [])
+        local = torch.zeros(1 + len(RESIDUAL_SHARES), dtype=torch.float64)  # the loss, then each share x the loss
+        if parts:
+            terms = {key: torch.cat([p[0][key].cpu() for p in parts]) for key in parts[0][0]}
+            total = float(terms["loss"].sum())
+            if total:
+                shares = subtb_residual_shares(terms, [i for p in parts for i in p[1]])
+                local = torch.tensor([total] + [shares[n] * total for n in RESIDUAL_SHARES], dtype=torch.float64)
+        totals = self.collective.sum(local)
+        shares = {
+            f"residual_{name}": float(totals[i + 1] / totals[0]) if totals[0] else float("nan")
+            for i, name in enumerate(RESIDUAL_SHARES)
+        }
+        return super().summary() | shares
 
 
 class TBObjective(GFlowNetObjective):
