@@ -288,3 +288,89 @@ def terminal_log_reward(step_log_scores: Sequence[float], record: Sample, shapin
         outcome_floor=shaping.outcome_floor,
     )
     return float(log_r[0, steps])
+
+
+def prm_step_scores(
+    sampled: Mapping[str, Sequence[Sample]], problems: Sequence[Problem], prm
+) -> dict[str, list[list[float]]]:
+    """problem_id -> per sampled record its PRM step scores U (an empty sample: none), from ONE
+    call of ``prm`` (PRMScorer.score_many: [(question, steps)] -> per pair its step scores)."""
+    pairs = [(p.question, r.steps) for p in problems for r in sampled[p.problem_id] if r.steps]
+    scores = iter(prm(pairs))
+    return {p.problem_id: [list(next(scores)) if r.steps else [] for r in sampled[p.problem_id]] for p in problems}
+
+
+def score_target(
+    problems: Sequence[Problem],
+    draws: Mapping[str, Mapping[str, Sequence[Sample]]],
+    reference: str,
+    prm,
+    shaping: StateLogRewards,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> dict:
+    """The target estimated from the reference model's draw and every model compared with it.
+
+    problems: the Q problems drawn; draws: model -> problem_id -> its sampled records at
+              temperature 1; reference: the base model's name (a key of draws)
+    prm:      PRMScorer.score_many; shaping: the gfn section's reward
+    returns:  {"reference", "strategies": [S] names, "families": [F] names, "reward_temperature",
+               "effective_samples": {mean, median, min, max} (Kish, per question, summarised),
+               "effective_samples_per_question": [Q], "length_effect": length_effect,
+               "models": {model: compare_to_target of its draw}}
+    """
+    records = {p.problem_id: p for p in problems}
+    names = sorted(
+        {
+            name
+            for draw in draws.values()
+            for pid, rows in draw.items()
+            for name in correct_strategy_names(records[pid], [r.steps for r in rows], [r.correct for r in rows]) or []
+        }
+    )
+    families = sorted({p.meta.get("family") or NO_FAMILY for p in problems})
+    family = np.array([families.index(p.meta.get("family") or NO_FAMILY) for p in problems])
+    index = {name: i for i, name in enumerate(names)}
+    arrays = {
+        model: drawn_samples(problems, draw, prm_step_scores(draw, problems, prm), shaping, index)
+        for model, draw in draws.items()
+    }
+    base = arrays[reference]
+    ess = effective_sample_size(self_normalised_weights(base.log_weight, base.mask), base.mask)
+    return {
+        "reference": reference,
+        "strategies": names,
+        "families": families,
+        "reward_temperature": shaping.reward_temperature,
+        "effective_samples": summarise_effective_samples(ess),
+        "effective_samples_per_question": ess.tolist(),
+        "length_effect": length_effect(base, family, len(names), len(families)),
+        "models": {
+            model: compare_to_target(base, drawn, family, len(names), len(families), n_resamples=n_resamples, seed=seed)
+            for model, drawn in arrays.items()
+        },
+    }
+
+
+def target_line(benchmark: str, target: dict) -> str:
+    """One line: the effective samples the target rests on and each model's distance to it."""
+    ess = target["effective_samples"]
+    parts = [
+        f"target on {benchmark} from {target['reference']}'s draw: effective samples per question mean "
+        f"{ess['mean']:.2f}, median {ess['median']:.2f}, min {ess['min']:.2f}"
+    ]
+    for model, compared in target["models"].items():
+        distance, log_l = compared["share_distance"], compared["log_likelihood"]
+        shares = (
+            "strategy shares: no question with named right samples"
+            if distance["estimate"] is None
+            else f"strategy-share TV {distance['estimate']:.3f} [{distance['lo']:.3f}, {distance['hi']:.3f}]"
+        )
+        likelihood = (
+            ""
+            if log_l["difference"] is None
+            else f", mean log L {log_l['sampler']:.3f} vs target {log_l['target']:.3f}: "
+            f"{log_l['difference']:+.3f} [{log_l['lo']:+.3f}, {log_l['hi']:+.3f}]"
+        )
+        parts.append(f"{model}: {shares}{likelihood}")
+    return "; ".join(parts)
