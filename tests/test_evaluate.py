@@ -16,7 +16,7 @@ import torch
 
 from eval.benchmark_sources import load_eval_benchmark, resolve_benchmark
 from eval.comparisons import compare_to_reference, paired_differences
-from eval.evaluate import evaluate_model, reports_dir, run_evaluation
+from eval.evaluate import evaluate_model, reports_dir, run_evaluation, sample_shard
 from eval.model_specs import missing_model_reason, parse_model_spec
 from eval.report import verdict, write_report
 from eval.sample_metrics import mean_prm_reward, score_samples
@@ -752,3 +752,6 @@ def test_the_draw_at_temperature_1_measures_every_model_against_the_target_on_th
     # the base's own samples are longer on average than the target's: its mean log L is below it
     assert target["models"]["base"]["log_likelihood"]["difference"] < 0
     assert json.loads((tmp_path / "reports" / "results.json").read_text())["target"]["tiny_test"]["strategies"]
+    # a worker of stages.launch eval samples the draw at temperature 1 as its own pair
+    shares = sample_shard(config, make_generator, tmp_path / "worker")
+    assert shares == {name: {"tiny_test": 8, "tiny_test.temperature_1": 8} for name in ("base", "gfn")}
