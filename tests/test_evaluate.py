@@ -752,6 +752,9 @@ def test_the_draw_at_temperature_1_measures_every_model_against_the_target_on_th
     # the base's own samples are longer on average than the target's: its mean log L is below it
     assert target["models"]["base"]["log_likelihood"]["difference"] < 0
     assert json.loads((tmp_path / "reports" / "results.json").read_text())["target"]["tiny_test"]["strategies"]
+    report = write_report(results, tmp_path / "reports")["report"].read_text()
+    assert "## The GFlowNet's target" in report and "effective samples per question" in report
+    assert "| gfn | " in report.split("## The GFlowNet's target")[1]
     # a worker of stages.launch eval samples the draw at temperature 1 as its own pair
     shares = sample_shard(config, make_generator, tmp_path / "worker")
     assert shares == {name: {"tiny_test": 8, "tiny_test.temperature_1": 8} for name in ("base", "gfn")}
