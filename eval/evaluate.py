@@ -339,6 +339,13 @@ def run_evaluation(
             generator.close()
     if draw_config is not None and prm is not None:
         shaping = StateLogRewards.of(config.gfn)
+        if config.gfn.reference_prior_coef != 1.0:
+            log.warning(
+                "eval: gfn.reference_prior_coef is %g, not 1: the GFlowNet's target is pi_base^%g x R^(1/T), while "
+                "the base's samples weighted by R^(1/T) estimate pi_base x R^(1/T); the target section measures the latter",
+                config.gfn.reference_prior_coef,
+                config.gfn.reference_prior_coef,
+            )
         for bench, drawn in draws.items():
             reference = "base" if "base" in drawn else next(iter(drawn))
             problems = benchmarks[bench][: config.eval.target_problems]

@@ -315,6 +315,7 @@ def score_target(
               temperature 1; reference: the base model's name (a key of draws)
     prm:      PRMScorer.score_many; shaping: the gfn section's reward
     returns:  {"reference", "strategies": [S] names, "families": [F] names, "reward_temperature",
+               "reference_prior_coef" (the gfn section's: the estimate is the GFlowNet's target at 1),
                "effective_samples": {mean, median, min, max} (Kish, per question, summarised),
                "effective_samples_per_question": [Q], "length_effect": length_effect,
                "models": {model: compare_to_target of its draw}}
@@ -342,6 +343,7 @@ def score_target(
         "strategies": names,
         "families": families,
         "reward_temperature": shaping.reward_temperature,
+        "reference_prior_coef": shaping.reference_prior_coef,
         "effective_samples": summarise_effective_samples(ess),
         "effective_samples_per_question": ess.tolist(),
         "length_effect": length_effect(base, family, len(names), len(families)),

@@ -732,6 +732,7 @@ def test_the_draw_at_temperature_1_measures_every_model_against_the_target_on_th
     assert equal["m"] == 2 and equal["entropy"]["n_scored"] > 0 and equal["accuracy"] == pytest.approx(1.0)
     target = results["target"]["tiny_test"]
     assert target["reference"] == "base" and target["effective_samples"]["min"] >= 1.0
+    assert target["reference_prior_coef"] == config.gfn.reference_prior_coef == 1.0
     assert set(target["families"]) == {p.meta["family"] for p in problems}
     # the length effect: under the target (R^(1/0.25) of 0.5 per step), containers_first, one step
     # shorter than running_total, takes a larger share of its family than among the base's right samples
