@@ -31,6 +31,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
 
 
+def pass_at_k_range(samples: Sequence[int], correct: Sequence[int], k_max: int) -> list[float]:
+    """Mean over problems of the unbiased pass@k (pass_at_k) for k = 1..min(k_max, fewest samples).
+
+    samples, correct: (P,) each problem's n and c. returns: [pass@1, pass@2, ...], each in [0, 1]
+    """
+    if len(samples) != len(correct) or not len(samples):
+        raise ValueError(f"pass_at_k_range: {len(samples)} sample counts for {len(correct)} correct counts")
+    if k_max < 1:
+        raise ValueError(f"pass_at_k_range: k_max must be >= 1, got {k_max}")
+    top = min(k_max, min(samples))
+    return [float(np.mean([pass_at_k(n, c, k) for n, c in zip(samples, correct)])) for k in range(1, top + 1)]
+
+
 def majority_vote_index(
     answers: Sequence[str | None],
     weights: Sequence[float] | None = None,

@@ -9,7 +9,9 @@ strategies its correct solutions carry out. Formulas in docs/metrics.md.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -334,6 +336,81 @@ def strategy_diversity(
         "distinct": float(np.mean(distinct)) if distinct else None,
         "multi_strategy_problems": multi,
         "correct_without_strategy": (correct_total - named) / correct_total if correct_total else None,
+    }
+    if scored.size:
+        mean, lo, hi = bootstrap_ci(scored, n_resamples=n_resamples, alpha=alpha, seed=seed)
+        result["entropy"].update(mean=mean, lo=lo, hi=hi)
+    return result
+
+
+def subsample_entropy(names: Sequence[str], m: int) -> float:
+    """The expected strategy_entropy of m of the names drawn without replacement, exactly: over the
+    count vectors (c_1..c_S) of the S distinct names (c_s <= n_s, sum c_s = m), each of
+    probability prod_s C(n_s, c_s) / C(n, m) (multivariate hypergeometric), the plug-in entropy
+    -sum_s (c_s/m) log2(c_s/m). Every model scored at the same m carries the same small-sample bias.
+
+    names: n strategy names (one problem's right samples), n >= m >= 1
+    """
+    if not 1 <= m <= len(names):
+        raise ValueError(f"subsample_entropy: m must be in [1, {len(names)}], got {m}")
+    counts = list(Counter(names).values())
+    total = math.comb(len(names), m)
+    expected = 0.0
+
+    def visit(index: int, left: int, ways: int, entropy: float) -> None:
+        nonlocal expected
+        if index == len(counts):
+            if left == 0:
+                expected += ways / total * entropy
+            return
+        for c in range(min(counts[index], left) + 1):
+            term = -(c / m) * math.log2(c / m) if c else 0.0
+            visit(index + 1, left - c, ways * math.comb(counts[index], c), entropy + term)
+
+    visit(0, m, 1, 0.0)
+    return expected + 0.0
+
+
+def equal_count_strategy_entropy(
+    problems: Sequence[Problem],
+    solutions: Sequence[Sequence[Sequence[str]]],
+    correct: Sequence[Sequence[bool]],
+    m: int,
+    n_resamples: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict:
+    """Strategy entropy at an equal number of right samples per problem, so that models of
+    different accuracy are scored with the same plug-in bias.
+
+    problems, solutions, correct: as strategy_diversity takes them; m: the right samples per problem
+    Over every problem that admits more than one strategy: the problem is scored when at least m
+    of its right samples carry out a strategy, with subsample_entropy(their names, m). Returns
+    {"m", "entropy": {"mean", "lo", "hi": bootstrap CI over scored problems, "n_scored",
+    "per_problem": [P] float|None}, "multi_strategy_problems", "reached": the share of those
+    problems scored (None when none admits several), "accuracy": the mean share of right samples
+    over all P problems, beside it}.
+    """
+    if not len(problems) == len(solutions) == len(correct):
+        raise ValueError(
+            f"equal_count_strategy_entropy: {len(problems)} problems, {len(solutions)} solution lists, "
+            f"{len(correct)} flag lists"
+        )
+    per_problem: list[float | None] = []
+    multi = 0
+    for problem, steps, flags in zip(problems, solutions, correct):
+        admitted = admitted_strategies(problem)
+        names = correct_strategy_names(problem, steps, flags) if admitted is not None and admitted > 1 else None
+        multi += names is not None
+        per_problem.append(subsample_entropy(names, m) if names is not None and len(names) >= m else None)
+    scored = np.array([e for e in per_problem if e is not None], dtype=np.float64)
+    accuracy = [float(np.mean(flags)) for flags in correct if len(flags)]
+    result: dict = {
+        "m": m,
+        "entropy": {"mean": None, "lo": None, "hi": None, "n_scored": int(scored.size), "per_problem": per_problem},
+        "multi_strategy_problems": multi,
+        "reached": scored.size / multi if multi else None,
+        "accuracy": float(np.mean(accuracy)) if accuracy else None,
     }
     if scored.size:
         mean, lo, hi = bootstrap_ci(scored, n_resamples=n_resamples, alpha=alpha, seed=seed)

@@ -19,6 +19,7 @@ Decisions and formats: docs/evaluation.md; formulas: docs/metrics.md.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,10 +29,12 @@ from eval.benchmark_sources import BenchmarkSource, load_eval_benchmark, resolve
 from eval.comparisons import compare_to_reference
 from eval.diversity import Embedder
 from eval.model_specs import ModelSpec, missing_model_reason, parse_model_spec
-from eval.sample_metrics import StepScorer, score_samples
+from eval.sample_metrics import StepScorer, graded, score_samples
 from eval.samples_store import commit_samples_file, reusable_samples, samples_path, sampling_settings, shard_folder
 from eval.sampling import KindOf, generate_samples, problem_kind
+from eval.target import score_target, target_line
 from pipeline.config.schema import Config
+from pipeline.finetune.rewards import StateLogRewards
 from pipeline.records import Problem, Sample
 from pipeline.storage.files import write_json_atomic
 from pipeline.storage.locks import held_locks
@@ -162,6 +165,7 @@ def sample_shard(
     shard = parse_shard(config.eval.shard)
     sources, benchmarks = _benchmarks(config)
     others_running = bool(held_locks(out, ".lock-shard-*"))
+    draw_config = target_draw_config(config)
     sampled: dict = {}
     for name, spec, reason in _models(config):
         if reason is not None:
@@ -170,22 +174,75 @@ def sample_shard(
         generator = _LazyGenerator(make_generator, spec)
         try:
             for bench, problems in benchmarks.items():
-                settings = sampling_settings(config, spec, sources[bench], problems)
-                if reusable_samples(samples_path(out, name, bench), settings) is not None:
-                    continue
-                sampled.setdefault(name, {})[bench] = sample_share(
-                    generator,
-                    problems,
-                    kind_of,
-                    config,
-                    folder=shard_folder(out, name, bench),
-                    settings=settings,
-                    shard=shard,
-                    others_running=others_running,
-                )
+                pairs = [(bench, config, problems)]
+                if draw_config is not None:
+                    drawn = problems[: config.eval.target_problems]
+                    pairs.append((f"{bench}{TARGET_DRAW_SUFFIX}", draw_config, drawn))
+                for label, pair_config, pair_problems in pairs:
+                    settings = sampling_settings(pair_config, spec, sources[bench], pair_problems)
+                    if reusable_samples(samples_path(out, name, label), settings) is not None:
+                        continue
+                    sampled.setdefault(name, {})[label] = sample_share(
+                        generator,
+                        pair_problems,
+                        kind_of,
+                        pair_config,
+                        folder=shard_folder(out, name, label),
+                        settings=settings,
+                        shard=shard,
+                        others_running=others_running,
+                    )
         finally:
             generator.close()
     return sampled
+
+
+TARGET_DRAW_SUFFIX = (
+    ".temperature_1"  # the samples file of a model's draw at temperature 1: <model>__<benchmark>.temperature_1.jsonl
+)
+
+
+def target_draw_config(config: Config) -> Config | None:
+    """The config of every model's draw at temperature 1 (eval.target_samples samples per problem,
+    no greedy sample), or None when eval.target_samples is 0 (off)."""
+    if not config.eval.target_samples:
+        return None
+    settings = dataclasses.replace(config.eval, k=config.eval.target_samples, temperature=1.0, greedy=False)
+    return dataclasses.replace(config, eval=settings)
+
+
+def pair_samples(
+    generator: _LazyGenerator,
+    pair: tuple[str, str, BenchmarkSource],
+    problems: Sequence[Problem],
+    kind_of: KindOf,
+    config: Config,
+    out: Path,
+) -> list[Sample]:
+    """The samples of one (model, benchmark label, source) pair under ``config``'s eval settings:
+    the samples file when its settings are current, else sampled (what workers committed is
+    merged, not drawn again) and committed to it."""
+    name, bench, source = pair
+    path = samples_path(out, name, bench)
+    settings = sampling_settings(config, generator.spec, source, problems)
+    records = reusable_samples(path, settings)
+    if records is not None:
+        log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
+        return records
+    log.info(
+        "eval: %s on %s: %d problems x %d samples at temperature %g%s",
+        name,
+        bench,
+        len(problems),
+        config.eval.k,
+        config.eval.temperature,
+        " + greedy" if config.eval.greedy else "",
+    )
+    folder = shard_folder(out, name, bench)
+    sample_share(
+        generator, problems, kind_of, config, folder=folder, settings=settings, shard=(0, 1), others_running=False
+    )
+    return commit_samples_file(folder, path, problems, settings)
 
 
 def run_evaluation(
@@ -236,6 +293,10 @@ def run_evaluation(
         "results": {},
     }
     all_records: dict[str, dict[str, list[Sample]]] = {}
+    draw_config = target_draw_config(config)
+    draws: dict[str, dict[str, dict[str, list[Sample]]]] = {}  # benchmark -> model -> problem_id -> its draw
+    if draw_config is not None:
+        results["temperature_1"], results["target"] = {}, {}
     for name, spec, reason in _models(config):
         results["models"][name] = {"path": spec.path, "adapter": spec.adapter}
         if reason is not None:
@@ -245,34 +306,23 @@ def run_evaluation(
         generator = _LazyGenerator(make_generator, spec)
         try:
             for bench, problems in benchmarks.items():
-                path = samples_path(out, name, bench)
-                settings = sampling_settings(config, spec, sources[bench], problems)
-                records = reusable_samples(path, settings)
-                if records is None:
-                    log.info(
-                        "eval: %s on %s: %d problems x %d samples%s",
-                        name,
-                        bench,
-                        len(problems),
-                        config.eval.k,
-                        " + greedy" if config.eval.greedy else "",
-                    )
-                    folder = shard_folder(out, name, bench)
-                    sample_share(
+                pair = (name, bench, sources[bench])
+                records = pair_samples(generator, pair, problems, kind_of, config, out)
+                if draw_config is not None:
+                    drawn = problems[: config.eval.target_problems]
+                    draw = pair_samples(
                         generator,
-                        problems,
+                        (name, f"{bench}{TARGET_DRAW_SUFFIX}", sources[bench]),
+                        drawn,
                         kind_of,
-                        config,
-                        folder=folder,
-                        settings=settings,
-                        shard=(0, 1),
-                        others_running=False,
+                        draw_config,
+                        out,
                     )
-                    records = commit_samples_file(folder, path, problems, settings)
-                else:
-                    log.info("eval: %s on %s: samples up to date in %s, re-scoring", name, bench, path)
+                    draw_metrics = score_samples(draw, drawn, kind_of, draw_config, embed)
+                    results["temperature_1"].setdefault(name, {})[bench] = draw_metrics
+                    draws.setdefault(bench, {})[name] = graded(draw, drawn, kind_of)[0]
                 metrics = score_samples(records, problems, kind_of, config, embed, prm)
-                metrics["samples"] = str(path)
+                metrics["samples"] = str(samples_path(out, name, bench))
                 results["results"].setdefault(name, {})[bench] = metrics
                 acc, similarity = metrics["accuracy"], metrics["diversity"]["similarity"]["mean"]
                 log.info(
@@ -287,6 +337,29 @@ def run_evaluation(
                 all_records.setdefault(name, {})[bench] = records
         finally:
             generator.close()
+    if draw_config is not None and prm is not None:
+        shaping = StateLogRewards.of(config.gfn)
+        if config.gfn.reference_prior_coef != 1.0:
+            log.warning(
+                "eval: gfn.reference_prior_coef is %g, not 1: the GFlowNet's target is pi_base^%g x R^(1/T), while "
+                "the base's samples weighted by R^(1/T) estimate pi_base x R^(1/T); the target section measures the latter",
+                config.gfn.reference_prior_coef,
+                config.gfn.reference_prior_coef,
+            )
+        for bench, drawn in draws.items():
+            reference = "base" if "base" in drawn else next(iter(drawn))
+            problems = benchmarks[bench][: config.eval.target_problems]
+            target = score_target(
+                problems,
+                drawn,
+                reference,
+                prm,
+                shaping,
+                n_resamples=config.eval.bootstrap_resamples,
+                seed=config.eval.seed,
+            )
+            results["target"][bench] = target
+            log.info("eval: %s", target_line(bench, target))
     results["comparisons"] = compare_to_reference(all_records, benchmarks, kind_of, config, results["results"])
     write_json_atomic(out / "results.json", results)
     return results

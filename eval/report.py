@@ -51,6 +51,13 @@ def _interval(interval: dict | None, digits: int = 3) -> str:
     return f"{interval['mean']:.{digits}f} [{interval['lo']:.{digits}f}, {interval['hi']:.{digits}f}]"
 
 
+def _bounds(interval: dict, digits: int = 3) -> str:
+    """ "[lo, hi]" of an interval, or "" when it has none (too few questions to resample)."""
+    if interval.get("lo") is None:
+        return ""
+    return f"[{interval['lo']:.{digits}f}, {interval['hi']:.{digits}f}]"
+
+
 def direction(interval: dict) -> str:
     """higher / lower when a difference's interval excludes 0, else no clear change."""
     if interval["lo"] > 0:
@@ -262,6 +269,36 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         lines += _differences_table(
             {pair.replace("_vs_", " - "): per_bench for pair, per_bench in comparisons["pairs"].items()}, shown
         )
+    if results.get("target"):
+        lines += ["", "## The GFlowNet's target (draw at temperature 1)", ""]
+        lines += [
+            "The target pi_base x R^(1/T), estimated by weighting the reference's samples by R^(1/T) within each "
+            "question; each model's own samples against it: the total variation of the per-family strategy "
+            "shares (0 = the target's mix) and its mean log L minus the target's, with 95% bootstrap intervals "
+            "over questions.",
+            "",
+        ]
+        for bench, target in results["target"].items():
+            ess = target["effective_samples"]
+            lines += [
+                f"**{bench}** ({target['reference']}'s draw): effective samples per question mean {ess['mean']:.2f}, "
+                f"median {ess['median']:.2f}, min {ess['min']:.2f}.",
+                "",
+            ]
+            rows = []
+            for model, compared in target["models"].items():
+                distance, log_l = compared["share_distance"], compared["log_likelihood"]
+                rows.append(
+                    [
+                        model,
+                        "n/a" if distance["estimate"] is None else f"{distance['estimate']:.3f} {_bounds(distance)}",
+                        _number(log_l["sampler"]),
+                        _number(log_l["target"]),
+                        "n/a" if log_l["difference"] is None else f"{log_l['difference']:+.3f} {_bounds(log_l)}",
+                    ]
+                )
+            lines += _table(["model", "strategy-share TV", "mean log L", "target's", "difference"], rows)
+            lines += [""]
     if results["skipped"]:
         lines += ["", "## Skipped models", ""]
         lines += [

@@ -11,11 +11,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, summarize_accuracy
+from eval.accuracy import ProblemSamples, majority_vote_index, pass_at_k, pass_at_k_range, summarize_accuracy
 from eval.diversity import (
     Embedder,
     distinct_correct_texts,
     distinct_n_per_problem,
+    equal_count_strategy_entropy,
     semantic_similarity,
     strategy_diversity,
 )
@@ -82,9 +83,11 @@ def score_samples(
     """Accuracy and diversity of one model on one benchmark from its samples records.
 
     Returns {"n_problems", "k", "accuracy": {greedy_pass@1?, pass@1, maj@k, pass@k: {mean, lo, hi}},
-    "pass@k_curve": {j: unbiased pass@j}, "answered", "mean_steps", "diversity": {similarity:
-    {mean, lo, hi, n_scored, per_problem}, vendi, distinct_1..3, strategy_entropy: {mean, lo, hi,
-    n_scored, per_problem}, distinct_strategies, multi_strategy_problems, correct_without_strategy,
+    "pass@k_curve": {j: unbiased pass@j}, "pass@k_all": [pass@1..pass@K] (K = min(eval.pass_at_k_max,
+    the samples per problem); eval.accuracy.pass_at_k_range), "answered", "mean_steps", "diversity":
+    {similarity: {mean, lo, hi, n_scored, per_problem}, vendi, distinct_1..3, strategy_entropy: {mean,
+    lo, hi, n_scored, per_problem}, strategy_entropy_equal_count: eval.diversity.equal_count_strategy_entropy
+    at m = eval.entropy_samples, distinct_strategies, multi_strategy_problems, correct_without_strategy,
     correct_texts, correct_texts_solved}}.
     Diversity is over the k sampled solutions only; similarity and Vendi (each solution's whole
     text embedded) are None without ``embed``; the strategy figures (eval.diversity.strategy_diversity)
@@ -126,6 +129,14 @@ def score_samples(
     diversity["distinct_strategies"] = strategies["distinct"]
     diversity["multi_strategy_problems"] = strategies["multi_strategy_problems"]
     diversity["correct_without_strategy"] = strategies["correct_without_strategy"]
+    diversity["strategy_entropy_equal_count"] = equal_count_strategy_entropy(
+        problems,
+        solutions,
+        [s.correct for s in per_problem],
+        settings.entropy_samples,
+        n_resamples=settings.bootstrap_resamples,
+        seed=settings.seed,
+    )
     diversity["correct_texts"] = float(np.mean(correct_texts))
     diversity["correct_texts_solved"] = float(np.mean(solved)) if solved else None
 
@@ -138,6 +149,7 @@ def score_samples(
         "k": k,
         "accuracy": accuracy,
         "pass@k_curve": curve,
+        "pass@k_all": pass_at_k_range([len(s.correct) for s in per_problem], counts, settings.pass_at_k_max),
         "answered": float(np.mean([r.final_answer is not None for r in all_rows])),
         "mean_steps": float(np.mean([len(r.steps) for r in all_rows])),
         "diversity": diversity,

@@ -229,6 +229,12 @@ def eval_stage(plan: Plan, models: dict[str, Model], data: dict[str, Data]) -> S
         f"samples ({len(evaluated)} models x (eval.k={config.eval.k}{' + greedy' if config.eval.greedy else ''}))",
     )
     cost.notes.append("one model at a time: memory is that of the largest")
+    if config.eval.target_samples:
+        cost.notes.append(
+            f"eval.target_samples={config.eval.target_samples}: every model also draws that many samples per problem "
+            f"at temperature 1 on up to eval.target_problems={config.eval.target_problems} problems per benchmark, "
+            "and the PRM scores them; not counted in the figures above"
+        )
     if workers > 1:
         cost.notes.append(
             f"python -m stages.launch eval: {workers} workers sample; the PRM reward and the embeddings are "

@@ -14,6 +14,7 @@ from eval.accuracy import (
     majority_vote,
     majority_vote_index,
     pass_at_k,
+    pass_at_k_range,
     per_problem_scores,
     summarize_accuracy,
 )
@@ -138,3 +139,22 @@ def test_summarize_accuracy_shape_and_values():
         summarize_accuracy(problems + [ProblemSamples("odd", [True], ["1"])], n_resamples=10)
     with pytest.raises(ValueError, match="greedy"):
         summarize_accuracy(problems, greedy_correct=[True], n_resamples=10)
+
+
+def test_pass_at_k_range_matches_subset_enumeration_and_exact_fractions():
+    samples, correct = [6, 6, 7], [0, 2, 5]
+    curve = pass_at_k_range(samples, correct, k_max=10)
+    assert len(curve) == 6  # up to the fewest samples
+    for k, value in enumerate(curve, start=1):
+        brute = []
+        for n, c in zip(samples, correct):
+            subsets = list(itertools.combinations([True] * c + [False] * (n - c), k))
+            brute.append(sum(any(s) for s in subsets) / len(subsets))
+        assert value == pytest.approx(float(np.mean(brute)), rel=1e-12)
+    # n = 64 where C(n, k) reaches 1e18: the product form keeps full precision
+    big = pass_at_k_range([64], [3], k_max=64)
+    for k in (1, 30, 61, 62, 64):
+        exact = 1 - Fraction(comb(61, k), comb(64, k))
+        assert big[k - 1] == pytest.approx(float(exact), rel=1e-12)
+    with pytest.raises(ValueError, match="k_max"):
+        pass_at_k_range([4], [1], k_max=0)

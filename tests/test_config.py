@@ -254,6 +254,10 @@ def test_deep_nesting_is_an_error_naming_the_file(tmp_path):
         ("gfn.lr=.inf", "gfn.lr", "> 0"),
         ("search.ks=[1, 0]", "search.ks", ">= 1"),
         ("seed=-1", "seed", ">= 0 and <= 4294967295"),
+        ("eval.target_samples=-1", "eval.target_samples", ">= 0 and <= 4096"),
+        ("eval.target_problems=0", "eval.target_problems", ">= 1"),
+        ("eval.entropy_samples=0", "eval.entropy_samples", ">= 1 and <= 1024"),
+        ("eval.pass_at_k_max=5000", "eval.pass_at_k_max", ">= 1 and <= 4096"),
     ],
 )
 def test_values_out_of_range_name_key_value_range_and_source(tmp_path, override, key, expected):

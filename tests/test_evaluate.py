@@ -16,7 +16,7 @@ import torch
 
 from eval.benchmark_sources import load_eval_benchmark, resolve_benchmark
 from eval.comparisons import compare_to_reference, paired_differences
-from eval.evaluate import evaluate_model, reports_dir, run_evaluation
+from eval.evaluate import evaluate_model, reports_dir, run_evaluation, sample_shard
 from eval.model_specs import missing_model_reason, parse_model_spec
 from eval.report import direction, write_report
 from eval.sample_metrics import mean_prm_reward, score_samples
@@ -28,6 +28,8 @@ from pipeline.generation.vllm_backend import VLLMGenerator
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
 from pipeline.steps import split_steps
+from pipeline.storage.files import write_records_atomic
+from pipeline.tinyworld import generate_splits
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARK_FILES = {
@@ -665,3 +667,95 @@ def test_a_closed_hf_generator_lets_its_model_go():
     generator.close()
     generator.close()  # twice is fine
     assert alive() is None
+
+
+def test_the_draw_at_temperature_1_measures_every_model_against_the_target_on_the_tiny_world(tmp_path):
+    problems = generate_splits(load_config(REPO / "configs" / "tiny.yaml").tinyworld)["test"][:8]
+    test_file = tmp_path / "problems_test.jsonl"
+    write_records_atomic(test_file, problems)
+    model_dir = tmp_path / "models" / "base"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{}")
+    config = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [
+            f"runs_root={tmp_path / 'runs'}",
+            "run=t",
+            "eval.k=4",
+            "eval.entropy_samples=2",
+            "eval.pass_at_k_max=5",
+            "eval.target_samples=6",
+            "eval.target_problems=8",
+            "eval.bootstrap_resamples=50",
+            f"eval.benchmark_paths={json.dumps({'tiny_test': str(test_file)})}",
+            f"eval.models={json.dumps({'base': str(model_dir), 'gfn': f'{model_dir}/.'})}",
+        ],
+    )
+    separator = config.format.separator
+    by_prompt = {prompt_from_config(p.question, p.kind, None, config.format): p for p in problems}
+
+    class ValidSolutions:  # the base cycles through a problem's valid solutions, "gfn" writes its shortest
+        tokenizer = None
+
+        def __init__(self, shortest):
+            self.shortest, self.temperatures = shortest, []
+
+        def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
+            self.temperatures.append((n, temperature))
+            out = []
+            for prompt in prompts:
+                solutions = by_prompt[prompt].meta["solutions"]
+                picks = (
+                    [min(solutions, key=len)] * n
+                    if self.shortest
+                    else [solutions[j % len(solutions)] for j in range(n)]
+                )
+                out.append([Completion(separator.join(s), [0], "eos") for s in picks])
+            return out
+
+        def close(self):
+            pass
+
+    generators = {}
+
+    def make_generator(path, adapter):
+        generators[path] = ValidSolutions(shortest=path.endswith("."))
+        return generators[path]
+
+    half = lambda pairs: [[0.5] * len(steps) for _, steps in pairs]  # a shorter solution has the higher L
+    results = run_evaluation(config, make_generator, out_dir=tmp_path / "reports", prm=half)
+
+    assert (6, 1.0) in generators[str(model_dir)].temperatures  # the draw: target_samples at temperature 1
+    drawn = results["temperature_1"]["base"]["tiny_test"]
+    assert drawn["k"] == 6 and len(drawn["pass@k_all"]) == 5 and drawn["pass@k_all"] == pytest.approx([1.0] * 5)
+    equal = results["results"]["base"]["tiny_test"]["diversity"]["strategy_entropy_equal_count"]
+    assert equal["m"] == 2 and equal["entropy"]["n_scored"] > 0 and equal["accuracy"] == pytest.approx(1.0)
+    target = results["target"]["tiny_test"]
+    assert target["reference"] == "base" and target["effective_samples"]["min"] >= 1.0
+    assert target["reference_prior_coef"] == config.gfn.reference_prior_coef == 1.0
+    assert set(target["families"]) == {p.meta["family"] for p in problems}
+    # the length effect: under the target (R^(1/0.25) of 0.5 per step), containers_first, one step
+    # shorter than running_total, takes a larger share of its family than among the base's right samples
+    family = target["families"].index("shared_containers")
+    strategy = target["strategies"].index("containers_first")
+    effect = target["length_effect"]
+    assert effect["target"][family][strategy] > effect["base_correct"][family][strategy] + 0.2
+    for model in ("base", "gfn"):
+        compared = target["models"][model]
+        assert (
+            compared["share_distance"]["lo"]
+            <= compared["share_distance"]["estimate"]
+            <= compared["share_distance"]["hi"]
+        )
+        assert compared["log_likelihood"]["target"] == pytest.approx(
+            target["models"]["base"]["log_likelihood"]["target"]
+        )
+    # the base's own samples are longer on average than the target's: its mean log L is below it
+    assert target["models"]["base"]["log_likelihood"]["difference"] < 0
+    assert json.loads((tmp_path / "reports" / "results.json").read_text())["target"]["tiny_test"]["strategies"]
+    report = write_report(results, tmp_path / "reports")["report"].read_text()
+    assert "## The GFlowNet's target" in report and "effective samples per question" in report
+    assert "| gfn | " in report.split("## The GFlowNet's target")[1]
+    # a worker of stages.launch eval samples the draw at temperature 1 as its own pair
+    shares = sample_shard(config, make_generator, tmp_path / "worker")
+    assert shares == {name: {"tiny_test": 8, "tiny_test.temperature_1": 8} for name in ("base", "gfn")}

@@ -717,3 +717,11 @@ def test_make_plan_reads_a_launch_as_the_finetuning_setup_does(environ, strategy
     launch the stages' memory check plans for, and the setup that trains, agree on the strategy."""
     assert launch_from_environment({**environ, "WORLD_SIZE": "2"}).strategy == strategy
     assert FinetuneLaunch(2, environ).sharding == sharding
+
+
+def test_the_plan_notes_the_draw_at_temperature_1_when_the_target_is_measured(paper_world):
+    def eval_notes(*overrides):
+        return next(s.notes for s in make_plan(paper("llama3.2-3b", *overrides)).stages if s.name == "eval")
+
+    assert not any("eval.target_samples" in note for note in eval_notes())
+    assert any("eval.target_samples=64" in note for note in eval_notes("eval.target_samples=64"))

@@ -15,7 +15,9 @@ from pipeline.finetune.ceiling import (
     ceiling_arrays,
     ceiling_strategies,
     ceiling_verdict,
+    effective_sample_size,
     reweighting_ceiling,
+    self_normalised_weights,
     strategy_entropy_ceiling,
 )
 from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER, StateLogRewards
@@ -255,3 +257,32 @@ def test_the_gflownet_stage_logs_and_writes_the_ceiling_before_training(random_t
     strategy = written["strategy_entropy"]
     assert 0 <= strategy["questions"] <= strategy["multi_strategy_questions"] <= written["questions"]
     assert len(strategy["per_question"]) == strategy["questions"] and "strategy entropy" in lines[0]
+
+
+def test_weights_and_effective_sample_size_match_a_float64_double_loop():
+    rng = np.random.default_rng(1)
+    log_weights = rng.normal(0.0, 3.0, size=(6, 5)) / 0.004  # exp underflows everywhere
+    mask = rng.random((6, 5)) < 0.7
+    mask[2] = False
+    mask[4] = [True, False, False, False, False]
+    weights = self_normalised_weights(log_weights, mask)
+    ess = effective_sample_size(weights, mask)
+    for q in range(6):
+        kept = [k for k in range(5) if mask[q, k]]
+        if not kept:
+            assert weights[q].sum() == 0.0 and ess[q] == 0.0
+            continue
+        top = max(log_weights[q, k] for k in kept)
+        raw = {k: math.exp(log_weights[q, k] - top) for k in kept}
+        total = sum(raw.values())
+        for k in range(5):
+            assert weights[q, k] == pytest.approx(raw[k] / total if k in raw else 0.0, rel=1e-12, abs=1e-300)
+        assert ess[q] == pytest.approx(total**2 / sum(v * v for v in raw.values()), rel=1e-12)
+    assert ess[4] == pytest.approx(1.0)
+    uniform = effective_sample_size(np.full((1, 4), 0.25), np.ones((1, 4), dtype=bool))
+    assert uniform[0] == pytest.approx(4.0)
+    result = reweighting_ceiling(log_weights, np.ones((6, 5)), mask, n_resamples=10)
+    kept_ess = ess[mask.any(axis=1)]
+    assert result["effective_samples"]["mean"] == pytest.approx(float(kept_ess.mean()))
+    assert result["effective_samples"]["min"] == pytest.approx(float(kept_ess.min()))
+    assert "effective samples per question" in ceiling_verdict(result, 0.004)

@@ -451,6 +451,17 @@ class EvalConfig:
     # (python -m stages.launch eval sets it, one worker per GPU)
     shard: str = "0/1"
     problems_per_commit: int = bounded(64, ge=1)  # problems sampled per generate call and committed together
+    # right samples per problem at which strategy entropy is also scored for every model alike
+    # (eval.diversity.equal_count_strategy_entropy; a problem with fewer is left out and counted)
+    entropy_samples: int = bounded(4, ge=1, le=1024)
+    pass_at_k_max: int = bounded(64, ge=1, le=4096)  # pass@k is reported for every k = 1..this (and <= the samples)
+    # the GFlowNet's target, measured (eval.target; docs/evaluation.md): every model also draws this
+    # many samples per problem at temperature 1 on the first eval.target_problems problems, and the
+    # base's (the model named "base", else the first), weighted by R^(1/T) of the gfn section, estimate
+    # the target each model is compared with (needs eval.prm). 0: off (the demo's default: the issue's
+    # 64 samples x 50 problems x 3 models would about double its evaluation)
+    target_samples: int = bounded(0, ge=0, le=4096)
+    target_problems: int = bounded(50, ge=1)
 
 
 @dataclass

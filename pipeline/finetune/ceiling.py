@@ -41,6 +41,55 @@ from pipeline.strategies import admitted_strategies, correct_strategy_names, str
 from pipeline.training.distributed import Collective
 
 
+def self_normalised_weights(log_weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Each question's self-normalised importance weights w_qk = exp(l_qk) / sum_j exp(l_qj),
+    the sum over the samples that exist, computed in log space (exp(l) may underflow, its
+    ratios do not).
+
+    log_weights: (Q, K) float, log of each sample's unnormalised weight (any finite scale where
+                 mask is True; ignored elsewhere)
+    mask:        (Q, K) bool, True where a sample exists
+    returns:     (Q, K) float64, rows summing to 1; 0 where mask is False, an all-zero row for a
+                 question without samples
+    """
+    log_weights, mask = np.asarray(log_weights, dtype=np.float64), np.asarray(mask, dtype=bool)
+    if log_weights.ndim != 2 or mask.shape != log_weights.shape:
+        raise ValueError(
+            f"self_normalised_weights: log_weights {log_weights.shape} and mask {mask.shape} must be (Q, K)"
+        )
+    if not np.all(np.isfinite(log_weights[mask])):
+        raise ValueError("self_normalised_weights: log_weights must be finite where mask is True")
+    shifted = np.where(mask, log_weights, -np.inf)
+    top = shifted.max(axis=1, keepdims=True, initial=-np.inf)
+    weights = np.where(mask, np.exp(shifted - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    totals = weights.sum(axis=1, keepdims=True)
+    return np.divide(weights, totals, out=np.zeros_like(weights), where=totals > 0)
+
+
+def effective_sample_size(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Kish's effective sample size of each question's weights: (sum_k w_k)^2 / sum_k w_k^2.
+
+    weights: (Q, K) float >= 0 (any scale; self_normalised_weights' rows sum to 1)
+    mask:    (Q, K) bool, True where a sample exists
+    returns: (Q,) float64 in [1, samples of the question]: K for equal weights, 1 when one sample
+             holds all the weight; 0 for a question without samples
+    """
+    weights = np.where(np.asarray(mask, dtype=bool), np.asarray(weights, dtype=np.float64), 0.0)
+    squares = (weights * weights).sum(axis=1)
+    return np.divide(weights.sum(axis=1) ** 2, squares, out=np.zeros(weights.shape[0]), where=squares > 0)
+
+
+def summarise_effective_samples(ess: np.ndarray) -> dict:
+    """{"mean", "median", "min", "max"} of per-question effective sample sizes (Q,), Q >= 1."""
+    ess = np.asarray(ess, dtype=np.float64)
+    return {
+        "mean": float(ess.mean()),
+        "median": float(np.median(ess)),
+        "min": float(ess.min()),
+        "max": float(ess.max()),
+    }
+
+
 def reweighting_ceiling(
     log_weights: np.ndarray,
     rewards: np.ndarray,
@@ -60,6 +109,8 @@ def reweighting_ceiling(
                  questions with none are left out and counted in ``questions_without_samples``
     correct:     (Q, K) bool or None (answers unknown): whether each sample's answer is right
     returns:     {"questions", "samples", "questions_without_samples",
+                  "effective_samples": {"mean", "median", "min", "max"} of the questions' Kish
+                  effective sample sizes (effective_sample_size),
                   "reward": {"base", "reweighted", "gain", "lo", "hi", "per_question"},
                   "accuracy": the same for correct (fractions in [0, 1]), or None}
                  base / reweighted: means over questions of the plain and reweighted means;
@@ -83,11 +134,9 @@ def reweighting_ceiling(
     kept = mask.any(axis=1)
     if not kept.any():
         raise ValueError("reweighting_ceiling: no question has a sample")
-    shifted = np.where(mask, log_weights, -np.inf)[kept]
-    shifted = shifted - shifted.max(axis=1, keepdims=True)  # log-sum-exp: R^(1/T) may underflow, its ratios do not
-    weights = np.exp(shifted)
-    weights /= weights.sum(axis=1, keepdims=True)
+    weights = self_normalised_weights(log_weights, mask)[kept]
     counts = mask[kept].sum(axis=1)
+    ess = effective_sample_size(weights, mask[kept])
 
     def compare(values: np.ndarray) -> dict:
         values = np.where(mask, values, 0.0)[kept]
@@ -107,6 +156,7 @@ def reweighting_ceiling(
         "questions": int(kept.sum()),
         "samples": int(counts.sum()),
         "questions_without_samples": int((~kept).sum()),
+        "effective_samples": summarise_effective_samples(ess),
         "reward": compare(rewards),
         "accuracy": compare(correct) if correct is not None else None,
     }
@@ -251,6 +301,9 @@ def ceiling_verdict(result: dict, temperature: float) -> str:
         f"R^(1/{temperature:g}): mean R {reward['base']:.4g} -> {reward['reweighted']:.4g}, {reward['gain']:+.4g} "
         f"[{reward['lo']:+.4g}, {reward['hi']:+.4g}] ({100 * relative:+.1f}%)"
     )
+    ess = result.get("effective_samples")
+    if ess is not None:
+        line += f" (effective samples per question: mean {ess['mean']:.2f}, min {ess['min']:.2f})"
     if accuracy is not None:
         line += (
             f"; accuracy {100 * accuracy['base']:.1f}% -> {100 * accuracy['reweighted']:.1f}%, "
