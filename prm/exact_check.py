@@ -15,12 +15,19 @@ from pipeline.prompts import prompt_from_config, question_text
 from pipeline.records import Problem
 from pipeline.stats import grouped_bootstrap_auc, grouped_mean_interval
 from pipeline.steps import split_steps
-from pipeline.tinyworld.checker import corrected_step, first_wrong_step
+from pipeline.tinyworld.checker import corrected_step, first_wrong_step, solution_strategy
 
 # Problem kind -> (problem, steps) -> index of the first wrong step or -1, where the kind's steps
 # can be checked exactly (only the tiny world's: it knows every valid strategy). The exact check
 # and the slip pairs skip samples of other kinds; make prm-bench labels the policy's samples with it.
 FIRST_ERROR_LABELLERS: dict[str, Callable[[Problem, Sequence[str]], int]] = {"tiny": first_wrong_step}
+
+# Problem kind -> (problem, steps) -> whether the steps' calculations are a whole valid solution,
+# where the kind knows its valid solutions: what tells an answer stated too early from a wrong
+# answer after a finished calculation (prm.search.wrong_steps).
+COMPLETE_SOLUTION_TESTS: dict[str, Callable[[Problem, Sequence[str]], bool]] = {
+    "tiny": lambda problem, steps: solution_strategy(problem, steps) is not None
+}
 
 
 @dataclass
@@ -47,6 +54,24 @@ class SlipPair:
     path: int
 
 
+def slip_counterpart(
+    problem: Problem, prefix: Sequence[str], step: str, labeller: Callable[[Problem, Sequence[str]], int]
+) -> str | None:
+    """The corrected text of ``step`` (pipeline.tinyworld.checker.corrected_step: each wrong result
+    of an ``a op b = c`` replaced by its value) when the step is an arithmetic slip, that is when
+    ``labeller`` finds that text right after ``prefix``; None when no calculation in it is wrong, or
+    when it stays wrong once corrected (a wrong operand too). The one definition of a slip: the
+    exact check's slip pairs, make mc-audit and the wrong steps a search chooses use it.
+
+        prefix ["Ann buys 3 * 4 = 12 apples."], step "Ann has 5 + 12 = 18 apples."  ->  "Ann has 5 + 12 = 17 apples."
+        prefix ["Ann buys 3 * 4 = 12 apples."], step "Ann has 6 + 12 = 19 apples."  ->  None (6 is a wrong operand)
+    """
+    corrected = corrected_step(step)
+    if corrected is None or labeller(problem, [*prefix, corrected]) >= 0:
+        return None
+    return corrected
+
+
 def exact_paths(
     samples: Sequence[PolicySample], labellers: dict = FIRST_ERROR_LABELLERS
 ) -> tuple[list[tuple[str, list[str]]], list[bool], list[str], list[SlipPair], int]:
@@ -55,10 +80,9 @@ def exact_paths(
     For every sample whose problem kind has a labeller: its steps up to and including the first
     wrong one (all of them when every step is right). Every step before the first wrong one is a
     correct step after a correct prefix (True); the first wrong step is False; steps after it are
-    left out (their prefix is already wrong). A first wrong step with a wrong calculation whose
-    corrected text (pipeline.tinyworld.checker.corrected_step) the labeller finds right after the
-    same prefix makes a slip pair; a slip that stays wrong once corrected (a wrong operand too) is
-    counted in the last value returned and makes none.
+    left out (their prefix is already wrong). A first wrong step that is a slip (slip_counterpart)
+    makes a slip pair with its corrected text; a wrong calculation that stays wrong once corrected
+    (a wrong operand too) is counted in the last value returned and makes none.
     Returns (paths [(question, path)], labels (one per step of every path, in order), the group
     (problem id) of each step, slip pairs, slips left out)."""
     paths, labels, groups, pairs, left_out = [], [], [], [], 0
@@ -73,10 +97,10 @@ def exact_paths(
         labels.extend(k != first for k in range(len(path)))  # only a first wrong step (the path's last) is False
         groups.extend([group] * len(path))
         if first >= 0:
-            counterpart = corrected_step(path[-1])
-            if counterpart is not None and labeller(sample.problem, [*path[:-1], counterpart]) < 0:
+            counterpart = slip_counterpart(sample.problem, path[:-1], path[-1], labeller)
+            if counterpart is not None:
                 pairs.append(SlipPair(group, sample.question, path[:-1], path[-1], counterpart, len(paths) - 1))
-            elif counterpart is not None:
+            elif corrected_step(path[-1]) is not None:
                 left_out += 1
     return paths, labels, groups, pairs, left_out
 

@@ -26,8 +26,8 @@ import numpy as np
 from pipeline.records import PRMExample, Problem
 from pipeline.rollouts.mcts import mc_value
 from pipeline.rollouts.temperature import problems_rollout_fn
-from pipeline.tinyworld.checker import arithmetic_errors, corrected_step
-from prm.exact_check import SlipPair, pair_auc
+from pipeline.tinyworld.checker import arithmetic_errors
+from prm.exact_check import SlipPair, pair_auc, slip_counterpart
 
 FirstWrong = Callable[[Problem, Sequence[str]], int]
 
@@ -95,17 +95,6 @@ def slip_pair_mc(
     return rows
 
 
-def _slip_counterpart(problem: Problem, prefix: Sequence[str], step: str, first_wrong: FirstWrong) -> str | None:
-    """The corrected text of ``step`` when it is an arithmetic slip right once corrected after
-    ``prefix`` (the slip pairs' rule of prm.exact_check.exact_paths), else None."""
-    if not arithmetic_errors([step]):
-        return None
-    corrected = corrected_step(step)
-    if corrected is None or first_wrong(problem, [*prefix, corrected]) >= 0:
-        return None
-    return corrected
-
-
 def data_audit(
     examples: Sequence[PRMExample], problems: dict[str, Problem], first_wrong: FirstWrong, seed: int = 0
 ) -> dict:
@@ -146,7 +135,7 @@ def data_audit(
                 )
         slip, counterpart, groups = [], [], []
         for (problem_id, prefix, step), values in labels.items():
-            corrected = _slip_counterpart(problems[problem_id], prefix, step, first_wrong)
+            corrected = slip_counterpart(problems[problem_id], prefix, step, first_wrong)
             other = labels.get((problem_id, prefix, corrected)) if corrected is not None else None
             if other is not None:
                 slip.append(float(np.mean(values)))

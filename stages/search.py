@@ -6,7 +6,9 @@ Writes: runs/<run>/search/results.json  one row per (strategy, k): accuracy with
                                         finished share, tokens generated per problem; for the
                                         step-level strategies the sibling AUC, distinct
                                         candidate texts per step and their error rate
-                                        (prm.search.siblings)
+                                        (prm.search.siblings); for every row the first wrong
+                                        step of each wrongly answered solution by category
+                                        (prm.search.wrong_steps)
         runs/<run>/search/table.md      the same rows as a table
         runs/<run>/search/accuracy_vs_k.png  accuracy against k and against tokens per problem
         runs/<run>/search/solutions.jsonl    the solution of every (problem, strategy, k)
@@ -47,6 +49,7 @@ from prm.search import search_many
 from prm.search.candidates import STEP_STRATEGIES, SearchResult
 from prm.search.siblings import label_expansions, sibling_labeller, summarize_siblings
 from prm.search.summary import summarize_search
+from prm.search.wrong_steps import WRONG_STEP_CATEGORIES, summarize_wrong_steps, wrong_step_classifier
 from stages.cli import cli, log, parse_args, set_threads, timed
 from stages.inputs import require, require_prm
 from stages.run_folders import stage_dir
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
         not_labelled = sibling_labeller(problems, kind)[1]
         if not_labelled is not None:
             log.info("search: sibling AUC not measured: %s", not_labelled)
+        classifier, not_classified = wrong_step_classifier(problems, kind)
         rows = []
         for strategy in strategies_of(config):
             for k in config.search.ks:
@@ -255,6 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
                 row = {"strategy": strategy, "k": k, **summarize_search(results, golds, kind, seed=config.seed)}
                 if strategy in STEP_STRATEGIES:
                     row["siblings"] = summarize_siblings([r.siblings for r in records], not_labelled, seed=config.seed)
+                row["wrong_steps"] = wrong_steps_of(records, problems, row["correct"], classifier, not_classified)
                 log.info(
                     "search: %s k=%d accuracy %.3f [%.3f, %.3f], %.0f tokens/problem",
                     strategy,
@@ -279,11 +284,36 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
+def wrong_steps_of(records: list[SearchRecord], problems, correct: list[bool], classifier, not_classified) -> dict:
+    """summarize_wrong_steps of one (strategy, k): records and correct are in problem order; the
+    wrongly answered solutions classified by ``classifier`` (prm.search.wrong_steps.wrong_step_classifier,
+    None with the reason ``not_classified``)."""
+    if classifier is None:
+        return summarize_wrong_steps(None, not_classified)
+    return summarize_wrong_steps(
+        [classifier(p, r.steps, r.finished, r.answer) for p, r, ok in zip(problems, records, correct) if not ok]
+    )
+
+
+WRONG_STEP_HEADER = "wrong: " + " / ".join(WRONG_STEP_CATEGORIES)
+
+
+def wrong_steps_cell(wrong_steps: dict | None) -> str:
+    """The counts of a row's wrong steps in WRONG_STEP_CATEGORIES order ("3/1/0/0/2"); "-" where
+    not measured."""
+    counts = (wrong_steps or {}).get("counts") or {}
+    if any(counts.get(c) is None for c in WRONG_STEP_CATEGORIES):
+        return "-"
+    return "/".join(str(counts[c]) for c in WRONG_STEP_CATEGORIES)
+
+
 def results_table(rows: list[dict]) -> str:
-    """One line per row; the sibling columns (step-level strategies) read "-" where not measured."""
+    """One line per row; the sibling columns (step-level strategies) and the wrong-step counts
+    read "-" where not measured."""
     lines = [
-        "| strategy | k | accuracy | 95% CI | finished | tokens / problem | sibling AUC | 95% CI | distinct / step | e |",
-        "|---|---:|---:|---|---:|---:|---:|---|---:|---:|",
+        "| strategy | k | accuracy | 95% CI | finished | tokens / problem | sibling AUC | 95% CI | distinct / step | e "
+        f"| {WRONG_STEP_HEADER} |",
+        "|---|---:|---:|---|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
         a, siblings = r["accuracy"], r.get("siblings") or {}
@@ -292,7 +322,8 @@ def results_table(rows: list[dict]) -> str:
             f"| {r['strategy']} | {r['k']} | {a['mean']:.3f} | [{a['lo']:.3f}, {a['hi']:.3f}] "
             f"| {r['finished_fraction']:.2f} | {r['tokens_per_problem']:.0f} "
             f"| {_number(siblings.get('auc'), 3)} | {'-' if lo is None else f'[{lo:.3f}, {hi:.3f}]'} "
-            f"| {_number(siblings.get('distinct_per_step'), 2)} | {_number(siblings.get('error_rate'), 3)} |"
+            f"| {_number(siblings.get('distinct_per_step'), 2)} | {_number(siblings.get('error_rate'), 3)} "
+            f"| {wrong_steps_cell(r.get('wrong_steps'))} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -371,6 +371,9 @@ def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch, capsys):
     step_k4 = next(r for r in rows if r["strategy"] == "step_best_of_k" and r["k"] == 4)
     assert step_k4["accuracy"]["mean"] == 0.5  # Q1 -> 6 (right), Q2 -> dead end (unfinished)
     assert (out / "table.md").read_text().startswith("| strategy")
+    # the problems carry no valid solutions to label against: the wrong steps are not counted
+    assert step_k4["wrong_steps"]["n_wrong"] is None and "cannot read problem 'p1'" in step_k4["wrong_steps"]["note"]
+    assert (out / "table.md").read_text().splitlines()[2].endswith("| - |")
     assert (out / "accuracy_vs_k.png").stat().st_size > 0
 
 

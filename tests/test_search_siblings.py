@@ -1,6 +1,8 @@
 """The sibling metrics of a step-level search (prm.search.siblings): the pure computation
 against a brute-force double loop, the exact labelling of expansions, and the search stage on
-tiny-world problems with a scripted policy and a PRM that knows (or inverts) the exact labels."""
+tiny-world problems with a scripted policy and a PRM that knows (or inverts) the exact labels,
+with the wrong steps it chose (prm.search.wrong_steps) as written and as read again by
+stages.search_wrong_steps."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from prm.search.siblings import (
     sibling_metrics,
     summarize_siblings,
 )
+from prm.search.wrong_steps import WRONG_STEP_CATEGORIES
+from stages import search_wrong_steps
 
 GOLD = ["Ann buys 3 * 4 = 12 apples.", "Ann has 5 + 12 = 17 apples.", "Ann has 17 - 2 = 15 apples.", "The answer is 15"]
 OTHER = ["Ann has 5 - 2 = 3 apples.", "Ann buys 3 * 4 = 12 apples.", "Ann has 3 + 12 = 15 apples.", "The answer is 15"]
@@ -188,7 +192,9 @@ class ExactPRM:
 
 
 @pytest.mark.parametrize("inverted", [False, True])
-def test_stage_reports_sibling_auc_one_for_an_exact_prm_and_zero_for_its_inverse(tmp_path, monkeypatch, inverted):
+def test_stage_reports_sibling_auc_one_for_an_exact_prm_and_zero_for_its_inverse(
+    tmp_path, monkeypatch, capsys, inverted
+):
     import stages.search as stage
     from pipeline.datasets.problems import write_problems_jsonl
 
@@ -238,4 +244,23 @@ def test_stage_reports_sibling_auc_one_for_an_exact_prm_and_zero_for_its_inverse
     cells = next(line for line in lines if line.startswith("| step_best_of_k | 4 |")).split("|")
     assert header.split("|")[7].strip() == "sibling AUC" and cells[7].strip() == f"{best['siblings']['auc']:.3f}"
     assert cells[9].strip() == f"{best['siblings']['distinct_per_step']:.2f}"
-    assert next(line for line in lines if line.startswith("| majority | 4 |")).endswith("| - | - | - | - |")
+    assert next(line for line in lines if line.startswith("| majority | 4 |")).endswith("| - | - | - | - | 0/0/0/5/0 |")
+    # the wrong steps chosen: step-level search ends on the gold answer after any slip (every
+    # candidate after a wrong prefix ties and the gold step comes first), so nothing is graded wrong;
+    # the scripted policy's whole solutions are one step each: unfinished, with no wrong step
+    assert best["wrong_steps"] == {
+        "n_wrong": 0,
+        "counts": dict.fromkeys(WRONG_STEP_CATEGORIES, 0),
+        "shares": dict.fromkeys(WRONG_STEP_CATEGORIES),
+    }
+    majority = rows["majority", 4]["wrong_steps"]
+    assert majority["counts"] == {**dict.fromkeys(WRONG_STEP_CATEGORIES, 0), "unfinished": len(problems)}
+    assert majority["shares"]["unfinished"] == 1.0 and majority["n_wrong"] == len(problems)
+    assert header.split("|")[11].strip() == "wrong: slip / wrong_operand / premature_answer / unfinished / other"
+    assert cells[11].strip() == "0/0/0/0/0"
+    # read again from solutions.jsonl without searching: the same classification
+    reread = search_wrong_steps.main(["--config", str(out / "config.yaml")])
+    assert [(r["strategy"], r["k"], r["wrong_steps"]) for r in reread] == [
+        (r["strategy"], r["k"], r["wrong_steps"]) for r in rows.values()
+    ]
+    assert "| step_best_of_k | 4 |" in capsys.readouterr().out
