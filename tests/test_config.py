@@ -429,6 +429,8 @@ def test_every_choice_field_refuses_a_value_outside_its_literal_naming_key_value
         "gfn.scheduler",
         "ppo.scheduler",
         "gfn.buffer_priority",
+        "gfn.buffer_scope",
+        "gfn.buffer_key",
         "plan.gpu",
     } <= keys
     for key, choices, is_list in fields:
@@ -504,3 +506,38 @@ def test_a_section_or_key_given_twice_is_an_error_naming_the_file_and_both_lines
         load_config(path)
     with pytest.raises(ConfigError, match=r"^command line: eval.models: 'a' is given twice"):
         load_config(None, ["eval.models={a: x, a: y}"])
+
+
+def test_the_replay_settings_default_to_the_one_global_buffer_with_replacement_ranked_by_the_trained_reward():
+    gfn = load_config("configs/tiny.yaml").gfn
+    assert (gfn.buffer_scope, gfn.buffer_key, gfn.buffer_replacement) == ("global", "log_reward", True)
+    chosen = load_config(
+        None, ["gfn.buffer_scope=per_question", "gfn.buffer_key=log_u", "gfn.buffer_replacement=false"]
+    )
+    assert (chosen.gfn.buffer_scope, chosen.gfn.buffer_key, chosen.gfn.buffer_replacement) == (
+        "per_question",
+        "log_u",
+        False,
+    )
+    with pytest.raises(ConfigError, match="command line: gfn.buffer_replacement expects bool, got 'sometimes'"):
+        load_config(None, ["gfn.buffer_replacement=sometimes"])
+
+
+@pytest.mark.parametrize(
+    "override,shown", [("gfn.buffer_scope=per_question", "'per_question'"), ("gfn.buffer_replacement=false", "False")]
+)
+def test_the_asynchronous_mode_refuses_the_synchronous_replay_settings_at_load_naming_the_key(
+    tmp_path, override, shown
+):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as info:
+        load_config("configs/tiny-async.yaml", [override])
+    assert str(info.value).startswith(
+        f"command line: {key} = {shown} is a setting of the synchronous mode: gfn.mode=async"
+    )
+    path = tmp_path / "async.yaml"
+    name, value = override.removeprefix("gfn.").split("=")
+    path.write_text(f"gfn:\n  mode: async\n  {name}: {value}\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: {key} = "):
+        load_config(path)
+    assert load_config("configs/tiny-async.yaml", ["gfn.buffer_key=log_u"]).gfn.buffer_key == "log_u"  # applied there

@@ -3,13 +3,16 @@ version, reward priority within a question, FIFO capacity, the newer version of 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
 
 import pytest
 
+from pipeline.config.schema import GFNConfig
 from pipeline.finetune.tba.grouped_replay import GroupedReplay
+from pipeline.finetune.tba.settings import store_buffer_settings
 from pipeline.records import Trajectory
 
 CHI2_DF3_P001 = 16.266  # chi-square critical value, 3 degrees of freedom, p = 0.001
@@ -427,3 +430,19 @@ def test_questions_with_more_than_k_completions_of_several_versions_give_recent_
         assert sorted(t.policy_version for t in groups[0]) == [2, 2, 2]
         assert {group[0].problem_id for group in groups} == {"q0", "q1", "q2"}
         assert all(len({tuple(t.steps) for t in group}) == 3 for group in groups)
+
+
+@pytest.mark.parametrize("key", ["log_reward", "log_u"])
+def test_the_store_ranks_a_questions_completions_by_the_configured_priority_key(key):
+    """gfn.buffer_key reaches the asynchronous store (store_buffer_settings): an unanswered completion
+    with the better PRM log-scores ranks first under log_u, last under log_reward (the penalty)."""
+    cfg = GFNConfig(async_priority="softmax", buffer_key=key, samples_per_question=2, reward_temperature=0.5)
+    settings = store_buffer_settings(cfg)
+    assert settings["key"] == key and settings["per_question"] == 2
+    buffer = GroupedReplay(**settings)
+    short = dataclasses.replace(make_trajectory("q0", ("short",), log_reward=-0.1), answer_flags=[-1])
+    buffer.add([short, make_trajectory("q0", ("answered",), log_reward=-2.0)])
+    expected = [(-0.1 - 10.0) / 0.5, -2.0 / 0.5] if key == "log_reward" else [-0.1, -2.0]
+    assert buffer._logits(list(buffer._items.values())).tolist() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="grouped replay: key must be one of log_reward, log_u"):
+        GroupedReplay(**{**settings, "key": "log_R"})

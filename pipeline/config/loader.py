@@ -295,6 +295,18 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
         fail(
             "tinyworld.max_ops", f"= {config.tinyworld.max_ops} is below tinyworld.min_ops = {config.tinyworld.min_ops}"
         )
+    # The asynchronous buffer (pipeline.finetune.tba.grouped_replay) always draws whole questions, K distinct completions
+    # each: whose trajectories and whether a draw repeats one are not its choice (it reads gfn.buffer_key)
+    if config.gfn.mode == "async":
+        defaults = type(config.gfn)()
+        for name in ("buffer_scope", "buffer_replacement"):
+            value, default = getattr(config.gfn, name), getattr(defaults, name)
+            if value != default:
+                fail(
+                    f"gfn.{name}",
+                    f"= {_show(value)} is a setting of the synchronous mode: gfn.mode=async draws whole questions, "
+                    f'K distinct completions each (docs/async.md, "The buffer"); leave gfn.{name} at {_show(default)}',
+                )
     if config.data.problem_sources and config.data.train not in SOURCE_FILTERED_DATA:
         fail(
             "data.problem_sources",

@@ -54,6 +54,8 @@ ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]  # model.dtype (p
 GenerationBackend = Literal["hf", "vllm"]  # generation.backend (pipeline/generation)
 Schedule = Literal["cosine", "linear", "constant"]  # prm.scheduler, gfn.scheduler, ppo.scheduler (training/schedule.py)
 BufferPriority = Literal["softmax", "proportional"]  # gfn.buffer_priority (pipeline/finetune/replay_buffer.py)
+BufferScope = Literal["global", "per_question"]  # gfn.buffer_scope (pipeline/finetune/replay_buffer.py)
+BufferKey = Literal["log_reward", "log_u"]  # gfn.buffer_key (pipeline/finetune/rewards.py StateLogRewards.priorities)
 GPUType = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200", "L40S"]  # plan.gpu (planner/plan.py GPUS)
 # model.device: auto | cpu | cuda | cuda:<N> (an index is no closed list: check_ranges matches this pattern)
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
@@ -390,6 +392,14 @@ class GFlowNetObjectiveConfig(StepTrainingConfig):
     buffer_size: int = bounded(1000, ge=0)  # paper: 1000
     buffer_priority: BufferPriority = "softmax"  # softmax | proportional
     buffer_temperature: float = bounded(1.0, gt=0)
+    # which stored trajectories an update replays (sync mode): global (any question's) | per_question (each question of the
+    # update its own earlier ones, which join its TB-VarGrad group; a question recurs when data.train_limit < the questions
+    # drawn in all; docs/gflownet.md, "The replay buffer")
+    buffer_scope: BufferScope = "global"
+    # what the buffer ranks, evicts and draws by: log_reward (log R of the last state as trained, without the appendix-F prior)
+    # | log_u (the sum of the PRM log-scores: no unfinished-state penalty, outcome term or reward temperature)
+    buffer_key: BufferKey = "log_reward"
+    buffer_replacement: bool = True  # sync mode: draws with replacement (true) or distinct within one update (false)
     recency_fraction: float = bounded(0.5, ge=0, le=1)  # TBA's m
     replay_fraction: float = bounded(0.5, ge=0)  # replayed trajectories per fresh one in each batch (sync mode)
 

@@ -98,10 +98,12 @@ class GFlowNetObjective(torch.nn.Module, ABC):
             replay_fraction, micro_batch_size)
     policy: the step-level policy being trained (``logprobs``)
     reward: StateLogRewards, the gfn section's reward shaping
-    collective: the run's processes. The replay buffer is global: every process adds every
-            process's fresh trajectories, in rank order, so all hold the same buffer and draw the
-            same replayed trajectories (same seed); each trains on its own fresh ones and on the
-            replayed ones of the questions it owns (a question's trajectories stay together).
+    collective: the run's processes. Every process adds every process's fresh trajectories to its
+            replay buffer, in rank order, so all hold the same buffer and draw the same replayed
+            trajectories (same seed); each trains on its own fresh ones and on the replayed ones
+            of the questions it owns (a question's trajectories stay together). The buffer's
+            scope (gfn.buffer_scope) says whose trajectories are replayed: any question's, or
+            each fresh question's own (``ReplayBuffer.replayed``).
     reference: the reference policy (``logprobs``, ``load_weights``) when the objective needs one
             (kl_coef > 0 or reference_prior_coef > 0); None: the log-probs stored in the
             trajectories are used
@@ -134,6 +136,9 @@ class GFlowNetObjective(torch.nn.Module, ABC):
             recency_fraction=cfg.recency_fraction,
             seed=cfg.seed,
             reward=reward,
+            scope=cfg.buffer_scope,
+            key=cfg.buffer_key,
+            replacement=cfg.buffer_replacement,
         )
         self.lr = cfg.log_z_lr
         self._update: dict = {}
@@ -179,7 +184,7 @@ class GFlowNetObjective(torch.nn.Module, ABC):
     ) -> list[tuple[list[Trajectory], float]]:
         """The update's micro-batches (trajectories, weight) on this process: its fresh
         trajectories and its share of replay_fraction times all processes' fresh ones replayed
-        (drawn before the fresh ones join the buffer); TB-VarGrad keeps a question's trajectories
+        (drawn before the fresh ones join the buffer, by its scope); TB-VarGrad keeps a question's trajectories
         in one micro-batch (its log Z estimate is per question).
 
         everyone: every process's fresh trajectories, in rank order (``fresh`` is this rank's)
@@ -189,8 +194,7 @@ class GFlowNetObjective(torch.nn.Module, ABC):
         """
         collective = self.collective
         every = [t for part in everyone for t in part]
-        n_replay = int(round(len(every) * self.cfg.replay_fraction)) if len(self.buffer) else 0
-        replayed = self.buffer.sample(n_replay) if n_replay else []
+        replayed = self.buffer.replayed(every, self.cfg.replay_fraction)
         self.buffer.add(every)
         owners = {t.problem_id: rank for rank, part in enumerate(everyone) for t in part}
         others: dict[str, int] = {}

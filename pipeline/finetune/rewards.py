@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pipeline.config.loader import check_choice
+from pipeline.config.schema import BufferKey
+
 NO_ANSWER, WRONG_ANSWER, CORRECT_ANSWER = -1, 0, 1
 
 
@@ -127,23 +130,31 @@ class StateLogRewards:
             reference_prior_coef=cfg.reference_prior_coef,
         )
 
-    def priorities(self, trajectories: Sequence) -> list[float]:
-        """The replay priority of each trajectory: log R(s_n) of its last state as the objective
-        trains it (PRM log-scores, the unfinished-state penalty, the outcome term, all over the
-        reward temperature), without the appendix-F prior, in float64. Both replay buffers rank by
-        it (pipeline.finetune.replay_buffer, pipeline.finetune.tba.grouped_replay). The prior is left
-        out: an asynchronous searcher holds no reference log-probs (the trainer scores them), and a
-        reference reset would leave every stored priority stale.
+    def priorities(self, trajectories: Sequence, key: BufferKey = "log_reward") -> list[float]:
+        """The replay priority of each trajectory (gfn.buffer_key), in float64. Both replay buffers
+        rank by it (pipeline.finetune.replay_buffer, pipeline.finetune.tba.grouped_replay).
+
+        log_reward: log R(s_n) of its last state as the objective trains it (PRM log-scores, the
+                    unfinished-state penalty, the outcome term, all over the reward temperature),
+                    without the appendix-F prior. The prior is left out: neither sampler records
+                    reference log-probs (the objective scores them at training time), and a
+                    reference reset would leave every stored priority stale.
+        log_u:      sum_k log U(s_k|s_{k-1}), the PRM log-scores alone (the same shaping with
+                    temperature 1 and no penalty or outcome term).
 
         Example: steps with log-scores [-0.5, -0.5] and answer flags [-1, 1], temperature 0.25:
-        (-0.5 - 0.5) / 0.25 = -4.0; the same steps with flags [-1, -1] (no answer) and
-        unfinished_log_reward -10: (-1.0 - 10) / 0.25 = -44.0."""
+        log_reward (-0.5 - 0.5) / 0.25 = -4.0, log_u -1.0; the same steps with flags [-1, -1] (no
+        answer) and unfinished_log_reward -10: log_reward (-1.0 - 10) / 0.25 = -44.0, log_u -1.0."""
         if not trajectories:
             return []
-        log_r, _ = self._shaped(trajectories, prior=False, dtype=torch.float64)
+        shaping = self if check_choice(key, BufferKey, "priority key") == "log_reward" else PRM_LOG_SCORES
+        log_r, _ = shaping._shaped(trajectories, prior=False, dtype=torch.float64)
         last = torch.tensor([len(t.steps) for t in trajectories])
         return log_r[torch.arange(len(trajectories)), last].tolist()
 
+
+# The shaping whose log R(s_n) is the sum of the PRM log-scores alone (the priority key log_u)
+PRM_LOG_SCORES = StateLogRewards(reward_temperature=1.0, unfinished_log_reward=0.0, outcome_coef=0.0)
 
 STEP_REWARDS = ("score", "log_score")
 

@@ -19,7 +19,8 @@ Rules (docs/async.md, "The buffer"):
   left) a question is taken uniformly among the eligible ones left and its K completions one after
   another without replacement (Plackett-Luce), each with probability among those left
       softmax: p_i ~ exp(priority_i / temperature)     uniform: p_i = 1 / n
-  where priority_i is the trained reward without the prior (``StateLogRewards.priorities``),
+  where priority_i is ``StateLogRewards.priorities`` under ``key`` (gfn.buffer_key; log_reward: the
+  trained reward without the prior; log_u: the PRM log-scores alone),
   drawn by Gumbel-top-k on the logits (never exponentiated: rewards hundreds of nats apart draw);
 - ``forget_before(version)`` drops completions sampled by weights older than ``version`` (the
   staleness bound);
@@ -37,22 +38,13 @@ import numpy as np
 
 from pipeline.config.asynchronous import AsyncPriority
 from pipeline.config.loader import check_choice
-from pipeline.finetune.replay_buffer import _checked_copy, _identity, _jsonable
+from pipeline.config.schema import BufferKey
+from pipeline.finetune.replay_buffer import _checked_copy, _identity, _jsonable, draw_without_replacement
 from pipeline.finetune.rewards import StateLogRewards
 from pipeline.records import Trajectory
 
 __all__ = ["GroupedReplay", "draw_without_replacement"]
 STATE_VERSION = 1
-
-
-def draw_without_replacement(rng: np.random.Generator, logits: np.ndarray, k: int) -> np.ndarray:
-    """k distinct indices of ``logits`` (n,), drawn one after another with probability
-    softmax(logits) among those not yet drawn (Plackett-Luce), in the order drawn: Gumbel-top-k,
-    the k largest of logits + independent Gumbel(0, 1) noise in decreasing order (Kool et al.,
-    2019). Nothing is exponentiated, so logits hundreds of nats apart give a valid draw where
-    softmax weights would underflow to zero. Needs 1 <= k <= n and finite logits."""
-    keys = np.asarray(logits, dtype=np.float64) + rng.gumbel(size=len(logits))
-    return np.argsort(-keys, kind="stable")[:k]
 
 
 class GroupedReplay:
@@ -66,6 +58,7 @@ class GroupedReplay:
     seed:         seed of the buffer's numpy Generator (draws are deterministic)
     question_capacity: most completions kept per question, its newest (None: no bound but ``capacity``)
     reward:       the trained reward's shaping, whose ``priorities`` rank a question's completions
+    key:          "log_reward" or "log_u": the ``priorities`` key (gfn.buffer_key)
     """
 
     def __init__(
@@ -78,12 +71,14 @@ class GroupedReplay:
         seed: int = 0,
         question_capacity: int | None = None,
         reward: StateLogRewards | None = None,
+        key: str = "log_reward",
     ) -> None:
         if capacity < 1:
             raise ValueError(f"grouped replay: capacity: expected >= 1, got {capacity}")
         if per_question < 1:
             raise ValueError(f"grouped replay: per_question: expected >= 1, got {per_question}")
         check_choice(priority, AsyncPriority, "grouped replay: priority")
+        self.key = check_choice(key, BufferKey, "grouped replay: key")
         if not temperature > 0:
             raise ValueError(f"grouped replay: temperature: expected > 0, got {temperature}")
         if not 0.0 <= recency <= 1.0:
@@ -118,7 +113,7 @@ class GroupedReplay:
         return self._insert([Trajectory.from_json(obj, where) for obj in objects])
 
     def _insert(self, checked: list[Trajectory]) -> int:
-        for trajectory, priority in zip(checked, self.reward.priorities(checked)):
+        for trajectory, priority in zip(checked, self.reward.priorities(checked, self.key)):
             key = _identity(trajectory)
             self._items.pop(key, None)
             self._items[key] = trajectory

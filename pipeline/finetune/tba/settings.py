@@ -8,6 +8,7 @@ import dataclasses
 import os
 
 from pipeline.config.loader import ConfigError
+from pipeline.finetune.rewards import StateLogRewards
 
 
 def searcher_config(cfg, index: int):
@@ -44,6 +45,23 @@ def async_shape(cfg) -> tuple[int, int]:
 def question_capacity(cfg) -> int:
     """The most completions the buffer keeps per question: gfn.buffer_per_question, default S."""
     return cfg.buffer_per_question or cfg.samples_per_question
+
+
+def store_buffer_settings(cfg) -> dict:
+    """The store's GroupedReplay arguments of the gfn section: buffer_size, K, async_priority,
+    buffer_temperature, recency_fraction, seed, the per-question capacity and the priority
+    (gfn.buffer_key under the section's reward shaping)."""
+    return {
+        "capacity": cfg.buffer_size,
+        "per_question": async_shape(cfg)[1],
+        "priority": cfg.async_priority,
+        "temperature": cfg.buffer_temperature,
+        "recency": cfg.recency_fraction,
+        "seed": cfg.seed,
+        "question_capacity": question_capacity(cfg),
+        "reward": StateLogRewards.of(cfg),
+        "key": cfg.buffer_key,
+    }
 
 
 def batch_key(cfg, section: str = "gfn") -> str:

@@ -12,13 +12,17 @@ from collections.abc import Callable
 import torch
 
 from pipeline.batches import check_divisible
-from pipeline.finetune.rewards import StateLogRewards
 from pipeline.finetune.tba import ray_cluster
 from pipeline.finetune.tba.drawing import BatchDrawing, BatchRequest
 from pipeline.finetune.tba.publication import WeightPublisher, bucket_bytes
 from pipeline.finetune.tba.scorers import ScorerActor, scorer_name
 from pipeline.finetune.tba.searcher import MakeSampler, Searcher
-from pipeline.finetune.tba.settings import async_shape, check_async_problems, check_async_settings, question_capacity
+from pipeline.finetune.tba.settings import (
+    async_shape,
+    check_async_problems,
+    check_async_settings,
+    store_buffer_settings,
+)
 from pipeline.finetune.tba.stores import TrajectoryStore, WeightStore
 from pipeline.finetune.tba.weight_transport import backend_for, check_transport
 from pipeline.finetune.trainer import FinetuneTrainer
@@ -99,16 +103,7 @@ class AsyncFinetuneTrainer(BatchDrawing, FinetuneTrainer):
         names = {"store": "store", "weights": "weights"}
         if self.base.is_main:
             self._started_ray = ray_cluster.connect(self.cfg, f"stepflow-{self.run_name}")
-            buffer = {
-                "capacity": self.cfg.buffer_size,
-                "per_question": self.per_question,
-                "priority": self.cfg.async_priority,
-                "temperature": self.cfg.buffer_temperature,
-                "recency": self.cfg.recency_fraction,
-                "seed": self.cfg.seed,
-                "question_capacity": question_capacity(self.cfg),
-                "reward": StateLogRewards.of(self.cfg),  # the priority: the trained reward without the prior
-            }
+            buffer = store_buffer_settings(self.cfg)
             self.store = ray.remote(num_cpus=0)(TrajectoryStore).options(name=names["store"]).remote(buffer)
             # Searchers read the problems through the weights actor, by a reference this process holds:
             # as a constructor argument of a restartable actor, a large object is freed once the actor
