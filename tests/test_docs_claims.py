@@ -78,3 +78,17 @@ def test_cells_of_every_verdict_bold_or_with_a_figure_parse():
     }
     with pytest.raises(AssertionError, match="opens with no verdict"):
         results_verdicts(text.replace("| fails |", "| failed |"))
+
+
+def test_the_readme_figures_of_the_exact_label_control_are_the_measured_ones():
+    """The README's paragraph on `python -m prm.control` repeats slip-pair AUCs from
+    docs/results/prm.md: each figure it states must stand in that page's measured tables."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("`python -m prm.control runs/<run>`")
+    paragraph = readme[start : readme.index("\n\n", start)]
+    figures = re.findall(r"\b0\.\d{3}\b", paragraph)
+    assert len(figures) >= 3, paragraph
+    measured = (REPO / "docs" / "results" / "prm.md").read_text()
+    rows = [line for line in measured.splitlines() if line.startswith("|")]
+    for figure in figures:
+        assert any(f" {figure} " in row or f" {figure} [" in row for row in rows), f"{figure} not in a measured table"
