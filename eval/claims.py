@@ -32,7 +32,7 @@ The three rules, [lo, hi] the 95% interval:
 
 A claim of several parts (every search strategy; greedy and pass@1; entropy and pass@1) holds when
 every part holds and fails when any part fails. The thresholds are the issue's, fixed before the runs
-they judge; the minimal effects and the margin are the config's (pipeline.config.schema.ClaimsConfig).
+they judge; the minimal effects and the margin are the config's (pipeline.config.claims.ClaimsConfig).
 A claim whose inputs are missing fails and says so. The MC-label AUC (validation.json "auc": steps
 with MC label > 0.5 against the rest) is reported beside the claims, not judged: it counts correct
 steps of hard problems as negatives.
@@ -47,7 +47,7 @@ from typing import Literal
 
 import numpy as np
 
-from pipeline.config.schema import ClaimsConfig
+from pipeline.config.claims import ClaimsConfig
 from pipeline.stats import bootstrap_ci
 from pipeline.storage.files import read_json_if_exists
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from transformers.utils import cached_file
 
-from pipeline.config.schema import PRM_FORMATS
+from pipeline.config.choices import PRM_FORMATS
 from pipeline.modeling import hub_model_errors
 from pipeline.storage.files import InputNotFound
 from prm.adapters import ADAPTERS

@@ -19,8 +19,8 @@ from eval.claims import (
     not_lower_verdict,
     threshold_verdict,
 )
+from pipeline.config.claims import ClaimsConfig
 from pipeline.config.loader import ConfigError, load_config
-from pipeline.config.schema import ClaimsConfig
 
 
 def diff(mean, lo, hi):

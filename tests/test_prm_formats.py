@@ -303,7 +303,7 @@ def test_hub_ids_and_missing_folders():
 
 def test_the_configs_prm_formats_are_ours_and_one_per_adapter():
     """model.prm_format's choices (pipeline.config.schema) name exactly the formats load_scorer reads."""
-    from pipeline.config.schema import PRM_FORMATS
+    from pipeline.config.choices import PRM_FORMATS
     from prm.adapters import ADAPTERS
     from prm.formats import FORMATS
 

@@ -37,9 +37,10 @@ from typing import Any
 
 import yaml
 
+from pipeline.config.choices import DEVICE_CHOICES, DEVICE_PATTERN
 from pipeline.config.codec import FieldError, value_codec
 from pipeline.config.rules import choices_of, declared_range
-from pipeline.config.schema import DEVICE_CHOICES, DEVICE_PATTERN, SOURCE_FILTERED_DATA, Config
+from pipeline.config.schema import SOURCE_FILTERED_DATA, Config
 from pipeline.storage.files import write_text_atomic
 from pipeline.storage.shards import parse_shard
 

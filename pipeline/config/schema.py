@@ -6,8 +6,8 @@ per stage (``mcts:``, ``prm:``, ...). Command-line overrides use dotted keys:
 pipeline.config.loader's job (``load_config``), which checks every value against the
 annotations here: unknown keys, values of the wrong type, out of range (``bounded``) or outside a
 ``Literal`` are errors naming the key and the file (or "command line"). How a field declares its
-range is pipeline.config.rules'; the gfn section's asynchronous-mode fields are
-pipeline.config.asynchronous's ``AsyncSettings``.
+range is pipeline.config.rules', which names it may take pipeline.config.choices'; the gfn
+section's asynchronous-mode fields are pipeline.config.asynchronous's ``AsyncSettings``.
 
 String fields may contain ``{run_dir}``, replaced by ``<runs_root>/<run>`` when resolved, so
 a stage finds the artifacts of the stages before it without hard-coded paths.
@@ -20,9 +20,28 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pipeline.config.asynchronous import AsyncSettings
+from pipeline.config.choices import (
+    Aggregation,
+    BufferKey,
+    BufferPriority,
+    BufferScope,
+    GenerationBackend,
+    GFlowNetLoss,
+    GPUType,
+    ModelDtype,
+    PRMFormat,
+    PRMLabels,
+    ReportTo,
+    Schedule,
+    SearchStrategy,
+    TinyFamily,
+    TinyStrategy,
+    TrainingMode,
+)
+from pipeline.config.claims import ClaimsConfig
 from pipeline.config.rules import bounded, seed_field
 
 MAX_TEMPERATURE = (
@@ -30,37 +49,6 @@ MAX_TEMPERATURE = (
 )
 
 
-# Fields that take one of a few names are typed Literal[...], the one list of those names: the loader
-# checks any such field (or list of them) where it is set, naming the file or the command line, with
-# ``check_choice`` (pipeline.config.loader), which library calls taking such a name use too;
-# typing.get_args lists them (PRM_FORMATS, gflownet.LOSSES, prm.search.STRATEGIES). The asynchronous mode's
-# (WeightTransport, AsyncPriority) are beside its fields, in pipeline.config.asynchronous.
-ReportTo = Literal["none", "tensorboard", "wandb", "all"]  # experiment trackers (pipeline/training/tracking.py)
-PRMFormat = Literal[
-    "auto", "stepflow", "token_classification", "math_shepherd", "qwen_prm", "result_likelihood"
-]  # docs/prm.md, "Other PRMs"
-TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
-GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
-SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority"]  # prm/search.py
-Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)
-TinyFamily = Literal[
-    "gains_losses", "shared_containers", "mixed"
-]  # tinyworld.families (pipeline/tinyworld/problems.py FAMILIES)
-TinyStrategy = Literal["running_total", "gains_losses", "containers_first"]  # tinyworld.strategies (docs/tinyworld.md)
-PRMLabels = Literal[
-    "soft", "hard"
-]  # prm.labels: the BCE targets, the MC value or MC > prm.hard_label_threshold (prm/train.py)
-ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]  # model.dtype (pipeline/modeling.py DTYPES)
-GenerationBackend = Literal["hf", "vllm"]  # generation.backend (pipeline/generation)
-Schedule = Literal["cosine", "linear", "constant"]  # prm.scheduler, gfn.scheduler, ppo.scheduler (training/schedule.py)
-BufferPriority = Literal["softmax", "proportional"]  # gfn.buffer_priority (pipeline/finetune/replay_buffer.py)
-BufferScope = Literal["global", "per_question"]  # gfn.buffer_scope (pipeline/finetune/replay_buffer.py)
-BufferKey = Literal["log_reward", "log_u"]  # gfn.buffer_key (pipeline/finetune/rewards.py StateLogRewards.priorities)
-GPUType = Literal["A100-40GB", "A100-80GB", "H100-80GB", "H200", "L40S"]  # plan.gpu (planner/plan.py GPUS)
-# model.device: auto | cpu | cuda | cuda:<N> (an index is no closed list: check_ranges matches this pattern)
-DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
-DEVICE_CHOICES = "auto, cpu, cuda, cuda:<N>"
-PRM_FORMATS = typing.get_args(PRMFormat)
 # The data.train loaders (pipeline.datasets.loaders) that take data.problem_sources: the other sources
 # carry no problem_source to filter on
 SOURCE_FILTERED_DATA = ("openmathinstruct2",)
@@ -530,24 +518,6 @@ class DemoConfig:
     # processes at once: stages on their dependency graph, the sharded ones (mcts, eval, search)
     # as this many workers; 0 = the CPUs this process may use (os.sched_getaffinity)
     jobs: int = bounded(0, ge=0)
-
-
-@dataclass
-class ClaimsConfig:
-    """How eval/claims.py judges the demo's effect claims (docs/demo.md, "Verdicts"): the least effect
-    that counts and the margin of the "not lower" claims, in this world's units. Defaults, not yet
-    pre-registered: they are fixed for the judged runs in the freeze commit docs/demo.md names."""
-
-    # gfn_reward_higher: the least paired gain in held-out mean PRM reward R = prod U (the base
-    # policy's mean R is about 0.045 on the tiny world: 0.002 is about 5% of it)
-    reward_min_effect: float = bounded(0.002, ge=0, le=1)
-    # search_rises_with_k: the least paired accuracy gain, largest k against k = 1, in points
-    search_min_effect_points: float = bounded(3.0, ge=0, le=100)
-    # gfn_more_diverse_than_ppo: the least paired gain in strategy entropy of correct solutions, in bits
-    diversity_min_effect_bits: float = bounded(0.05, ge=0, le=64)
-    # the "not lower" claims (gfn_accuracy_not_lower, the pass@1 condition of gfn_more_diverse_than_ppo):
-    # a paired accuracy difference in points holds when its lower bound is at or above this margin
-    accuracy_margin_points: float = bounded(-3.0, ge=-100, le=0)
 
 
 @dataclass

@@ -1,0 +1,29 @@
+"""The claims section: how eval/claims.py judges the demo's effect claims (docs/demo.md,
+"Verdicts"). Its own module because it is what a pre-registration freezes: the least effect that
+counts and the margin of the "not lower" claims, apart from the settings a run may vary.
+``Config`` (pipeline.config.schema) holds it as ``claims``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config.rules import bounded
+
+
+@dataclass
+class ClaimsConfig:
+    """How eval/claims.py judges the demo's effect claims (docs/demo.md, "Verdicts"): the least effect
+    that counts and the margin of the "not lower" claims, in this world's units. Defaults, not yet
+    pre-registered: they are fixed for the judged runs in the freeze commit docs/demo.md names."""
+
+    # gfn_reward_higher: the least paired gain in held-out mean PRM reward R = prod U (the base
+    # policy's mean R is about 0.045 on the tiny world: 0.002 is about 5% of it)
+    reward_min_effect: float = bounded(0.002, ge=0, le=1)
+    # search_rises_with_k: the least paired accuracy gain, largest k against k = 1, in points
+    search_min_effect_points: float = bounded(3.0, ge=0, le=100)
+    # gfn_more_diverse_than_ppo: the least paired gain in strategy entropy of correct solutions, in bits
+    diversity_min_effect_bits: float = bounded(0.05, ge=0, le=64)
+    # the "not lower" claims (gfn_accuracy_not_lower, the pass@1 condition of gfn_more_diverse_than_ppo):
+    # a paired accuracy difference in points holds when its lower bound is at or above this margin
+    accuracy_margin_points: float = bounded(-3.0, ge=-100, le=0)
