@@ -10,9 +10,9 @@ the interval (docs/demo.md, "Verdicts"):
                           below their correct counterpart, the same step with the right result
                           under the same prefix, >= 0.9 (the same file, "slip_pair"): a PRM that
                           reads the result a step writes, as the paper's E.4 check shows one
-- search_rises_with_k:    PRM-guided accuracy at the largest k above k = 1, paired per problem,
-                          for step-level best-of-k, beam search and PRM-weighted voting, each
-                          (search/results.json; paper Figure 2)
+- search_rises_with_k:    PRM-guided accuracy at k = 4 and at k = 16 (claims.search_ks) each above
+                          k = 1, paired per problem, for step-level best-of-k, beam search and
+                          PRM-weighted voting, each (search/results.json; paper Figure 2)
 - gfn_reward_higher:      the GFlowNet's held-out mean PRM reward above the base policy's (paired;
                           reports/<run>/results.json; paper Table 2 in miniature)
 - gfn_accuracy_not_lower: neither its greedy accuracy nor its pass@1 lower than the base's (paired,
@@ -41,15 +41,14 @@ steps of hard problems as negatives.
 from __future__ import annotations
 
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
 from pipeline.config.claims import ClaimsConfig
-from pipeline.stats import bootstrap_ci
 from pipeline.storage.files import read_json_if_exists
+from prm.search.summary import paired_difference
 
 AUC_THRESHOLD = 0.8  # prm_auc: exact labels, first wrong steps against correct steps after a correct prefix
 SLIP_PAIR_THRESHOLD = 0.9  # prm_slip_pair_auc: slips against their correct counterparts
@@ -179,23 +178,22 @@ def prm_claims(validation: dict | None) -> list[Claim]:
     ]
 
 
-def search_claim(search: dict | None, min_effect_points: float, n_resamples: int = 2000, seed: int = 0) -> Claim:
-    """Accuracy at the largest k minus k = 1, paired per problem, for every strategy of
-    SEARCH_STRATEGIES, each an effect claim with ``min_effect_points``; the figure is the smallest
-    gain (the claim holds when every strategy's does)."""
+def search_claim(
+    search: dict | None, min_effect_points: float, ks: Sequence[int] = (4, 16), n_resamples: int = 2000, seed: int = 0
+) -> Claim:
+    """Accuracy at each k of ``ks`` minus k = 1, paired per problem, for every strategy of
+    SEARCH_STRATEGIES: each part an effect claim with ``min_effect_points``; the figure is the smallest
+    gain (the claim holds when every part does). ks: the config's claims.search_ks."""
     rows = (search or {}).get("rows", [])
-    diffs = {}
+    diffs, missing = {}, []
     for strategy in SEARCH_STRATEGIES:
-        mine = {row["k"]: row for row in rows if row["strategy"] == strategy}
-        if 1 in mine and len(mine) > 1 and "correct" in mine[1]:
-            top = max(mine)
-            values = np.asarray(mine[top]["correct"], dtype=np.float64) - np.asarray(
-                mine[1]["correct"], dtype=np.float64
-            )
-            mean, lo, hi = bootstrap_ci(values, n_resamples=n_resamples, seed=seed)
-            diffs[strategy] = {"mean": mean, "lo": lo, "hi": hi, "k": top}
-    if len(diffs) < len(SEARCH_STRATEGIES):
-        missing = sorted(set(SEARCH_STRATEGIES) - set(diffs))
+        for k in ks:
+            difference = paired_difference(rows, (strategy, k), (strategy, 1), n_resamples=n_resamples, seed=seed)
+            if difference is None:
+                missing.append(f"{strategy} k={k} vs 1")
+            else:
+                diffs[(strategy, k)] = difference
+    if missing:
         return Claim(
             "search_rises_with_k",
             "fails",
@@ -203,14 +201,15 @@ def search_claim(search: dict | None, min_effect_points: float, n_resamples: int
             (None, None),
             f"paired accuracy difference: no rows for {', '.join(missing)}",
         )
-    weakest = min(diffs, key=lambda s: diffs[s]["mean"])
-    detail = "; ".join(f"{s} k={d['k']} vs 1: {_fmt(d, 100)} pts" for s, d in diffs.items())
+    weakest = min(diffs, key=lambda part: diffs[part]["mean"])
+    detail = "; ".join(f"{s} k={k} vs 1: {_fmt(d, 100)} pts" for (s, k), d in diffs.items())
+    at = " and ".join(f"k={k}" for k in ks)
     return Claim(
         "search_rises_with_k",
         combined_verdict([_effect(d, min_effect_points, scale=100) for d in diffs.values()]),
         diffs[weakest]["mean"],
         (diffs[weakest]["lo"], diffs[weakest]["hi"]),
-        f"paired accuracy at the largest k minus k=1, each above 0 and >= {min_effect_points:g} pts; {detail}",
+        f"paired accuracy at {at}, each minus k=1, each above 0 and >= {min_effect_points:g} pts; {detail}",
     )
 
 
@@ -280,6 +279,7 @@ def evaluate_claims(
         search_claim(
             read_json_if_exists(run_dir / "search" / "results.json", "search results"),
             settings.search_min_effect_points,
+            settings.search_ks,
             seed=seed,
         ),
         *finetuning_claims(

@@ -88,6 +88,18 @@ def demo_graph(config: Config, argv: list[str], jobs: int) -> list[Stage]:
     return graph
 
 
+def check_claim_inputs(config: Config) -> None:
+    """The search rows search_rises_with_k compares exist: k = 1 and every k of claims.search_ks in
+    search.ks. Checked before any stage runs, so a demo never searches for a claim it cannot judge."""
+    wanted = [1, *config.claims.search_ks]
+    absent = [k for k in wanted if k not in config.search.ks]
+    if absent:
+        raise ConfigError(
+            f"claims.search_ks = {config.claims.search_ks} compares each k with k = 1, but search.ks = "
+            f"{config.search.ks} has no k = {', '.join(map(str, absent))}: add it to search.ks or drop it from claims.search_ks"
+        )
+
+
 def _stopped_by_time(stage_dir: Path) -> bool:
     """Whether a training stage's wall-clock safety net fired (it says so in its metrics)."""
     if any(record.get("stopped_by_time") for record in MetricsLog(stage_dir / "metrics.jsonl").read()):
@@ -334,6 +346,7 @@ def set_aside_previous_run(config: Config) -> list[Path]:
 def main(argv: list[str] | None = None) -> Path:
     argv = list(sys.argv[1:] if argv is None else argv)
     config = parse_args("demo", argv)
+    check_claim_inputs(config)
     jobs = demo_jobs(config)
     graph = demo_graph(config, argv, jobs)
     set_aside_previous_run(config)

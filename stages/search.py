@@ -48,7 +48,7 @@ from prm.formats import load_scorer
 from prm.search import search_many
 from prm.search.candidates import STEP_STRATEGIES, SearchResult
 from prm.search.siblings import label_expansions, sibling_labeller, summarize_siblings
-from prm.search.summary import summarize_search
+from prm.search.summary import summarize_search, vote_comparisons
 from prm.search.wrong_steps import WRONG_STEP_CATEGORIES, summarize_wrong_steps, wrong_step_classifier
 from stages.cli import cli, log, parse_args, set_threads, timed
 from stages.inputs import require, require_prm
@@ -275,10 +275,11 @@ def main(argv: list[str] | None = None) -> dict:
             "n_problems": len(problems),
             "settings": settings,
             "rows": rows,
+            "weighted_vote_vs_majority": vote_comparisons(rows, config.search.ks, seed=config.seed),
         }
         write_records_atomic(out / "solutions.jsonl", solutions)
         write_json_atomic(out / "results.json", summary)
-        write_text_atomic(out / "table.md", results_table(rows))
+        write_text_atomic(out / "table.md", results_table(rows) + vote_table(summary["weighted_vote_vs_majority"]))
         plot_accuracy_vs_k(rows, out / "accuracy_vs_k.png")
         shutil.rmtree(shards)  # merged: solutions.jsonl holds them now
     return summary
@@ -325,6 +326,25 @@ def results_table(rows: list[dict]) -> str:
             f"| {_number(siblings.get('distinct_per_step'), 2)} | {_number(siblings.get('error_rate'), 3)} "
             f"| {wrong_steps_cell(r.get('wrong_steps'))} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def vote_table(comparisons: list[dict]) -> str:
+    """What the PRM adds over counting (prm.search.summary.vote_comparisons) as a table in points;
+    "" when the search ran no weighted_vote."""
+    if not comparisons:
+        return ""
+    lines = [
+        "",
+        "PRM-weighted voting minus majority voting on the same k samples, paired per problem (what the PRM "
+        "adds over counting; reported, not judged):",
+        "",
+        "| k | weighted_vote - majority (points) | 95% CI |",
+        "|---:|---:|---|",
+    ]
+    for row in comparisons:
+        d = row["difference"]
+        lines.append(f"| {row['k']} | {100 * d['mean']:+.1f} | [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] |")
     return "\n".join(lines) + "\n"
 
 

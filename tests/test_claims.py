@@ -33,6 +33,8 @@ def write_run(
     auc=(0.85, 0.82, 0.88),
     slip=(0.95, 0.91, 0.99),
     search_gain=1,
+    search_gain_4=None,
+    search_ks=(1, 4, 16),
     reward=diff(0.01, 0.003, 0.02),
     greedy=diff(0.0, -0.02, 0.02),
     pass1=diff(0.01, -0.02, 0.04),
@@ -54,11 +56,10 @@ def write_run(
         )
     )
     rows = []
+    gains = {1: 0, 4: search_gain if search_gain_4 is None else search_gain_4, 16: search_gain}
     for strategy in ("majority", "step_best_of_k", "beam", "weighted_vote"):
-        for k in (1, 4, 16):
-            correct = [
-                i < 40 + (search_gain * 20 if k == 16 else 0) for i in range(100)
-            ]  # k=16 solves 20 more problems
+        for k in search_ks:
+            correct = [i < 40 + gains[k] * 20 for i in range(100)]  # k = 4 and 16 solve 20 more problems each
             rows.append({"strategy": strategy, "k": k, "correct": correct})
     (run / "search" / "results.json").write_text(json.dumps({"rows": rows}))
     pair = {"similarity": similarity, "strategy_entropy": strategies, "pass@1": pass1}
@@ -114,6 +115,9 @@ def test_every_claim_holds_on_outputs_that_show_it(tmp_path):
         ({"slip": (0.8, 0.7, 0.88)}, "prm_slip_pair_auc", "fails"),
         ({"search_gain": 0}, "search_rises_with_k", "inconclusive"),
         ({"search_gain": -1}, "search_rises_with_k", "fails"),
+        ({"search_gain_4": 0}, "search_rises_with_k", "inconclusive"),  # k = 16 rises, k = 4 does not
+        ({"search_gain_4": -1}, "search_rises_with_k", "fails"),  # k = 4 falls: one failing part fails the claim
+        ({"search_ks": (1, 16)}, "search_rises_with_k", "fails"),  # no k = 4 rows to judge
         ({"reward": diff(0.01, -0.001, 0.02)}, "gfn_reward_higher", "inconclusive"),
         ({"reward": diff(0.0015, 0.001, 0.002)}, "gfn_reward_higher", "inconclusive"),  # above 0, below the effect
         ({"reward": diff(-0.01, -0.02, -0.001)}, "gfn_reward_higher", "fails"),
@@ -176,6 +180,7 @@ def test_the_minimal_effects_and_the_margin_are_the_configs(tmp_path):
         ("claims.diversity_min_effect_bits=-1", "claims.diversity_min_effect_bits"),
         ("claims.accuracy_margin_points=1", "claims.accuracy_margin_points"),
         ("claims.accuracy_margin_points=.nan", "claims.accuracy_margin_points"),
+        ("claims.search_ks=[1,16]", "claims.search_ks"),
     ],
 )
 def test_a_minimal_effect_or_margin_out_of_range_is_refused_naming_the_key(override, key):
@@ -186,6 +191,28 @@ def test_a_minimal_effect_or_margin_out_of_range_is_refused_naming_the_key(overr
 def test_the_thresholds_are_fixed_and_the_prm_claims_come_first():
     assert CLAIM_IDS[:3] == ("prm_auc", "prm_slip_pair_auc", "search_rises_with_k")
     assert (AUC_THRESHOLD, SLIP_PAIR_THRESHOLD) == (0.8, 0.9)
+
+
+def test_the_search_claim_judges_each_k_of_claims_search_ks_against_k_1(tmp_path):
+    run = write_run(tmp_path, search_gain_4=0)
+    claim = next(c for c in evaluate_claims(*run) if c.id == "search_rises_with_k")
+    assert claim.verdict == "inconclusive" and claim.value == 0.0  # the weakest part: k = 4, +0 points
+    assert "step_best_of_k k=4 vs 1: +0" in claim.comparison and "weighted_vote k=16 vs 1: +20" in claim.comparison
+    only_16 = ClaimsConfig(search_ks=[16])
+    claim = next(c for c in evaluate_claims(*run, settings=only_16) if c.id == "search_rises_with_k")
+    assert claim.verdict == "holds" and "k=4" not in claim.comparison
+    missing = write_run(tmp_path / "m", search_ks=(1, 16))
+    claim = next(c for c in evaluate_claims(*missing) if c.id == "search_rises_with_k")
+    assert "no rows for step_best_of_k k=4 vs 1, beam k=4 vs 1, weighted_vote k=4 vs 1" in claim.comparison
+
+
+def test_the_demo_refuses_claims_search_ks_that_search_ks_lacks_before_any_stage_runs(tmp_path):
+    import stages.demo as demo
+
+    for override, absent in (("search.ks=[1,4,8]", "16"), ("search.ks=[4,16]", "1"), ("claims.search_ks=[32]", "32")):
+        with pytest.raises(ConfigError, match=rf"claims.search_ks = .* has no k = {absent}: add it to search.ks"):
+            demo.main(["--config", "configs/tiny.yaml", f"runs_root={tmp_path}", "run=r", override])
+    assert not (tmp_path / "r").exists()  # nothing ran, nothing was written
 
 
 def test_missing_stage_outputs_make_every_claim_fail_and_say_so(tmp_path):

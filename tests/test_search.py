@@ -375,6 +375,39 @@ def test_stage_writes_results_table_and_plot(tmp_path, monkeypatch, capsys):
     assert step_k4["wrong_steps"]["n_wrong"] is None and "cannot read problem 'p1'" in step_k4["wrong_steps"]["note"]
     assert (out / "table.md").read_text().splitlines()[2].endswith("| - |")
     assert (out / "accuracy_vs_k.png").stat().st_size > 0
+    # what the PRM adds over counting, at each k, paired on the same samples
+    votes = json.loads((out / "results.json").read_text())["weighted_vote_vs_majority"]
+    assert [v["k"] for v in votes] == [1, 4] and all(v["difference"]["n_problems"] == 2 for v in votes)
+    accuracy = {(r["strategy"], r["k"]): r["accuracy"]["mean"] for r in rows}
+    for v in votes:
+        assert v["difference"]["mean"] == pytest.approx(
+            accuracy[("weighted_vote", v["k"])] - accuracy[("majority", v["k"])]
+        )
+    assert "PRM-weighted voting minus majority voting" in (out / "table.md").read_text()
+
+
+def test_paired_difference_against_a_per_problem_loop():
+    """paired_difference is the mean of per-problem differences (float64 by hand), its interval brackets it,
+    and a missing row gives None; vote_comparisons pairs weighted_vote with majority at each k."""
+    import numpy as np
+
+    from prm.search.summary import paired_difference, vote_comparisons
+
+    rng = np.random.default_rng(3)
+    a, b = rng.random(50) < 0.6, rng.random(50) < 0.4
+    rows = [
+        {"strategy": "weighted_vote", "k": 4, "correct": a.tolist()},
+        {"strategy": "majority", "k": 4, "correct": b.tolist()},
+        {"strategy": "majority", "k": 1, "correct": b.tolist()},
+    ]
+    by_hand = sum(float(x) - float(y) for x, y in zip(a, b)) / 50
+    d = paired_difference(rows, ("weighted_vote", 4), ("majority", 4), n_resamples=500)
+    assert d["mean"] == pytest.approx(by_hand, abs=1e-12) and d["lo"] <= by_hand <= d["hi"] and d["n_problems"] == 50
+    assert paired_difference(rows, ("weighted_vote", 16), ("majority", 4)) is None
+    assert paired_difference(rows, ("majority", 4), ("majority", 4))["hi"] == 0.0  # a row against itself
+    assert [c["k"] for c in vote_comparisons(rows, [1, 4, 16])] == [4]  # k = 1 has no weighted_vote row here
+    with pytest.raises(ValueError, match="the same"):
+        paired_difference([*rows, {"strategy": "beam", "k": 4, "correct": [True]}], ("beam", 4), ("majority", 4))
 
 
 def test_real_backends_batched_equals_single_at_temperature_zero():

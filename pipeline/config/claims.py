@@ -20,8 +20,12 @@ class ClaimsConfig:
     # gfn_reward_higher: the least paired gain in held-out mean PRM reward R = prod U (the base
     # policy's mean R is about 0.045 on the tiny world: 0.002 is about 5% of it)
     reward_min_effect: float = bounded(0.002, ge=0, le=1)
-    # search_rises_with_k: the least paired accuracy gain, largest k against k = 1, in points
+    # search_rises_with_k: the least paired accuracy gain, each k of search_ks against k = 1, in points
     search_min_effect_points: float = bounded(3.0, ge=0, le=100)
+    # search_rises_with_k: the k each strategy's accuracy is compared with k = 1 at, every one a part of
+    # the claim (k = 4 rises where the PRM's sibling AUC passes about 0.75, k = 16 about 0.94:
+    # docs/search.md); each must be in search.ks, as must 1 (stages.demo refuses the run otherwise)
+    search_ks: list[int] = bounded(default_factory=lambda: [4, 16], ge=2)
     # gfn_more_diverse_than_ppo: the least paired gain in strategy entropy of correct solutions, in bits
     diversity_min_effect_bits: float = bounded(0.05, ge=0, le=64)
     # the "not lower" claims (gfn_accuracy_not_lower, the pass@1 condition of gfn_more_diverse_than_ppo):
