@@ -1,6 +1,6 @@
 """SubTB(lambda) and TB-VarGrad on an enumerable world under the language model's conditions.
 
-`python -m perf.subtb_enumerable [seed] [lr=X] [loss=subtb|tb_vargrad ...]` prints, for each loss, the
+`python -m perf.subtb_enumerable [seed] [lr=X] [log_flow=stop|learned] [loss=subtb|tb_vargrad ...]` prints, for each loss, the
 total variation distance of the learned terminal distribution to the target R/Z (start and end)
 and the last updates' residual shares (SubTB). Deterministic for a given seed on one machine.
 
@@ -36,7 +36,7 @@ SCORES = {"A": 0.9, "B": 0.6, "C": 0.3}
 ANSWER_STEP = "C"  # the one step that states a final answer
 DEPTH = 3
 RANK = 3
-HIDDEN = 8
+HIDDEN = RANK + 13  # a state's features: its embedding E[s] and a one-hot of the 13 states with an action left
 
 # The budget of the check: Adam at lr 0.01 for 200 updates of 16 samples (the LM: 1e-4 for 56
 # updates of 64; the tabular test: 0.1 for 250), sampling temperature 1, reward temperature 1,
@@ -106,6 +106,13 @@ class LowRankPolicy(torch.nn.Module):
             return torch.tensor([-math.inf] * len(ACTIONS) + [0.0])
         return torch.log_softmax(self.embedding[self.index[state]] @ self.shared, dim=-1)
 
+    def features(self, state: tuple[str, ...]) -> torch.Tensor:
+        """(HIDDEN,) what a flow head reads at ``state``: its embedding (shared with the policy's
+        logits, so the flow's gradient reaches them as an LM's hidden state does) and its one-hot."""
+        one_hot = torch.zeros(len(self.states))
+        one_hot[self.index[state]] = 1.0
+        return torch.cat([self.embedding[self.index[state]], one_hot])
+
     def sample(self, prompts, n, temperature, seed=None):
         seeds = seed if isinstance(seed, list) else [seed or 0] * len(prompts)
         out = []
@@ -142,13 +149,19 @@ class LowRankPolicy(torch.nn.Module):
             stop.append(torch.stack(row_stop + [zero] * pad))
             entropy.append(torch.stack(row_entropy + [zero] * pad))
         mask = torch.tensor([[k < len(s) for k in range(width)] for s in step_lists])
+        hidden = torch.zeros(batch, width + 1, HIDDEN)
+        for b, steps in enumerate(step_lists):
+            for k in range(len(steps) + 1):
+                state = tuple(steps[:k])
+                if len(state) < DEPTH:  # a state with an action left; the deepest has no flow to learn
+                    hidden[b, k] = self.features(state)
         return SimpleNamespace(
             step_logprobs=torch.stack(forward),
             termination_logprobs=torch.stack(stop),
             mask=mask,
             num_steps=mask.sum(1),
             step_entropy=torch.stack(entropy),
-            boundary_hidden=torch.zeros(batch, width + 1, HIDDEN),
+            boundary_hidden=hidden if return_hidden else None,
         )
 
     def after_update(self, version, weights=None):
@@ -233,8 +246,10 @@ def main(argv: list[str]) -> None:
     seed = int(argv[0]) if argv and "=" not in argv[0] else 0
     losses = [a.split("=", 1)[1] for a in argv if a.startswith("loss=")] or ["tb_vargrad", "subtb"]
     lr = [float(a.split("=", 1)[1]) for a in argv if a.startswith("lr=")]
+    log_flow = [a.split("=", 1)[1] for a in argv if a.startswith("log_flow=")]
+    overrides = {**({"lr": lr[-1]} if lr else {}), **({"log_flow": log_flow[-1]} if log_flow else {})}
     for loss in losses:
-        result = measure(loss, seed, **({"lr": lr[-1]} if lr else {}))
+        result = measure(loss, seed, **overrides)
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()), flush=True)
 
 

@@ -5,6 +5,7 @@ scores. It runs through the same fine-tuning loop, training base, objectives, lo
 buffer as the language model; only the policy's two methods differ.
 """
 
+import dataclasses
 import itertools
 import json
 import math
@@ -426,3 +427,41 @@ def test_a_subtb_update_logs_the_shares_of_its_residuals_from_the_same_forward(t
     assert shares["unfinished_pair_share"] > 0.0
     logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert logged["residual_stop_term_share"] == pytest.approx(shares["stop_term_share"])
+
+
+def test_subtb_with_a_learned_log_flow_trains_its_head_on_the_policys_states(tmp_path):
+    """gfn.log_flow=learned: a flow head on the policy's hidden state, read from the one teacher-forced
+    forward, trained and saved with the objective; the default reads no hidden state and has no head."""
+    cfg = GFNConfig(
+        loss="subtb",
+        log_flow="learned",
+        num_train_steps=3,
+        questions_per_step=1,
+        samples_per_question=8,
+        temperature=1.0,
+        save_every=0,
+    )
+    trainer = make_trainer(cfg, TabularPolicy(), tmp_path)
+    objective = trainer.objective
+    assert objective.reads_hidden and set(objective.state_dict()) >= {"flow_head.weight", "flow_head.bias"}
+    asked = []
+    logprobs = objective.policy.logprobs
+    objective.policy.logprobs = lambda *a, **k: asked.append(k.get("return_hidden")) or logprobs(*a, **k)
+    records = [trainer.train_step() for _ in range(3)]
+    assert asked and all(asked)
+    assert objective.flow_head.weight.abs().sum() > 0 and objective.flow_head.bias.item() != 0.0
+    assert all(math.isfinite(r["log_flow_s0"]) for r in records)
+    # the head starts at 0, so its part of the residual is 0 until it has moved
+    assert records[0]["residual_flow_term_share"] == 0.0 and records[-1]["residual_flow_term_share"] != 0.0
+    # the head's log F(s_0) is the amortised log Z: it moves toward the log-rewards the trajectories reach
+    assert records[-1]["log_flow_s0"] != records[0]["log_flow_s0"]
+    plain = make_trainer(dataclasses.replace(cfg, log_flow="stop"), TabularPolicy(), tmp_path / "plain")
+    assert plain.objective.flow_head is None and not plain.objective.reads_hidden
+    assert "log_flow_s0" not in plain.train_step()
+
+
+def test_an_unknown_log_flow_is_refused_at_config_load_naming_the_key():
+    from pipeline.config.loader import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"gfn\.log_flow"):
+        load_config(overrides=["gfn.log_flow=value"])

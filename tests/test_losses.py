@@ -11,6 +11,7 @@ from pipeline.finetune.losses import (
     clipped_importance_ratio,
     gae,
     importance_weighted_losses,
+    learned_flow_states,
     ppo_loss,
     subtb_loss,
     subtb_pair_residuals,
@@ -112,6 +113,85 @@ def test_subtb_pair_residuals_match_brute_force():
             for j in range(6):
                 expected = brute_residual(log_pf, log_pterm, log_r, b, i, j) if i < j <= n else 0.0
                 assert residual[b, i, j].item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+def random_learned_flows(lengths=LENGTHS, seed=5):
+    """(log_flow, learned, unanswered): random log-flows, the states that use them by the objective's
+    rule (unanswered and not a trajectory's last), the unanswered flags drawn at random."""
+    generator = torch.Generator().manual_seed(seed)
+    steps = max(lengths)
+    log_flow = -5.0 * torch.rand(len(lengths), steps + 1, generator=generator, dtype=torch.float64)
+    unanswered = torch.rand(len(lengths), steps + 1, generator=generator) < 0.7
+    unanswered[:, 0] = True
+    mask = torch.arange(steps)[None, :] < torch.tensor(lengths)[:, None]
+    return log_flow, learned_flow_states(unanswered, mask), unanswered
+
+
+def brute_subtb_learned(log_pf, log_pterm, log_r, mask, lam, log_flow, learned):
+    """SubTB with log F(s_k) = log_flow where learned, else log R - log pi(s_f|.): pairs visited one by one."""
+    pf, pt, lr, lf = (x.double().tolist() for x in (log_pf, log_pterm, log_r, log_flow))
+    use = learned.tolist()
+    out = []
+    for b, n in enumerate(mask.sum(1).tolist()):
+        flow = [lf[b][k] if use[b][k] else lr[b][k] - pt[b][k] for k in range(n + 1)]
+        numerator = denominator = 0.0
+        for i in range(n + 1):
+            for j in range(i + 1, n + 1):
+                weight = (1.0 if j - i == 1 else 0.0) if lam == 0 else lam ** (j - i)
+                residual = flow[i] + sum(pf[b][k - 1] for k in range(i + 1, j + 1)) - flow[j]
+                numerator += weight * residual**2
+                denominator += weight
+        out.append(numerator / denominator)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_learned_flow_states_are_the_unanswered_ones_before_the_last():
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    unanswered = torch.tensor([[True, True, False, True], [True, True, True, True]])
+    assert learned_flow_states(unanswered, mask).tolist() == [[True, True, False, False], [True, False, False, False]]
+    with pytest.raises(ValueError, match="unanswered"):
+        learned_flow_states(unanswered[:, :3], mask)
+
+
+@pytest.mark.parametrize("lam", LAMBDAS)
+def test_subtb_with_learned_flows_matches_brute_force(lam):
+    for seed in range(3):
+        batch = make_batch(seed=seed)
+        log_flow, learned, _ = random_learned_flows(seed=seed + 7)
+        expected = brute_subtb_learned(*batch, lam, log_flow, learned)
+        got = subtb_loss(*batch, lam=lam, log_flow=log_flow, learned=learned)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+        # no state learned: the paper's SubTB, whatever log_flow holds
+        nowhere = torch.zeros_like(learned)
+        torch.testing.assert_close(
+            subtb_loss(*batch, lam=lam, log_flow=log_flow, learned=nowhere), subtb_loss(*batch, lam=lam)
+        )
+
+
+def test_a_learned_flow_frees_its_states_stop_log_prob_and_takes_the_gradient():
+    log_pf, log_pterm, log_r, mask = make_batch(padding=0.0)
+    log_flow, learned, _ = random_learned_flows()
+    log_pterm, log_r, log_flow = (x.clone().requires_grad_(True) for x in (log_pterm, log_r, log_flow))
+    subtb_loss(log_pf, log_pterm, log_r, mask, lam=0.9, log_flow=log_flow, learned=learned).sum().backward()
+    states = torch.arange(mask.shape[1] + 1)[None, :] <= mask.sum(1)[:, None]
+    assert (log_pterm.grad[learned] == 0).all() and (log_r.grad[learned] == 0).all()
+    assert (log_flow.grad[learned] != 0).all() and (log_flow.grad[~learned] == 0).all()
+    assert (log_pterm.grad[states & ~learned] != 0).all()  # every other state keeps its stop identity
+    residual = subtb_pair_residuals(log_pf, log_pterm.detach(), log_r.detach(), mask, log_flow.detach(), learned)
+    assert residual.shape == (len(LENGTHS), 6, 6)
+
+
+def test_a_learned_flow_needs_both_tensors_of_the_right_shapes():
+    batch = make_batch()
+    log_flow, learned, _ = random_learned_flows()
+    for kwargs, match in (
+        ({"log_flow": log_flow}, "give both"),
+        ({"learned": learned}, "give both"),
+        ({"log_flow": log_flow[:, :-1], "learned": learned}, "log_flow"),
+        ({"log_flow": log_flow, "learned": learned.double()}, "learned"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            subtb_loss(*batch, **kwargs)
 
 
 def balanced_batch(seed=0):

@@ -23,10 +23,13 @@ def make_unanswered(lengths=LENGTHS, seed=1, padding=True):
     return unanswered
 
 
-def brute_shares(log_pf, log_pterm, log_r, mask, unanswered, lam, groups):
-    """Every pair of every trajectory visited once; shares of the batch's summed loss."""
+def brute_shares(log_pf, log_pterm, log_r, mask, unanswered, lam, groups, log_flow=None, learned=None):
+    """Every pair of every trajectory visited once; shares of the batch's summed loss. A state whose
+    flow is learned contributes log_flow to the flow part and nothing to reward, penalty or stop."""
     pf, pt, lr = (x.double().tolist() for x in (log_pf, log_pterm, log_r))
     un = unanswered.tolist()
+    use = learned.tolist() if learned is not None else [[False] * len(row) for row in un]
+    lf = log_flow.double().tolist() if log_flow is not None else None
     total = unfinished_pairs = 0.0
     term = dict.fromkeys(RESIDUAL_TERMS, 0.0)
     means = []
@@ -36,14 +39,21 @@ def brute_shares(log_pf, log_pterm, log_r, mask, unanswered, lam, groups):
         mean = 0.0
         for (i, j), w in zip(pairs, raw):
             w /= sum(raw)
-            res = brute_residual(pf, pt, lr, b, i, j)
-            pen_i, pen_j = PENALTY * un[b][i], PENALTY * un[b][j]
-            parts = {
-                "reward": (lr[b][i] - pen_i) - (lr[b][j] - pen_j),
-                "unfinished": pen_i - pen_j,
-                "stop": pt[b][j] - pt[b][i],
-                "forward": sum(pf[b][k - 1] for k in range(i + 1, j + 1)),
-            }
+            forward = sum(pf[b][k - 1] for k in range(i + 1, j + 1))
+
+            def part(k, name):  # state k's share of log F(s_k) in part `name`
+                if use[b][k]:
+                    return lf[b][k] if name == "flow" else 0.0
+                penalty = PENALTY * un[b][k]
+                return {"reward": lr[b][k] - penalty, "unfinished": penalty, "stop": -pt[b][k], "flow": 0.0}[name]
+
+            flow_i = lf[b][i] if use[b][i] else lr[b][i] - pt[b][i]
+            flow_j = lf[b][j] if use[b][j] else lr[b][j] - pt[b][j]
+            res = flow_i + forward - flow_j
+            if not use[b][i] and not use[b][j]:
+                assert res == pytest.approx(brute_residual(pf, pt, lr, b, i, j), abs=1e-9)
+            parts = {name: part(i, name) - part(j, name) for name in ("reward", "unfinished", "stop", "flow")}
+            parts["forward"] = forward
             total += w * res**2
             mean += w * res
             unfinished_pairs += w * res**2 if un[b][i] != un[b][j] else 0.0
@@ -75,6 +85,27 @@ def test_residual_shares_match_a_double_loop_and_the_terms_add_up_to_the_loss(la
     expected = brute_shares(log_pf, log_pterm, log_r, mask, unanswered, lam, GROUPS)
     assert shares == pytest.approx(expected, rel=1e-9, abs=1e-12)
     assert 0.0 <= shares["question_mean_share"] <= shares["trajectory_mean_share"] <= 1.0
+
+
+@pytest.mark.parametrize("lam", [0.5, 1.0])
+def test_with_learned_flows_the_five_terms_add_up_to_the_loss_and_match_the_double_loop(lam):
+    from tests.test_losses import random_learned_flows
+
+    log_pf, log_pterm, log_r, mask = make_batch()
+    log_flow, learned, unanswered = random_learned_flows()
+    log_r = log_r + PENALTY * unanswered.double()
+    flows = {"log_flow": log_flow, "learned": learned}
+    terms = subtb_residual_terms(log_pf, log_pterm, log_r, mask, unanswered, PENALTY, lam=lam, **flows)
+    assert terms["loss"].tolist() == pytest.approx(
+        subtb_loss(log_pf, log_pterm, log_r, mask, lam=lam, **flows).tolist()
+    )
+    assert sum(terms[f"term_{name}"] for name in RESIDUAL_TERMS).tolist() == pytest.approx(terms["loss"].tolist())
+    shares = subtb_residual_shares(terms, GROUPS)
+    expected = brute_shares(log_pf, log_pterm, log_r, mask, unanswered, lam, GROUPS, log_flow, learned)
+    assert shares == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert shares["flow_term_share"] != 0.0
+    plain = subtb_residual_shares(subtb_residual_terms(log_pf, log_pterm, log_r, mask, unanswered, PENALTY), GROUPS)
+    assert plain["flow_term_share"] == 0.0
 
 
 def test_padding_and_the_padded_unanswered_flags_never_reach_the_shares():

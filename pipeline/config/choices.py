@@ -19,6 +19,9 @@ PRMFormat = Literal[
 ]  # docs/prm.md, "Other PRMs"
 TrainingMode = Literal["sync", "async"]  # gfn.mode / ppo.mode (async: docs/async.md; PPO refuses it)
 GFlowNetLoss = Literal["subtb", "tb", "tb_vargrad"]  # gfn.loss (pipeline/finetune/gflownet.py)
+# gfn.log_flow, SubTB's log F(s) at the states that state no answer: stop (the paper's eq. 1: log R(s) - log pi(s_f|s)
+# at every state) | learned (a linear head on the policy's state; pipeline/finetune/losses.py learned_flow_states)
+LogFlow = Literal["stop", "learned"]
 SearchStrategy = Literal["step_best_of_k", "beam", "best_of_n", "weighted_vote", "majority"]  # prm/search.py
 Aggregation = Literal["last", "mean", "min", "prod"]  # search.aggregation (prm/search.py, docs/search.md)
 TinyFamily = Literal[

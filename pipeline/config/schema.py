@@ -31,6 +31,7 @@ from pipeline.config.choices import (
     GenerationBackend,
     GFlowNetLoss,
     GPUType,
+    LogFlow,
     ModelDtype,
     PRMFormat,
     PRMLabels,
@@ -349,6 +350,10 @@ class GFlowNetObjectiveConfig(StepTrainingConfig):
 
     loss: GFlowNetLoss = "subtb"  # subtb | tb | tb_vargrad
     lam: float = bounded(1.0, ge=0)  # SubTB lambda
+    # SubTB's log-flow at the states that state no answer, but a trajectory's last: stop (paper eq. 1, log R(s) -
+    # log pi(s_f|s), which ties every such state's stop probability to the unfinished-state penalty) | learned (a linear
+    # head on the policy's hidden state there, trained at log_z_lr; docs/gflownet.md, "SubTB's log-flow")
+    log_flow: LogFlow = "stop"
     reward_temperature: float = bounded(1.0, gt=0)  # log R is multiplied by 1/this
     reference_prior_coef: float = bounded(
         0.0, ge=0

@@ -29,6 +29,7 @@ from pipeline.finetune.losses import (
     RESIDUAL_SHARES,
     clipped_importance_ratio,
     importance_weighted_losses,
+    learned_flow_states,
     subtb_loss,
     subtb_residual_shares,
     subtb_residual_terms,
@@ -250,11 +251,14 @@ class GFlowNetObjective(torch.nn.Module, ABC):
     def trajectory_losses(self, batch: list[Trajectory]) -> tuple[torch.Tensor, dict]:
         """Per-trajectory loss (B,) of one micro-batch, with gradients, and detached extras."""
         batch = self.with_reference_logprobs(batch)
-        lp = self.policy.logprobs([t.prompt for t in batch], [t.steps for t in batch], with_grad=True)
+        reads_hidden = self.reads_hidden
+        lp = self.policy.logprobs(
+            [t.prompt for t in batch], [t.steps for t in batch], with_grad=True, return_hidden=reads_hidden
+        )
         device = lp.step_logprobs.device
         log_r, mask = (x.to(device) for x in self.reward(batch))
         log_pf, log_pterm = lp.step_logprobs, lp.termination_logprobs
-        loss = self.balance_losses(batch, log_pf, log_pterm, log_r, mask)
+        loss = self.balance_losses(batch, log_pf, log_pterm, log_r, mask, lp.boundary_hidden if reads_hidden else None)
         lengths = mask.sum(1)
         log_pi = trajectory_logprob(log_pf.detach(), log_pterm.detach(), mask)
         extras = {}
@@ -270,12 +274,25 @@ class GFlowNetObjective(torch.nn.Module, ABC):
         }
         return loss, extras
 
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether ``balance_losses`` reads the policy's hidden state at each state (a learned
+        log-flow); the teacher-forced forward then returns it."""
+        return False
+
     @abstractmethod
     def balance_losses(
-        self, batch: list[Trajectory], log_pf: torch.Tensor, log_pterm: torch.Tensor, log_r: torch.Tensor, mask
+        self,
+        batch: list[Trajectory],
+        log_pf: torch.Tensor,
+        log_pterm: torch.Tensor,
+        log_r: torch.Tensor,
+        mask,
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The loss's own formula: (B,) per-trajectory loss of the micro-batch ``batch`` (losses'
-        conventions: log_pf (B, T), log_pterm (B, T+1), log_r (B, T+1), mask (B, T) bool)."""
+        conventions: log_pf (B, T), log_pterm (B, T+1), log_r (B, T+1), mask (B, T) bool; hidden
+        (B, T+1, H) the policy's last hidden state at each state when ``reads_hidden``, else None)."""
 
     def own_metrics(self) -> dict:
         """Metrics of the loss's own parameters (TB: log Z); none by default."""
@@ -355,28 +372,83 @@ class GFlowNetObjective(torch.nn.Module, ABC):
 
 class SubTBObjective(GFlowNetObjective):
     """SubTB(lambda) (Step-level GFlowNet, eq. 1; losses.subtb_loss): the lambda-weighted mean over
-    the sub-trajectories s_i..s_j of each trajectory of their squared balance residual (gfn.lam)."""
+    the sub-trajectories s_i..s_j of each trajectory of their squared balance residual (gfn.lam).
+
+    log F(s) = log R(s) - log pi(s_f|s) at every state (gfn.log_flow=stop, the paper's), or, with
+    gfn.log_flow=learned, a linear head on the policy's hidden state at the states that state no
+    answer but a trajectory's last (losses.learned_flow_states), its own parameter trained at
+    gfn.log_z_lr and checkpointed with the objective. The head starts at 0 (weight and bias)."""
 
     name = "subtb"
 
-    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask):
-        # the residual decomposition's per-trajectory sums, from this forward's tensors (no second pass)
+    def __init__(
+        self,
+        cfg: GFNConfig,
+        policy,
+        reward: StateLogRewards,
+        collective: Collective | None = None,
+        reference=None,
+        hidden_size: int | None = None,
+    ):
+        super().__init__(cfg, policy, reward, collective, reference=reference)
+        self.flow_head = None
+        self._log_flow_s0 = float("nan")
+        if cfg.log_flow == "learned":
+            if not hidden_size:
+                raise ValueError("gfn.log_flow=learned: the flow head needs the policy's hidden size")
+            self.flow_head = torch.nn.Linear(hidden_size, 1)
+            torch.nn.init.zeros_(self.flow_head.weight)
+            torch.nn.init.zeros_(self.flow_head.bias)
+
+    @classmethod
+    def from_config(
+        cls, cfg: GFNConfig, policy, hidden_size: int, collective: Collective | None = None, reference=None
+    ) -> SubTBObjective:
+        """The objective with the gfn section's reward shaping; hidden_size: the flow head's input."""
+        return cls(cfg, policy, StateLogRewards.of(cfg), collective, reference=reference, hidden_size=hidden_size)
+
+    @property
+    def reads_hidden(self) -> bool:
+        return self.flow_head is not None
+
+    def log_flows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, T+1) the flow head's log F(s_k) of the hidden states (B, T+1, H); float32 (the head
+        stays float32 under a bf16 policy, as PPO's value head)."""
+        head = self.flow_head
+        return head(hidden.to(device=head.weight.device, dtype=head.weight.dtype)).squeeze(-1).float()
+
+    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask, hidden=None):
         width = mask.shape[1]
         unanswered = torch.ones(len(batch), width + 1, dtype=torch.bool, device=mask.device)
         for row, t in enumerate(batch):
             unanswered[row, 1 : len(t.steps) + 1] = torch.tensor([f == NO_ANSWER for f in t.answer_flags])
+        flows = {}
+        if self.flow_head is not None:
+            if hidden is None:
+                raise ValueError("gfn.log_flow=learned: the policy returned no hidden states")
+            flows = {
+                "log_flow": self.log_flows(hidden).to(log_pterm.device),
+                "learned": learned_flow_states(unanswered, mask),
+            }
+            self._log_flow_s0 = float(flows["log_flow"][:, 0].detach().mean())
         penalty = self.reward.unfinished_log_reward / self.reward.reward_temperature
+        # the residual decomposition's per-trajectory sums, from this forward's tensors (no second pass)
         self._residual_terms = (
-            subtb_residual_terms(log_pf, log_pterm, log_r, mask, unanswered, penalty, lam=self.cfg.lam),
+            subtb_residual_terms(log_pf, log_pterm, log_r, mask, unanswered, penalty, lam=self.cfg.lam, **flows),
             [t.problem_id for t in batch],
         )
-        return subtb_loss(log_pf, log_pterm, log_r, mask, lam=self.cfg.lam)
+        return subtb_loss(log_pf, log_pterm, log_r, mask, lam=self.cfg.lam, **flows)
 
     def loss(self, micro: tuple[list[Trajectory], float]) -> tuple[torch.Tensor, dict]:
         out = super().loss(micro)
         if micro[1]:  # every trained row, fresh or replayed; not a filler's
             self._update.setdefault("residual_terms", []).append(self._residual_terms)
         return out
+
+    def own_metrics(self) -> dict:
+        """log_flow_s0: the flow head's mean log F(s_0) over the update's last micro-batch (an
+        amortised log Z of its questions), with gfn.log_flow=learned."""
+        return {"log_flow_s0": self._log_flow_s0} if self.flow_head is not None and self._update else {}
 
     def summary(self) -> dict:
         """The base's metrics and the shares of the update's SubTB loss (losses.subtb_residual_shares,
@@ -411,7 +483,7 @@ class TBObjective(GFlowNetObjective):
         super().__init__(cfg, policy, reward, collective, reference=reference)
         self.log_z = torch.nn.Parameter(torch.zeros(())) if cfg.learn_log_z else None
 
-    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask):
+    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask, hidden=None):
         log_z = self.log_z if self.log_z is not None else log_r[:, 0] - log_pterm[:, 0].detach()
         return trajectory_balance_loss(log_pf, log_pterm, log_r, mask, log_z)
 
@@ -432,7 +504,7 @@ class TBVarGradObjective(GFlowNetObjective):
     def micro_batch_key(trajectory: Trajectory) -> str:
         return trajectory.problem_id
 
-    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask):
+    def balance_losses(self, batch, log_pf, log_pterm, log_r, mask, hidden=None):
         log_ref = None
         if self.kl_coef > 0:
             if any(t.reference_step_logprobs is None for t in batch):

@@ -24,6 +24,7 @@ from torch import Tensor
 
 __all__ = [
     "subtb_pair_residuals",
+    "learned_flow_states",
     "subtb_loss",
     "RESIDUAL_TERMS",
     "RESIDUAL_SHARES",
@@ -109,28 +110,88 @@ def _group_index(group_ids: Tensor | Sequence[Hashable], batch: int, device: tor
 # ----------------------------------------------------------------------------- SubTB(lambda)
 
 
-def subtb_pair_residuals(log_pf: Tensor, log_pterm: Tensor, log_r: Tensor, mask: Tensor) -> Tensor:
+def subtb_pair_residuals(
+    log_pf: Tensor,
+    log_pterm: Tensor,
+    log_r: Tensor,
+    mask: Tensor,
+    log_flow: Tensor | None = None,
+    learned: Tensor | None = None,
+) -> Tensor:
     """Sub-trajectory balance residual of every pair of states (i, j) of every trajectory.
 
     log_pf: (B, T); log_pterm: (B, T+1); log_r: (B, T+1); mask: (B, T) bool  (module conventions)
-    returns: (B, T+1, T+1) res[b, i, j] = log R(s_i) + sum_{k=i+1..j} log pi(s_k|s_{k-1})
-             + log pi(s_f|s_j) - log R(s_j) - log pi(s_f|s_i) for 0 <= i < j <= n_b; 0 elsewhere.
+    log_flow, learned: (B, T+1) float and bool, given together or not at all: at the states where
+             ``learned`` is True log F(s_k) is log_flow[b, k] (a learned log-flow) instead of the
+             stop identity log R(s_k) - log pi(s_f|s_k) (`learned_flow_states` says which)
+    returns: (B, T+1, T+1) res[b, i, j] = log F(s_i) + sum_{k=i+1..j} log pi(s_k|s_{k-1})
+             - log F(s_j) for 0 <= i < j <= n_b, 0 elsewhere; without learned flows
+             log F(s) = log R(s) - log pi(s_f|s), so res = log R(s_i) + sum log pi + log pi(s_f|s_j)
+             - log R(s_j) - log pi(s_f|s_i).
     """
     lengths = _check_trajectory_batch(log_pf, log_pterm, log_r, mask)
-    return _pair_residuals(log_pf, log_pterm, log_r, mask, lengths)
+    _check_learned_flow(log_flow, learned, tuple(log_pterm.shape))
+    return _pair_residuals(log_pf, log_pterm, log_r, mask, lengths, log_flow, learned)
 
 
-def _pair_residuals(log_pf: Tensor, log_pterm: Tensor, log_r: Tensor, mask: Tensor, lengths: Tensor) -> Tensor:
-    dtype = _working_dtype(log_pf, log_pterm, log_r)
-    log_pf, log_pterm, log_r = log_pf.to(dtype), log_pterm.to(dtype), log_r.to(dtype)
+def learned_flow_states(unanswered: Tensor, mask: Tensor) -> Tensor:
+    """Where SubTB with a learned log-flow (gfn.log_flow=learned) uses it: the states that state no
+    final answer, except each trajectory's last (its stop action ends the trajectory and carries
+    its reward, so log F(s_n) = log R(s_n) - log pi(s_f|s_n) holds there as the terminal condition).
+
+    unanswered: (B, T+1) bool, True where s_k states no final answer (s_0 included; padding ignored)
+    mask:       (B, T) bool step mask (module conventions)
+    returns:    (B, T+1) bool: unanswered[b, k] and k < n_b
+    """
+    lengths = _lengths(mask)
+    _check_shape("unanswered", unanswered, (mask.shape[0], mask.shape[1] + 1), "(B, T+1)")
+    if unanswered.dtype != torch.bool:
+        raise ValueError(f"unanswered: expected a torch.bool tensor, got {unanswered.dtype}")
+    index = torch.arange(mask.shape[1] + 1, device=mask.device)
+    return unanswered & (index[None, :] < lengths[:, None])
+
+
+def _check_learned_flow(log_flow: Tensor | None, learned: Tensor | None, shape: tuple[int, ...]) -> None:
+    if (log_flow is None) != (learned is None):
+        raise ValueError("log_flow and learned: give both (a learned log-flow and where it is used) or neither")
+    if log_flow is None:
+        return
+    _check_shape("log_flow", log_flow, shape, "(B, T+1)")
+    _check_shape("learned", learned, shape, "(B, T+1)")
+    if learned.dtype != torch.bool:
+        raise ValueError(f"learned: expected a torch.bool tensor, got {learned.dtype}")
+
+
+def _state_log_flow(
+    log_pterm: Tensor, log_r: Tensor, log_flow: Tensor | None, learned: Tensor | None, dtype: torch.dtype
+) -> Tensor:
+    """(B, T+1) log F(s_k): the learned log-flow where ``learned``, else log R(s_k) - log pi(s_f|s_k)."""
+    stop_identity = log_r.to(dtype) - log_pterm.to(dtype)
+    if log_flow is None:
+        return stop_identity
+    return torch.where(learned, log_flow.to(dtype), stop_identity)
+
+
+def _pair_residuals(
+    log_pf: Tensor,
+    log_pterm: Tensor,
+    log_r: Tensor,
+    mask: Tensor,
+    lengths: Tensor,
+    log_flow: Tensor | None = None,
+    learned: Tensor | None = None,
+) -> Tensor:
+    dtype = _working_dtype(log_pf, log_pterm, log_r, *(() if log_flow is None else (log_flow,)))
+    log_pf = log_pf.to(dtype)
     steps = log_pf.shape[1]
-    # With log F(s_k) = log R(s_k) - log pi(s_f|s_k) and C_k = sum_{m<=k} log pi(s_m|s_{m-1}),
-    # res(i, j) = (log F(s_i) - C_i) - (log F(s_j) - C_j): one subtraction per pair.
+    # With C_k = sum_{m<=k} log pi(s_m|s_{m-1}), res(i, j) = (log F(s_i) - C_i) - (log F(s_j) - C_j):
+    # one subtraction per pair.
     zero = torch.zeros((), dtype=dtype, device=log_pf.device)
     cumulative = torch.cat([torch.zeros_like(log_pf[:, :1]), torch.where(mask, log_pf, zero).cumsum(1)], dim=1)
     state_index = torch.arange(steps + 1, device=log_pf.device)
     state_valid = state_index[None, :] <= lengths[:, None]  # (B, T+1): s_0..s_n exist
-    potential = torch.where(state_valid, log_r - log_pterm - cumulative, zero)
+    flow = _state_log_flow(log_pterm, log_r, log_flow, learned, dtype)
+    potential = torch.where(state_valid, flow - cumulative, zero)
     residual = potential[:, :, None] - potential[:, None, :]
     return torch.where(_pair_mask(lengths, steps), residual, zero)
 
@@ -162,7 +223,15 @@ def _subtb_weights(lengths: Tensor, steps: int, lam: float, dtype: torch.dtype) 
     return torch.where(pairs, weights, torch.zeros((), dtype=dtype, device=lengths.device))
 
 
-def subtb_loss(log_pf: Tensor, log_pterm: Tensor, log_r: Tensor, mask: Tensor, lam: float = 1.0) -> Tensor:
+def subtb_loss(
+    log_pf: Tensor,
+    log_pterm: Tensor,
+    log_r: Tensor,
+    mask: Tensor,
+    lam: float = 1.0,
+    log_flow: Tensor | None = None,
+    learned: Tensor | None = None,
+) -> Tensor:
     """SubTB(lambda) of a batch of step-level trajectories (Step-level GFlowNet, eq. 1).
 
     log_pf:    (B, T)   log pi(s_k | s_{k-1}) for step k = 1..T
@@ -170,6 +239,8 @@ def subtb_loss(log_pf: Tensor, log_pterm: Tensor, log_r: Tensor, mask: Tensor, l
     log_r:     (B, T+1) log R(s_k) for k = 0..T
     mask:      (B, T)   True where step k exists (prefix of Trues, n_b >= 1)
     lam:       lambda >= 0; lambda = 0 means the limit lambda -> 0+ (one-step pairs only)
+    log_flow, learned: (B, T+1) a learned log F(s_k) and where it replaces the stop identity
+               (`subtb_pair_residuals`); None: the paper's log F(s) = log R(s) - log pi(s_f|s) everywhere
     returns:   (B,) sum_{0<=i<j<=n_b} lambda^(j-i) res(i,j)^2 / sum_{0<=i<j<=n_b} lambda^(j-i),
                res as in `subtb_pair_residuals`.
     """
@@ -177,14 +248,15 @@ def subtb_loss(log_pf: Tensor, log_pterm: Tensor, log_r: Tensor, mask: Tensor, l
     if not lam >= 0.0 or lam == float("inf"):
         raise ValueError(f"lam: expected a finite lambda >= 0, got {lam}")
     lengths = _check_trajectory_batch(log_pf, log_pterm, log_r, mask)
-    residual = _pair_residuals(log_pf, log_pterm, log_r, mask, lengths)
+    _check_learned_flow(log_flow, learned, tuple(log_pterm.shape))
+    residual = _pair_residuals(log_pf, log_pterm, log_r, mask, lengths, log_flow, learned)
     weights = _subtb_weights(lengths, log_pf.shape[1], lam, residual.dtype)
     return (weights * residual.square()).sum(dim=(1, 2)) / weights.sum(dim=(1, 2))
 
 
 # ----------------------------------------------------------------------------- SubTB's residuals, decomposed
 
-RESIDUAL_TERMS = ("reward", "unfinished", "stop", "forward")
+RESIDUAL_TERMS = ("reward", "unfinished", "stop", "forward", "flow")
 
 RESIDUAL_SHARES = (
     "question_mean_share",
@@ -202,10 +274,12 @@ def subtb_residual_terms(
     unanswered: Tensor,
     unfinished_log_reward: float,
     lam: float = 1.0,
+    log_flow: Tensor | None = None,
+    learned: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Per-trajectory sums that decompose SubTB(lambda)'s loss, without gradient, in float64.
 
-    log_pf, log_pterm, log_r, mask: as `subtb_loss` (module conventions)
+    log_pf, log_pterm, log_r, mask, log_flow, learned: as `subtb_loss` (module conventions)
     unanswered: (B, T+1) bool, True where s_k states no final answer (s_0 included; padding ignored)
     unfinished_log_reward: the penalty's share of log R(s_k) at an unanswered state, as the
              objective trains it (gfn.unfinished_log_reward / reward temperature)
@@ -214,19 +288,25 @@ def subtb_residual_terms(
              loss = sum w res^2 (= `subtb_loss`); mean = sum w res (the trajectory's mean residual);
              unfinished_pairs = sum of w res^2 over the pairs with exactly one unanswered endpoint
              (the only pairs where the penalty does not cancel); and for each c in RESIDUAL_TERMS
-             term_c = sum w res c(i, j), res split as c = reward: the rest of log R(s_i) - log R(s_j);
-             unfinished: the penalty's difference; stop: log pi(s_f|s_j) - log pi(s_f|s_i);
-             forward: sum_{k=i+1..j} log pi(s_k|s_{k-1}). The four terms sum to the loss.
+             term_c = sum w res c(i, j), res split per state into parts whose differences add up
+             to it: reward: the rest of log R(s_i) - log R(s_j); unfinished: the penalty's
+             difference; stop: log pi(s_f|s_j) - log pi(s_f|s_i); forward: sum_{k=i+1..j}
+             log pi(s_k|s_{k-1}); flow: the learned log F(s_i) - log F(s_j). A state whose flow is
+             learned adds to flow only (its reward, penalty and stop parts are 0); without learned
+             flows flow is 0. The five terms sum to the loss.
     """
     lengths = _check_trajectory_batch(log_pf, log_pterm, log_r, mask)
     _check_shape("unanswered", unanswered, tuple(log_pterm.shape), "(B, T+1)")
     if unanswered.dtype != torch.bool:
         raise ValueError(f"unanswered: expected a torch.bool tensor, got {unanswered.dtype}")
+    _check_learned_flow(log_flow, learned, tuple(log_pterm.shape))
     f64 = torch.float64
     with torch.no_grad():
         log_pf, log_pterm, log_r = (x.detach().to(f64) for x in (log_pf, log_pterm, log_r))
+        if log_flow is not None:
+            log_flow = log_flow.detach().to(f64)
         steps = log_pf.shape[1]
-        residual = _pair_residuals(log_pf, log_pterm, log_r, mask, lengths)
+        residual = _pair_residuals(log_pf, log_pterm, log_r, mask, lengths, log_flow, learned)
         weights = _subtb_weights(lengths, steps, float(lam), f64)
         weights = weights / weights.sum(dim=(1, 2), keepdim=True)
         penalty = unanswered.to(f64) * float(unfinished_log_reward)
@@ -234,14 +314,18 @@ def subtb_residual_terms(
         cumulative = torch.cat([torch.zeros_like(log_pf[:, :1]), torch.where(mask, log_pf, zero).cumsum(1)], dim=1)
         pairs = _pair_mask(lengths, steps)
 
+        def stop_identity(per_state: Tensor) -> Tensor:  # a part of log R - log pi(s_f|.): 0 where F is learned
+            return per_state if learned is None else torch.where(learned, zero, per_state)
+
         def difference(per_state: Tensor) -> Tensor:  # per_state[i] - per_state[j] on the valid pairs
             return torch.where(pairs, per_state[:, :, None] - per_state[:, None, :], zero)
 
         terms = {
-            "reward": difference(log_r - penalty),
-            "unfinished": difference(penalty),
-            "stop": -difference(log_pterm),
+            "reward": difference(stop_identity(log_r - penalty)),
+            "unfinished": difference(stop_identity(penalty)),
+            "stop": -difference(stop_identity(log_pterm)),
             "forward": -difference(cumulative),
+            "flow": difference(torch.zeros_like(log_r) if learned is None else torch.where(learned, log_flow, zero)),
         }
         one_unanswered = pairs & (unanswered[:, :, None] != unanswered[:, None, :])
         weighted = weights * residual
