@@ -25,9 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from eval.benchmark_sources import BenchmarkSource, load_eval_benchmark, resolve_benchmark
 from eval.comparisons import compare_to_reference
 from eval.diversity import Embedder
+from eval.matched import matched_difference
 from eval.model_specs import ModelSpec, missing_model_reason, parse_model_spec
 from eval.sample_metrics import StepScorer, graded, score_samples
 from eval.samples_store import commit_samples_file, reusable_samples, samples_path, sampling_settings, shard_folder
@@ -36,8 +39,9 @@ from eval.target import score_target, target_line
 from pipeline.config.schema import Config
 from pipeline.finetune.rewards import StateLogRewards
 from pipeline.records import Problem, Sample
-from pipeline.storage.files import write_json_atomic
+from pipeline.storage.files import read_json_if_exists, write_json_atomic
 from pipeline.storage.locks import held_locks
+from pipeline.storage.model_folders import FOLDER_MANIFEST, snapshot_folders, snapshot_step
 from pipeline.storage.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard
 
 log = logging.getLogger(__name__)
@@ -147,11 +151,34 @@ def _benchmarks(config: Config) -> tuple[dict[str, BenchmarkSource], dict[str, l
     return sources, {name: load_eval_benchmark(config, name) for name in config.eval.benchmarks}
 
 
+SNAPSHOT_MARK = "@"  # eval.curves: the model <name>'s snapshot of training step n is evaluated as "<name>@<n>"
+
+
 def _models(config: Config):
-    """(name, ModelSpec, why it cannot be evaluated or None) for every entry of eval.models."""
+    """(name, ModelSpec, why it cannot be evaluated or None) for every entry of eval.models, then for
+    every snapshot of the models eval.curves names (``curve_models``)."""
     for name, value in config.eval.models.items():
         spec = parse_model_spec(config, name, value)
         yield name, spec, missing_model_reason(spec)
+    for name, spec in curve_models(config):
+        yield name, spec, missing_model_reason(spec)
+
+
+def curve_models(config: Config) -> list[tuple[str, ModelSpec]]:
+    """("<model>@<step>", its ModelSpec) for each snapshot of each model of eval.curves: the folders
+    <the model folder's parent>/snapshots/step-<n>/ that its training stage wrote (snapshot_every),
+    by step. A model with an adapter, or none written, has none."""
+    out = []
+    for name in config.eval.curves:
+        if name not in config.eval.models:  # as eval.pairs: a name eval.models does not hold has no curve
+            continue
+        spec = parse_model_spec(config, name, config.eval.models[name])
+        if spec.adapter is not None or not spec.path_is_local:
+            continue
+        for folder in snapshot_folders(Path(spec.path).parent):
+            label = f"{name}{SNAPSHOT_MARK}{snapshot_step(folder)}"
+            out.append((label, ModelSpec(name=label, path=str(folder))))
+    return out
 
 
 def sample_shard(
@@ -175,7 +202,7 @@ def sample_shard(
         try:
             for bench, problems in benchmarks.items():
                 pairs = [(bench, config, problems)]
-                if draw_config is not None:
+                if draw_config is not None and SNAPSHOT_MARK not in name:
                     drawn = problems[: config.eval.target_problems]
                     pairs.append((f"{bench}{TARGET_DRAW_SUFFIX}", draw_config, drawn))
                 for label, pair_config, pair_problems in pairs:
@@ -308,7 +335,7 @@ def run_evaluation(
             for bench, problems in benchmarks.items():
                 pair = (name, bench, sources[bench])
                 records = pair_samples(generator, pair, problems, kind_of, config, out)
-                if draw_config is not None:
+                if draw_config is not None and SNAPSHOT_MARK not in name:
                     drawn = problems[: config.eval.target_problems]
                     draw = pair_samples(
                         generator,
@@ -360,6 +387,88 @@ def run_evaluation(
             )
             results["target"][bench] = target
             log.info("eval: %s", target_line(bench, target))
-    results["comparisons"] = compare_to_reference(all_records, benchmarks, kind_of, config, results["results"])
+    listed = {name: records for name, records in all_records.items() if SNAPSHOT_MARK not in name}
+    results["comparisons"] = compare_to_reference(listed, benchmarks, kind_of, config, results["results"])
+    if config.eval.curves:
+        results["curves"] = diversity_curves(config, results["results"], list(benchmarks))
     write_json_atomic(out / "results.json", results)
     return results
+
+
+def trained_steps(model_path: str) -> int | None:
+    """The training steps of a fine-tuned model folder (its manifest's settings.num_train_steps, as
+    the gfn and ppo stages write it), None when it records none."""
+    manifest = read_json_if_exists(Path(model_path) / FOLDER_MANIFEST) or {}
+    steps = (manifest.get("settings") or {}).get("num_train_steps") if isinstance(manifest, dict) else None
+    return int(steps) if isinstance(steps, int) else None
+
+
+def _per_problem(metrics: dict) -> tuple[list | None, list | None]:
+    """A model's per-problem mean log L and equal-count strategy entropy (None where missing)."""
+    log_l = ((metrics.get("prm_reward") or {}).get("log_likelihood") or {}).get("per_problem")
+    entropy = ((metrics.get("diversity") or {}).get("strategy_entropy_equal_count") or {}).get("entropy") or {}
+    return log_l, entropy.get("per_problem")
+
+
+def diversity_curves(config: Config, results: dict, benchmarks: list[str]) -> dict:
+    """Diversity against reward along training, per benchmark: for each model of eval.curves its
+    checkpoints (the reference, base, as step 0, its snapshots, then the model itself as its last
+    step) with their mean held-out log L and equal-count strategy entropy, and for every pair of
+    eval.pairs whose two models both have curves, the first's entropy minus the second's at the
+    first's last log L (eval.matched.matched_difference; eval.bootstrap_resamples, eval.seed).
+
+    {benchmark: {"curves": {model: [{"model", "step", "log_likelihood", "strategy_entropy"}]},
+                 "matched": {"a_vs_b": matched_difference(...) | {"note": why not measured}}}}
+    """
+    reference = "base" if "base" in results else next(iter(results), None)
+    snapshots: dict[str, list[tuple[int, str]]] = {}
+    for label in results:
+        if SNAPSHOT_MARK in label:
+            name, _, step = label.rpartition(SNAPSHOT_MARK)
+            snapshots.setdefault(name, []).append((int(step), label))
+    out: dict = {}
+    for bench in benchmarks:
+        points: dict[str, list[tuple[str, int]]] = {}
+        for name in config.eval.curves:
+            if name not in results or reference is None or bench not in results[name]:
+                continue
+            steps = sorted(snapshots.get(name, []))
+            final = trained_steps(parse_model_spec(config, name, config.eval.models[name]).path)
+            last = steps[-1][0] + 1 if steps else 1
+            points[name] = [(reference, 0)] + [(label, step) for step, label in steps] + [(name, final or last)]
+        curves, arrays = {}, {}
+        for name, chain in points.items():
+            rows = [
+                (label, step, *_per_problem(results[label][bench])) for label, step in chain if bench in results[label]
+            ]
+            curves[name] = [
+                {
+                    "model": label,
+                    "step": step,
+                    "log_likelihood": None if log_l is None else float(np.mean(log_l)),
+                    "strategy_entropy": (
+                        results[label][bench]["diversity"]["strategy_entropy_equal_count"]["entropy"] or {}
+                    ).get("mean"),
+                }
+                for label, step, log_l, _ in rows
+            ]
+            if all(log_l is not None and entropy is not None for _, _, log_l, entropy in rows):
+                arrays[name] = (
+                    np.array([log_l for _, _, log_l, _ in rows], dtype=np.float64),
+                    np.array(
+                        [[np.nan if e is None else e for e in entropy] for _, _, _, entropy in rows], dtype=np.float64
+                    ),
+                )
+        matched = {}
+        for a, b in config.eval.pairs:
+            if a in points and b in points:
+                if a in arrays and b in arrays:
+                    matched[f"{a}_vs_{b}"] = matched_difference(
+                        *arrays[a], *arrays[b], n_resamples=config.eval.bootstrap_resamples, seed=config.eval.seed
+                    )
+                else:
+                    matched[f"{a}_vs_{b}"] = {
+                        "note": "no PRM log-likelihood or strategy entropy per problem (eval.prm unset?)"
+                    }
+        out[bench] = {"curves": curves, "matched": matched}
+    return out

@@ -299,6 +299,7 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
                 )
             lines += _table(["model", "strategy-share TV", "mean log L", "target's", "difference"], rows)
             lines += [""]
+    lines += curves_lines(results)
     if results["skipped"]:
         lines += ["", "## Skipped models", ""]
         lines += [
@@ -309,6 +310,56 @@ def render_markdown(results: dict, plots: dict[str, str] | None = None) -> str:
         lines += ["", "## Plots", ""]
         lines += [f"![{name}]({file})" for name, file in plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def matched_line(name: str, matched: dict) -> str:
+    """One line of a matched comparison (eval.matched.matched_difference) in bits."""
+    a, _, b = name.partition("_vs_")
+    if "note" in matched:
+        return f"- {a} - {b} at matched log L: not measured ({matched['note']})"
+    if not matched["matched"]:
+        return (
+            f"- {a} - {b} at matched log L: not matched: {b}'s curve never reaches {a}'s final mean log L "
+            f"{matched['reward']:.3f}"
+        )
+    interval = "" if matched["lo"] is None else f" [{matched['lo']:+.3f}, {matched['hi']:+.3f}]"
+    return (
+        f"- {a} - {b} at matched log L ({a}'s final, {matched['reward']:.3f}): strategy entropy {matched['mean']:+.3f}"
+        f"{interval} bits ({a} {matched['a']:.3f}, {b} {matched['b']:.3f} interpolated on its curve; "
+        f"{matched['resamples_matched']} of {matched['resamples']} resamples matched)"
+    )
+
+
+def curves_lines(results: dict) -> list[str]:
+    """The report's section of eval.curves: each checkpoint's mean log L and equal-count strategy
+    entropy per benchmark, and the matched comparisons (eval.evaluate.diversity_curves)."""
+    if not results.get("curves"):
+        return []
+    lines = [
+        "",
+        "## Diversity against reward along training (eval.curves)",
+        "",
+        "Each checkpoint of a fine-tuned model (the base as step 0, its snapshots, the model itself): the mean "
+        "held-out log L (sum of log U, -10 when unanswered: the judged learners' shared return) and the strategy "
+        "entropy at an equal count of right samples; then one model's entropy minus another's where their log L "
+        "match (eval/matched.py; reported, not judged).",
+        "",
+    ]
+    for bench, block in results["curves"].items():
+        rows = [
+            [
+                model,
+                bench,
+                f"{point['model']} ({point['step']})",
+                _number(point["log_likelihood"]),
+                _number(point["strategy_entropy"]),
+            ]
+            for model, points in block["curves"].items()
+            for point in points
+        ]
+        lines += _table(["curve", "benchmark", "checkpoint (step)", "mean log L", "strategy entropy (bits)"], rows)
+        lines += [""] + [matched_line(name, matched) for name, matched in block["matched"].items()]
+    return lines
 
 
 def _differences_table(compared: dict, shown: list[tuple[str, str]]) -> list[str]:

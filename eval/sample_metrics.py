@@ -7,6 +7,7 @@ to date are re-scored without generating. Formulas: docs/metrics.md.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -143,7 +144,14 @@ def score_samples(
     all_rows = [r for rows in sampled.values() for r in rows]
     extra = {}
     if prm is not None:
-        extra["prm_reward"] = mean_prm_reward(sampled, problems, prm, settings.bootstrap_resamples, settings.seed)
+        extra["prm_reward"] = mean_prm_reward(
+            sampled,
+            problems,
+            prm,
+            settings.bootstrap_resamples,
+            settings.seed,
+            unfinished_log_reward=config.gfn.unfinished_log_reward,
+        )
     return {
         "n_problems": n_problems,
         "k": k,
@@ -158,13 +166,22 @@ def score_samples(
 
 
 def mean_prm_reward(
-    sampled: dict[str, list[Sample]], problems: Sequence[Problem], prm: StepScorer, n_resamples: int, seed: int
+    sampled: dict[str, list[Sample]],
+    problems: Sequence[Problem],
+    prm: StepScorer,
+    n_resamples: int,
+    seed: int,
+    unfinished_log_reward: float = -10.0,
 ) -> dict:
     """How the PRM's reward R = prod U sees one model's samples.
 
     mean, lo, hi:        per problem, the mean R over its sampled solutions (an empty one: 0); a
                          percentile-bootstrap interval over problems (pipeline.stats.bootstrap_ci)
     per_problem:         those per-problem means, in ``problems`` order (compare_to_reference pairs them)
+    log_likelihood:      {mean, lo, hi, per_problem}: the same of log L = sum_k log U(s_k|s_{k-1}) plus
+                         ``unfinished_log_reward`` when the solution states no answer (an empty one:
+                         that penalty alone): the return the judged GFlowNet and PPO share (the gfn
+                         section's penalty), U floored at the smallest positive float
     within_problem_auc:  over the problems with both correct and wrong samples, the mean AUC of R
                          for correctness among that problem's samples (ties count 1/2); None when
                          no problem has both. 0.5: R does not tell a problem's right solutions from
@@ -178,9 +195,20 @@ def mean_prm_reward(
                          policy sampling in proportion to pi * R would reach on these problems
     """
     pairs = [(p.question, r.steps) for p in problems for r in sampled[p.problem_id]]
-    scores = iter(prm([pair for pair in pairs if pair[1]]))
-    rewards = iter([math.prod(next(scores)) if steps else 0.0 for _, steps in pairs])
+    scored = iter(prm([pair for pair in pairs if pair[1]]))
+    step_scores = [list(next(scored)) if steps else [] for _, steps in pairs]
+    rewards = iter([math.prod(scores) if scores else 0.0 for scores in step_scores])
+    records = [r for p in problems for r in sampled[p.problem_id]]
+    log_likelihoods = iter(
+        [
+            sum(math.log(max(u, sys.float_info.min)) for u in scores)
+            + (unfinished_log_reward if record.final_answer is None else 0.0)
+            for scores, record in zip(step_scores, records)
+        ]
+    )
     per_problem_rewards = [np.array([next(rewards) for _ in sampled[p.problem_id]]) for p in problems]
+    per_problem_log_l = [float(np.mean([next(log_likelihoods) for _ in sampled[p.problem_id]])) for p in problems]
+    log_l_mean, log_l_lo, log_l_hi = bootstrap_ci(np.array(per_problem_log_l), n_resamples=n_resamples, seed=seed)
     per_problem_correct = [np.array([r.correct for r in sampled[p.problem_id]]) for p in problems]
     per_problem_mean = [float(r.mean()) for r in per_problem_rewards]
     mean, lo, hi = bootstrap_ci(np.array(per_problem_mean), n_resamples=n_resamples, seed=seed)
@@ -199,4 +227,5 @@ def mean_prm_reward(
         "n_mixed": len(aucs),
         "reweighted_accuracy": float(np.mean(reweighted_accuracy)),
         "reweighted_reward": float(np.mean(reweighted_reward)),
+        "log_likelihood": {"mean": log_l_mean, "lo": log_l_lo, "hi": log_l_hi, "per_problem": per_problem_log_l},
     }

@@ -204,12 +204,30 @@ def generation_workers(config: Config, shard: str) -> int:
     return shards if shards > 1 else config.plan.processes
 
 
+def expected_snapshots(config: Config) -> dict[str, int]:
+    """{eval model name: the snapshots its training stage will write} for the models of eval.curves
+    that are a fine-tuning stage's own model folder (gfn or ppo with snapshot_every > 0): one every
+    snapshot_every steps before the last (pipeline.finetune.run.PolicySnapshots)."""
+    out = {}
+    for name in config.eval.curves:
+        if name not in config.eval.models:
+            continue
+        path = config.resolve(config.eval.models[name].split("::")[0])
+        for stage in ("gfn", "ppo"):
+            section = config.finetune_section(stage)
+            if section.snapshot_every and path == str(config.stage_dir(stage) / "model"):
+                out[name] = (section.num_train_steps - 1) // section.snapshot_every
+    return out
+
+
 def eval_stage(plan: Plan, models: dict[str, Model], data: dict[str, Data]) -> StageCost:
     config = plan.config
     benchmarks = [data[f"eval.{name}"] for name in config.eval.benchmarks]
     counts = [d.problems for d in benchmarks]
     problems = None if any(c is None for c in counts) else sum(counts)
     evaluated = [models[f"eval.{name}"] for name in config.eval.models]
+    snapshots = expected_snapshots(config)
+    evaluated += [models[f"eval.{name}"] for name, count in snapshots.items() for _ in range(count)]
     samples = config.eval.k + (1 if config.eval.greedy else 0)
     largest = max(
         (m for m in evaluated if m.shape is not None), key=lambda m: m.shape.parameters(), default=evaluated[0]
@@ -229,6 +247,12 @@ def eval_stage(plan: Plan, models: dict[str, Model], data: dict[str, Data]) -> S
         f"samples ({len(evaluated)} models x (eval.k={config.eval.k}{' + greedy' if config.eval.greedy else ''}))",
     )
     cost.notes.append("one model at a time: memory is that of the largest")
+    if snapshots:
+        cost.notes.append(
+            "eval.curves: "
+            + ", ".join(f"{count} snapshots of {name}" for name, count in snapshots.items())
+            + " evaluated beside the models (counted above)"
+        )
     if config.eval.target_samples:
         cost.notes.append(
             f"eval.target_samples={config.eval.target_samples}: every model also draws that many samples per problem "

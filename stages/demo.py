@@ -21,6 +21,7 @@ from pathlib import Path
 
 from eval.claims import evaluate_claims
 from eval.evaluate import reports_dir
+from eval.report import matched_line
 from pipeline.config.loader import ConfigError
 from pipeline.config.schema import Config
 from pipeline.contracts import check_run
@@ -193,6 +194,14 @@ def write_report(
     bench = read_json_if_exists(run_dir / "prm_bench" / "results.json")
     results_path = reports / "results.json"
     results = read_json_if_exists(results_path)
+    matched = (((results or {}).get("curves") or {}).get(config.search.benchmark) or {}).get("matched") or {}
+    if matched:
+        lines += [
+            "Reported beside gfn_more_diverse_than_ppo, not judged (eval.curves; the claim at matched reward is fixed "
+            "at the freeze, docs/demo.md):",
+            "",
+        ]
+        lines += [matched_line(name, value) for name, value in matched.items()] + [""]
     if results is not None:
         results["claims"] = {claim.id: claim.to_json() for claim in claims}
         if bench is not None:  # the figures without the per-case predictions (those stay in prm_bench/results.json)

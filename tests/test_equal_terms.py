@@ -16,25 +16,39 @@ from pipeline.finetune.rewards import CORRECT_ANSWER, NO_ANSWER, WRONG_ANSWER, s
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_tiny_yaml_gives_the_gflownet_and_ppo_the_same_batches_updates_and_target():
+def test_tiny_yaml_gives_the_judged_learners_one_likelihood_and_budget_and_their_declared_targets():
+    """The paper's comparison: one likelihood L = prod U, two learners. Both see log U per step and the
+    same penalty for an unanswered solution, on the same problems, batches, updates and sampling; the
+    GFlowNet samples in proportion to pi_ref x L, PPO maximises E[log L] (the paper's clip, value and
+    entropy coefficients, no KL term, two epochs per batch)."""
     config = load_config(REPO / "configs" / "tiny.yaml", [])
     gfn, ppo = config.gfn, config.ppo
-    assert gfn.questions_per_step * gfn.samples_per_question == ppo.questions_per_step * ppo.samples_per_question
+    # one likelihood: log U per step, untempered, the same unfinished-state penalty, no outcome term
+    assert ppo.step_reward == "log_score" and gfn.reward_temperature == 1.0 and gfn.outcome_coef == 0.0
+    assert ppo.unfinished_reward == gfn.unfinished_log_reward
+    # one budget: the same problems, trajectories per update, updates, learning rate and sampling
     assert (gfn.questions_per_step, gfn.samples_per_question) == (ppo.questions_per_step, ppo.samples_per_question)
-    assert gfn.num_train_steps == ppo.num_train_steps
-    assert (
-        GFlowNetObjective.updates_per_rollout == ppo.ppo_epochs
-    )  # optimizer steps per update (PPOObjective takes ppo_epochs)
-    assert (gfn.lr, gfn.scheduler, gfn.warmup_steps, gfn.temperature) == (
+    assert gfn.num_train_steps == ppo.num_train_steps and gfn.snapshot_every == ppo.snapshot_every
+    assert (gfn.lr, gfn.scheduler, gfn.warmup_steps, gfn.temperature, gfn.seed) == (
         ppo.lr,
         ppo.scheduler,
         ppo.warmup_steps,
         ppo.temperature,
+        ppo.seed,
     )
-    assert regularized_target(gfn) == regularized_target(ppo)
-    assert regularized_target(ppo) == RegularizedTarget(
-        "log_score", gfn.reward_temperature, 1.0, gfn.unfinished_log_reward
-    )
+    # two targets, as declared: the GFlowNet's pi_ref x L; PPO's pure maximisation of log L with an
+    # entropy bonus (temperature 0.01, no prior: kl_coef 0), which puts its mass on the likeliest solutions
+    assert regularized_target(gfn) == RegularizedTarget("log_score", 1.0, 1.0, gfn.unfinished_log_reward)
+    assert regularized_target(ppo) == RegularizedTarget("log_score", 0.01, 0.0, gfn.unfinished_log_reward)
+    assert (ppo.kl_coef, ppo.entropy_coef, ppo.clip, ppo.value_coef) == (0.0, 0.01, 0.2, 0.5)
+    assert ppo.ppo_epochs >= 2 and GFlowNetObjective.updates_per_rollout == 1
+
+
+def test_ppo_at_kl_coef_1_is_the_reported_row_with_the_gflownets_own_optimum():
+    """The row reported beside the judged pair, "PPO at the GFlowNet's target": kl_coef 1 and no
+    entropy bonus give PPO the optimum pi_ref x L, so it tests which learner gets there."""
+    config = load_config(REPO / "configs" / "tiny.yaml", ["ppo.kl_coef=1", "ppo.entropy_coef=0"])
+    assert regularized_target(config.ppo) == regularized_target(config.gfn)
 
 
 def test_ppo_target_is_the_optimum_of_reward_minus_kl_plus_entropy():

@@ -687,6 +687,7 @@ def test_the_draw_at_temperature_1_measures_every_model_against_the_target_on_th
             "eval.target_samples=6",
             "eval.target_problems=8",
             "eval.bootstrap_resamples=50",
+            "gfn.reward_temperature=0.25",  # a sharp target, so its length effect is plain on 8 problems
             f"eval.benchmark_paths={json.dumps({'tiny_test': str(test_file)})}",
             f"eval.models={json.dumps({'base': str(model_dir), 'gfn': f'{model_dir}/.'})}",
         ],
@@ -759,3 +760,127 @@ def test_the_draw_at_temperature_1_measures_every_model_against_the_target_on_th
     # a worker of stages.launch eval samples the draw at temperature 1 as its own pair
     shares = sample_shard(config, make_generator, tmp_path / "worker")
     assert shares == {name: {"tiny_test": 8, "tiny_test.temperature_1": 8} for name in ("base", "gfn")}
+
+
+def test_eval_curves_score_every_snapshot_and_compare_diversity_at_matched_log_likelihood(tmp_path):
+    """eval.curves: each named model's snapshots are evaluated as <name>@<step> beside it (never
+    against the base in "comparisons", never in the draw at temperature 1), and results.json's
+    "curves" holds each checkpoint's mean log L (by hand from the PRM's scores) and equal-count
+    strategy entropy, with the matched comparison of the eval.pairs pair."""
+    import math
+
+    from eval.evaluate import curve_models
+
+    problems = generate_splits(load_config(REPO / "configs" / "tiny.yaml").tinyworld)["test"][:8]
+    test_file = tmp_path / "problems_test.jsonl"
+    write_records_atomic(test_file, problems)
+    folders = {}
+    for name in ("base", "gfn", "ppo"):
+        model = tmp_path / "runs" / name / "model"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text("{}")
+        folders[name] = model
+    for name, steps in (("gfn", (2, 4)), ("ppo", (2, 4))):
+        for step in steps:
+            snapshot = folders[name].parent / "snapshots" / f"step-{step}"
+            snapshot.mkdir(parents=True)
+            (snapshot / "config.json").write_text("{}")
+    (folders["gfn"].parent / "snapshots" / ".staging-step-6").mkdir()  # an unfinished write: not a snapshot
+    (folders["gfn"] / "manifest.json").write_text(json.dumps({"settings": {"num_train_steps": 6}}))
+    config = load_config(
+        REPO / "configs" / "tiny.yaml",
+        [
+            f"runs_root={tmp_path / 'runs'}",
+            "run=t",
+            "eval.k=4",
+            "eval.entropy_samples=2",
+            "eval.bootstrap_resamples=50",
+            "eval.curves=[gfn, ppo, absent]",
+            f"eval.benchmark_paths={json.dumps({'tiny_test': str(test_file)})}",
+            f"eval.models={json.dumps({name: str(path) for name, path in folders.items()})}",
+        ],
+    )
+    assert [label for label, _ in curve_models(config)] == ["gfn@2", "gfn@4", "ppo@2", "ppo@4"]
+    separator = config.format.separator
+    by_prompt = {prompt_from_config(p.question, p.kind, None, config.format): p for p in problems}
+
+    class Solutions:  # a model writes its problem's valid solutions in turn, from an offset of its own
+        tokenizer = None
+
+        def __init__(self, offset):
+            self.offset = offset
+
+        def generate(self, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=256, stop=None, seed=None):
+            out = []
+            for prompt in prompts:
+                solutions = by_prompt[prompt].meta["solutions"]
+                picks = [solutions[(self.offset + j) % len(solutions)] for j in range(n)]
+                out.append([Completion(separator.join(s), [0], "eos") for s in picks])
+            return out
+
+        def close(self):
+            pass
+
+    offsets = {}
+
+    def make_generator(path, adapter):
+        offsets[path] = len(offsets)
+        return Solutions(offsets[path])
+
+    score = lambda pairs: [[0.5] * len(steps) for _, steps in pairs]  # log L = n log 0.5 for an n-step answer
+    results = run_evaluation(config, make_generator, out_dir=tmp_path / "reports", prm=score)
+    assert set(results["results"]) == {"base", "gfn", "ppo", "gfn@2", "gfn@4", "ppo@2", "ppo@4"}
+    assert set(results["comparisons"]["models"]) == {"gfn", "ppo"}  # snapshots are not compared with the base
+    curves = results["curves"]["tiny_test"]
+    assert [(c["model"], c["step"]) for c in curves["curves"]["gfn"]] == [
+        ("base", 0),
+        ("gfn@2", 2),
+        ("gfn@4", 4),
+        ("gfn", 6),
+    ]
+    assert curves["curves"]["ppo"][-1] == {**curves["curves"]["ppo"][-1], "model": "ppo", "step": 5}  # no manifest
+    for point in curves["curves"]["gfn"]:
+        reward = results["results"][point["model"]]["tiny_test"]["prm_reward"]
+        per_problem = reward["log_likelihood"]["per_problem"]
+        samples = [
+            json.loads(line)
+            for line in Path(results["results"][point["model"]]["tiny_test"]["samples"]).read_text().splitlines()
+        ]
+        by_hand = {}
+        for row in samples:
+            if row["sample_idx"] != GREEDY_SAMPLE_IDX:
+                by_hand.setdefault(row["problem_id"], []).append(len(row["steps"]) * math.log(0.5))
+        assert per_problem == pytest.approx([float(np.mean(by_hand[p.problem_id])) for p in problems])
+        assert point["log_likelihood"] == pytest.approx(float(np.mean(per_problem)))
+    matched = curves["matched"]["gfn_vs_ppo"]
+    assert matched["reward"] == pytest.approx(curves["curves"]["gfn"][-1]["log_likelihood"])
+    assert [p[0] for p in matched["curves"]["a"]] == pytest.approx(
+        [c["log_likelihood"] for c in curves["curves"]["gfn"]]
+    )
+    report = write_report(results, tmp_path / "reports")["report"].read_text()
+    section = report.split("## Diversity against reward along training (eval.curves)")[1]
+    assert "| gfn | tiny_test | gfn@2 (2) |" in section and "- gfn - ppo at matched log L" in section
+
+
+def test_a_matched_line_says_when_the_curves_do_not_meet():
+    from eval.report import matched_line
+
+    assert "not matched: ppo's curve never reaches gfn's final mean log L -3.500" in matched_line(
+        "gfn_vs_ppo", {"matched": False, "reward": -3.5}
+    )
+    assert "not measured (no PRM)" in matched_line("gfn_vs_ppo", {"note": "no PRM"})
+    line = matched_line(
+        "gfn_vs_ppo",
+        {
+            "matched": True,
+            "reward": -3.5,
+            "mean": 0.1,
+            "lo": 0.02,
+            "hi": 0.2,
+            "a": 0.6,
+            "b": 0.5,
+            "resamples": 10,
+            "resamples_matched": 9,
+        },
+    )
+    assert "strategy entropy +0.100 [+0.020, +0.200] bits (gfn 0.600, ppo 0.500" in line and "9 of 10" in line

@@ -725,3 +725,16 @@ def test_the_plan_notes_the_draw_at_temperature_1_when_the_target_is_measured(pa
 
     assert not any("eval.target_samples" in note for note in eval_notes())
     assert any("eval.target_samples=64" in note for note in eval_notes("eval.target_samples=64"))
+
+
+def test_the_eval_stage_counts_the_snapshots_eval_curves_will_evaluate():
+    from planner.costs import expected_snapshots
+
+    tiny = REPO / "configs" / "tiny.yaml"
+    assert expected_snapshots(load_config(tiny)) == {
+        "gfn": 3,
+        "ppo": 3,
+    }  # 56 updates, one kept every 14 before the last
+    assert expected_snapshots(load_config(tiny, ["gfn.snapshot_every=0"])) == {"ppo": 3}
+    assert expected_snapshots(load_config(tiny, ["eval.curves=[]"])) == {}
+    assert expected_snapshots(load_config(tiny, ["ppo.snapshot_every=55"])) == {"gfn": 3, "ppo": 1}

@@ -247,7 +247,7 @@ def test_the_gflownet_stage_logs_and_writes_the_ceiling_before_training(random_t
     written = json.loads((tmp_path / "c" / "gfn" / "ceiling.json").read_text())
     assert written["questions"] + written["questions_without_samples"] == 6 and written["samples_per_question"] == 2
     assert written["sampled"] == 12 and written["samples"] == 12 - written["empty_solutions"]
-    assert written["reward_temperature"] == 0.25 and len(written["reward"]["per_question"]) == written["questions"]
+    assert written["reward_temperature"] == 1.0 and len(written["reward"]["per_question"]) == written["questions"]
     assert written["reward"]["lo"] <= written["reward"]["gain"] <= written["reward"]["hi"]
     assert written["accuracy"] is not None and math.isfinite(written["accuracy"]["gain"])
     lines = [r.getMessage() for r in caplog.records if "reweighting ceiling" in r.getMessage()]

@@ -332,6 +332,9 @@ class StepTrainingConfig:
     lora_dropout: float = bounded(0.05, ge=0, lt=1)
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     save_every: int = bounded(20, ge=0)  # steps between resumable checkpoints (0: none)
+    # every this many training steps the policy is also saved to <stage>/snapshots/step-<n>/, a model folder kept after
+    # training, for the evaluation along training (eval.curves: diversity against reward); 0: none
+    snapshot_every: int = bounded(0, ge=0)
     seed: int = seed_field()
     retrain: bool = (
         False  # train again even when <stage>/model/ holds a finished model (it is replaced once the new one is done)
@@ -447,6 +450,11 @@ class EvalConfig:
     pairs: list[list[str]] = field(
         default_factory=lambda: [["gfn", "ppo"]]
     )  # [a, b]: also report a minus b, paired (Table 4)
+    # models of eval.models whose training snapshots (<model folder's parent>/snapshots/step-<n>/, written with
+    # gfn/ppo.snapshot_every) are evaluated too, as <name>@<n>: results.json "curves", each checkpoint's held-out
+    # mean log L and strategy entropy, and for each pair of eval.pairs with both here the first's entropy minus the
+    # second's at the first's final log L (eval/matched.py; needs eval.prm). A name eval.models lacks: no curve
+    curves: list[str] = field(default_factory=list)
     bootstrap_resamples: int = bounded(2000, ge=1)
     seed: int = seed_field()
     # i/n: this process samples the problems with index % n == i of every (model, benchmark) into

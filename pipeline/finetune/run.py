@@ -14,9 +14,11 @@ import dataclasses
 import functools
 import json
 import logging
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import PartialState
@@ -43,7 +45,13 @@ from pipeline.modeling import load_causal_lm, load_tokenizer, lora_fan_in_fan_ou
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem
 from pipeline.storage.files import write_json_atomic
-from pipeline.storage.model_folders import commit_folder, staging_folder
+from pipeline.storage.model_folders import (
+    commit_folder,
+    snapshot_folder,
+    snapshot_folders,
+    snapshot_step,
+    staging_folder,
+)
 from pipeline.training import OptimizerSettings, Tracking, TrainingBase, make_accelerator
 from pipeline.training.distributed import Collective
 
@@ -65,6 +73,36 @@ def add_lora(model, cfg):
 
 
 VALUE_HEAD = "value_head"  # PPO's value head: <out_dir>/value_head/value_head.safetensors, beside model/
+
+
+@dataclasses.dataclass
+class PolicySnapshots:
+    """The policy along training: ``snapshot(step)`` writes <out_dir>/snapshots/step-<step>/, a model
+    folder as model/ is (LoRA merged, in the saved dtype), committed by one rename; every process
+    calls it (sharded weights are gathered), the main one writes. ``discard_after(step)`` removes the
+    snapshots of later steps, which an earlier run of the same folder left."""
+
+    base: Any
+    tokenizer: Any
+    out_dir: Path
+    dtype: torch.dtype | None = None
+
+    def folder(self, step: int) -> Path:
+        return snapshot_folder(self.out_dir, step)
+
+    def __call__(self, step: int) -> None:
+        state_dict = self.base.final_state_dict()
+        if self.base.is_main:
+            staging = staging_folder(self.folder(step))
+            save_policy(self.base.unwrapped, self.tokenizer, staging, dtype=self.dtype, state_dict=state_dict)
+            commit_folder(staging, self.folder(step), steps=step)
+
+    def discard_after(self, step: int) -> None:
+        if not self.base.is_main:
+            return
+        for folder in snapshot_folders(self.out_dir):
+            if snapshot_step(folder) > step:
+                shutil.rmtree(folder)
 
 
 def save_policy(model, tokenizer, path: Path, dtype: torch.dtype | None = None, state_dict: dict | None = None) -> None:
@@ -369,6 +407,8 @@ def finetune_policy(
             collective=collective,
         )
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
+    if cfg.snapshot_every:
+        trainer.snapshot = PolicySnapshots(base, tokenizer, out_dir, half_dtype)
     log.info("%s: %s", stage, regularized_target(cfg).describe())
     if setup.ceiling:
         # the base policy's own samples: before train() resumes any checkpoint

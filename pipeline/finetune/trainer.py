@@ -34,9 +34,15 @@ class FinetuneTrainer:
     """base: the TrainingBase over the policy's model and the objective; sampler; objective;
     cfg: the objective's config section (num_train_steps, save_every, seed)."""
 
-    def __init__(self, base: TrainingBase, sampler: TrajectorySampler, objective, cfg, progress: bool = True):
+    def __init__(
+        self, base: TrainingBase, sampler: TrajectorySampler, objective, cfg, progress: bool = True, snapshot=None
+    ):
         self.base, self.sampler, self.objective, self.cfg = base, sampler, objective, cfg
         self.progress = progress
+        # snapshot(step) saves the policy of training step ``step`` (every process calls it), every
+        # cfg.snapshot_every steps before the last; snapshot.discard_after(step) removes those of a later
+        # step (an earlier run's); None: no snapshots (pipeline.finetune.run.PolicySnapshots)
+        self.snapshot = snapshot
         self._collectives_at_start = CLOCK.snapshot()
 
     @property
@@ -74,11 +80,16 @@ class FinetuneTrainer:
             disable=not (self.progress and self.base.is_main),
         )
         history = []
+        if self.snapshot is not None:  # a fresh run (step 0) or a resumed one: later snapshots are an earlier run's
+            self.snapshot.discard_after(self.step)
         while self.step < self.cfg.num_train_steps and not self.base.out_of_time():
             record = self.train_step()
             history.append(record)
             bar.update(1)
             bar.set_postfix(loss=f"{record.get('loss', float('nan')):.3g}", reward=f"{record['avg_reward']:.3f}")
+            every = self.cfg.snapshot_every
+            if self.snapshot is not None and every and self.step % every == 0 and self.step < self.cfg.num_train_steps:
+                self.snapshot(self.step)
             if self.cfg.save_every and self.step % self.cfg.save_every == 0 and self.step < self.cfg.num_train_steps:
                 self.base.save_checkpoint(self.loop_state())
         bar.close()

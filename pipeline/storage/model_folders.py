@@ -160,3 +160,25 @@ def check_model_folder(path: str | Path) -> None:
             read_json(file, "model file")
         except RecordError as error:
             raise FolderError(str(error)) from None
+
+
+SNAPSHOTS = "snapshots"  # <stage>/snapshots/step-<n>/: a fine-tuned policy along training (snapshot_every)
+
+
+def snapshot_folder(stage_dir: Path, step: int) -> Path:
+    """Where the policy of training step ``step`` is kept: <stage_dir>/snapshots/step-<step>/."""
+    return Path(stage_dir) / SNAPSHOTS / f"step-{step}"
+
+
+def snapshot_step(folder: Path) -> int:
+    """The training step of a snapshot folder (step-<n>)."""
+    return int(Path(folder).name.removeprefix("step-"))
+
+
+def snapshot_folders(stage_dir: Path) -> list[Path]:
+    """<stage_dir>/snapshots/step-<n>/ folders by n (staging folders and other names left out)."""
+    root = Path(stage_dir) / SNAPSHOTS
+    if not root.is_dir():
+        return []
+    found = [f for f in root.iterdir() if f.is_dir() and f.name.startswith("step-") and f.name[5:].isdigit()]
+    return sorted(found, key=snapshot_step)
