@@ -4,17 +4,19 @@ A GFlowNet and a reward maximiser move along different curves of diversity again
 train, and a learner that trained less sits nearer the base policy on both. So their diversity is
 compared where their rewards match (issue "The paper's experiment, decided"): each learner's
 checkpoints in training order (the base policy first) give a curve of (mean reward, mean
-diversity) over the same held-out problems; the comparison is at learner A's last reward r*, A's
-diversity there against B's diversity where B's curve first reaches r*, linear between the two
-checkpoints of B that bracket it:
+diversity) over the same held-out problems. The reward both reach is the last reward r* of the
+learner that moved less (the anchor: its last reward nearer its first); the anchor's diversity
+there is its last checkpoint's, the other's is read where its curve first reaches r*, linear
+between the two checkpoints that bracket it:
 
-    d = h_A(last) - h_B(r*),    h_B(r*) = h_i + t (h_{i+1} - h_i),  t = (r* - r_i) / (r_{i+1} - r_i)
+    d = h_A(r*) - h_B(r*),    h(r*) = h_i + t (h_{i+1} - h_i),  t = (r* - r_i) / (r_{i+1} - r_i)
 
-for the first segment i of B's curve with r* between r_i and r_{i+1}. When B's curve never
-reaches r*, the two are not matched and d is None. The interval resamples problems (the same
-resample for every checkpoint of both learners: the checkpoints are paired over problems) and
-recomputes every mean, both curves, r* and d; resamples in which B does not reach r* are counted
-and left out.
+on the first segment i of the other's curve with r* between r_i and r_{i+1} (A is always the
+first learner: d is A minus B whichever is the anchor). When the other's curve never reaches r*
+(the two moved in opposite directions), they are not matched and d is None. The interval
+resamples problems (the same resample for every checkpoint of both learners: the checkpoints are
+paired over problems) and recomputes every mean, both curves, the anchor, r* and d; resamples
+that do not match are counted and left out.
 """
 
 from __future__ import annotations
@@ -54,12 +56,22 @@ def _curve(rewards: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[n
     return reward, value
 
 
-def _difference(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[float, float | None]:
-    target, last = float(a[0][-1]), float(a[1][-1])
-    if not np.all(np.isfinite(b[1])) or not np.isfinite(last):
-        return target, None
-    other = value_at_reward(b[0], b[1], target)
-    return target, None if other is None else last - other
+def _difference(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> tuple[str, float, float | None, float | None]:
+    """(anchor "a" | "b", r*, h_A(r*), h_B(r*)) of two curves ((C,) rewards, (C,) values); a value
+    is None where its curve does not reach r* or has a checkpoint without a value."""
+    anchor = "a" if abs(a[0][-1] - a[0][0]) <= abs(b[0][-1] - b[0][0]) else "b"
+    target = float((a if anchor == "a" else b)[0][-1])
+    values = []
+    for name, (rewards, diversity) in (("a", a), ("b", b)):
+        if not np.all(np.isfinite(diversity)):
+            values.append(None)
+        elif name == anchor:
+            values.append(float(diversity[-1]))
+        else:
+            values.append(value_at_reward(rewards, diversity, target))
+    return anchor, target, values[0], values[1]
 
 
 def matched_difference(
@@ -70,16 +82,17 @@ def matched_difference(
     n_resamples: int = 2000,
     seed: int = 0,
 ) -> dict:
-    """Learner A's diversity minus learner B's at A's last held-out reward (module docstring).
+    """Learner A's diversity minus learner B's at the held-out reward both reach (module docstring).
 
     a_rewards, a_values: (C_A, P) per checkpoint of A (training order, the base first) and problem
               its mean reward and its diversity value (NaN where a problem has none, e.g. strategy
               entropy of a problem without two right strategies)
     b_rewards, b_values: (C_B, P) the same of B, on the same P problems in the same order
-    returns:  {"matched": bool, "reward": r*, "a": h_A(last), "b": h_B(r*) or None, "mean": d or None,
-               "lo", "hi" (2.5% and 97.5% of d over the resamples where B reaches r*, None when none
-               does), "resamples": n_resamples, "resamples_matched": how many of them,
-               "curves": {"a": [[reward, value] per checkpoint], "b": [...]}}
+    returns:  {"matched": bool, "anchor": "a" | "b" (whose last reward is r*), "reward": r*,
+               "a": h_A(r*), "b": h_B(r*) (None where not reached), "mean": d or None, "lo", "hi" (2.5%
+               and 97.5% of d over the resamples that match, None when none does), "resamples":
+               n_resamples, "resamples_matched": how many of them, "curves": {"a": [[reward, value]
+               per checkpoint], "b": [...]}}
     """
     arrays = [np.asarray(x, dtype=np.float64) for x in (a_rewards, a_values, b_rewards, b_values)]
     if arrays[0].shape != arrays[1].shape or arrays[2].shape != arrays[3].shape:
@@ -93,21 +106,22 @@ def matched_difference(
     problems = arrays[0].shape[1]
     every = np.arange(problems)
     a, b = _curve(arrays[0], arrays[1], every), _curve(arrays[2], arrays[3], every)
-    target, mean = _difference(a, b)
+    anchor, target, value_a, value_b = _difference(a, b)
+    mean = None if value_a is None or value_b is None else value_a - value_b
     rng = np.random.default_rng(seed)
     resampled = []
     for _ in range(n_resamples):
         rows = rng.integers(0, problems, size=problems)
-        _, d = _difference(_curve(arrays[0], arrays[1], rows), _curve(arrays[2], arrays[3], rows))
-        if d is not None:
-            resampled.append(d)
+        _, _, x, y = _difference(_curve(arrays[0], arrays[1], rows), _curve(arrays[2], arrays[3], rows))
+        if x is not None and y is not None:
+            resampled.append(x - y)
     lo, hi = (float(np.quantile(resampled, 0.025)), float(np.quantile(resampled, 0.975))) if resampled else (None, None)
-    other = None if mean is None else float(a[1][-1]) - mean
     return {
         "matched": mean is not None,
+        "anchor": anchor,
         "reward": target,
-        "a": float(a[1][-1]),
-        "b": other,
+        "a": value_a,
+        "b": value_b,
         "mean": mean,
         "lo": lo,
         "hi": hi,

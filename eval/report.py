@@ -317,16 +317,17 @@ def matched_line(name: str, matched: dict) -> str:
     a, _, b = name.partition("_vs_")
     if "note" in matched:
         return f"- {a} - {b} at matched log L: not measured ({matched['note']})"
+    anchor, other = (a, b) if matched.get("anchor", "a") == "a" else (b, a)
     if not matched["matched"]:
         return (
-            f"- {a} - {b} at matched log L: not matched: {b}'s curve never reaches {a}'s final mean log L "
+            f"- {a} - {b} at matched log L: not matched: {other}'s curve never reaches {anchor}'s final mean log L "
             f"{matched['reward']:.3f}"
         )
     interval = "" if matched["lo"] is None else f" [{matched['lo']:+.3f}, {matched['hi']:+.3f}]"
     return (
-        f"- {a} - {b} at matched log L ({a}'s final, {matched['reward']:.3f}): strategy entropy {matched['mean']:+.3f}"
-        f"{interval} bits ({a} {matched['a']:.3f}, {b} {matched['b']:.3f} interpolated on its curve; "
-        f"{matched['resamples_matched']} of {matched['resamples']} resamples matched)"
+        f"- {a} - {b} at matched log L ({anchor}'s final, {matched['reward']:.3f}, the log L both reach): strategy "
+        f"entropy {matched['mean']:+.3f}{interval} bits ({a} {matched['a']:.3f}, {b} {matched['b']:.3f}; {other}'s "
+        f"interpolated on its curve; {matched['resamples_matched']} of {matched['resamples']} resamples matched)"
     )
 
 

@@ -853,7 +853,8 @@ def test_eval_curves_score_every_snapshot_and_compare_diversity_at_matched_log_l
         assert per_problem == pytest.approx([float(np.mean(by_hand[p.problem_id])) for p in problems])
         assert point["log_likelihood"] == pytest.approx(float(np.mean(per_problem)))
     matched = curves["matched"]["gfn_vs_ppo"]
-    assert matched["reward"] == pytest.approx(curves["curves"]["gfn"][-1]["log_likelihood"])
+    anchor = {"a": "gfn", "b": "ppo"}[matched["anchor"]]  # the one whose log L moved less from the base's
+    assert matched["reward"] == pytest.approx(curves["curves"][anchor][-1]["log_likelihood"])
     assert [p[0] for p in matched["curves"]["a"]] == pytest.approx(
         [c["log_likelihood"] for c in curves["curves"]["gfn"]]
     )
@@ -866,13 +867,17 @@ def test_a_matched_line_says_when_the_curves_do_not_meet():
     from eval.report import matched_line
 
     assert "not matched: ppo's curve never reaches gfn's final mean log L -3.500" in matched_line(
-        "gfn_vs_ppo", {"matched": False, "reward": -3.5}
+        "gfn_vs_ppo", {"matched": False, "anchor": "a", "reward": -3.5}
+    )
+    assert "gfn's curve never reaches ppo's final" in matched_line(
+        "gfn_vs_ppo", {"matched": False, "anchor": "b", "reward": -3.5}
     )
     assert "not measured (no PRM)" in matched_line("gfn_vs_ppo", {"note": "no PRM"})
     line = matched_line(
         "gfn_vs_ppo",
         {
             "matched": True,
+            "anchor": "b",
             "reward": -3.5,
             "mean": 0.1,
             "lo": 0.02,
@@ -883,4 +888,5 @@ def test_a_matched_line_says_when_the_curves_do_not_meet():
             "resamples_matched": 9,
         },
     )
+    assert "(ppo's final, -3.500, the log L both reach)" in line and "gfn's interpolated" in line
     assert "strategy entropy +0.100 [+0.020, +0.200] bits (gfn 0.600, ppo 0.500" in line and "9 of 10" in line

@@ -52,9 +52,9 @@ def test_matched_difference_matches_a_loop_point_and_resamples():
     result = matched_difference(a_r, a_h, b_r, b_h, n_resamples=300, seed=4)
     every = list(range(problems))
     curve_a, curve_b = brute_curve(a_r.tolist(), a_h.tolist(), every), brute_curve(b_r.tolist(), b_h.tolist(), every)
-    target = curve_a[-1][0]
+    target = curve_a[-1][0]  # A moved less: the reward both reach is A's last
     expected = curve_a[-1][1] - brute_at(curve_b, target)
-    assert result["matched"] and result["reward"] == pytest.approx(target)
+    assert result["matched"] and result["anchor"] == "a" and result["reward"] == pytest.approx(target)
     assert result["mean"] == pytest.approx(expected, rel=1e-12)
     assert result["b"] == pytest.approx(brute_at(curve_b, target), rel=1e-12)
     assert np.allclose(result["curves"]["a"], curve_a, rtol=1e-12)
@@ -66,23 +66,31 @@ def test_matched_difference_matches_a_loop_point_and_resamples():
     for _ in range(300):
         rows = draws.integers(0, problems, size=problems).tolist()
         ca, cb = brute_curve(a_r.tolist(), a_h.tolist(), rows), brute_curve(b_r.tolist(), b_h.tolist(), rows)
-        other = brute_at(cb, ca[-1][0])
-        if other is not None:
-            diffs.append(ca[-1][1] - other)
+        if abs(ca[-1][0] - ca[0][0]) <= abs(cb[-1][0] - cb[0][0]):
+            mine, other = ca[-1][1], brute_at(cb, ca[-1][0])
+        else:
+            mine, other = brute_at(ca, cb[-1][0]), cb[-1][1]
+        if mine is not None and other is not None:
+            diffs.append(mine - other)
     assert result["resamples_matched"] == len(diffs)
     assert (result["lo"], result["hi"]) == pytest.approx((np.quantile(diffs, 0.025), np.quantile(diffs, 0.975)))
 
 
-def test_a_learner_that_never_reaches_the_reward_is_not_matched():
-    r = np.array([[0.0, 0.0], [1.0, 1.0]])
+def test_the_learner_that_moved_less_sets_the_reward_and_opposite_moves_do_not_match():
+    r = np.array([[0.0, 0.0], [1.0, 1.0]])  # A's mean reward rises from 0 to 1
     h = np.array([[0.5, 0.5], [0.4, 0.4]])
-    low = np.array([[0.0, 0.0], [0.5, 0.5]])
+    low = np.array([[0.0, 0.0], [0.5, 0.5]])  # B's rises to 0.5 only
     result = matched_difference(r, h, low, h, n_resamples=50)
-    assert not result["matched"] and result["mean"] is None and result["b"] is None
-    assert result["resamples_matched"] == 0 and result["lo"] is None
-    # the other way round, B passes A's reward (0.5) half-way along its first segment
-    back = matched_difference(low, h, r, h, n_resamples=50)
-    assert back["matched"] and back["mean"] == pytest.approx(0.4 - 0.45)
+    # B is the anchor: at 0.5, A is half-way along its first segment (0.45), B at its last (0.4)
+    assert result["matched"] and result["anchor"] == "b" and result["reward"] == 0.5
+    assert (result["a"], result["b"], result["mean"]) == pytest.approx((0.45, 0.4, 0.05))
+    assert result["resamples_matched"] == 50 and result["lo"] == pytest.approx(0.05)
+    back = matched_difference(low, h, r, h, n_resamples=50)  # the same pair the other way round: A minus B
+    assert back["anchor"] == "a" and back["mean"] == pytest.approx(-0.05)
+    falls = np.array([[0.0, 0.0], [-0.5, -0.5]])  # B's reward falls: no reward both reach
+    apart = matched_difference(r, h, falls, h, n_resamples=50)
+    assert not apart["matched"] and apart["mean"] is None and apart["anchor"] == "b" and apart["a"] is None
+    assert apart["resamples_matched"] == 0 and apart["lo"] is None
 
 
 def test_bad_shapes_and_rewards_are_refused():
