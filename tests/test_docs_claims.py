@@ -37,7 +37,7 @@ def claim_table(text: str, after: str) -> dict[tuple[str, str], str]:
 
 
 def readme_verdicts(text: str) -> dict[tuple[str, str], str]:
-    return claim_table(text, "What it shows, over seeds")
+    return claim_table(text, "What the earlier configuration showed")
 
 
 def results_verdicts(text: str) -> dict[tuple[str, str], str]:
@@ -92,3 +92,18 @@ def test_the_readme_figures_of_the_exact_label_control_are_the_measured_ones():
     rows = [line for line in measured.splitlines() if line.startswith("|")]
     for figure in figures:
         assert any(f" {figure} " in row or f" {figure} [" in row for row in rows), f"{figure} not in a measured table"
+
+
+def test_the_readme_figures_of_the_judged_pair_are_the_measured_ones():
+    """The README's paragraph on the judged GFlowNet and PPO repeats seed 0's figures from
+    docs/results/demo.md ("The judged pair on seed 0"): each signed figure must stand there."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start = readme.index("What it compares since 2026-12-01")
+    paragraph = readme[start : readme.index("\n\n", start)]
+    figures = re.findall(r"[+-]\d+\.\d+", paragraph)
+    assert len(figures) >= 8, paragraph
+    page = (REPO / "docs" / "results" / "demo.md").read_text(encoding="utf-8")
+    section = page[page.index("## The judged pair on seed 0") :]
+    section = section[: section.index("\n## ", 1)]
+    missing = [figure for figure in figures if figure not in section]
+    assert not missing, f"README figures not in docs/results/demo.md's judged-pair section: {missing}"

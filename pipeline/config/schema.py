@@ -453,7 +453,7 @@ class EvalConfig:
     # models of eval.models whose training snapshots (<model folder's parent>/snapshots/step-<n>/, written with
     # gfn/ppo.snapshot_every) are evaluated too, as <name>@<n>: results.json "curves", each checkpoint's held-out
     # mean log L and strategy entropy, and for each pair of eval.pairs with both here the first's entropy minus the
-    # second's at the first's final log L (eval/matched.py; needs eval.prm). A name eval.models lacks: no curve
+    # second's at the log L both reach (eval/matched.py; needs eval.prm). A name eval.models lacks: no curve
     curves: list[str] = field(default_factory=list)
     bootstrap_resamples: int = bounded(2000, ge=1)
     seed: int = seed_field()
