@@ -167,15 +167,19 @@ def _models(config: Config):
 def curve_models(config: Config) -> list[tuple[str, ModelSpec]]:
     """("<model>@<step>", its ModelSpec) for each snapshot of each model of eval.curves: the folders
     <the model folder's parent>/snapshots/step-<n>/ that its training stage wrote (snapshot_every),
-    by step. A model with an adapter, or none written, has none."""
+    by step, those of the training that wrote the model (their manifests' settings equal its own,
+    where it records them). A model that is missing, has an adapter, or none written, has none."""
     out = []
     for name in config.eval.curves:
         if name not in config.eval.models:  # as eval.pairs: a name eval.models does not hold has no curve
             continue
         spec = parse_model_spec(config, name, config.eval.models[name])
-        if spec.adapter is not None or not spec.path_is_local:
+        if spec.adapter is not None or not spec.path_is_local or missing_model_reason(spec) is not None:
             continue
+        settings = _manifest(spec.path).get("settings")
         for folder in snapshot_folders(Path(spec.path).parent):
+            if settings is not None and _manifest(folder).get("settings") != settings:
+                continue  # another training's snapshot (a retrain that stopped before its model)
             label = f"{name}{SNAPSHOT_MARK}{snapshot_step(folder)}"
             out.append((label, ModelSpec(name=label, path=str(folder))))
     return out
@@ -395,12 +399,18 @@ def run_evaluation(
     return results
 
 
+def _manifest(folder: str | Path) -> dict:
+    """A model folder's manifest.json ({} when it has none)."""
+    manifest = read_json_if_exists(Path(folder) / FOLDER_MANIFEST)
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def trained_steps(model_path: str) -> int | None:
-    """The training steps of a fine-tuned model folder (its manifest's settings.num_train_steps, as
-    the gfn and ppo stages write it), None when it records none."""
-    manifest = read_json_if_exists(Path(model_path) / FOLDER_MANIFEST) or {}
-    steps = (manifest.get("settings") or {}).get("num_train_steps") if isinstance(manifest, dict) else None
-    return int(steps) if isinstance(steps, int) else None
+    """The training steps a fine-tuned model folder holds (its manifest's training_steps, as the gfn
+    and ppo stages write it: fewer than num_train_steps when the wall-clock safety net stopped the
+    run), None when it records none."""
+    steps = _manifest(model_path).get("training_steps")
+    return steps if isinstance(steps, int) else None
 
 
 def _per_problem(metrics: dict) -> tuple[list | None, list | None]:

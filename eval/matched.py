@@ -88,7 +88,8 @@ def matched_difference(
               its mean reward and its diversity value (NaN where a problem has none, e.g. strategy
               entropy of a problem without two right strategies)
     b_rewards, b_values: (C_B, P) the same of B, on the same P problems in the same order
-    returns:  {"matched": bool, "anchor": "a" | "b" (whose last reward is r*), "reward": r*,
+    returns:  {"matched": bool, "reason": why not (None when matched), "anchor": "a" | "b" (whose
+               last reward is r*), "reward": r*,
                "a": h_A(r*), "b": h_B(r*) (None where not reached), "mean": d or None, "lo", "hi" (2.5%
                and 97.5% of d over the resamples that match, None when none does), "resamples":
                n_resamples, "resamples_matched": how many of them, "curves": {"a": [[reward, value]
@@ -108,6 +109,12 @@ def matched_difference(
     a, b = _curve(arrays[0], arrays[1], every), _curve(arrays[2], arrays[3], every)
     anchor, target, value_a, value_b = _difference(a, b)
     mean = None if value_a is None or value_b is None else value_a - value_b
+    if mean is not None:
+        reason = None
+    elif not (np.all(np.isfinite(a[1])) and np.all(np.isfinite(b[1]))):
+        reason = "a checkpoint has no diversity value (no problem with one)"
+    else:
+        reason = "the other curve never reaches that reward"
     rng = np.random.default_rng(seed)
     resampled = []
     for _ in range(n_resamples):
@@ -118,6 +125,7 @@ def matched_difference(
     lo, hi = (float(np.quantile(resampled, 0.025)), float(np.quantile(resampled, 0.975))) if resampled else (None, None)
     return {
         "matched": mean is not None,
+        "reason": reason,
         "anchor": anchor,
         "reward": target,
         "a": value_a,

@@ -319,6 +319,8 @@ def matched_line(name: str, matched: dict) -> str:
         return f"- {a} - {b} at matched log L: not measured ({matched['note']})"
     anchor, other = (a, b) if matched.get("anchor", "a") == "a" else (b, a)
     if not matched["matched"]:
+        if matched.get("reason", "").startswith("a checkpoint"):
+            return f"- {a} - {b} at matched log L: not measured: {matched['reason']}"
         return (
             f"- {a} - {b} at matched log L: not matched: {other}'s curve never reaches {anchor}'s final mean log L "
             f"{matched['reward']:.3f}"

@@ -91,7 +91,7 @@ def demo_graph(config: Config, argv: list[str], jobs: int) -> list[Stage]:
 
 def check_claim_inputs(config: Config) -> None:
     """The search rows search_rises_with_k compares exist: k = 1 and every k of claims.search_ks in
-    search.ks. Checked before any stage runs, so a demo never searches for a claim it cannot judge."""
+    search.ks. Checked before any stage runs, so a demo never searches without the rows its claim compares."""
     wanted = [1, *config.claims.search_ks]
     absent = [k for k in wanted if k not in config.search.ks]
     if absent:

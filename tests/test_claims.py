@@ -181,6 +181,7 @@ def test_the_minimal_effects_and_the_margin_are_the_configs(tmp_path):
         ("claims.accuracy_margin_points=1", "claims.accuracy_margin_points"),
         ("claims.accuracy_margin_points=.nan", "claims.accuracy_margin_points"),
         ("claims.search_ks=[1,16]", "claims.search_ks"),
+        ("claims.search_ks=[]", "claims.search_ks"),
     ],
 )
 def test_a_minimal_effect_or_margin_out_of_range_is_refused_naming_the_key(override, key):

@@ -37,6 +37,7 @@ REDUCED = [
     "eval.k=2",
     "eval.bootstrap_resamples=200",
     "search.ks=[1, 2]",
+    "claims.search_ks=[2]",
     "search.max_problems=3",
     "search.max_depth=4",
     "search.strategies=[step_best_of_k, best_of_n, weighted_vote]",

@@ -786,7 +786,13 @@ def test_eval_curves_score_every_snapshot_and_compare_diversity_at_matched_log_l
             snapshot.mkdir(parents=True)
             (snapshot / "config.json").write_text("{}")
     (folders["gfn"].parent / "snapshots" / ".staging-step-6").mkdir()  # an unfinished write: not a snapshot
-    (folders["gfn"] / "manifest.json").write_text(json.dumps({"settings": {"num_train_steps": 6}}))
+    (folders["gfn"] / "manifest.json").write_text(json.dumps({"training_steps": 6}))
+    # ppo's model records its settings: a snapshot of another training (a retrain that stopped early) is left out
+    (folders["ppo"] / "manifest.json").write_text(json.dumps({"settings": {"lr": 1}}))
+    for step, lr in ((2, 1), (4, 2)):
+        (folders["ppo"].parent / "snapshots" / f"step-{step}" / "manifest.json").write_text(
+            json.dumps({"training_steps": step, "settings": {"lr": lr}})
+        )
     config = load_config(
         REPO / "configs" / "tiny.yaml",
         [
@@ -800,7 +806,7 @@ def test_eval_curves_score_every_snapshot_and_compare_diversity_at_matched_log_l
             f"eval.models={json.dumps({name: str(path) for name, path in folders.items()})}",
         ],
     )
-    assert [label for label, _ in curve_models(config)] == ["gfn@2", "gfn@4", "ppo@2", "ppo@4"]
+    assert [label for label, _ in curve_models(config)] == ["gfn@2", "gfn@4", "ppo@2"]
     separator = config.format.separator
     by_prompt = {prompt_from_config(p.question, p.kind, None, config.format): p for p in problems}
 
@@ -829,7 +835,7 @@ def test_eval_curves_score_every_snapshot_and_compare_diversity_at_matched_log_l
 
     score = lambda pairs: [[0.5] * len(steps) for _, steps in pairs]  # log L = n log 0.5 for an n-step answer
     results = run_evaluation(config, make_generator, out_dir=tmp_path / "reports", prm=score)
-    assert set(results["results"]) == {"base", "gfn", "ppo", "gfn@2", "gfn@4", "ppo@2", "ppo@4"}
+    assert set(results["results"]) == {"base", "gfn", "ppo", "gfn@2", "gfn@4", "ppo@2"}
     assert set(results["comparisons"]["models"]) == {"gfn", "ppo"}  # snapshots are not compared with the base
     curves = results["curves"]["tiny_test"]
     assert [(c["model"], c["step"]) for c in curves["curves"]["gfn"]] == [
@@ -838,7 +844,8 @@ def test_eval_curves_score_every_snapshot_and_compare_diversity_at_matched_log_l
         ("gfn@4", 4),
         ("gfn", 6),
     ]
-    assert curves["curves"]["ppo"][-1] == {**curves["curves"]["ppo"][-1], "model": "ppo", "step": 5}  # no manifest
+    # ppo's model records no training steps: it is placed one after its last snapshot
+    assert [(c["model"], c["step"]) for c in curves["curves"]["ppo"]] == [("base", 0), ("ppo@2", 2), ("ppo", 3)]
     for point in curves["curves"]["gfn"]:
         reward = results["results"][point["model"]]["tiny_test"]["prm_reward"]
         per_problem = reward["log_likelihood"]["per_problem"]
@@ -890,3 +897,10 @@ def test_a_matched_line_says_when_the_curves_do_not_meet():
     )
     assert "(ppo's final, -3.500, the log L both reach)" in line and "gfn's interpolated" in line
     assert "strategy entropy +0.100 [+0.020, +0.200] bits (gfn 0.600, ppo 0.500" in line and "9 of 10" in line
+
+
+def test_a_model_name_with_the_snapshot_mark_is_refused_at_config_load():
+    from pipeline.config.loader import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval.models names 'gfn@2': '@' marks a training snapshot"):
+        load_config(REPO / "configs" / "tiny.yaml", ['eval.models={"gfn@2": "runs/x/gfn/model"}'])

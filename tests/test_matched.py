@@ -90,6 +90,9 @@ def test_the_learner_that_moved_less_sets_the_reward_and_opposite_moves_do_not_m
     falls = np.array([[0.0, 0.0], [-0.5, -0.5]])  # B's reward falls: no reward both reach
     apart = matched_difference(r, h, falls, h, n_resamples=50)
     assert not apart["matched"] and apart["mean"] is None and apart["anchor"] == "b" and apart["a"] is None
+    assert apart["reason"] == "the other curve never reaches that reward" and result["reason"] is None
+    empty = matched_difference(r, np.full((2, 2), np.nan), low, h, n_resamples=5)  # A has no entropy anywhere
+    assert not empty["matched"] and empty["reason"].startswith("a checkpoint has no diversity value")
     assert apart["resamples_matched"] == 0 and apart["lo"] is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,12 @@ def test_snapshots_are_the_policy_at_their_steps_and_an_earlier_runs_later_ones_
     name = next(k for k in weights[0] if weights[0][k].is_floating_point() and weights[0][k].dim() == 2)
     # each snapshot holds the policy of its own step: they differ from each other and from the final model
     assert not weights[0][name].equal(weights[1][name]) and not weights[1][name].equal(weights[2][name])
+    manifests = [json.loads((f / "manifest.json").read_text()) for f in (*folders, out / "model")]
+    assert [m["training_steps"] for m in manifests] == [1, 2, 3]  # training steps, whatever PPO's epochs
+    assert manifests[0]["settings"] == manifests[2]["settings"]  # eval.curves pairs them by it
     # a new training in the same folder keeps no snapshot of a step it has not reached again
     main(stage_args(random_tiny_world, tmp_path, stage, f"{stage}.snapshot_every=2", f"{stage}.retrain=true"))
     assert [f.name for f in snapshot_folders(out)] == ["step-2"]
+    # nor does one that writes none
+    main(stage_args(random_tiny_world, tmp_path, stage, f"{stage}.snapshot_every=0", f"{stage}.retrain=true"))
+    assert snapshot_folders(out) == []

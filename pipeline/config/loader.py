@@ -340,6 +340,14 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
     ):
         if draws and temperature <= 0:
             fail(key, f"= {_show(temperature)} {why}: at 0 they are copies of one greedy sample; expected > 0")
+    if not config.claims.search_ks:
+        fail("claims.search_ks", "= [] judges search_rises_with_k at no k: give at least one k >= 2 (default [4, 16])")
+    marked = [name for name in config.eval.models if "@" in name]
+    if marked:
+        fail(
+            "eval.models",
+            f"names {_show(marked[0])}: '@' marks a training snapshot (<model>@<step>, eval.curves); rename the model",
+        )
     for key, shard in (
         ("mcts.shard", config.mcts.shard),
         ("eval.shard", config.eval.shard),

@@ -86,6 +86,7 @@ class PolicySnapshots:
     tokenizer: Any
     out_dir: Path
     dtype: torch.dtype | None = None
+    settings: dict | None = None  # the stage's config section, in each manifest as model/'s (eval.curves matches them)
 
     def folder(self, step: int) -> Path:
         return snapshot_folder(self.out_dir, step)
@@ -95,7 +96,7 @@ class PolicySnapshots:
         if self.base.is_main:
             staging = staging_folder(self.folder(step))
             save_policy(self.base.unwrapped, self.tokenizer, staging, dtype=self.dtype, state_dict=state_dict)
-            commit_folder(staging, self.folder(step), steps=step)
+            commit_folder(staging, self.folder(step), steps=self.base.step, training_steps=step, settings=self.settings)
 
     def discard_after(self, step: int) -> None:
         if not self.base.is_main:
@@ -407,8 +408,8 @@ def finetune_policy(
             collective=collective,
         )
         trainer = FinetuneTrainer(base, trajectory_sampler, objective, cfg, progress=progress)
-    if cfg.snapshot_every:
-        trainer.snapshot = PolicySnapshots(base, tokenizer, out_dir, half_dtype)
+    # always: with snapshot_every 0 it writes none, but a new training still removes an earlier run's later ones
+    trainer.snapshot = PolicySnapshots(base, tokenizer, out_dir, half_dtype, settings=dataclasses.asdict(cfg))
     log.info("%s: %s", stage, regularized_target(cfg).describe())
     if setup.ceiling:
         # the base policy's own samples: before train() resumes any checkpoint
@@ -437,7 +438,9 @@ def finetune_policy(
             commit_folder(head, out_dir / VALUE_HEAD, steps=base.step)
         staging = staging_folder(out_dir / "model")
         save_policy(base.unwrapped, tokenizer, staging, dtype=half_dtype, state_dict=state_dict)
-        commit_folder(staging, out_dir / "model", steps=base.step, settings=dataclasses.asdict(cfg))
+        commit_folder(
+            staging, out_dir / "model", steps=base.step, training_steps=trainer.step, settings=dataclasses.asdict(cfg)
+        )
         plot_training_curves(out_dir / "metrics.jsonl", out_dir / "training_curves.png", f"{stage} training")
     # The checkpoints only serve an interrupted run; left behind, a later `make gfn` in the same
     # run folder would resume from them (a policy trained against an older PRM) instead of training afresh.

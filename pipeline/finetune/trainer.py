@@ -40,8 +40,9 @@ class FinetuneTrainer:
         self.base, self.sampler, self.objective, self.cfg = base, sampler, objective, cfg
         self.progress = progress
         # snapshot(step) saves the policy of training step ``step`` (every process calls it), every
-        # cfg.snapshot_every steps before the last; snapshot.discard_after(step) removes those of a later
-        # step (an earlier run's); None: no snapshots (pipeline.finetune.run.PolicySnapshots)
+        # cfg.snapshot_every steps before the last (none when it is 0); snapshot.discard_after(step)
+        # removes those of a later step (an earlier run's) when training starts; None: neither
+        # (pipeline.finetune.run.PolicySnapshots)
         self.snapshot = snapshot
         self._collectives_at_start = CLOCK.snapshot()
 
