@@ -465,3 +465,19 @@ def test_an_unknown_log_flow_is_refused_at_config_load_naming_the_key():
 
     with pytest.raises(ConfigError, match=r"gfn\.log_flow"):
         load_config(overrides=["gfn.log_flow=value"])
+
+
+@pytest.mark.slow
+def test_on_the_enumerable_world_subtb_with_a_learned_log_flow_ends_nearer_its_target_than_tb_vargrad():
+    """The LM's conditions on an enumerable world (perf/subtb_enumerable.py: shared low-rank logits,
+    every unanswered state penalised): within TB-VarGrad's budget (200 updates of 16, lr 0.03),
+    SubTB with a learned log-flow ends nearer R/Z than TB-VarGrad does and than SubTB with the stop
+    identity (measured on seeds 0-2: 0.148 / 0.234 / 0.103 against 0.250 / 0.339 / 0.283 and
+    0.295 / 0.496 / 0.410; docs/results/gflownet.md)."""
+    from perf.subtb_enumerable import measure
+
+    learned = measure("subtb", 0, lr=0.03, log_flow="learned")
+    stop = measure("subtb", 0, lr=0.03, log_flow="stop")
+    vargrad = measure("tb_vargrad", 0, lr=0.03)
+    assert learned["tv_after"] < vargrad["tv_after"] < learned["tv_before"]
+    assert learned["tv_after"] < stop["tv_after"]
