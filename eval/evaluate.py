@@ -39,9 +39,9 @@ from eval.target import score_target, target_line
 from pipeline.config.schema import Config
 from pipeline.finetune.rewards import StateLogRewards
 from pipeline.records import Problem, Sample
-from pipeline.storage.files import read_json_if_exists, write_json_atomic
+from pipeline.storage.files import write_json_atomic
 from pipeline.storage.locks import held_locks
-from pipeline.storage.model_folders import FOLDER_MANIFEST, snapshot_folders, snapshot_step
+from pipeline.storage.model_folders import read_manifest, snapshot_folders, snapshot_step
 from pipeline.storage.shards import ShardWriter, check_settings, completed_problem_ids, parse_shard
 
 log = logging.getLogger(__name__)
@@ -176,9 +176,9 @@ def curve_models(config: Config) -> list[tuple[str, ModelSpec]]:
         spec = parse_model_spec(config, name, config.eval.models[name])
         if spec.adapter is not None or not spec.path_is_local or missing_model_reason(spec) is not None:
             continue
-        settings = _manifest(spec.path).get("settings")
+        settings = read_manifest(spec.path).get("settings")
         for folder in snapshot_folders(Path(spec.path).parent):
-            if settings is not None and _manifest(folder).get("settings") != settings:
+            if settings is not None and read_manifest(folder).get("settings") != settings:
                 continue  # another training's snapshot (a retrain that stopped before its model)
             label = f"{name}{SNAPSHOT_MARK}{snapshot_step(folder)}"
             out.append((label, ModelSpec(name=label, path=str(folder))))
@@ -399,33 +399,28 @@ def run_evaluation(
     return results
 
 
-def _manifest(folder: str | Path) -> dict:
-    """A model folder's manifest.json ({} when it has none)."""
-    manifest = read_json_if_exists(Path(folder) / FOLDER_MANIFEST)
-    return manifest if isinstance(manifest, dict) else {}
-
-
 def trained_steps(model_path: str) -> int | None:
     """The training steps a fine-tuned model folder holds (its manifest's training_steps, as the gfn
     and ppo stages write it: fewer than num_train_steps when the wall-clock safety net stopped the
     run), None when it records none."""
-    steps = _manifest(model_path).get("training_steps")
+    steps = read_manifest(model_path).get("training_steps")
     return steps if isinstance(steps, int) else None
 
 
-def _per_problem(metrics: dict) -> tuple[list | None, list | None]:
-    """A model's per-problem mean log L and equal-count strategy entropy (None where missing)."""
+def _per_problem(metrics: dict) -> tuple[list | None, list | None, float | None]:
+    """A model's per-problem mean log L and equal-count strategy entropy (None where missing), and
+    that entropy's mean over the problems scored."""
     log_l = ((metrics.get("prm_reward") or {}).get("log_likelihood") or {}).get("per_problem")
     entropy = ((metrics.get("diversity") or {}).get("strategy_entropy_equal_count") or {}).get("entropy") or {}
-    return log_l, entropy.get("per_problem")
+    return log_l, entropy.get("per_problem"), entropy.get("mean")
 
 
 def diversity_curves(config: Config, results: dict, benchmarks: list[str]) -> dict:
     """Diversity against reward along training, per benchmark: for each model of eval.curves its
     checkpoints (the reference, base, as step 0, its snapshots, then the model itself as its last
     step) with their mean held-out log L and equal-count strategy entropy, and for every pair of
-    eval.pairs whose two models both have curves, the first's entropy minus the second's at the
-    first's last log L (eval.matched.matched_difference; eval.bootstrap_resamples, eval.seed).
+    eval.pairs whose two models both have curves, the first's entropy minus the second's at the log
+    L both reach (eval.matched.matched_difference; eval.bootstrap_resamples, eval.seed).
 
     {benchmark: {"curves": {model: [{"model", "step", "log_likelihood", "strategy_entropy"}]},
                  "matched": {"a_vs_b": matched_difference(...) | {"note": why not measured}}}}
@@ -456,17 +451,16 @@ def diversity_curves(config: Config, results: dict, benchmarks: list[str]) -> di
                     "model": label,
                     "step": step,
                     "log_likelihood": None if log_l is None else float(np.mean(log_l)),
-                    "strategy_entropy": (
-                        results[label][bench]["diversity"]["strategy_entropy_equal_count"]["entropy"] or {}
-                    ).get("mean"),
+                    "strategy_entropy": mean_entropy,
                 }
-                for label, step, log_l, _ in rows
+                for label, step, log_l, _, mean_entropy in rows
             ]
-            if all(log_l is not None and entropy is not None for _, _, log_l, entropy in rows):
+            if all(log_l is not None and entropy is not None for _, _, log_l, entropy, _ in rows):
                 arrays[name] = (
-                    np.array([log_l for _, _, log_l, _ in rows], dtype=np.float64),
+                    np.array([log_l for _, _, log_l, _, _ in rows], dtype=np.float64),
                     np.array(
-                        [[np.nan if e is None else e for e in entropy] for _, _, _, entropy in rows], dtype=np.float64
+                        [[np.nan if e is None else e for e in entropy] for _, _, _, entropy, _ in rows],
+                        dtype=np.float64,
                     ),
                 )
         matched = {}

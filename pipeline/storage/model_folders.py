@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.records import RecordError
-from pipeline.storage.files import file_digest, fsync_path, read_json, write_json_atomic
+from pipeline.storage.files import file_digest, fsync_path, read_json, read_json_if_exists, write_json_atomic
 
 FOLDER_MANIFEST = "manifest.json"
 FOLDER_MANIFEST_FORMAT = 1
@@ -49,6 +49,13 @@ def write_manifest(directory: Path, **extra: Any) -> dict:
     for folder in {p.parent for p in directory.rglob("*")} - {directory}:  # the atomic write synced directory itself
         fsync_path(folder)
     return manifest
+
+
+def read_manifest(directory: str | Path) -> dict:
+    """A folder's manifest.json as written, unverified ({} when it has none or it is not a mapping):
+    its recorded fields (steps, training_steps, settings) for a reader that does not load the files."""
+    manifest = read_json_if_exists(Path(directory) / FOLDER_MANIFEST)
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def verify_manifest(directory: Path) -> dict:
