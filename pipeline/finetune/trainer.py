@@ -34,16 +34,14 @@ class FinetuneTrainer:
     """base: the TrainingBase over the policy's model and the objective; sampler; objective;
     cfg: the objective's config section (num_train_steps, save_every, seed)."""
 
-    def __init__(
-        self, base: TrainingBase, sampler: TrajectorySampler, objective, cfg, progress: bool = True, snapshot=None
-    ):
+    def __init__(self, base: TrainingBase, sampler: TrajectorySampler, objective, cfg, progress: bool = True):
         self.base, self.sampler, self.objective, self.cfg = base, sampler, objective, cfg
         self.progress = progress
         # snapshot(step) saves the policy of training step ``step`` (every process calls it), every
         # cfg.snapshot_every steps before the last (none when it is 0); snapshot.discard_after(step)
         # removes those of a later step (an earlier run's) when training starts; None: neither
-        # (pipeline.finetune.run.PolicySnapshots)
-        self.snapshot = snapshot
+        # (pipeline.finetune.run.PolicySnapshots, set by the stage after the trainer is built)
+        self.snapshot = None
         self._collectives_at_start = CLOCK.snapshot()
 
     @property
