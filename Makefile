@@ -23,10 +23,10 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test lint test-fast test-vllm gpu-env demo plan plan-doc bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature mc-audit clean-venv
+.PHONY: help test lint test-fast test-vllm gpu-env demo experiment plan plan-doc bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature mc-audit clean-venv
 
 help:
-	@echo "make demo | make test | make gpu-env | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature mc-audit  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
+	@echo "make demo | make experiment | make test | make gpu-env | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature mc-audit  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -130,6 +130,12 @@ bench-vllm: $(VLLM_VENV)/.installed
 
 demo: $(STAGE_VENV)/.installed
 	$(STAGE).demo --config $(CONFIG) run=$(RUN) $(ARGS)
+
+# the judged learners and the base on the verdict seeds (experiment.seeds), one make demo run each, the
+# claims judged pooled: reports/experiment/report.md (docs/demo.md, "The experiment")
+EXPERIMENT_CONFIG ?= configs/experiment.yaml
+experiment: $(STAGE_VENV)/.installed
+	$(STAGE).experiment --config $(EXPERIMENT_CONFIG) $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -175,3 +175,44 @@ def grouped_mean_interval(
         seed,
     )
     return float(values.mean()), lo, hi
+
+
+def pool_intervals(estimates: Sequence[dict], alpha: float = 0.05) -> dict:
+    """One figure measured on S independent replicates (the seeds of make experiment, each on its
+    own problems), pooled with equal weights: the mean of the S estimates, with the normal interval
+    of that mean built from each replicate's own (1 - alpha) interval.
+
+    estimates: S dicts {"mean", "lo", "hi"}, each replicate's estimate and its interval (e.g. a
+               percentile bootstrap over its problems); every one finite, lo <= hi
+    returns:   {"mean": m = (1/S) sum_s m_s, "lo", "hi": m -/+ z se, "se": sqrt(sum_s se_s^2) / S
+               with se_s = (hi_s - lo_s) / (2 z), z = the standard normal's 1 - alpha/2 quantile,
+               "seeds": S, "per_seed": [m_s], "sd": the sample standard deviation of the m_s (None
+               for S = 1: the spread between replicates, reported, not in the interval)}
+
+    With equal problem counts per replicate this is the normal approximation of the stratified
+    bootstrap (problems resampled within each replicate) of the pooled mean: its variance is the
+    sum of the replicates' variances over S^2. The interval carries the problems' sampling error;
+    what a new training seed would change beyond it is the spread ``sd``.
+    """
+    if not estimates:
+        raise ValueError("pool_intervals: no estimates to pool")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"pool_intervals: alpha must be in (0, 1), got {alpha}")
+    means, los, his = (np.asarray([e[key] for e in estimates], dtype=np.float64) for key in ("mean", "lo", "hi"))
+    if not (np.all(np.isfinite(means)) and np.all(np.isfinite(los)) and np.all(np.isfinite(his))):
+        raise ValueError("pool_intervals: every estimate needs a finite mean, lo and hi")
+    if np.any(los > his):
+        raise ValueError("pool_intervals: an estimate has lo above hi")
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    count = means.size
+    se = float(np.sqrt(np.sum(((his - los) / (2 * z)) ** 2)) / count)
+    mean = float(means.mean())
+    return {
+        "mean": mean,
+        "lo": mean - z * se,
+        "hi": mean + z * se,
+        "se": se,
+        "seeds": count,
+        "per_seed": [float(m) for m in means],
+        "sd": float(means.std(ddof=1)) if count > 1 else None,
+    }

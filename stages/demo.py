@@ -197,13 +197,13 @@ def write_report(
     matched = (((results or {}).get("curves") or {}).get(config.search.benchmark) or {}).get("matched") or {}
     if matched:
         lines += [
-            "Reported beside gfn_more_diverse_than_ppo, not judged (eval.curves; the claim at matched reward is fixed "
-            "at the freeze, docs/demo.md):",
+            "The diversity at matched reward gfn_more_diverse_than_ppo is judged on (eval.curves; eval/matched.py):",
             "",
         ]
         lines += [matched_line(name, value) for name, value in matched.items()] + [""]
     if results is not None:
         results["claims"] = {claim.id: claim.to_json() for claim in claims}
+        results["timings"] = {"stages": seconds, "wall": wall}
         if bench is not None:  # the figures without the per-case predictions (those stay in prm_bench/results.json)
             results["prm_bench"] = {
                 name: {k: v for k, v in result.items() if k != "cases"} for name, result in bench.items()

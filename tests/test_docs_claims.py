@@ -47,7 +47,8 @@ def results_verdicts(text: str) -> dict[tuple[str, str], str]:
 def test_readme_states_the_verdicts_of_the_measured_runs():
     readme = readme_verdicts((REPO / "README.md").read_text(encoding="utf-8"))
     measured = results_verdicts((REPO / "docs" / "results" / "demo.md").read_text(encoding="utf-8"))
-    assert {claim for claim, _ in measured} == set(CLAIM_IDS)  # every claim, judged on every seed
+    # every claim of that configuration, judged on every seed (gfn_matches_target came after it)
+    assert {claim for claim, _ in measured} == set(CLAIM_IDS) - {"gfn_matches_target"}
     assert readme == measured
 
 

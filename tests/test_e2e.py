@@ -36,6 +36,7 @@ REDUCED = [
     "eval.max_problems=4",
     "eval.k=2",
     "eval.bootstrap_resamples=200",
+    "eval.target_samples=4",
     "search.ks=[1, 2]",
     "claims.search_ks=[2]",
     "search.max_problems=3",
@@ -93,6 +94,13 @@ def test_demo_chain_on_a_reduced_config(tmp_path, monkeypatch):
     ):
         assert section in text
     assert (reports / "gfn_training_curves.png").exists()
+    # every claim reported; the GFlowNet judged against its target from the base's draw at temperature 1
+    from eval.claims import CLAIM_IDS
+
+    results = json.loads((reports / "results.json").read_text())
+    assert list(results["claims"]) == list(CLAIM_IDS)
+    assert "not measured" not in results["claims"]["gfn_matches_target"]["comparison"]
+    assert set(results["timings"]["stages"]) == {name for name, _, _ in demo.STAGES}
     # the PRM on ProcessBench's protocol: the base policy's samples of validation problems, which no
     # PRM example (training or validation) comes from, labelled exactly by the tiny world
     bench = json.loads((run_dir / "prm_bench" / "results.json").read_text())["tiny_policy"]

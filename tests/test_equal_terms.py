@@ -20,17 +20,18 @@ def test_tiny_yaml_gives_the_judged_learners_one_likelihood_and_budget_and_their
     """The paper's comparison: one likelihood L = prod U, two learners. Both see log U per step and the
     same penalty for an unanswered solution, on the same problems, batches, updates and sampling; the
     GFlowNet samples in proportion to pi_ref x L, PPO maximises E[log L] (the paper's clip, value and
-    entropy coefficients, no KL term, two epochs per batch)."""
+    entropy coefficients, no KL term, at least two epochs per batch)."""
     config = load_config(REPO / "configs" / "tiny.yaml", [])
     gfn, ppo = config.gfn, config.ppo
     # one likelihood: log U per step, untempered, the same unfinished-state penalty, no outcome term
     assert ppo.step_reward == "log_score" and gfn.reward_temperature == 1.0 and gfn.outcome_coef == 0.0
     assert ppo.unfinished_reward == gfn.unfinished_log_reward
-    # one budget: the same problems, trajectories per update, updates, learning rate and sampling
+    # one budget: the same problems, trajectories per update, updates, schedule and sampling; each
+    # learner's learning rate (and PPO's epochs) its own equal-effort choice among six configurations
     assert (gfn.questions_per_step, gfn.samples_per_question) == (ppo.questions_per_step, ppo.samples_per_question)
     assert gfn.num_train_steps == ppo.num_train_steps and gfn.snapshot_every == ppo.snapshot_every
-    assert (gfn.lr, gfn.scheduler, gfn.warmup_steps, gfn.temperature, gfn.seed) == (
-        ppo.lr,
+    assert (gfn.lr, ppo.lr, ppo.ppo_epochs) == (1.0e-4, 3.0e-4, 4)
+    assert (gfn.scheduler, gfn.warmup_steps, gfn.temperature, gfn.seed) == (
         ppo.scheduler,
         ppo.warmup_steps,
         ppo.temperature,

@@ -129,6 +129,7 @@ def make_config(tmp_path, benchmarks_dir, *overrides):
             "eval.k=4",
             "eval.max_problems=20",
             "eval.bootstrap_resamples=200",
+            "eval.target_samples=0",  # tiny.yaml's draw at temperature 1: tested on its own below
             f"eval.benchmark_paths={json.dumps(paths)}",
             *overrides,
         ],
@@ -345,6 +346,7 @@ def test_stage_cli_with_the_real_embedder(tmp_path, benchmarks_dir, monkeypatch)
         "run=cli",
         "eval.k=4",
         "eval.max_problems=4",
+        "eval.target_samples=0",
         "eval.benchmarks=[sat_math_32]",
         f"eval.benchmark_paths={{sat_math_32: {benchmarks_dir / 'sat_math_32.jsonl'}}}",
         f"eval.models={{base: {model_dir}, ppo: {tmp_path / 'ppo'}}}",

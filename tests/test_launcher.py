@@ -97,6 +97,7 @@ def test_two_cpu_workers_write_the_evaluation_one_process_writes(random_tiny_wor
         f"eval.prm={world / 'prm'}",
         "eval.max_problems=7",
         "eval.k=3",
+        "eval.target_samples=0",
         "eval.problems_per_commit=2",
         "eval.bootstrap_resamples=200",
         "generation.max_new_tokens=24",

@@ -47,6 +47,7 @@ SETTINGS = [
     "ppo.samples_per_question=8",
     "ppo.save_every=0",
     "eval.max_problems=100",
+    "eval.target_samples=0",
     "eval.k=8",
     "eval.bootstrap_resamples=2000",
 ]

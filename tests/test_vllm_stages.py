@@ -208,6 +208,7 @@ def test_ppo_fine_tunes_with_a_colocated_engine_and_the_evaluation_serves_its_fo
         "eval.k=2",
         "eval.max_problems=4",
         "eval.bootstrap_resamples=10",
+        "eval.target_samples=0",
     )
     results = json.loads(
         (tmp_path / "reports" / "e" / "results.json").read_text()

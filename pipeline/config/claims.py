@@ -31,3 +31,21 @@ class ClaimsConfig:
     # the "not lower" claims (gfn_accuracy_not_lower, the pass@1 condition of gfn_more_diverse_than_ppo):
     # a paired accuracy difference in points holds when its lower bound is at or above this margin
     accuracy_margin_points: float = bounded(-3.0, ge=-100, le=0)
+    # gfn_matches_target: the GFlowNet's draw at temperature 1 against its target pi_base x L. The
+    # strategy share distance (total variation, 0..1) at most this: 0.05 is 5% of the right answers'
+    # strategy mass moved (the base policy's distance is about 0.15 on the tiny world)
+    target_share_margin: float = bounded(0.05, ge=0, le=1)
+    # and its mean log L minus the target's within +- this, in nats: 0.1 is L within about 10% per
+    # solution (two-sided: an overshoot toward higher L misses the target as a shortfall does)
+    target_log_likelihood_margin: float = bounded(0.1, ge=0, le=100)
+
+
+@dataclass
+class ExperimentConfig:
+    """make experiment (stages/experiment.py, docs/demo.md "The experiment"): the verdict seeds, each
+    a whole make demo run, the claims judged on their pooled figures."""
+
+    # the seeds the verdicts are reported on: not the development seeds 0-2 the settings were chosen on
+    seeds: list[int] = bounded(default_factory=lambda: [10, 11, 12], ge=0)
+    # false: pool the seeds' finished runs without running any stage (e.g. after one seed was rerun)
+    run_stages: bool = True

@@ -342,6 +342,13 @@ def check_ranges(config: Config, sources: dict[str, str] | None = None) -> None:
             fail(key, f"= {_show(temperature)} {why}: at 0 they are copies of one greedy sample; expected > 0")
     if not config.claims.search_ks:
         fail("claims.search_ks", "= [] judges search_rises_with_k at no k: give at least one k >= 2 (default [4, 16])")
+    seeds = config.experiment.seeds
+    if not seeds or len(set(seeds)) != len(seeds):
+        fail(
+            "experiment.seeds",
+            f"= {_show(seeds)}: make experiment pools one run per seed; give at least one seed, each once "
+            "(default [10, 11, 12])",
+        )
     marked = [name for name in config.eval.models if "@" in name]
     if marked:
         fail(

@@ -42,7 +42,7 @@ from pipeline.config.choices import (
     TinyStrategy,
     TrainingMode,
 )
-from pipeline.config.claims import ClaimsConfig
+from pipeline.config.claims import ClaimsConfig, ExperimentConfig
 from pipeline.config.rules import bounded, seed_field
 
 MAX_TEMPERATURE = (
@@ -583,6 +583,7 @@ class Config:
     prm_bench: PRMBenchConfig = field(default_factory=PRMBenchConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     claims: ClaimsConfig = field(default_factory=ClaimsConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
     @property
