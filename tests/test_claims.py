@@ -445,3 +445,19 @@ def test_make_experiment_pools_the_seeds_runs_into_one_report(tmp_path, monkeypa
     assert results["claims"]["gfn_reward_higher"]["verdict"] == "holds"
     assert results["per_seed"]["11"]["gfn_reward_higher"]["verdict"] == "inconclusive"
     assert results["parts"]["reward"]["per_seed"] == pytest.approx([0.003, 0.005])
+
+
+def test_the_preregistered_settings_are_the_configs():
+    """docs/demo.md's pre-registration table against configs/experiment.yaml (tiny.yaml overlaid): a
+    change to a margin, minimal effect, threshold or seed after the freeze shows here."""
+    text = (REPO / "docs" / "demo.md").read_text(encoding="utf-8")
+    section = text.split("## Pre-registration", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `((?:claims|experiment)\.[a-z_]+)` \| (.+?) \|$", section, flags=re.M))
+    config = load_config(REPO / "configs" / "experiment.yaml", [])
+    settings = {f"claims.{k}": v for k, v in vars(config.claims).items()}
+    settings["experiment.seeds"] = config.experiment.seeds
+    assert set(rows) == set(settings)
+    for key, written in rows.items():
+        assert json.loads(written) == pytest.approx(settings[key]), key
+    assert f"`prm_auc` >= {AUC_THRESHOLD}, `prm_slip_pair_auc` >= {SLIP_PAIR_THRESHOLD}" in section
+    assert "the seven of eval/claims.py `CLAIM_IDS`" in section and len(CLAIM_IDS) == 7

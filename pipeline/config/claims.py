@@ -14,8 +14,9 @@ from pipeline.config.rules import bounded
 @dataclass
 class ClaimsConfig:
     """How eval/claims.py judges the demo's effect claims (docs/demo.md, "Verdicts"): the least effect
-    that counts and the margin of the "not lower" claims, in this world's units. Defaults, not yet
-    pre-registered: they are fixed for the judged runs in the freeze commit docs/demo.md names."""
+    that counts and the margins of the "not lower" and "within" claims, in this world's units.
+    Pre-registered: the defaults (tiny.yaml sets the same) were fixed before the verdict runs in the
+    freeze commit docs/results/demo.md names; tests/test_claims.py holds docs/demo.md's table to them."""
 
     # gfn_reward_higher: the least paired gain in held-out mean PRM reward R = prod U (the base
     # policy's mean R is about 0.045 on the tiny world: 0.002 is about 5% of it)
