@@ -23,7 +23,7 @@ TORCH_INDEX ?=
 CONSTRAINTS ?= constraints.txt
 PIP_C = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 
-.PHONY: help test lint test-fast test-vllm gpu-env demo experiment plan plan-doc bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature mc-audit clean-venv
+.PHONY: help test lint test-fast test-vllm gpu-env demo experiment policy-kl plan plan-doc bootstrap mcts augment prm gfn ppo eval search bench bench-vllm export-trl prm-bench rollout-temperature mc-audit clean-venv
 
 help:
 	@echo "make demo | make experiment | make test | make gpu-env | make plan | make bootstrap mcts augment prm gfn ppo eval search bench export-trl rollout-temperature mc-audit  (CONFIG=$(CONFIG) RUN=$(RUN) ARGS='key=value ...')"
@@ -130,6 +130,10 @@ bench-vllm: $(VLLM_VENV)/.installed
 
 demo: $(STAGE_VENV)/.installed
 	$(STAGE).demo --config $(CONFIG) run=$(RUN) $(ARGS)
+
+# each learner's KL to the base from the draws at temperature 1 of a finished make eval (eval.target_samples > 0)
+policy-kl: $(STAGE_VENV)/.installed
+	$(STAGE).policy_kl --config $(CONFIG) run=$(RUN) $(ARGS)
 
 # the judged learners and the base on the verdict seeds (experiment.seeds), one make demo run each, the
 # claims judged pooled: reports/experiment/report.md (docs/demo.md, "The experiment")

@@ -20,6 +20,7 @@ from pathlib import Path
 from eval.claims import judge, measure_run, pool_measured
 from eval.evaluate import reports_dir
 from pipeline.config.schema import Config
+from pipeline.stats import pool_intervals
 from pipeline.storage.files import read_json_if_exists, write_json_atomic
 from stages.cli import cli, log, parse_args
 
@@ -27,6 +28,21 @@ from stages.cli import cli, log, parse_args
 def seed_overrides(config: Config, seed: int) -> list[str]:
     """The overrides that make one seed's demo run of the experiment: its seed and its own run name."""
     return [f"seed={seed}", f"run={config.run}-s{seed}"]
+
+
+def pooled_kls(kls: dict[int, dict | None]) -> dict[tuple[str, str], dict]:
+    """{(benchmark, model): pool_intervals of its KL over the seeds} for the (benchmark, model) pairs
+    every seed's policy_kl.json estimates; {} when a seed has none."""
+    if not kls or any(not block for block in kls.values()):
+        return {}
+    first = next(iter(kls.values()))
+    out = {}
+    for bench, block in first.items():
+        for model in block.get("models", {}):
+            found = [((kl.get(bench) or {}).get("models") or {}).get(model) for kl in kls.values()]
+            if all(f and "mean" in f for f in found):
+                out[bench, model] = pool_intervals(found)
+    return out
 
 
 def _span(lo, hi, scale=1.0) -> str:
@@ -86,6 +102,22 @@ def write_experiment_report(config: Config, seed_configs: dict[int, Config], wal
             lines.append(f"| {name} | {part['mean']:+.4g}{_span(part['lo'], part['hi'])} | {each} | {sd} |")
         else:
             lines.append(f"| {name} | n/a ({pooled.notes.get(f'missing {name}', 'not measured')}) | | |")
+    kls = {seed: read_json_if_exists(reports_dir(c) / "policy_kl.json") for seed, c in seed_configs.items()}
+    pooled_kl = pooled_kls(kls)
+    if pooled_kl:
+        lines += [
+            "",
+            "## KL to the base (reported, not judged)",
+            "",
+            "Each learner's KL(pi || pi_base) in nats per solution, from its own draw at temperature 1 (make "
+            "policy-kl; eval/policy_kl.py), pooled as the claims are:",
+            "",
+            "| benchmark | model | pooled [95%] | per seed |",
+            "|---|---|---|---|",
+        ]
+        for (bench, model), part in pooled_kl.items():
+            each = ", ".join(f"{m:.4g}" for m in part["per_seed"])
+            lines.append(f"| {bench} | {model} | {part['mean']:.4g}{_span(part['lo'], part['hi'])} | {each} |")
     lines += ["", "## Wall clock", "", "| seed | wall seconds | " + "stage seconds |", "|---|---|---|"]
     for seed in seeds:
         stages = (timings[seed] or {}).get("stages") or {}
@@ -102,6 +134,7 @@ def write_experiment_report(config: Config, seed_configs: dict[int, Config], wal
         "per_seed": {str(s): {cid: c.to_json() for cid, c in per_seed[s].items()} for s in seeds},
         "parts": pooled.parts,
         "notes": pooled.notes,
+        "kl_to_reference": {f"{bench}/{model}": part for (bench, model), part in pooled_kl.items()},
         "timings": {str(s): timings[s] for s in seeds},
         "walls": {str(s): walls.get(s) for s in seeds},
     }

@@ -425,6 +425,8 @@ def test_make_experiment_pools_the_seeds_runs_into_one_report(tmp_path, monkeypa
         results = json.loads((reports / "results.json").read_text())
         results["timings"] = {"stages": {"bootstrap": 200.0}, "wall": 700.0 + seed}
         (reports / "results.json").write_text(json.dumps(results))
+        kl = {"mean": 0.1 * (seed - 9), "lo": 0.1 * (seed - 9) - 0.05, "hi": 0.1 * (seed - 9) + 0.05}
+        (reports / "policy_kl.json").write_text(json.dumps({"tiny_test": {"reference": "base", "models": {"gfn": kl}}}))
         reports.rename(tmp_path / "reports" / f"exp-s{seed}")
     path = main(
         [
@@ -445,6 +447,9 @@ def test_make_experiment_pools_the_seeds_runs_into_one_report(tmp_path, monkeypa
     assert results["claims"]["gfn_reward_higher"]["verdict"] == "holds"
     assert results["per_seed"]["11"]["gfn_reward_higher"]["verdict"] == "inconclusive"
     assert results["parts"]["reward"]["per_seed"] == pytest.approx([0.003, 0.005])
+    # each learner's KL to the base (make policy-kl), pooled as the claims are and reported beside them
+    assert "| tiny_test | gfn | 0.15 [" in report and "| 0.1, 0.2 |" in report
+    assert results["kl_to_reference"]["tiny_test/gfn"]["mean"] == pytest.approx(0.15)
 
 
 def test_the_preregistered_settings_are_the_configs():
