@@ -237,17 +237,14 @@ def measure_finetuning(results: dict | None, benchmark: str) -> Measured:
     models = ((results.get("target") or {}).get(benchmark) or {}).get("models") or {}
     for prefix, model in (("", "gfn"), ("base_", "base")):
         found = models.get(model) or {}
-        distance, likelihood = found.get("share_distance"), found.get("log_likelihood")
-        parts[prefix + "target_share_distance"] = distance and {
-            "mean": distance["estimate"],
-            "lo": distance.get("lo"),
-            "hi": distance.get("hi"),
-        }
-        parts[prefix + "target_log_likelihood"] = likelihood and {
-            "mean": likelihood["difference"],
-            "lo": likelihood.get("lo"),
-            "hi": likelihood.get("hi"),
-        }
+        # a figure without an estimate (no question where both name a strategy) is not measured
+        distance, likelihood = found.get("share_distance") or {}, found.get("log_likelihood") or {}
+        parts[prefix + "target_share_distance"] = _interval_part(
+            distance.get("estimate"), (distance.get("lo"), distance.get("hi"))
+        )
+        parts[prefix + "target_log_likelihood"] = _interval_part(
+            likelihood.get("difference"), (likelihood.get("lo"), likelihood.get("hi"))
+        )
     if not models:
         notes["target"] = "not measured (eval.target_samples is 0 or eval.prm is unset)"
     return Measured(parts, notes)

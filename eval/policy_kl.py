@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
 from pipeline.stats import bootstrap_ci
+from pipeline.storage.files import read_records
 
 
 def kl_estimate(differences: Sequence[tuple[str, float]], n_resamples: int = 2000, seed: int = 0) -> dict | None:
@@ -87,7 +89,6 @@ def policy_kls(config, draws: Mapping[str, Mapping[str, Sequence[Sample]]], benc
 
     draws: {benchmark: {model: its samples at temperature 1}}; benchmarks: {benchmark: [Problem]};
     load_policy(model name) -> its LMPolicy (loaded once per model, kept for every benchmark)."""
-    from pipeline.prompts import prompt_from_config
 
     def prompt_of(problem: Problem, tokenizer) -> str:
         return prompt_from_config(
@@ -138,6 +139,5 @@ def kl_line(bench: str, block: dict) -> str:
 
 
 def read_draw(path: Path) -> list[Sample]:
-    from pipeline.storage.files import read_records
-
+    """A model's draw at temperature 1 as make eval wrote it (its samples file)."""
     return list(read_records(path, Sample))

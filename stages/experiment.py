@@ -22,6 +22,7 @@ from eval.evaluate import reports_dir
 from pipeline.config.schema import Config
 from pipeline.stats import pool_intervals
 from pipeline.storage.files import read_json_if_exists, write_json_atomic
+from stages import demo
 from stages.cli import cli, log, parse_args
 
 
@@ -150,8 +151,6 @@ def main(argv: list[str] | None = None) -> Path:
     }
     walls: dict[int, float | None] = {}
     if config.experiment.run_stages:
-        from stages import demo
-
         for seed in config.experiment.seeds:
             log.info("experiment: seed %d as run %s", seed, seed_configs[seed].run)
             start = time.monotonic()

@@ -330,6 +330,13 @@ def test_gfn_matches_target_is_two_sided_with_the_base_as_its_control(tmp_path):
     unmeasured = {c.id: c for c in evaluate_claims(tmp_path / "runs" / "r", tmp_path / "reports" / "r")}
     assert unmeasured["gfn_matches_target"].verdict == "fails"
     assert "eval.target_samples is 0" in unmeasured["gfn_matches_target"].comparison
+    results["target"] = {
+        "tiny_test": {"models": {"gfn": {"share_distance": {"estimate": None, "lo": None, "hi": None}}}}
+    }
+    (tmp_path / "reports" / "r" / "results.json").write_text(json.dumps(results))  # no question names a strategy
+    blank = {c.id: c for c in evaluate_claims(tmp_path / "runs" / "r", tmp_path / "reports" / "r")}
+    assert blank["gfn_matches_target"].verdict == "fails" and blank["gfn_matches_target"].value is None
+    assert "strategy share distance n/a" in blank["gfn_matches_target"].comparison
     looser = ClaimsConfig(target_log_likelihood_margin=0.5, target_share_margin=0.2)
     far = write_run(tmp_path / "far", distance=(0.12, 0.09, 0.15), log_likelihood=diff(-0.34, -0.42, -0.27))
     assert verdicts(evaluate_claims(*far))["gfn_matches_target"] == "fails"
