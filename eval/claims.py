@@ -121,8 +121,8 @@ class Claim:
     interval: tuple[float | None, float | None]
     comparison: str
 
-    def markdown(self) -> str:
-        """``- <id>: holds|inconclusive|fails: <figure> [<lo>, <hi>] (<comparison>)``"""
+    def figure(self) -> str:
+        """``<figure> [<lo>, <hi>]``: signed for a paired difference; n/a when not measured."""
         lo, hi = self.interval
         figure = (
             "n/a"
@@ -132,7 +132,11 @@ class Claim:
             else f"{self.value:.4g}"
         )
         interval = f" [{lo:.4g}, {hi:.4g}]" if lo is not None and hi is not None else ""
-        return f"- {self.id}: {self.verdict}: {figure}{interval} ({self.comparison})"
+        return figure + interval
+
+    def markdown(self) -> str:
+        """``- <id>: holds|inconclusive|fails: <figure> [<lo>, <hi>] (<comparison>)``"""
+        return f"- {self.id}: {self.verdict}: {self.figure()} ({self.comparison})"
 
     def to_json(self) -> dict:
         return {

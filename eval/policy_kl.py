@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from pipeline.prompts import prompt_from_config
 from pipeline.records import Problem, Sample
@@ -82,7 +81,6 @@ def draw_log_ratios(
     return [(s.problem_id, a - b) for s, a, b in zip(kept, scored["model"], scored["reference"])]
 
 
-@torch.no_grad()
 def policy_kls(config, draws: Mapping[str, Mapping[str, Sequence[Sample]]], benchmarks, kind_of, load_policy) -> dict:
     """{benchmark: {model: kl_estimate(...) | {"note": why not}}} for every model of ``draws`` but
     the reference ("base", else the first), each against the reference.

@@ -83,11 +83,7 @@ def write_experiment_report(config: Config, seed_configs: dict[int, Config], wal
     lines += ["## Each seed's verdict", "", "| claim | " + " | ".join(f"seed {s}" for s in seeds) + " |"]
     lines += ["|---|" + "---|" * len(seeds)]
     for claim in claims:
-        cells = []
-        for seed in seeds:
-            own = per_seed[seed][claim.id]
-            figure = "n/a" if own.value is None else f"{own.value:+.4g}"
-            cells.append(f"{own.verdict}: {figure}{_span(*own.interval)}")
+        cells = [f"{per_seed[seed][claim.id].verdict}: {per_seed[seed][claim.id].figure()}" for seed in seeds]
         lines.append(f"| {claim.id} | " + " | ".join(cells) + " |")
     lines += [
         "",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eval.evaluate import TARGET_DRAW_SUFFIX, _benchmarks, reports_dir
+from eval.benchmark_sources import load_eval_benchmark
+from eval.evaluate import TARGET_DRAW_SUFFIX, reports_dir
 from eval.model_specs import missing_model_reason, parse_model_spec
 from eval.policy_kl import kl_line, policy_kls, read_draw
 from eval.samples_store import samples_path
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> Path:
     config = parse_args("policy_kl", argv)
     set_threads(config, "policy_kl")
     out = reports_dir(config)
-    _, benchmarks = _benchmarks(config)
+    benchmarks = {name: load_eval_benchmark(config, name) for name in config.eval.benchmarks}
     specs = {name: parse_model_spec(config, name, value) for name, value in config.eval.models.items()}
     draws: dict = {}
     for bench in benchmarks:

@@ -78,35 +78,23 @@ def test_kl_of_a_model_to_itself_is_zero_and_to_another_is_the_mean_log_ratio(tw
         p: Problem(problem_id=p, question=f"Tom has {n} marbles. How many?", answer=str(n), source="tiny")
         for p, n in (("a", 3), ("b", 5))
     }
+
+    def sample(problem_id, index, steps, answer, finished=True):
+        return Sample(
+            problem_id=problem_id,
+            model="gfn",
+            sample_idx=index,
+            steps=steps,
+            final_answer=answer,
+            correct=answer is not None,
+            finished=finished,
+        )
+
     draw = [
-        Sample(
-            problem_id="a",
-            model="gfn",
-            sample_idx=0,
-            steps=["Tom has 3 marbles.", "The answer is 3."],
-            final_answer="3",
-            correct=True,
-            finished=True,
-        ),
-        Sample(
-            problem_id="a",
-            model="gfn",
-            sample_idx=1,
-            steps=["The answer is 3."],
-            final_answer="3",
-            correct=True,
-            finished=False,
-        ),
-        Sample(
-            problem_id="b",
-            model="gfn",
-            sample_idx=0,
-            steps=["The answer is 5."],
-            final_answer="5",
-            correct=True,
-            finished=True,
-        ),
-        Sample(problem_id="b", model="gfn", sample_idx=1, steps=[], final_answer=None, correct=False, finished=True),
+        sample("a", 0, ["Tom has 3 marbles.", "The answer is 3."], "3"),
+        sample("a", 1, ["The answer is 3."], "3", finished=False),
+        sample("b", 0, ["The answer is 5."], "5"),
+        sample("b", 1, [], None),
     ]
 
     def prompt_of(problem, tokenizer):
