@@ -408,7 +408,7 @@ def test_an_importance_clip_that_excludes_one_is_refused_at_config_load_naming_t
 
 
 def test_a_subtb_update_logs_the_shares_of_its_residuals_from_the_same_forward(tmp_path):
-    from pipeline.finetune.losses import RESIDUAL_SHARES, RESIDUAL_TERMS
+    from pipeline.finetune.subtb_residuals import RESIDUAL_SHARES, RESIDUAL_TERMS
 
     cfg = GFNConfig(
         loss="subtb", num_train_steps=2, questions_per_step=1, samples_per_question=8, temperature=1.0, save_every=0

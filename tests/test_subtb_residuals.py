@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.finetune.losses import RESIDUAL_TERMS, subtb_loss, subtb_residual_shares, subtb_residual_terms
+from pipeline.finetune.losses import subtb_loss
+from pipeline.finetune.subtb_residuals import RESIDUAL_TERMS, subtb_residual_shares, subtb_residual_terms
 from tests.test_losses import GROUPS, LAMBDAS, LENGTHS, brute_residual, make_batch
 
 PENALTY = -10.0

@@ -26,19 +26,17 @@ import torch
 
 from pipeline.config.schema import GFlowNetLoss, GFNConfig
 from pipeline.finetune.losses import (
-    RESIDUAL_SHARES,
     clipped_importance_ratio,
     importance_weighted_losses,
     learned_flow_states,
     subtb_loss,
-    subtb_residual_shares,
-    subtb_residual_terms,
     tb_vargrad_loss,
     trajectory_balance_loss,
     trajectory_logprob,
 )
 from pipeline.finetune.replay_buffer import ReplayBuffer
 from pipeline.finetune.rewards import NO_ANSWER, StateLogRewards, pad_rows
+from pipeline.finetune.subtb_residuals import RESIDUAL_SHARES, subtb_residual_shares, subtb_residual_terms
 from pipeline.records import Trajectory
 from pipeline.training.distributed import Collective
 
